@@ -76,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dropout", type=float, default=0.0)
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--seed", type=int, default=1234)
-    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--bucket-size", type=int, default=16384,
                    help="elements per data-parallel gradient bucket")
     p.add_argument("--dump", metavar="FILE", help="write losses (JSON) to FILE")
