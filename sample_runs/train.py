@@ -98,7 +98,7 @@ def gather_full_grads(chunks: list[GPTChunk], groups: ParallelGroups) -> Optiona
     local = {}
     if groups.dp.rank == 0:
         for param in unique_parameters(chunks):
-            local.setdefault(param.shard_info.name, (param.shard_info, param.grad.cpu()))
+            local.setdefault(param.shard_info.name, (param.shard_info, param.grad.detach().cpu()))
     if groups.world_size == 1:
         gathered = [(0, local)]
     else:
@@ -174,7 +174,8 @@ def write_dump(cfg: RunConfig, losses: list[float], grads: Optional[dict]) -> No
 
 def main(argv: Optional[list[str]] = None) -> None:
     try:
-        cfg = parse_config(argv, world_size=int(os.environ.get("WORLD_SIZE", "1")))
+        world_size = int(os.environ.get("WORLD_SIZE", "1")) if "RANK" in os.environ else 1
+        cfg = parse_config(argv, world_size=world_size)
         if cfg.model.seq_len + 1 >= len(load_corpus()):
             raise ConfigError(f"--seq-len {cfg.model.seq_len} is longer than the corpus")
     except ConfigError as err:

@@ -102,6 +102,7 @@ class _LinearWithDeferrableWeightGrad(torch.autograd.Function):
             return grad_x, grad_w, grad_b, None, None, None, None
         store, params, has_bias = ctx.store, ctx.params, ctx.has_bias
 
+        @torch.no_grad()  # W runs outside autograd's backward, where grad mode is on
         def weight_grad_pass() -> None:
             regathered = all_gather_first_dim(x, group) if gather else x
             grad_w, grad_b = _weight_grads(grad_out, regathered, has_bias)

@@ -1,0 +1,71 @@
+"""Helpers for the reference-GPT tests: run sample_runs.train in real processes (torchrun with
+gloo on CPU) and read back its --dump. Also runnable as a script, to train under the tracer:
+
+    torchrun --nproc-per-node 4 tests/gpt_helpers.py OUT_DIR [train flags...]
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+TINY = ["--layers", "4", "--hidden", "32", "--heads", "4", "--seq-len", "16",
+        "--micro-batch-size", "2", "--steps", "3", "--seed", "7"]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def env() -> dict:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO),
+            "PYTHONWARNINGS": "ignore"}
+
+
+def launch(nproc: int, args: list[str], *, script: Optional[str] = None,
+           timeout: float = 240) -> subprocess.CompletedProcess:
+    """Run ``python -m sample_runs.train args`` (or ``script``) on ``nproc`` ranks; one rank
+    runs as a plain process, without torch.distributed."""
+    target = [script] if script else ["-m", "sample_runs.train"]
+    if nproc == 1 and script is None:
+        cmd = [sys.executable, *target, *args]
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+               "--master-addr", "127.0.0.1", "--master-port", str(free_port()), *target, *args]
+    return subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def train_and_dump(nproc: int, args: list[str], tmp_path: Path, name: str) -> dict:
+    """Train with --dump --dump-grads; returns {"losses": [...], "grads": {name: array}}."""
+    dump = tmp_path / f"{name}.json"
+    proc = launch(nproc, [*TINY, *args, "--dump", str(dump), "--dump-grads"])
+    assert proc.returncode == 0, f"{name} failed:\n{proc.stdout}\n{proc.stderr[-4000:]}"
+    out = json.loads(dump.read_text())
+    with np.load(out["grads"]) as grads:
+        out["grads"] = {key: grads[key] for key in grads.files}
+    out["stdout"] = proc.stdout
+    return out
+
+
+def _traced_main() -> None:
+    import tracer
+    from sample_runs.train import main
+
+    out_dir, argv = sys.argv[1], sys.argv[2:]
+    with tracer.trace(out_dir):
+        main(argv)
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(REPO))
+    _traced_main()
