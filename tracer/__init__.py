@@ -1,0 +1,87 @@
+"""paratrace's recorder: every aten op and collective of this process, streamed to disk.
+
+    import tracer
+    with tracer.trace("traces/run1"):          # writes traces/run1/rank-<R>.arrow
+        for batch in data:
+            with tracer.annotate("F", microbatch=0):
+                loss = model(batch)
+            loss.backward()
+            opt.step()                           # each optimizer step is a step boundary
+    t = tracer.load("traces/run1/rank-0.arrow")
+
+``annotate``, ``step`` and ``record_config`` cost next to nothing when no trace is active, so
+instrumented code can call them unconditionally.
+"""
+from __future__ import annotations
+
+import contextlib
+
+from . import session as _session
+from .format import FORMAT_VERSION, TraceError
+from .reader import Trace, load
+
+__all__ = ["trace", "annotate", "step", "record_config", "load", "active", "Trace", "TraceError",
+           "FORMAT_VERSION"]
+
+_NULL = contextlib.nullcontext()
+
+
+def trace(out_dir: str, *, steps=None, stack_depth: int = 32, library_frames: bool = False,
+          record_shapes: bool = True, record_stacks: bool = True, record_modules: bool = True,
+          user_paths=(), clock_sync: bool = True, flush_interval: float = 0.25
+          ) -> _session.Session:
+    """Record this process into ``out_dir/rank-<R>.arrow`` while the ``with`` block runs.
+
+    Rank and world size come from torch.distributed once it is initialized (a process group
+    created inside the block is picked up, and its clocks aligned to rank 0's), else from the
+    RANK / WORLD_SIZE environment, else 0 / 1.
+
+    Args:
+        steps: which steps to record, e.g. ``"1-3"``, ``"0,2"``, ``"2-"`` (0-based; default all).
+            Steps advance at every torch.optim optimizer step, or at each :func:`step` call.
+        stack_depth: user frames kept per stack.
+        library_frames: keep library frames (torch, stdlib, site-packages) too; by default only
+            the boundary call into a library is kept.
+        record_shapes / record_stacks / record_modules: turn the costlier context off.
+        user_paths: directories whose files count as user code even under site-packages.
+        clock_sync: estimate the offset to rank 0's clock at start and end (collective).
+        flush_interval: seconds between flushes to disk (a killed rank loses at most this).
+    """
+    return _session.Session(out_dir, steps=steps, stack_depth=stack_depth,
+                            library_frames=library_frames, record_shapes=record_shapes,
+                            record_stacks=record_stacks, record_modules=record_modules,
+                            user_paths=user_paths, clock_sync=clock_sync,
+                            flush_interval=flush_interval)
+
+
+def annotate(label: str, **attrs):
+    """A user range (context manager): every op inside carries it; the range is recorded too.
+
+    Labels ``F``, ``B``, ``W`` (and ``forward``, ``backward``, ``optimizer``) set the phase of the
+    ops inside; ``phase="forward"|"backward"|"other"`` does so for any label. Attributes must be
+    JSON-serialisable (others are stored as their str()). torch.profiler.record_function ranges
+    are recorded the same way.
+    """
+    active = _session.ACTIVE
+    if active is None:
+        return _NULL
+    return active.annotate(label, attrs)
+
+
+def step() -> None:
+    """Mark a step boundary. Once called, optimizer steps no longer advance steps on their own."""
+    active = _session.ACTIVE
+    if active is not None:
+        active.step()
+
+
+def record_config(**values) -> None:
+    """Store run configuration (parallel sizes, schedule...) in the trace; shown in reports."""
+    active = _session.ACTIVE
+    if active is not None:
+        active.record_config(values)
+
+
+def active():
+    """The active recording session of this process, or None."""
+    return _session.ACTIVE

@@ -1,0 +1,173 @@
+"""The trace file: an Arrow IPC stream per rank, written while the run goes on.
+
+Layout (the exact schema is documented in docs/trace-format.md):
+
+- one Arrow IPC *stream* (not the random-access file format), so it can be appended batch by
+  batch and read back up to the last complete batch after a crash;
+- every string column is dictionary-encoded; the tracer's interners only grow, so every batch's
+  dictionary extends the previous one and the writer emits dictionary *deltas*: each unique
+  stack, module path, op name or annotation is written once;
+- buffers are zstd-compressed;
+- metadata: the schema carries the format name and version and the metadata known at start;
+  any batch may carry more (``paratrace.meta`` custom metadata: clock estimates, config, the
+  final status). Readers merge them in order.
+
+Nothing here uses pickle: a trace file from someone else is data, never code.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Optional
+
+import pyarrow as pa
+
+FORMAT_NAME = "paratrace.trace"
+FORMAT_VERSION = 1
+META_KEY = b"paratrace.meta"
+
+PHASES = ("other", "forward", "backward")
+PHASE_OTHER, PHASE_FORWARD, PHASE_BACKWARD = 0, 1, 2
+
+
+def _dict(index_type):
+    return pa.dictionary(index_type, pa.string())
+
+
+# (name, arrow type). The hot path builds rows in exactly this order (see session.py).
+COLUMNS = (
+    ("t0", pa.int64()),              # start, ns, this rank's monotonic clock
+    ("t1", pa.int64()),              # end; for communication the completion (null: never seen)
+    ("op", _dict(pa.int32())),       # op overload, e.g. aten.mm.default
+    ("phase", pa.int8()),            # 0 other, 1 forward, 2 backward
+    ("module", _dict(pa.int32())),   # nn.Module path, forward module for backward ops
+    ("stack", _dict(pa.int32())),    # interned Python stack where the op was issued (JSON)
+    ("fwd_stack", _dict(pa.int32())),  # backward ops: stack of the forward op that made the node
+    ("annotation", _dict(pa.int32())),  # JSON list of enclosing annotations, outermost first
+    ("step", pa.int32()),
+    ("thread", pa.int16()),
+    ("shapes", _dict(pa.int32())),   # input tensor dtypes and shapes, e.g. "f32[4,8] f32[8,8]"
+    ("kind", _dict(pa.int8())),      # communication kind (all_reduce, send, ...), else null
+    ("group", _dict(pa.int32())),    # global ranks of the process group, "0,1"
+    ("peer", pa.int32()),            # global rank of the peer (P2P) or root
+    ("bytes", pa.int64()),           # bytes this rank hands to the collective
+    ("dtype", _dict(pa.int8())),
+    ("async_op", pa.bool_()),
+    ("seq", pa.int32()),             # per-group sequence number of the collective on this rank
+    ("cid", pa.int32()),             # communication id: links completions and waits
+    ("t_ret", pa.int64()),           # when the launching call returned (async collectives)
+)
+COLUMN_NAMES = tuple(name for name, _ in COLUMNS)
+NCOLS = len(COLUMNS)
+DICT_COLUMNS = tuple(name for name, typ in COLUMNS if pa.types.is_dictionary(typ))
+SCHEMA = pa.schema([pa.field(name, typ) for name, typ in COLUMNS])
+
+
+class TraceError(Exception):
+    """A trace file that cannot be read; the message names the file and the problem."""
+
+
+class TraceWriter:
+    """Appends batches of rows to one rank's stream. Not thread-safe: one flusher writes."""
+
+    def __init__(self, path: str, meta: dict):
+        self.path = path
+        metadata = {b"paratrace.format": FORMAT_NAME.encode(),
+                    b"paratrace.version": str(FORMAT_VERSION).encode(),
+                    META_KEY: json.dumps(meta).encode()}
+        self._sink = pa.OSFile(path, "wb")
+        options = pa.ipc.IpcWriteOptions(compression="zstd", emit_dictionary_deltas=True)
+        self._writer = pa.ipc.new_stream(self._sink, SCHEMA.with_metadata(metadata),
+                                         options=options)
+        self.events = 0
+
+    def write(self, rows: list, dictionaries: dict, meta: Optional[dict] = None) -> None:
+        """Write rows (tuples in COLUMNS order, shorter rows padded with nulls).
+
+        ``dictionaries`` maps each dictionary column to its interner's full value list; rows hold
+        indices into them.
+        """
+        arrays = []
+        if rows:
+            cols = list(zip(*[r if len(r) == NCOLS else tuple(r) + _PAD[len(r)] for r in rows]))
+        else:
+            cols = [()] * NCOLS
+        for (name, typ), col in zip(COLUMNS, cols):
+            if pa.types.is_dictionary(typ):
+                indices = pa.array(col, type=typ.index_type)
+                arrays.append(pa.DictionaryArray.from_arrays(
+                    indices, pa.array(dictionaries[name], type=pa.string())))
+            else:
+                arrays.append(pa.array(col, type=typ))
+        batch = pa.RecordBatch.from_arrays(arrays, schema=SCHEMA)
+        custom = {META_KEY: json.dumps(meta).encode()} if meta else None
+        self._writer.write_batch(batch, custom_metadata=custom)
+        self.events += len(rows)
+
+    def close(self) -> None:
+        self._writer.close()
+        self._sink.close()
+
+
+_PAD = {n: (None,) * (NCOLS - n) for n in range(NCOLS + 1)}
+
+
+def rename(writer: TraceWriter, new_path: str) -> None:
+    """Move an open trace file (POSIX keeps the open descriptor valid)."""
+    os.replace(writer.path, new_path)
+    writer.path = new_path
+
+
+def read_stream(path: str):
+    """Read a trace file: (schema metadata dict, list of batches, list of batch metas, problem).
+
+    ``problem`` is None for an intact file, else a one-line description of where reading stopped
+    (a truncated or corrupt tail); everything before that point is returned.
+    Raises TraceError for a file that is not a readable paratrace trace at all.
+    """
+    if not os.path.exists(path):
+        raise TraceError(f"{path}: no such trace file")
+    try:
+        source = pa.memory_map(path, "r")
+        reader = pa.ipc.open_stream(source)
+    except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as exc:
+        raise TraceError(f"{path}: not a paratrace trace file ({_short(exc)})") from None
+    schema_meta = reader.schema.metadata or {}
+    if schema_meta.get(b"paratrace.format") != FORMAT_NAME.encode():
+        raise TraceError(f"{path}: not a paratrace trace file (an Arrow stream of another kind)")
+    try:
+        version = int(schema_meta.get(b"paratrace.version", b"0"))
+    except ValueError:
+        raise TraceError(f"{path}: corrupt trace header (bad version field)") from None
+    if version > FORMAT_VERSION:
+        raise TraceError(f"{path}: trace format version {version} is newer than this paratrace "
+                         f"reads (up to {FORMAT_VERSION}); upgrade paratrace")
+    try:
+        start_meta = json.loads(schema_meta.get(META_KEY, b"{}"))
+    except ValueError:
+        raise TraceError(f"{path}: corrupt trace header (metadata is not JSON)") from None
+    missing = [n for n in COLUMN_NAMES if n not in reader.schema.names]
+    if missing:
+        raise TraceError(f"{path}: trace schema lacks columns {', '.join(missing)}")
+    batches, metas, problem = [], [], None
+    while True:
+        try:
+            batch, custom = reader.read_next_batch_with_custom_metadata()
+        except StopIteration:
+            break
+        except (pa.ArrowInvalid, pa.ArrowIOError, OSError, ValueError) as exc:
+            problem = f"truncated or corrupt after {sum(len(b) for b in batches)} events " \
+                      f"({_short(exc)})"
+            break
+        batches.append(batch)
+        if custom and META_KEY in custom:
+            try:
+                metas.append(json.loads(custom[META_KEY]))
+            except ValueError:
+                problem = "corrupt batch metadata ignored"
+    return start_meta, reader.schema, batches, metas, problem
+
+
+def _short(exc: Exception) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return text[:160]

@@ -1,0 +1,78 @@
+"""nn.Module path tracking through torch's global module hooks.
+
+The path of a module is its root's class name followed by the attribute names leading to it:
+``GPT.blocks.0.attn.qkv``. A module called from a module that does not own it (a tied embedding
+reused as the LM head) is named by its path from the root when the root owns it, else by its class.
+Backward ops get the module of the forward op that created their autograd node (see session.py).
+"""
+from __future__ import annotations
+
+import weakref
+
+from torch.nn.modules import module as _module
+
+
+class ModuleTracker:
+    """Keeps the stack of modules whose forward is running and the interned id of the innermost."""
+
+    def __init__(self, intern):
+        self._intern = intern              # str -> id
+        self.current = -1                  # interned id of the innermost module path, -1: none
+        self._stack: list = []             # [(module, path id, path)]
+        self._names = weakref.WeakKeyDictionary()   # (parent, child) naming cache per child
+        self._root_paths = weakref.WeakKeyDictionary()
+        self._handles = []
+
+    def install(self) -> None:
+        self._handles = [
+            _module.register_module_forward_pre_hook(self._pre),
+            _module.register_module_forward_hook(self._post, always_call=True),
+        ]
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        self._stack.clear()
+        self.current = -1
+
+    def _name(self, module) -> str:
+        if not self._stack:
+            return type(module).__name__
+        parent, _, parent_path = self._stack[-1]
+        cached = self._names.get(module)
+        if cached is not None and cached[0]() is parent:
+            return cached[1]
+        path = None
+        for attr, child in parent._modules.items():
+            if child is module:
+                path = f"{parent_path}.{attr}"
+                break
+        if path is None:
+            root, _, root_path = self._stack[0]
+            paths = self._root_paths.get(root)
+            if paths is None:
+                paths = {id(m): n for n, m in root.named_modules(remove_duplicate=False)}
+                self._root_paths[root] = paths
+            name = paths.get(id(module))
+            path = f"{root_path}.{name}" if name else type(module).__name__
+        try:
+            self._names[module] = (weakref.ref(parent), path)
+        except TypeError:
+            pass
+        return path
+
+    def _pre(self, module, args):
+        path = self._name(module)
+        pid = self._intern(path)
+        self._stack.append((module, pid, path))
+        self.current = pid
+
+    def _post(self, module, args, output):
+        stack = self._stack
+        # Pop up to and including this module (a forward that raised may have left entries).
+        for i in range(len(stack) - 1, -1, -1):
+            if stack[i][0] is module:
+                del stack[i:]
+                break
+        self.current = stack[-1][1] if stack else -1

@@ -1,0 +1,138 @@
+"""Python stack capture and interning.
+
+By default a stack keeps the user's frames (innermost first, up to ``depth`` of them) plus the
+*boundary* frame: the outermost library frame of the innermost run of library frames, i.e. the
+library function the user's code called (``torch/nn/modules/linear.py: Linear.forward``).
+Library frames between user frames (``Module._call_impl``...) are dropped. paratrace's own frames
+are always dropped.
+
+A frame is *library* when its file lies under the interpreter's stdlib or site-packages
+directories (or is frozen / generated), unless it lies under a path the user marked as theirs
+(paratrace's own sample_runs/ is always the user's: it stands for user code).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import sysconfig
+
+USER, LIBRARY, INTERNAL = 2, 1, 0
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_ROOT = os.path.dirname(_HERE)
+_INTERNAL_DIRS = tuple(os.path.join(_ROOT, d) + os.sep for d in ("tracer", "instrument"))
+_SAMPLE_RUNS = os.path.join(_ROOT, "sample_runs") + os.sep
+
+
+# torch's own dispatch and module-call machinery between a call site and the mode: never a
+# useful frame (the boundary of a module call is then its forward, e.g. Linear.forward).
+_DISPATCH_FILES = ("_compile.py", os.path.join("_dynamo", "eval_frame.py"),
+                   os.path.join("utils", "_python_dispatch.py"), "_ops.py",
+                   os.path.join("nn", "modules", "module.py"))
+
+
+# Decorator wrappers: a boundary frame named like this says nothing; the function it wraps
+# (the next frame inward) is kept as the boundary instead.
+_WRAPPER_NAMES = frozenset({"wrapper", "inner", "_fn", "decorate_context", "wrapped", "_wrapper",
+                            "wrapper_fn", "_inner"})
+
+
+def _dispatch_files() -> tuple:
+    try:
+        import torch
+    except ImportError:  # pragma: no cover
+        return ()
+    base = os.path.dirname(os.path.abspath(torch.__file__))
+    return tuple(os.path.join(base, f) for f in _DISPATCH_FILES)
+
+
+def _library_dirs() -> tuple:
+    dirs = set()
+    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
+        path = sysconfig.get_paths().get(key)
+        if path:
+            dirs.add(os.path.realpath(path) + os.sep)
+            dirs.add(os.path.abspath(path) + os.sep)
+    for path in sys.path:
+        if path and ("site-packages" in path or "dist-packages" in path):
+            dirs.add(os.path.abspath(path) + os.sep)
+    try:
+        import torch
+        dirs.add(os.path.dirname(os.path.abspath(torch.__file__)) + os.sep)
+    except ImportError:  # pragma: no cover - torch is a dependency
+        pass
+    return tuple(sorted(dirs, key=len, reverse=True))
+
+
+class StackInterner:
+    """Captures the current Python stack and interns it: each unique stack gets one small id."""
+
+    def __init__(self, depth: int = 32, library_frames: bool = False, user_paths=()):
+        self.depth = max(1, int(depth))
+        self.library_frames = library_frames
+        self._lib_dirs = _library_dirs()
+        self._dispatch_files = _dispatch_files()
+        self._user_dirs = tuple(os.path.abspath(p) + os.sep for p in user_paths) + (_SAMPLE_RUNS,)
+        self._kind_of_code: dict = {}
+        self._ids: dict = {}
+        self.values: list = []      # id -> JSON text of [[file, line, function, qualname], ...]
+
+    def classify(self, code) -> int:
+        filename = code.co_filename
+        path = os.path.abspath(filename) if not filename.startswith("<") else filename
+        if path.startswith(_INTERNAL_DIRS) or path in self._dispatch_files:
+            kind = INTERNAL
+        elif path.startswith(self._user_dirs):
+            kind = USER
+        elif filename.startswith("<") or path.startswith(self._lib_dirs):
+            kind = LIBRARY
+        else:
+            kind = USER
+        self._kind_of_code[code] = kind
+        return kind
+
+    def capture(self, frame) -> int:
+        """Intern the stack that starts at ``frame`` (innermost) and return its id."""
+        kinds = self._kind_of_code
+        key = []
+        boundary = None
+        users = 0
+        depth = self.depth
+        keep_library = self.library_frames
+        while frame is not None:
+            code = frame.f_code
+            kind = kinds.get(code)
+            if kind is None:
+                kind = self.classify(code)
+            if kind == USER or (keep_library and kind == LIBRARY):
+                if boundary is not None:
+                    key.append(boundary)
+                    boundary = None
+                key.append((code, frame.f_lineno))
+                users += 1
+                if users >= depth:
+                    break
+            elif kind == LIBRARY and not key and (boundary is None
+                                                  or code.co_name not in _WRAPPER_NAMES):
+                boundary = (code, frame.f_lineno)
+            frame = frame.f_back
+        if boundary is not None:   # only library frames: keep the outermost one
+            key.append(boundary)
+        key = tuple(key)
+        sid = self._ids.get(key)
+        if sid is None:
+            sid = self._ids[key] = len(self.values)
+            self.values.append(encode_stack(key))
+        return sid
+
+
+def encode_stack(key) -> str:
+    frames = [[code.co_filename, line, code.co_name, getattr(code, "co_qualname", code.co_name)]
+              for code, line in key]
+    return json.dumps(frames, separators=(",", ":"))
+
+
+def decode_stack(text: str) -> tuple:
+    """JSON stack text -> tuple of (file, line, function, qualname), innermost first."""
+    return tuple(tuple(frame) for frame in json.loads(text))
