@@ -1,0 +1,100 @@
+"""The per-worker entry point trace-run hands to torch's elastic agent.
+
+torch's agent starts ``python -u -m instrument.bootstrap [own options] -- SCRIPT|-m MODULE ARGS``
+once per rank. Before the user's code runs this module:
+
+- turns SIGTERM (what the agent sends every worker when one rank fails or on Ctrl-C) into an
+  exception, so the tracer closes cleanly and flushes the rank's trace;
+- registers a faulthandler dump of every thread's Python stack on SIGUSR1 into
+  ``traces/rank-<R>.stack.txt`` (the watchdog sends it when the run hangs: faulthandler writes
+  from C, so it works even while the main thread is blocked inside a collective);
+- on multi-node runs, tells trace-run where the collector for its node's traces is (gather.py);
+
+then runs the script as ``__main__`` with its own argv inside ``tracer.trace(...)``. A raised
+exception still propagates after the tracer recorded it: the process exits non-zero and torch's
+error file (read by the agent) names the error.
+"""
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import os
+import runpy
+import signal
+import sys
+from typing import Optional
+
+from torch.distributed.elastic.multiprocessing.errors import record
+
+import tracer
+
+from . import gather
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM from the agent: the rank was ended from outside (recorded as interrupted)."""
+
+
+def _on_sigterm(signum, frame):
+    raise Terminated(f"terminated by signal {signum}")
+
+
+def parse(argv: list) -> argparse.Namespace:
+    """Own options before ``--``; after it ``SCRIPT ARGS`` or ``-m MODULE ARGS``."""
+    if "--" not in argv:
+        raise SystemExit("instrument.bootstrap: expected '-- SCRIPT|-m MODULE [ARGS]'")
+    split = argv.index("--")
+    parser = argparse.ArgumentParser(prog="instrument.bootstrap")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--steps", default=None)
+    parser.add_argument("--stack-depth", type=int, default=32)
+    parser.add_argument("--include-library-frames", action="store_true")
+    opts = parser.parse_args(argv[:split])
+    target = argv[split + 1:]
+    opts.module = None
+    opts.script = None
+    if target[:1] == ["-m"]:
+        opts.module, opts.args = target[1], target[2:]
+    else:
+        opts.script, opts.args = target[0], target[1:]
+    return opts
+
+
+def _rank() -> int:
+    try:
+        return int(os.environ.get("RANK", "0"))
+    except ValueError:
+        return 0
+
+
+@record
+def main(argv: Optional[list] = None) -> None:
+    opts = parse(sys.argv[1:] if argv is None else argv)
+    traces_dir = os.path.join(opts.out, "traces")
+    os.makedirs(traces_dir, exist_ok=True)
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    # Kept open for the life of the process: faulthandler writes to its file descriptor.
+    stack_file = open(os.path.join(traces_dir, f"rank-{_rank()}.stack.txt"), "w")
+    faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
+    gather.announce(opts.out)
+
+    if opts.module is not None:
+        sys.argv = [opts.module, *opts.args]
+        sys.path[0] = os.getcwd()          # what `python -m` puts first
+    else:
+        script = os.path.abspath(opts.script)
+        sys.argv = [opts.script, *opts.args]
+        sys.path[0] = os.path.dirname(script)   # what `python script.py` puts first
+    with tracer.trace(traces_dir, steps=opts.steps, stack_depth=opts.stack_depth,
+                      library_frames=opts.include_library_frames):
+        if opts.module is not None:
+            runpy.run_module(opts.module, run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(script, run_name="__main__")
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except Terminated:
+        sys.exit(128 + signal.SIGTERM)   # what a shell reports for a SIGTERMed process

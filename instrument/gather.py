@@ -1,0 +1,193 @@
+"""Multi-node gathering: every node's trace files end up in the DIR of the node holding rank 0.
+
+Nodes share no disk, and a worker may die (SIGKILL) or destroy its process group before the end,
+so the transfer is not done by workers over the training process group. Instead:
+
+1. Each trace-run process listens on a TCP port (:class:`Collector`) and passes its address to
+   its workers (``PARATRACE_COLLECTOR``).
+2. At start, local rank 0 of every node meets the others in the torch elastic agent's store
+   (``MASTER_ADDR:MASTER_PORT``, up for sure while the workers start): the node with group rank
+   0 (which holds global rank 0) publishes its trace-run's address, the others read it
+   (:func:`announce`). Each writes what it learned to ``DIR/node.json``.
+3. After the run, each other node's trace-run sends all files of its ``DIR/traces`` (including
+   partial traces of killed ranks) and its ranks' exit statuses to that address
+   (:func:`send`); the collecting trace-run writes them into its own ``DIR/traces``.
+
+Wire format (no pickle): one JSON header line ``{"schema": "paratrace.gather/1", "node_rank",
+"ranks", "files": [{"name", "size"}]}``, then the files' bytes back to back; the collector answers
+one JSON line ``{"ok": true, "dir": ...}``. File names are checked against ``rank-<R>.<ext>``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import socketserver
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Optional
+
+SCHEMA = "paratrace.gather/1"
+ENV_COLLECTOR = "PARATRACE_COLLECTOR"
+NODE_FILE = "node.json"
+_FILE_NAME = re.compile(r"^rank-\d+\.(arrow|status\.json|stack\.txt)$")
+_MAX_HEADER = 1 << 20
+_CHUNK = 1 << 20
+
+
+class GatherError(Exception):
+    """A transfer that failed; the message is one line."""
+
+
+@dataclass
+class Upload:
+    """What one node sent to the collector."""
+
+    node_rank: int
+    peer: str
+    ranks: dict
+    files: list
+
+
+@dataclass
+class Collector:
+    """TCP receiver of other nodes' trace files, writing into ``traces_dir``."""
+
+    traces_dir: str
+    host: str
+    uploads: dict = field(default_factory=dict)      # node rank -> Upload
+    errors: list = field(default_factory=list)
+    _server: Optional[socketserver.ThreadingTCPServer] = None
+    _arrived: threading.Condition = field(default_factory=threading.Condition)
+
+    def start(self) -> str:
+        """Listen on an ephemeral port; returns ``host:port`` for the other nodes."""
+        collector = self
+
+        class Handler(socketserver.StreamRequestHandler):
+            def handle(self):
+                try:
+                    upload = collector._receive(self.rfile, f"{self.client_address[0]}")
+                    reply = {"ok": True, "dir": os.path.dirname(collector.traces_dir)}
+                except (GatherError, OSError, ValueError) as exc:
+                    collector.errors.append(str(exc))
+                    upload, reply = None, {"ok": False, "error": str(exc)}
+                self.wfile.write((json.dumps(reply) + "\n").encode())
+                if upload is not None:
+                    with collector._arrived:
+                        collector.uploads[upload.node_rank] = upload
+                        collector._arrived.notify_all()
+
+        socketserver.ThreadingTCPServer.daemon_threads = True
+        self._server = socketserver.ThreadingTCPServer(("0.0.0.0", 0), Handler)
+        threading.Thread(target=self._server.serve_forever, name="paratrace-collector",
+                         daemon=True).start()
+        return f"{self.host}:{self._server.server_address[1]}"
+
+    def wait(self, count: int, timeout: float) -> bool:
+        """Wait until ``count`` nodes have uploaded; False on timeout."""
+        deadline = time.monotonic() + timeout
+        with self._arrived:
+            while len(self.uploads) < count:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._arrived.wait(left)
+        return True
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    def _receive(self, rfile, peer: str) -> Upload:
+        line = rfile.readline(_MAX_HEADER)
+        header = json.loads(line)
+        if header.get("schema") != SCHEMA:
+            raise GatherError(f"upload from {peer}: not a paratrace gather header")
+        files = header.get("files") or []
+        for item in files:
+            if not _FILE_NAME.match(str(item.get("name"))) or int(item.get("size", -1)) < 0:
+                raise GatherError(f"upload from {peer}: refused file entry {item!r}")
+        os.makedirs(self.traces_dir, exist_ok=True)
+        for item in files:
+            left = int(item["size"])
+            tmp = os.path.join(self.traces_dir, item["name"] + ".part")
+            with open(tmp, "wb") as out:
+                while left:
+                    chunk = rfile.read(min(left, _CHUNK))
+                    if not chunk:
+                        raise GatherError(f"upload from {peer}: connection closed mid-file")
+                    out.write(chunk)
+                    left -= len(chunk)
+            os.replace(tmp, os.path.join(self.traces_dir, item["name"]))
+        return Upload(int(header.get("node_rank", -1)), peer, header.get("ranks") or {},
+                      [item["name"] for item in files])
+
+
+def announce(out_dir: str, timeout: float = 120.0) -> None:
+    """In a worker: learn (or publish) the collector's address; local rank 0 writes node.json.
+
+    Does nothing on single-node runs or outside torchrun.
+    """
+    env = os.environ
+    if int(env.get("GROUP_WORLD_SIZE", "1")) <= 1 or env.get("LOCAL_RANK") != "0":
+        return
+    from torch.distributed import TCPStore
+
+    group_rank = int(env["GROUP_RANK"])
+    key = (f"paratrace/{env.get('TORCHELASTIC_RUN_ID', '')}/"
+           f"{env.get('TORCHELASTIC_RESTART_COUNT', '0')}/collector")
+    store = TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False,
+                     timeout=timedelta(seconds=timeout))
+    if group_rank == 0:
+        collector = env.get(ENV_COLLECTOR, "")
+        store.set(key, collector)
+    else:
+        collector = store.get(key).decode()
+    node = {"group_rank": group_rank, "group_world_size": int(env["GROUP_WORLD_SIZE"]),
+            "collector": collector}
+    tmp = os.path.join(out_dir, NODE_FILE + ".tmp")
+    with open(tmp, "w") as fh:
+        json.dump(node, fh)
+    os.replace(tmp, os.path.join(out_dir, NODE_FILE))
+
+
+def read_node(out_dir: str) -> Optional[dict]:
+    """node.json written by :func:`announce`, or None (single node, or workers died first)."""
+    try:
+        with open(os.path.join(out_dir, NODE_FILE)) as fh:
+            return json.load(fh)
+    except (OSError, ValueError):
+        return None
+
+
+def send(address: str, traces_dir: str, node_rank: int, ranks: dict,
+         timeout: float = 120.0) -> str:
+    """Send every trace file of ``traces_dir`` to the collector; returns its run directory."""
+    host, _, port = address.rpartition(":")
+    names = sorted(n for n in os.listdir(traces_dir) if _FILE_NAME.match(n))
+    files = [{"name": n, "size": os.path.getsize(os.path.join(traces_dir, n))} for n in names]
+    header = {"schema": SCHEMA, "node_rank": node_rank, "ranks": ranks, "files": files}
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout) as sock:
+            sock.sendall((json.dumps(header) + "\n").encode())
+            for item in files:
+                with open(os.path.join(traces_dir, item["name"]), "rb") as fh:
+                    sent = 0
+                    while sent < item["size"]:
+                        chunk = fh.read(min(_CHUNK, item["size"] - sent))
+                        if not chunk:
+                            raise GatherError(f"{item['name']} shrank while being sent")
+                        sock.sendall(chunk)
+                        sent += len(chunk)
+            reply = json.loads(sock.makefile("rb").readline(_MAX_HEADER) or b"{}")
+    except (OSError, ValueError) as exc:
+        raise GatherError(f"sending traces to {address} failed: {exc}") from None
+    if not reply.get("ok"):
+        raise GatherError(f"collector {address} refused the traces: {reply.get('error')}")
+    return reply["dir"]

@@ -1,0 +1,389 @@
+"""``trace-run``: torchrun with a recorder in every worker.
+
+    trace-run [torchrun options] [trace-run options] [SCRIPT | -m MODULE] [ARGS...]
+
+The command line is torchrun's own parser (``torch.distributed.run.get_args_parser``) with
+trace-run's options added, so every torchrun option, in both spellings, means what it means to
+torchrun. The run goes through torch's elastic agent (``elastic_launch``), which spawns, monitors
+and ends the workers; each worker runs ``instrument.bootstrap``, which starts the tracer and then
+the user's script as ``__main__``. Afterwards trace-run writes ``DIR/run.json`` (exit codes,
+errors, the hang report), gathers other nodes' traces and builds the report (``viz.cli.build``).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.util
+import json
+import os
+import signal
+import socket
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Optional
+
+from torch.distributed import run as torchrun
+from torch.distributed.elastic.multiprocessing.api import SignalException
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.launcher.api import elastic_launch
+
+from . import gather
+from .watchdog import Watchdog, read_statuses
+
+RUN_SCHEMA = "paratrace.run/1"
+DEFAULT_MODULE = "sample_runs.train"
+EXIT_USAGE = 2
+EXIT_HANG = 124
+GATHER_TIMEOUT_S = 120.0
+USAGE = "trace-run [torchrun options] [trace-run options] [SCRIPT | -m MODULE] [ARGS...]"
+# Exit codes of workers ended from outside (SIGTERM/SIGINT/SIGKILL by the agent or watchdog).
+_ENDED = {-signal.SIGTERM, -signal.SIGINT, -signal.SIGKILL, 128 + signal.SIGTERM,
+          128 + signal.SIGINT}
+
+
+class UsageError(Exception):
+    """Bad command line or output directory: one line, exit status 2."""
+
+
+@dataclass
+class Target:
+    """What each worker runs."""
+
+    script: Optional[str]
+    module: Optional[str]
+    args: list
+
+
+@dataclass
+class Outcome:
+    """How the launch ended, from torch's agent and the watchdog."""
+
+    exit_code: int = 0
+    interrupted: bool = False
+    ranks: dict = field(default_factory=dict)      # "R" -> {"status", "exit_code", "error"}
+    first_failure: Optional[int] = None
+    hang: Optional[dict] = None
+    error: Optional[str] = None                    # the launch itself failed (rendezvous...)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """torchrun's parser plus trace-run's own options; SCRIPT becomes optional."""
+    parser = torchrun.get_args_parser()
+    parser.prog = "trace-run"
+    parser.usage = USAGE
+    parser.description = ("Run a torchrun-style training with paratrace's recorder in every "
+                          "worker, then write summary.json and the report. Without SCRIPT it "
+                          f"runs the reference GPT (-m {DEFAULT_MODULE}, default configuration).")
+    own = parser.add_argument_group("trace-run options")
+    own.add_argument("--out", metavar="DIR", default=None,
+                     help="output directory (default: ./traces/<timestamp>); traces go to "
+                     "DIR/traces, the report to DIR/index.html")
+    own.add_argument("--steps", metavar="SPEC", default=None,
+                     help="steps to record, 0-based: '1-3', '0,2', '2-' (default: all)")
+    own.add_argument("--stack-depth", type=int, default=32, metavar="N",
+                     help="user frames kept per stack (default 32)")
+    own.add_argument("--include-library-frames", action="store_true",
+                     help="keep torch/stdlib/site-packages frames in stacks too")
+    own.add_argument("--no-report", action="store_true",
+                     help="only record: skip summary.json and the HTML report")
+    own.add_argument("--timeout", type=float, metavar="SECONDS", default=None,
+                     help="end the run when no rank makes progress for this long (a hung "
+                     "collective) and report each rank's last collective and stack")
+    for action in parser._actions:
+        if action.dest == "training_script":
+            action.nargs, action.default = "?", None
+        elif action.dest == "nproc_per_node" and "PET_NPROC_PER_NODE" not in os.environ:
+            action.default = None     # unset: 1, or DEFAULT_WORLD_SIZE for the reference GPT
+
+    def error(message: str):
+        print(f"trace-run: error: {message} (usage: {USAGE}; see trace-run --help)",
+              file=sys.stderr)
+        sys.exit(EXIT_USAGE)
+
+    parser.error = error
+    return parser
+
+
+def resolve_target(args: argparse.Namespace) -> Target:
+    """The script or module to run; the reference GPT when none is given."""
+    if args.training_script is None:
+        if args.module:
+            raise UsageError("-m needs a MODULE")
+        import sample_runs.train
+        if args.nproc_per_node is None:
+            args.nproc_per_node = str(sample_runs.train.DEFAULT_WORLD_SIZE)
+        return Target(None, DEFAULT_MODULE, [])
+    if args.nproc_per_node is None:
+        args.nproc_per_node = "1"
+    if args.no_python:
+        raise UsageError("--no-python runs a non-Python program, which cannot be traced")
+    if args.module:
+        name = args.training_script
+        # Workers run `python -m` from this directory; look the module up the same way.
+        sys.path.insert(0, os.getcwd())
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):
+            found = False
+        finally:
+            sys.path.pop(0)
+        if not found:
+            raise UsageError(f"no module named {name!r}")
+        return Target(None, name, list(args.training_script_args))
+    if not os.path.isfile(args.training_script):
+        raise UsageError(f"script not found: {args.training_script}")
+    return Target(args.training_script, None, list(args.training_script_args))
+
+
+def prepare_out(out: Optional[str]) -> str:
+    """Create DIR/traces and check it is writable; refuse to mix with an earlier run's traces."""
+    if out is None:
+        out = os.path.join("traces", datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
+        if os.path.exists(out):
+            out += "-" + uuid.uuid4().hex[:6]
+    out = os.path.abspath(out)
+    traces = os.path.join(out, "traces")
+    try:
+        os.makedirs(traces, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=traces):
+            pass
+    except OSError as exc:
+        raise UsageError(f"cannot write to --out {out}: {exc.strerror or exc}") from None
+    if any(name.startswith("rank-") for name in os.listdir(traces)):
+        raise UsageError(f"--out {out} already holds traces of another run; choose a new DIR")
+    return out
+
+
+def launch_config(args: argparse.Namespace):
+    """torchrun's LaunchConfig, with the same defaulting as ``torch.distributed.run.run``."""
+    if args.standalone:
+        args.rdzv_backend, args.rdzv_endpoint = "c10d", "localhost:0"
+        args.rdzv_id = str(uuid.uuid4())
+    elif args.rdzv_backend == "static" and not args.rdzv_endpoint and args.master_port is None:
+        if torchrun.parse_min_max_nnodes(args.nnodes)[1] == 1:
+            # one node and no port given: let the rendezvous pick a free port
+            args.rdzv_backend, args.rdzv_endpoint = "c10d", "localhost:0"
+            args.rdzv_id = str(uuid.uuid4())
+    if args.master_port is None:
+        args.master_port = 29500
+    try:
+        config, _, _ = torchrun.config_from_args(args)
+    except (ValueError, AssertionError, RuntimeError) as exc:
+        raise UsageError(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
+    return config
+
+
+def worker_args(args: argparse.Namespace, out: str, target: Target) -> list:
+    """Arguments of ``python`` for each worker: the bootstrap, its options, then the target."""
+    own = ["--out", out, "--stack-depth", str(args.stack_depth)]
+    if args.steps is not None:
+        own += ["--steps", args.steps]
+    if args.include_library_frames:
+        own.append("--include-library-frames")
+    run = ["-m", target.module] if target.module else [target.script]
+    return ["-u", "-m", "instrument.bootstrap", *own, "--", *run, *target.args]
+
+
+def run_workers(config, argv: list, traces_dir: str, timeout: Optional[float]) -> Outcome:
+    """Launch through torch's elastic agent and classify how each rank ended."""
+    outcome = Outcome()
+    watchdog = None
+    if timeout:
+        watchdog = Watchdog(traces_dir, timeout, on_hang=_print_hang).start()
+    try:
+        returns = elastic_launch(config, entrypoint=sys.executable)(*argv)
+        outcome.ranks = {str(r): {"status": "ok", "exit_code": 0, "error": None}
+                         for r in returns}
+    except ChildFailedError as exc:
+        outcome.first_failure, first = exc.get_first_failure()
+        outcome.exit_code = _exit_status(first.exitcode)
+        for rank, failure in exc.failures.items():
+            outcome.ranks[str(rank)] = _failed_rank(rank, failure, outcome.first_failure)
+    except SignalException as exc:
+        outcome.interrupted = True
+        outcome.exit_code = 128 + int(exc.sigval)
+    except KeyboardInterrupt:
+        outcome.interrupted, outcome.exit_code = True, 128 + signal.SIGINT
+    except Exception as exc:  # rendezvous and agent errors: report them, keep what was recorded
+        outcome.error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        outcome.exit_code = 1
+    finally:
+        if watchdog is not None:
+            watchdog.stop()
+    if watchdog is not None and watchdog.hang is not None:
+        outcome.hang = watchdog.hang
+        outcome.exit_code = EXIT_HANG
+    return outcome
+
+
+def _exit_status(code: int) -> int:
+    """A worker's exit code as a shell would report it (killed by signal N: 128 + N)."""
+    return 128 - code if code < 0 else (code or 1)
+
+
+def _failed_rank(rank: int, failure, first: int) -> dict:
+    ended = rank != first and failure.exitcode in _ENDED and failure.error_file_data == {} \
+        or failure.exitcode == -signal.SIGINT
+    error = failure.message if failure.message and not failure.message.startswith(
+        "To enable traceback") else f"exit code {failure.exitcode}"
+    if failure.exitcode < 0 and "Signal" not in error:
+        error = f"killed by {signal.Signals(-failure.exitcode).name}"
+    if ended and rank != first:
+        error = f"ended by the launcher after rank {first} failed ({error})"
+    return {"status": "failed", "exit_code": failure.exitcode, "error": error,
+            "terminated": bool(ended)}
+
+
+def _print_hang(hang: dict) -> None:
+    late = ", ".join(map(str, hang["never_arrived"])) or "unknown"
+    print(f"trace-run: no rank made progress for {hang['timeout_s']:g}s: rank(s) {late} never "
+          "arrived at the collective the others wait in; ending the workers", file=sys.stderr,
+          flush=True)
+
+
+def local_ranks(outcome: Outcome, traces_dir: str) -> dict:
+    """Every rank this node ran: the agent's results plus ranks that wrote a status file."""
+    ranks = dict(outcome.ranks)
+    for rank, status in read_statuses(traces_dir).items():
+        entry = ranks.setdefault(str(rank), {"status": None, "exit_code": None, "error": None})
+        entry["last_collective"] = status.get("last_collective")
+        entry["tracer_status"] = status.get("status")
+        if entry["status"] is None:
+            # not reported by the agent: the run ended early (hang, Ctrl-C, launch error)
+            entry["status"] = "ok" if status.get("status") == "ok" else "failed"
+            if entry["status"] == "failed":
+                entry["error"] = "interrupted" if outcome.interrupted else (
+                    "ended by the watchdog (hang)" if outcome.hang else outcome.error)
+    return dict(sorted(ranks.items(), key=lambda kv: int(kv[0])))
+
+
+def _remove_empty_stack_files(traces_dir: str) -> None:
+    """The bootstrap opens rank-<R>.stack.txt for faulthandler; keep only real dumps."""
+    for name in os.listdir(traces_dir):
+        path = os.path.join(traces_dir, name)
+        if name.endswith(".stack.txt") and os.path.getsize(path) == 0:
+            os.remove(path)
+
+
+def write_run_json(out: str, record: dict) -> None:
+    tmp = os.path.join(out, "run.json.tmp")
+    with open(tmp, "w") as fh:
+        json.dump(record, fh, indent=1)
+    os.replace(tmp, os.path.join(out, "run.json"))
+
+
+def build_report(out: str) -> Optional[str]:
+    """viz.cli.build; None (with a one-line message) if nothing could be built."""
+    try:
+        from viz.cli import build
+        from viz.trace import RunError
+    except ImportError as exc:
+        print(f"trace-run: report builder unavailable ({exc})", file=sys.stderr)
+        return None
+    try:
+        return build(out)
+    except (RunError, OSError, ValueError) as exc:
+        print(f"trace-run: no report: {exc}", file=sys.stderr)
+        return None
+
+
+def main(argv: Optional[list] = None) -> int:
+    command = ["trace-run", *(sys.argv[1:] if argv is None else argv)]
+    args = build_parser().parse_args(command[1:])
+    try:
+        target = resolve_target(args)
+        if args.stack_depth < 1:
+            raise UsageError("--stack-depth must be at least 1")
+        if args.timeout is not None and args.timeout <= 0:
+            raise UsageError("--timeout must be a positive number of seconds")
+        _check_steps(args.steps)
+        config = launch_config(args)
+        out = prepare_out(args.out)
+    except UsageError as exc:
+        print(f"trace-run: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        return _run(args, config, target, out, command)
+    except KeyboardInterrupt:   # a second Ctrl-C while gathering or building the report
+        print("trace-run: interrupted", file=sys.stderr)
+        return 128 + signal.SIGINT
+
+
+def _check_steps(spec: Optional[str]) -> None:
+    from tracer.session import parse_steps
+    try:
+        parse_steps(spec)
+    except ValueError as exc:
+        raise UsageError(f"--steps: {exc}") from None
+
+
+def _run(args, config, target: Target, out: str, command: list) -> int:
+    traces_dir = os.path.join(out, "traces")
+    collector = None
+    if config.max_nodes > 1:
+        collector = gather.Collector(traces_dir, config.local_addr or socket.getfqdn())
+        os.environ[gather.ENV_COLLECTOR] = collector.start()
+    started = time.time()
+    outcome = run_workers(config, worker_args(args, out, target), traces_dir, args.timeout)
+    _remove_empty_stack_files(traces_dir)
+    ranks = local_ranks(outcome, traces_dir)
+    node = gather.read_node(out) or {"group_rank": 0, "group_world_size": 1}
+    record = {
+        "schema": RUN_SCHEMA, "command": command,
+        "target": {"script": target.script and os.path.abspath(target.script),
+                   "module": target.module, "args": target.args},
+        "nnodes": node["group_world_size"], "node_rank": node["group_rank"],
+        "world_size": config.nproc_per_node * node["group_world_size"],
+        "started_unix": started, "ended_unix": time.time(), "exit_code": outcome.exit_code,
+        "interrupted": outcome.interrupted, "first_failure": outcome.first_failure,
+        "launch_error": outcome.error, "ranks": ranks, "hang": outcome.hang, "nodes": {},
+    }
+    if outcome.error:
+        print(f"trace-run: the launch failed: {outcome.error}", file=sys.stderr)
+    for rank, info in ranks.items():
+        if info["status"] == "failed" and not info.get("terminated"):
+            print(f"trace-run: rank {rank} failed: {info['error']}", file=sys.stderr)
+
+    if node["group_rank"] != 0:
+        write_run_json(out, record)
+        try:
+            where = gather.send(node["collector"], traces_dir, node["group_rank"], ranks)
+        except gather.GatherError as exc:
+            print(f"trace-run: {exc}; this node's traces stay in {traces_dir}", file=sys.stderr)
+            return outcome.exit_code or 1
+        if collector is not None:
+            collector.stop()
+        print(f"trace-run: node {node['group_rank']}: traces of ranks {', '.join(ranks)} sent "
+              f"to node 0 ({node['collector']}), into {where}")
+        return outcome.exit_code
+
+    if collector is not None:
+        expected = node["group_world_size"] - 1
+        if not collector.wait(expected, max(GATHER_TIMEOUT_S, args.timeout or 0)):
+            print(f"trace-run: only {len(collector.uploads)} of {expected} other nodes sent "
+                  "their traces; the report shows what arrived", file=sys.stderr)
+        collector.stop()
+        for upload in collector.uploads.values():
+            record["ranks"].update(upload.ranks)
+            record["nodes"][str(upload.node_rank)] = {"host": upload.peer, "files": upload.files,
+                                                      "ranks": sorted(map(int, upload.ranks))}
+        record["ranks"] = dict(sorted(record["ranks"].items(), key=lambda kv: int(kv[0])))
+        record["nodes"]["0"] = {"host": socket.getfqdn(), "ranks": sorted(map(int, ranks))}
+        record["nodes_missing"] = [n for n in range(1, node["group_world_size"])
+                                   if n not in collector.uploads]
+        if any(info["status"] == "failed" for info in record["ranks"].values()):
+            record["exit_code"] = outcome.exit_code = outcome.exit_code or 1
+    write_run_json(out, record)
+    if args.no_report:
+        print(out)
+        return outcome.exit_code
+    report = build_report(out)
+    print(report or out)
+    return outcome.exit_code
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,46 @@
+"""Plain c10d training on gloo, unaware of paratrace: DDP-style manual gradient all-reduce.
+
+Flags: --steps N; --raise-on RANK (that rank raises at step 1); --kill RANK (SIGKILLs itself at
+step 1); --hang RANK (skips the step-1 all-reduce, then sleeps); --sleep S (pause per step).
+"""
+import argparse
+import os
+import signal
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--steps", type=int, default=3)
+parser.add_argument("--raise-on", type=int, default=None)
+parser.add_argument("--kill", type=int, default=None)
+parser.add_argument("--hang", type=int, default=None)
+parser.add_argument("--sleep", type=float, default=0.0)
+args = parser.parse_args()
+
+assert __name__ == "__main__"
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(args.steps):
+    x = torch.randn(4, 8)
+    loss = model(x).pow(2).mean()
+    loss.backward()
+    if step == 1 and rank == args.raise_on:
+        raise ValueError(f"boom on rank {rank}")
+    if step == 1 and rank == args.kill:
+        os.kill(os.getpid(), signal.SIGKILL)
+    if step == 1 and rank == args.hang:
+        time.sleep(3600)
+    for p in model.parameters():
+        dist.all_reduce(p.grad)
+        p.grad /= world
+    opt.step()
+    opt.zero_grad()
+    time.sleep(args.sleep)
+    print(f"rank {rank} step {step} loss {loss.item():.4f}", flush=True)
+dist.destroy_process_group()
