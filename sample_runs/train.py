@@ -65,7 +65,7 @@ def build_chunks(cfg: RunConfig, groups: ParallelGroups, store: Optional[WeightG
     return [c.to(device).train() for c in chunks]
 
 
-def unique_parameters(chunks: list[GPTChunk]) -> list[nn.Parameter]:
+def rank_parameters(chunks: list[GPTChunk]) -> list[nn.Parameter]:
     return [p for chunk in chunks for p in chunk.parameters()]
 
 
@@ -76,7 +76,7 @@ def finalize_grads(*, chunks: list[GPTChunk], groups: ParallelGroups,
     with tracer.annotate("grad-sync"):
         if reducer is not None:
             reducer.finish()
-        all_reduce_sequence_parallel_grads(unique_parameters(chunks), groups.tp)
+        all_reduce_sequence_parallel_grads(rank_parameters(chunks), groups.tp)
         all_reduce_tied_embedding_grads(chunks, groups.embedding)
 
 
@@ -85,11 +85,12 @@ def reporting_rank(groups: ParallelGroups) -> bool:
     return groups.pp.rank == groups.pp.size - 1 and groups.tp.rank == 0 and groups.dp.rank == 0
 
 
-def iteration_loss(losses: list[float], groups: ParallelGroups) -> Optional[float]:
+def iteration_loss(losses: list[float], groups: ParallelGroups,
+                   device: torch.device) -> Optional[float]:
     """Mean over micro-batches and DP ranks, on last-stage ranks (None elsewhere)."""
     if groups.pp.rank != groups.pp.size - 1:
         return None
-    loss = torch.tensor(sum(losses) / len(losses), dtype=torch.float64)
+    loss = torch.tensor(sum(losses) / len(losses), dtype=torch.float64, device=device)
     return all_reduce(loss, groups.dp).item() / groups.dp.size
 
 
@@ -97,7 +98,7 @@ def gather_full_grads(chunks: list[GPTChunk], groups: ParallelGroups) -> Optiona
     """Every parameter's gradient as the full single-process tensor, on the reporting rank."""
     local = {}
     if groups.dp.rank == 0:
-        for param in unique_parameters(chunks):
+        for param in rank_parameters(chunks):
             local.setdefault(param.shard_info.name, (param.shard_info, param.grad.detach().cpu()))
     if groups.world_size == 1:
         gathered = [(0, local)]
@@ -125,7 +126,7 @@ def train(*, cfg: RunConfig, groups: ParallelGroups, device: torch.device) -> li
     corpus = load_corpus()
     store = WeightGradStore() if cfg.schedule == "zb-h1" else None
     chunks = build_chunks(cfg, groups, store, device)
-    params = unique_parameters(chunks)
+    params = rank_parameters(chunks)
     reducer = None
     if groups.dp.size > 1:
         reducer = BucketedGradReducer(params, groups.dp, bucket_numel=cfg.bucket_size,
@@ -153,7 +154,7 @@ def train(*, cfg: RunConfig, groups: ParallelGroups, device: torch.device) -> li
             grads = gather_full_grads(chunks, groups)
         with tracer.annotate("optimizer"):
             optimizer.step()
-        loss = iteration_loss(losses, groups)
+        loss = iteration_loss(losses, groups, device)
         if reporting_rank(groups):
             print(f"step {step} loss {loss:.6f}", flush=True)
             reported.append(loss)

@@ -6,6 +6,8 @@ Tensor parallelism (Shoeybi et al. 2019) needs two conjugate operators:
 Sequence parallelism (Korthikanti et al. 2022) replaces them around the sequence-sharded
 LayerNorm/dropout regions, with the sequence dimension first ([s, b, h], Megatron's layout):
   gather_from_sequence_parallel_region:     all-gather forward, reduce-scatter backward
+      (fused into the column-parallel linear, tensor_parallel._LinearWithDeferrableWeightGrad,
+      which saves only the shard and re-gathers it for the weight gradient, as Megatron does)
   reduce_scatter_to_sequence_parallel_region: reduce-scatter forward, all-gather backward
   scatter_to_sequence_parallel_region:      split forward (no comm), all-gather backward
 Every helper is a no-op on a group of one, so a single-process run issues no collectives.
@@ -75,19 +77,6 @@ class _ReduceFromTensorParallelRegion(torch.autograd.Function):
         return grad, None
 
 
-class _GatherFromSequenceParallelRegion(torch.autograd.Function):
-    """All-gather forward, reduce-scatter backward (sequence dim first)."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return all_gather_first_dim(x, group)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return reduce_scatter_first_dim(grad, ctx.group), None
-
-
 class _ReduceScatterToSequenceParallelRegion(torch.autograd.Function):
     """Reduce-scatter forward, all-gather backward: g for a sequence-parallel region."""
 
@@ -120,10 +109,6 @@ def copy_to_tensor_parallel_region(x: torch.Tensor, group: Group) -> torch.Tenso
 
 def reduce_from_tensor_parallel_region(x: torch.Tensor, group: Group) -> torch.Tensor:
     return x if group.size == 1 else _ReduceFromTensorParallelRegion.apply(x, group)
-
-
-def gather_from_sequence_parallel_region(x: torch.Tensor, group: Group) -> torch.Tensor:
-    return x if group.size == 1 else _GatherFromSequenceParallelRegion.apply(x, group)
 
 
 def reduce_scatter_to_sequence_parallel_region(x: torch.Tensor, group: Group) -> torch.Tensor:
