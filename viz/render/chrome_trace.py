@@ -1,0 +1,104 @@
+"""Chrome trace JSON of a timeline: opens in Perfetto (ui.perfetto.dev) and chrome://tracing.
+
+Ranks are processes; each process has a "passes & annotations" thread (F/B/W passes and the
+other annotation ranges, nested), one thread per recording thread with its aten ops, and as
+many "comm" threads as it takes to lay out overlapping communications without overlap. Every
+pipeline send is joined to the recv that consumed it by a flow arrow. Times are microseconds
+from the first event of the run, on rank 0's clock. Only draws what viz.timeline computed.
+"""
+from __future__ import annotations
+
+import json
+
+from ..timeline import Timeline
+
+_PASS_TID = 0
+_OPS_TID = 1          # + recording thread number
+_COMM_TID = 1000      # + comm lane
+
+
+def _lane_of(spans: list) -> list:
+    """Greedy interval partitioning: a lane index per span (spans sorted by start), so that spans
+    in one lane never overlap (Chrome's complete events on one thread must nest)."""
+    lane_end: list = []
+    lanes = []
+    for span in spans:
+        for i, end in enumerate(lane_end):
+            if end <= span.start:
+                lane_end[i] = span.end
+                lanes.append(i)
+                break
+        else:
+            lane_end.append(span.end)
+            lanes.append(len(lane_end) - 1)
+    return lanes
+
+
+def events(timeline: Timeline) -> list:
+    """The traceEvents list."""
+    firsts = [int(lane.op_start.min()) for lane in timeline.ranks.values() if len(lane.op_start)]
+    firsts += [c.start for lane in timeline.ranks.values() for c in lane.comm[:1]]
+    firsts += [p.start for lane in timeline.ranks.values() for p in lane.passes[:1]]
+    base = min(firsts, default=0)
+
+    def us(t: int) -> float:
+        return (t - base) / 1e3
+
+    out: list = []
+    where = {}   # (rank, trace row) -> (tid, start, end) of each comm slice, for flows
+    for rank, lane in sorted(timeline.ranks.items()):
+        out.append({"ph": "M", "name": "process_name", "pid": rank, "args": {"name": f"rank {rank}"}})
+        out.append({"ph": "M", "name": "process_sort_index", "pid": rank,
+                    "args": {"sort_index": rank}})
+        out.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": _PASS_TID,
+                    "args": {"name": "passes & annotations"}})
+        for p in lane.passes:
+            name = f"{p.kind}{'' if p.microbatch is None else p.microbatch}" + \
+                (f".{p.chunk}" if p.chunk else "")
+            out.append({"ph": "X", "name": name, "cat": "pass", "pid": rank, "tid": _PASS_TID,
+                        "ts": us(p.start), "dur": (p.end - p.start) / 1e3,
+                        "args": {"microbatch": p.microbatch, "chunk": p.chunk, "step": p.step,
+                                 "source": p.source}})
+        for start, end, label, _depth in lane.annotations:
+            out.append({"ph": "X", "name": label, "cat": "annotation", "pid": rank,
+                        "tid": _PASS_TID, "ts": us(start), "dur": (end - start) / 1e3})
+        for thread in sorted(set(lane.op_thread.tolist())):
+            out.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": _OPS_TID + thread,
+                        "args": {"name": f"aten ops (thread {thread})"}})
+        names = lane.op_names
+        for start, end, code, thread in zip(lane.op_start.tolist(), lane.op_end.tolist(),
+                                            lane.op_name.tolist(), lane.op_thread.tolist()):
+            out.append({"ph": "X", "name": names[code], "cat": "compute", "pid": rank,
+                        "tid": _OPS_TID + thread, "ts": us(start), "dur": (end - start) / 1e3})
+        lanes = _lane_of(lane.comm)
+        for i in sorted(set(lanes)):
+            out.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": _COMM_TID + i,
+                        "args": {"name": f"comm {i}"}})
+        for c, i in zip(lane.comm, lanes):
+            tid = _COMM_TID + i
+            where[(rank, c.index)] = (tid, c.start, c.end)
+            out.append({"ph": "X", "name": c.kind, "cat": "comm", "pid": rank, "tid": tid,
+                        "ts": us(c.start), "dur": (c.end - c.start) / 1e3,
+                        "args": {"group": c.group, "peer": c.peer, "bytes": c.nbytes,
+                                 "step": c.step, "completed": c.completed,
+                                 "end_from_matched_recv": c.capped}})
+        for step, (start, _end) in sorted(lane.steps.items()):
+            out.append({"ph": "i", "s": "p", "name": f"step {step}", "cat": "step", "pid": rank,
+                        "tid": _PASS_TID, "ts": us(start)})
+    for n, link in enumerate(timeline.links):
+        send, recv = where.get((link.src, link.src_index)), where.get((link.dst, link.dst_index))
+        if send is None or recv is None:
+            continue
+        # The arrow leaves the send where it was posted and lands where the recv completed.
+        out.append({"ph": "s", "id": n, "name": "p2p", "cat": "p2p", "pid": link.src,
+                    "tid": send[0], "ts": us(send[1])})
+        out.append({"ph": "f", "bp": "e", "id": n, "name": "p2p", "cat": "p2p", "pid": link.dst,
+                    "tid": recv[0], "ts": us(max(recv[1], recv[2] - 1))})
+    return out
+
+
+def render(timeline: Timeline) -> str:
+    """The Chrome trace JSON text."""
+    return json.dumps({"traceEvents": events(timeline), "displayTimeUnit": "ms",
+                       "otherData": {"generator": "paratrace", "config": timeline.config}},
+                      separators=(",", ":"))

@@ -1,0 +1,193 @@
+"""Timeline SVG: one row per rank, lanes for F/B/W passes, compute and communication.
+
+The measured pipeline-schedule picture: passes labelled with their micro-batch, compute and
+communication as they happened on rank 0's clock, idle time shaded, step boundaries dashed, each
+rank's metrics beside its row and a legend below. Written as SVG text directly (graphviz lays out
+graphs, not time axes); every block has a <title> tooltip. Only draws what viz.timeline
+computed.
+"""
+from __future__ import annotations
+
+from typing import Optional
+from xml.sax.saxutils import escape, quoteattr
+
+import numpy as np
+
+from ..timeline import Timeline, clip, gaps, union
+
+COLOURS = {"F": "#4c9f70", "B": "#d1495b", "W": "#8d6cab", "compute": "#3b6ea8",
+           "comm": "#f39237", "idle": "#d0d0d0"}
+LEFT, PLOT, RIGHT = 86, 1000, 440
+PASS_H, LANE_H, ROW_GAP, TOP = 20, 9, 18, 58
+
+
+def _fmt_s(seconds: Optional[float]) -> str:
+    if seconds is None:
+        return "n/a"
+    return f"{seconds * 1e3:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
+
+
+def _pct(x: Optional[float]) -> str:
+    return "n/a" if x is None else f"{100 * x:.0f}%"
+
+
+class _Canvas:
+    def __init__(self, lo: int, hi: int):
+        self.lo, self.hi = lo, max(hi, lo + 1)
+        self.parts: list = []
+
+    def x(self, t: int) -> float:
+        return LEFT + PLOT * (min(max(t, self.lo), self.hi) - self.lo) / (self.hi - self.lo)
+
+    def rect(self, start: int, end: int, y: float, h: float, fill: str, tip: str,
+             cls: str = "") -> None:
+        if end <= self.lo or start >= self.hi:
+            return
+        x0, x1 = self.x(start), self.x(end)
+        w = max(x1 - x0, 0.4)
+        self.parts.append(f'<rect class={quoteattr(cls)} x="{x0:.2f}" y="{y:.1f}" '
+                          f'width="{w:.2f}" height="{h}" fill="{fill}"><title>{escape(tip)}'
+                          f'</title></rect>')
+
+    def label(self, start: int, end: int, y: float, h: float, text: str) -> None:
+        """Centred text over a block, if the block is wide enough to hold it."""
+        x0, x1 = self.x(start), self.x(end)
+        if text and x1 - x0 >= 7 * len(text) + 2 and end > self.lo and start < self.hi:
+            self.parts.append(f'<text x="{(x0 + x1) / 2:.2f}" y="{y + h / 2 + 4:.1f}" '
+                              f'text-anchor="middle" class="mb">{escape(text)}</text>')
+
+    def text(self, x: float, y: float, text: str, **attrs) -> None:
+        extra = "".join(f' {k.replace("_", "-")}={quoteattr(str(v))}' for k, v in attrs.items())
+        self.parts.append(f'<text x="{x:.1f}" y="{y:.1f}"{extra}>{escape(text)}</text>')
+
+
+def _axis(c: _Canvas, y0: float, y1: float) -> None:
+    span_ms = (c.hi - c.lo) / 1e6
+    step = 10 ** np.floor(np.log10(max(span_ms, 1e-3) / 5))
+    for mult in (1, 2, 5, 10):
+        if span_ms / (step * mult) <= 10:
+            step *= mult
+            break
+    tick = 0.0
+    while tick <= span_ms + 1e-9:
+        x = c.x(c.lo + int(tick * 1e6))
+        c.parts.append(f'<line x1="{x:.1f}" y1="{y0}" x2="{x:.1f}" y2="{y1}" class="grid"/>')
+        c.text(x, y0 - 4, f"{tick:g} ms", text_anchor="middle", class_="axis")
+        tick += step
+
+
+def _metrics_text(m) -> list:
+    lines = [f"compute {_fmt_s(m.compute_s)}, comm {_fmt_s(m.comm_s)} "
+             f"(exposed {_fmt_s(m.exposed_comm_s)})",
+             f"idle {_fmt_s(m.idle_s)}, overlap {_pct(m.overlap_fraction)}, "
+             f"no-compute {_pct(m.bubble_fraction)} of {_fmt_s(m.wall_s)}"]
+    if m.pipeline is not None:
+        p = m.pipeline
+        lines.append(f"pipeline bubble {_pct(p.bubble_fraction)} (theory "
+                     f"{_pct(m.theoretical_bubble_fraction)}): warm-up "
+                     f"{_pct(p.warmup_fraction)}, steady {_pct(p.steady_fraction)}, cool-down "
+                     f"{_pct(p.cooldown_fraction)}")
+    return lines
+
+
+def render(timeline: Timeline, metrics: dict) -> str:
+    """The SVG text of a timeline and its metrics (viz.timeline.metrics_of)."""
+    shown = {r: [s.step for s in m.steps if s.step in m.counted_steps]
+             for r, m in metrics.items()}
+    windows = [timeline.ranks[r].steps[s] for r, steps in shown.items() for s in steps]
+    lo = min((w[0] for w in windows), default=0)
+    hi = max((w[1] for w in windows), default=1)
+    c = _Canvas(lo, hi)
+    row_h = PASS_H + 2 * LANE_H + 8
+    ranks = sorted(timeline.ranks)
+    height = TOP + len(ranks) * (row_h + ROW_GAP) + 70
+    y = TOP
+    _axis(c, TOP - 12, TOP + len(ranks) * (row_h + ROW_GAP) - ROW_GAP)
+    for rank in ranks:
+        lane, m = timeline.ranks[rank], metrics[rank]
+        c.text(8, y + PASS_H / 2 + 4, f"rank {rank}", class_="rank")
+        c.text(LEFT - 4, y + PASS_H + LANE_H - 1, "compute", text_anchor="end", class_="lane")
+        c.text(LEFT - 4, y + PASS_H + 2 * LANE_H + 1, "comm", text_anchor="end", class_="lane")
+        busy = union(np.concatenate([lane.compute, lane.comm_union]))
+        for s in shown[rank]:
+            a, b = lane.steps[s]
+            for g0, g1 in gaps(busy, a, b).tolist():
+                c.rect(g0, g1, y + PASS_H + 2, 2 * LANE_H, COLOURS["idle"],
+                       f"rank {rank} idle {_fmt_s((g1 - g0) / 1e9)}", cls="idle")
+        for p in lane.passes:
+            if p.step not in shown[rank]:
+                continue
+            label = "" if p.microbatch is None else str(p.microbatch)
+            if p.chunk:
+                label += f".{p.chunk}"
+            tip = (f"rank {rank} {p.kind} micro-batch {p.microbatch} chunk {p.chunk} step "
+                   f"{p.step}: {_fmt_s((p.end - p.start) / 1e9)} ({p.source})")
+            # The whole pass pale, the stretches it computed in full colour: waits inside a
+            # pass (its input's recv) stay visible.
+            c.rect(p.start, p.end, y, PASS_H, COLOURS[p.kind], tip, cls=f"pass wait {p.kind}")
+            for a, b in clip(lane.compute, p.start, p.end).tolist():
+                c.rect(a, b, y, PASS_H, COLOURS[p.kind], tip, cls=f"pass {p.kind}")
+            c.label(p.start, p.end, y, PASS_H, label)
+        for a, b in lane.compute.tolist():
+            if b > lo and a < hi:
+                c.rect(a, b, y + PASS_H + 2, LANE_H, COLOURS["compute"],
+                       f"rank {rank} computing {_fmt_s((b - a) / 1e9)}", cls="compute")
+        _comm_blocks(c, lane, rank, y + PASS_H + 2 + LANE_H + 1, lo, hi)
+        for s in shown[rank]:
+            x = c.x(lane.steps[s][0])
+            c.parts.append(f'<line x1="{x:.1f}" y1="{y - 3}" x2="{x:.1f}" y2="{y + row_h}" '
+                           f'class="step"><title>step {s} starts</title></line>')
+            c.text(x + 2, y - 3, f"step {s}", class_="steplabel")
+        for i, line in enumerate(_metrics_text(m)):
+            c.text(LEFT + PLOT + 10, y + 10 + 12 * i, line, class_="metric")
+        y += row_h + ROW_GAP
+    _legend(c, y + 8)
+    title = _title(timeline, metrics)
+    width = LEFT + PLOT + RIGHT
+    head = (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+            f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">'
+            '<style>.grid{stroke:#eee}.step{stroke:#555;stroke-dasharray:4 3}'
+            '.axis{fill:#777;font-size:9px}.lane{fill:#555;font-size:9px}.rank{font-weight:bold}'
+            '.metric{fill:#333;font-size:10px}.steplabel{fill:#555;font-size:9px}'
+            '.wait{opacity:0.3}.mb{fill:white;pointer-events:none}</style>'
+            f'<rect width="100%" height="100%" fill="white"/>'
+            f'<text x="8" y="18" font-size="13" font-weight="bold">{escape(title)}</text>')
+    return head + "".join(c.parts) + "</svg>\n"
+
+
+def _comm_blocks(c: _Canvas, lane, rank: int, y: float, lo: int, hi: int) -> None:
+    """One block per merged stretch of communication, its tooltip listing what ran in it."""
+    comm = [x for x in lane.comm if x.end > lo and x.start < hi]
+    for a, b in lane.comm_union.tolist():
+        if b <= lo or a >= hi:
+            continue
+        inside = [x for x in comm if x.start >= a and x.end <= b]
+        kinds: dict = {}
+        for x in inside:
+            kinds[x.kind] = kinds.get(x.kind, 0) + 1
+        what = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
+        nbytes = sum(x.nbytes for x in inside)
+        c.rect(a, b, y, LANE_H, COLOURS["comm"],
+               f"rank {rank} communicating {_fmt_s((b - a) / 1e9)}: {what}, {nbytes} bytes",
+               cls="comm")
+
+
+def _legend(c: _Canvas, y: float) -> None:
+    x = LEFT
+    for key, text in (("F", "forward pass (micro-batch)"), ("B", "backward pass"),
+                      ("W", "weight-gradient pass"), ("compute", "computing"),
+                      ("comm", "communication in flight"), ("idle", "idle")):
+        c.parts.append(f'<rect x="{x}" y="{y}" width="12" height="10" fill="{COLOURS[key]}"/>')
+        c.text(x + 16, y + 9, text)
+        x += 30 + 6.2 * len(text)
+    c.parts.append(f'<line x1="{x}" y1="{y - 2}" x2="{x}" y2="{y + 12}" class="step"/>')
+    c.text(x + 6, y + 9, "step boundary")
+
+
+def _title(timeline: Timeline, metrics: dict) -> str:
+    cfg = timeline.config
+    parts = [f"{k} {cfg[k]}" for k in ("tp", "pp", "dp", "schedule", "microbatches",
+                                       "virtual_stages") if cfg.get(k) not in (None, "")]
+    steps = sorted({s for m in metrics.values() for s in m.counted_steps})
+    shown = f"steps {steps[0]}-{steps[-1]}" if steps else "no steps"
+    return "Timeline" + (f" ({', '.join(parts)})" if parts else "") + f", {shown}"
