@@ -3,6 +3,8 @@ three losses within 1e-5 relative, and the step-1 gradients of every parameter o
 to full tensors. Real multi-process gloo runs on CPU."""
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import pytest
 
@@ -28,15 +30,26 @@ LAYOUTS = [
 ]
 
 
+REFERENCE = ("single", 1, ["--tp", "1", "--pp", "1", "--microbatches", "4"])
+
+
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    return train_and_dump(1, ["--tp", "1", "--pp", "1", "--microbatches", "4"],
-                          tmp_path_factory.mktemp("ref"), "single")
+def runs(tmp_path_factory):
+    """All runs, two launches at a time (most of a launch is process start-up)."""
+    tmp = tmp_path_factory.mktemp("layouts")
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return {name: pool.submit(train_and_dump, ranks, flags, tmp, name)
+                for name, ranks, flags in [REFERENCE, *LAYOUTS]}
+
+
+@pytest.fixture(scope="module")
+def reference(runs):
+    return runs["single"].result()
 
 
 @pytest.mark.parametrize("name,ranks,flags", LAYOUTS, ids=[layout[0] for layout in LAYOUTS])
-def test_layout_matches_single_process(name, ranks, flags, reference, tmp_path):
-    run = train_and_dump(ranks, flags, tmp_path, name)
+def test_layout_matches_single_process(name, ranks, flags, runs, reference):
+    run = runs[name].result()
     assert len(run["losses"]) == 3
     np.testing.assert_allclose(run["losses"], reference["losses"], rtol=1e-5)
     assert run["stdout"].splitlines() == [f"step {i + 1} loss {x:.6f}"

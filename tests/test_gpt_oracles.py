@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -57,16 +58,38 @@ def executed_order(records) -> list[str]:
     return out
 
 
-@pytest.fixture(scope="module")
-def tp_run(tmp_path_factory):
-    return traced(tmp_path_factory.mktemp("tp"), 2,
-                  ["--tp", "2", "--no-sp", "--pp", "1", "--layers", "2", "--microbatches", "2"])
+RUNS = {
+    "tp": (2, ["--tp", "2", "--no-sp", "--pp", "1", "--layers", "2", "--microbatches", "2"]),
+    "sp": (2, ["--tp", "2", "--sp", "--pp", "1", "--layers", "2", "--microbatches", "1"]),
+    "1f1b": (4, ["--tp", "1", "--no-sp", "--pp", "4", "--microbatches", "8", "--layers", "4"]),
+    "interleaved": (4, ["--tp", "1", "--no-sp", "--pp", "4", "--microbatches", "8",
+                        "--layers", "8", "--schedule", "interleaved", "--virtual-stages", "2"]),
+    "zb-dp": (4, ["--tp", "1", "--no-sp", "--pp", "2", "--dp", "2", "--layers", "4",
+                  "--schedule", "zb-h1", "--microbatches", "2", "--bucket-size", "8192"]),
+}
 
 
 @pytest.fixture(scope="module")
-def sp_run(tmp_path_factory):
-    return traced(tmp_path_factory.mktemp("sp"), 2,
-                  ["--tp", "2", "--sp", "--pp", "1", "--layers", "2", "--microbatches", "1"])
+def runs(tmp_path_factory):
+    """Every traced run, two launches at a time; values are futures of per-rank records."""
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return {name: pool.submit(traced, tmp_path_factory.mktemp(name), nproc, flags)
+                for name, (nproc, flags) in RUNS.items()}
+
+
+@pytest.fixture
+def tp_run(runs):
+    return runs["tp"].result()
+
+
+@pytest.fixture
+def sp_run(runs):
+    return runs["sp"].result()
+
+
+@pytest.fixture
+def zb_dp_run(runs):
+    return runs["zb-dp"].result()
 
 
 def test_tp_all_reduces_per_microbatch(tp_run):
@@ -116,21 +139,10 @@ def test_sp_collectives_per_layer_and_microbatch(sp_run):
         assert len(sync) == 1 and sync[0]["bytes"] == hidden_params * FLOAT
 
 
-@pytest.fixture(scope="module")
-def pp_runs(tmp_path_factory):
-    common = ["--tp", "1", "--no-sp", "--pp", "4", "--microbatches", "8"]
-    return {
-        "1f1b": traced(tmp_path_factory.mktemp("1f1b"), 4, [*common, "--layers", "4"]),
-        "interleaved": traced(tmp_path_factory.mktemp("inter"), 4,
-                              [*common, "--layers", "8", "--schedule", "interleaved",
-                               "--virtual-stages", "2"]),
-    }
-
-
 @pytest.mark.parametrize("schedule,v", [("1f1b", 1), ("interleaved", 2)])
-def test_pipeline_order_and_p2p_per_stage(pp_runs, schedule, v):
+def test_pipeline_order_and_p2p_per_stage(runs, schedule, v):
     p, m = 4, 8
-    for rank, records in enumerate(pp_runs[schedule]):
+    for rank, records in enumerate(runs[schedule].result()):
         expected = [str(a) for a in schedule_actions(schedule, stages=p, rank=rank,
                                                      microbatches=m, chunks=v)]
         assert executed_order(records) == expected
@@ -141,15 +153,8 @@ def test_pipeline_order_and_p2p_per_stage(pp_runs, schedule, v):
         assert {r["peer"] for r in sends + recvs} <= {(rank - 1) % p, (rank + 1) % p}
         assert {r["bytes"] for r in sends + recvs} == {S * B * H * FLOAT}
     if schedule == "1f1b":  # ORACLES.md: end ranks 8 sends + 8 recvs, middle ranks 16 + 16
-        counts = [len(comms(records, "send")) for records in pp_runs[schedule]]
+        counts = [len(comms(records, "send")) for records in runs[schedule].result()]
         assert counts == [8, 16, 16, 8]
-
-
-@pytest.fixture(scope="module")
-def zb_dp_run(tmp_path_factory):
-    return traced(tmp_path_factory.mktemp("zb"), 4,
-                  ["--tp", "1", "--no-sp", "--pp", "2", "--dp", "2", "--layers", "4",
-                   "--schedule", "zb-h1", "--microbatches", "2", "--bucket-size", "8192"])
 
 
 def _stage_numel(stage: int) -> int:
