@@ -51,7 +51,7 @@ def init_distributed(cfg: RunConfig) -> tuple[ParallelGroups, torch.device]:
     return build_groups(tp=cfg.tp, dp=cfg.dp, pp=cfg.pp), device
 
 
-def build_chunks(cfg: RunConfig, groups: ParallelGroups, store: Optional[WeightGradStore],
+def build_chunks(*, cfg: RunConfig, groups: ParallelGroups, store: Optional[WeightGradStore],
                  device: torch.device) -> list[GPTChunk]:
     """The model chunks of this rank: chunk c is virtual stage c*p + r."""
     tp = TensorParallel(group=groups.tp, sequence_parallel=cfg.sp, weight_grad_store=store)
@@ -125,7 +125,7 @@ def train(*, cfg: RunConfig, groups: ParallelGroups, device: torch.device) -> li
     """Run ``cfg.steps`` iterations; returns the reported losses (on the reporting rank)."""
     corpus = load_corpus()
     store = WeightGradStore() if cfg.schedule == "zb-h1" else None
-    chunks = build_chunks(cfg, groups, store, device)
+    chunks = build_chunks(cfg=cfg, groups=groups, store=store, device=device)
     params = rank_parameters(chunks)
     reducer = None
     if groups.dp.size > 1:
