@@ -28,6 +28,9 @@ from tracer import ops as _ops
 from .trace import Run
 
 PASS_KINDS = ("F", "B", "W")
+# A gap between two ops of one thread longer than this is idle, not host overhead: Python,
+# autograd and the tracer take microseconds to a few ms between ops, even on a loaded machine.
+IDLE_GAP_NS = 50_000_000
 _WAIT_OPS = ("_c10d_functional.wait_tensor.default", "c10d_functional.wait_tensor.default")
 # torch.distributed.pipelining labels: "PP:<stage><F|B|I|W><microbatch>" and "Forward <i>".
 _PP_LABEL = re.compile(r"^PP:(\d+)(F|B|I|W)(\d+)$")
@@ -86,7 +89,8 @@ class RankLanes:
     comm: list                 # CommSpan, in launch order
     comm_union: np.ndarray
     passes: list               # Pass, in start order
-    steps: dict                # step -> (start, end)
+    steps: dict                # step -> (start, end), steps with a non-empty window
+    closed_steps: frozenset    # steps whose end is the next step's boundary marker
     op_start: np.ndarray       # individual compute ops (for the Chrome trace)
     op_end: np.ndarray
     op_name: np.ndarray        # codes into op_names
@@ -270,7 +274,7 @@ def build_timeline(run: Run) -> Timeline:
         for lane in lanes.values():
             lane.passes = _infer_passes(raw[lane.rank], lane)
     counted = [w for lane in lanes.values() for s, w in lane.steps.items()
-               if s in _counted(lane.steps)]
+               if s in _counted(lane)]
     origin = min((w[0] for w in counted), default=0)
     return Timeline(lanes, links, run.config, origin)
 
@@ -303,15 +307,16 @@ class _RankRows:
         self.groups = trace.dictionary("group")
 
 
-def _step_windows(rows: _RankRows) -> dict:
-    """step -> (start, end): from its paratrace::step marker (or first event) to the next step's
-    start (or its last event)."""
+def _step_windows(rows: _RankRows):
+    """(step -> (start, end), closed steps): a step runs from its paratrace::step marker (or
+    first event) to the next step's start (or its last event); it is closed when the next
+    step's marker ends it."""
     if not len(rows.t0):
-        return {}
+        return {}, frozenset()
     markers = {int(s): int(t) for s, t in zip(rows.step[rows.op == rows.step_code],
                                               rows.t0[rows.op == rows.step_code])}
     windows = {}
-    real = rows.real | (rows.op == rows.ann_code)
+    real = rows.real | (rows.op == rows.ann_code) | (rows.op == rows.step_code)
     ends = np.where(rows.t1 >= 0, rows.t1, rows.t0)
     for s in np.unique(rows.step).tolist():
         mine = (rows.step == s) & real
@@ -319,26 +324,27 @@ def _step_windows(rows: _RankRows) -> dict:
             continue
         start = markers.get(s, int(rows.t0[mine].min()))
         windows[s] = [start, int(ends[mine].max())]
+    closed = frozenset(s for s in windows if s + 1 in markers)
     for s in windows:
         if s + 1 in windows:
             windows[s][1] = windows[s + 1][0]
-    return {s: (a, b) for s, (a, b) in sorted(windows.items()) if b > a}
+    return {s: (a, b) for s, (a, b) in sorted(windows.items()) if b > a}, closed
 
 
-def _counted(steps: dict) -> list:
+def _counted(lane: "RankLanes") -> list:
     """Steps the totals sum: the complete ones (closed by the next step's boundary) except step
     0, which runs from the start of the recording and carries one-off setup (model
-    construction, allocator warm-up). With fewer than that, every step counts."""
-    keys = sorted(steps)
-    complete = [s for s in keys if s + 1 in steps and s != 0]
-    return complete or keys
+    construction, allocator warm-up). With none such, every step counts."""
+    keys = sorted(lane.steps)
+    return [s for s in keys if s in lane.closed_steps and s != 0] or keys
 
 
-def _compute_spans(rows: _RankRows) -> np.ndarray:
+def _compute_spans(rows: _RankRows, comm: list) -> np.ndarray:
     """Compute ops, plus the host time between a thread's consecutive ops (Python, autograd,
     tracer overhead, preemption), except the part of a gap before a communication completed
-    in it: there the thread was (as far as the trace can tell) waiting for that completion."""
-    done = np.sort(rows.t1[rows.is_comm & (rows.t1 >= 0)])
+    in it (there the thread was, as far as the trace can tell, waiting for that completion)
+    and gaps longer than IDLE_GAP_NS (no host overhead is that long: the rank was idle)."""
+    done = np.sort(np.array([c.end for c in comm if c.completed], dtype=np.int64))
     spans = [_intervals(rows.t0[rows.is_compute], rows.t1[rows.is_compute])]
     for thread in np.unique(rows.thread[rows.real]).tolist():
         sel = np.nonzero(rows.real & (rows.thread == thread))[0]
@@ -354,12 +360,13 @@ def _compute_spans(rows: _RankRows) -> np.ndarray:
             i = np.searchsorted(done, b, side="right") - 1
             last_done = np.where(i >= 0, done[np.maximum(i, 0)], np.iinfo(np.int64).min)
             a = np.where(last_done > a, last_done, a)
-        spans.append(_intervals(a, b))
+        short = b - a <= IDLE_GAP_NS
+        spans.append(_intervals(a[short], b[short]))
     return union(np.concatenate(spans))
 
 
 def _comm_spans(rows: _RankRows, cap: dict) -> list:
-    last = int(max(rows.t1.max(initial=0), rows.t0.max(initial=0)))
+    last = int(max(rows.t1.max(initial=0), rows.t0.max(initial=0), rows.t_ret.max(initial=0)))
     spans = []
     for i in np.nonzero(rows.is_comm)[0].tolist():
         start, end = int(rows.t0[i]), int(rows.t1[i])
@@ -440,7 +447,8 @@ def _infer_passes(rows: _RankRows, lane: RankLanes) -> list:
         return []
     phase = rows.trace.col("phase")
     order = np.nonzero(rows.is_compute | rows.is_comm)[0]
-    order = order[np.argsort(rows.t0[order], kind="stable")]
+    ends = np.where(rows.is_comm, rows.t_ret, rows.t1)
+    order = order[np.lexsort((ends[order], rows.t0[order]))]
     passes, current, counts = [], None, {}
 
     def close():
@@ -473,6 +481,7 @@ def _infer_passes(rows: _RankRows, lane: RankLanes) -> list:
 
 def _lanes(rows: _RankRows, cap: dict) -> RankLanes:
     comm = _comm_spans(rows, cap)
+    steps, closed = _step_windows(rows)
     passes, others = _annotation_spans(rows)
     group = {rows.rank}
     for c in comm:
@@ -480,9 +489,9 @@ def _lanes(rows: _RankRows, cap: dict) -> RankLanes:
             group.update(int(r) for r in c.group.split(","))
     sel = rows.is_compute
     return RankLanes(
-        rank=rows.rank, compute=_compute_spans(rows), comm=comm,
+        rank=rows.rank, compute=_compute_spans(rows, comm), comm=comm,
         comm_union=union(_intervals([c.start for c in comm], [c.end for c in comm])),
-        passes=passes, steps=_step_windows(rows), op_start=rows.t0[sel], op_end=rows.t1[sel],
+        passes=passes, steps=steps, closed_steps=closed, op_start=rows.t0[sel], op_end=rows.t1[sel],
         op_name=rows.op[sel], op_thread=rows.thread[sel], op_names=rows.op_names,
         annotations=others, pipeline_group=tuple(sorted(group)),
         clock_error_ns=rows.trace.clock_error_ns)
@@ -578,7 +587,7 @@ def _theory(config: dict, pass_s: dict) -> Optional[float]:
 
 def metrics_of(timeline: Timeline) -> dict:
     """rank -> RankMetrics of a built timeline."""
-    counted = {r: _counted(lane.steps) for r, lane in timeline.ranks.items()}
+    counted = {r: _counted(lane) for r, lane in timeline.ranks.items()}
     pass_s = _pass_compute(timeline, counted)
     theory = _theory(timeline.config, pass_s) if any(
         lane.passes for lane in timeline.ranks.values()) else None

@@ -1,0 +1,333 @@
+"""Timeline metrics on synthetic traces with a fake clock: exact values.
+
+Each test writes real trace files with tracer.format.TraceWriter (the tracer's own writer) and
+loads them with viz.trace.load_run, so the analysis goes through the real reader.
+"""
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from tracer.format import COLUMNS, DICT_COLUMNS, PHASE_BACKWARD, PHASE_FORWARD, TraceWriter
+from viz import timeline
+from viz.render import chrome_trace
+from viz.trace import load_run
+
+U = 1_000            # one fake-clock unit: 1 us, in ns
+BASE = 1_000_000_000  # fake clocks start here (any monotonic origin)
+COL = {name: i for i, (name, _) in enumerate(COLUMNS)}
+
+
+class FakeRank:
+    """Rows of one rank's trace, written as the tracer writes them."""
+
+    def __init__(self, rank: int, world: int, config: dict | None = None):
+        self.rank, self.world, self.config = rank, world, config or {}
+        self.rows: list = []
+        self.dicts: dict = {name: [] for name in DICT_COLUMNS}
+        self.step = 0
+
+    def _id(self, column: str, value):
+        if value is None:
+            return None
+        values = self.dicts[column]
+        if value not in values:
+            values.append(value)
+        return values.index(value)
+
+    def _row(self, **fields):
+        row = [None] * len(COLUMNS)
+        for name, value in fields.items():
+            row[COL[name]] = self._id(name, value) if name in DICT_COLUMNS else value
+        row[COL["step"]] = self.step if row[COL["step"]] is None else row[COL["step"]]
+        row[COL["thread"]] = row[COL["thread"]] or 0
+        row[COL["phase"]] = row[COL["phase"]] or 0
+        self.rows.append(tuple(row))
+
+    def op(self, t0, t1, name="aten.mm.default", phase=PHASE_FORWARD, thread=0, annotation=None):
+        self._row(t0=BASE + t0 * U, t1=BASE + t1 * U, op=name, phase=phase, thread=thread,
+                  annotation=annotation)
+
+    def comm(self, kind, t0, t_ret, t1, peer=None, group="0,1", op=None):
+        self._row(t0=BASE + t0 * U, t_ret=BASE + t_ret * U,
+                  t1=None if t1 is None else BASE + t1 * U,
+                  op=op or {"send": "c10d.send.default", "recv": "c10d.recv_.default"}.get(
+                      kind, "c10d.allreduce_.default"),
+                  kind=kind, group=group, peer=peer, bytes=1024, seq=len(self.rows),
+                  cid=len(self.rows))
+
+    def annotate(self, label, t0, t1, **attrs):
+        self._row(t0=BASE + t0 * U, t1=BASE + t1 * U, op="paratrace::annotation",
+                  annotation=json.dumps([dict(label=label, **attrs)]))
+
+    def next_step(self, t):
+        self.step += 1
+        self._row(t0=BASE + t * U, t1=BASE + t * U, op="paratrace::step")
+
+    def write(self, directory) -> None:
+        writer = TraceWriter(str(directory / f"rank-{self.rank}.arrow"),
+                             {"rank": self.rank, "world_size": self.world})
+        rows = sorted(self.rows, key=lambda r: r[COL["t1"]] or r[COL["t0"]])
+        writer.write(rows, self.dicts, {"config": self.config, "status": "ok"})
+        writer.close()
+
+
+def metrics_of(tmp_path, ranks):
+    for r in ranks:
+        r.write(tmp_path)
+    return timeline.run_metrics(load_run(str(tmp_path)))
+
+
+def seconds(units):
+    return units * U / 1e9
+
+
+def test_compute_comm_overlap_exposed_exact(tmp_path):
+    """One rank, step 1 = [1000, 2000): ops, host gaps, an async all-reduce [1400, 1700)."""
+    r = FakeRank(0, 1)
+    r.op(0, 100)                       # step 0: setup, not counted
+    r.next_step(1000)
+    r.op(1000, 1200)
+    r.op(1250, 1400)                   # gap 1200-1250: host time, counts as compute
+    r.comm("all_reduce", 1400, 1410, 1700, group="0")   # launch 1400-1410, done at 1700
+    r.op(1420, 1500)                   # overlaps the all-reduce
+    r.op(1800, 1900)                   # gap 1500-1800 holds the completion: waiting until 1700
+    r.next_step(2000)
+    r.op(2000, 2100)
+    m = metrics_of(tmp_path, [r])[0]
+    # compute [1000,1400) + [1410,1500) + [1700,2000) = 790; comm [1400,1700) = 300
+    assert m.counted_steps == (1,)
+    assert m.wall_s == pytest.approx(seconds(1000))
+    assert m.compute_s == pytest.approx(seconds(790))
+    assert m.comm_s == pytest.approx(seconds(300))
+    assert m.overlapped_comm_s == pytest.approx(seconds(90))
+    assert m.exposed_comm_s == pytest.approx(seconds(210))
+    assert m.idle_s == pytest.approx(0.0)
+    assert m.overlap_fraction == pytest.approx(0.3)
+    assert m.bubble_fraction == pytest.approx(0.21)
+    assert m.pipeline is None and m.theoretical_bubble_fraction is None
+    assert [s.step for s in m.steps] == [0, 1, 2]
+    time = m.to_json()
+    for key in ("wall_s", "compute_s", "comm_s", "exposed_comm_s", "idle_s", "overlap_fraction",
+                "bubble_fraction"):
+        assert time[key] == pytest.approx(getattr(m, key))
+    json.dumps(time)
+
+
+def test_long_gap_is_idle_and_no_comm_gives_no_overlap(tmp_path):
+    r = FakeRank(0, 1)
+    r.next_step(0)
+    r.op(0, 1000)
+    gap = timeline.IDLE_GAP_NS // U + 500
+    r.op(1000 + gap, 2000 + gap)
+    r.next_step(3000 + gap)
+    r.op(3000 + gap, 3001 + gap)
+    m = metrics_of(tmp_path, [r])[0]
+    assert m.idle_s == pytest.approx(seconds(gap))
+    assert m.compute_s == pytest.approx(seconds(3000))   # two ops and the short host gap after
+    assert m.comm_s == 0 and m.overlap_fraction is None
+
+
+def gpipe_two_stages(config=None):
+    """GPipe, p=2, m=2, T_F=10, T_B=20, P2P free: the schedule of the papers, by hand.
+
+    rank 0: F0 [0,10) F1 [10,20) waits B0's grad until 50, B0 [50,70) B1 [70,90)
+    rank 1: waits F0 until 10, F0 [10,20) F1 [20,30) B0 [30,50) B1 [50,70), done
+    """
+    config = config or {"pp": 2, "microbatches": 2, "schedule": "gpipe", "virtual_stages": 1}
+    r0, r1 = FakeRank(0, 2, config), FakeRank(1, 2, config)
+    for r in (r0, r1):
+        r.op(-50, -40)
+        r.next_step(0)
+    r0.annotate("F", 0, 10, microbatch=0, chunk=0)
+    r0.op(0, 10)
+    r0.comm("send", 10, 10, 95, peer=1)          # waited at the end: capped to the recv's end
+    r0.annotate("F", 10, 20, microbatch=1, chunk=0)
+    r0.op(10, 20)
+    r0.comm("send", 20, 20, 96, peer=1)
+    r0.annotate("B", 20, 70, microbatch=0, chunk=0)
+    r0.comm("recv", 20, 20, 50, peer=1)
+    r0.op(50, 70, phase=PHASE_BACKWARD)
+    r0.annotate("B", 70, 90, microbatch=1, chunk=0)
+    r0.comm("recv", 70, 70, 70, peer=1)
+    r0.op(70, 90, phase=PHASE_BACKWARD)
+    r1.annotate("F", 0, 20, microbatch=0, chunk=0)
+    r1.comm("recv", 0, 0, 10, peer=0)
+    r1.op(10, 20)
+    r1.annotate("F", 20, 30, microbatch=1, chunk=0)
+    r1.comm("recv", 20, 20, 20, peer=0)
+    r1.op(20, 30)
+    r1.annotate("B", 30, 50, microbatch=0, chunk=0)
+    r1.op(30, 50, phase=PHASE_BACKWARD)
+    r1.comm("send", 50, 50, 97, peer=0)
+    r1.annotate("B", 50, 70, microbatch=1, chunk=0)
+    r1.op(50, 70, phase=PHASE_BACKWARD)
+    r1.comm("send", 70, 70, 98, peer=0)
+    for r in (r0, r1):
+        r.next_step(100)
+        r.op(100, 110)
+    return r0, r1
+
+
+def test_pipeline_bubble_matches_gpipe_theory_and_splits_by_section(tmp_path):
+    m = metrics_of(tmp_path, gpipe_two_stages())
+    for rank in (0, 1):
+        p = m[rank].pipeline
+        assert p.window_s == pytest.approx(seconds(90))
+        assert p.bubble_fraction == pytest.approx(1 / 3)
+        assert m[rank].theoretical_bubble_fraction == pytest.approx(1 / 3)
+    # rank 0 waits for its first gradient (warm-up); rank 1 waits for its first input (warm-up)
+    # and for rank 0 to finish (cool-down)
+    assert (m[0].pipeline.warmup_fraction, m[0].pipeline.steady_fraction,
+            m[0].pipeline.cooldown_fraction) == pytest.approx((30 / 90, 0, 0))
+    assert (m[1].pipeline.warmup_fraction, m[1].pipeline.steady_fraction,
+            m[1].pipeline.cooldown_fraction) == pytest.approx((10 / 90, 0, 20 / 90))
+    # step window [0, 100): rank 0 computes 20 + 50 (host time after B1 up to the next step),
+    # waits 30 in its recv; sends end when their recvs completed (zero length here)
+    assert m[0].compute_s == pytest.approx(seconds(70))
+    assert m[0].exposed_comm_s == pytest.approx(seconds(30))
+    assert m[0].idle_s == pytest.approx(0)
+    assert m[1].compute_s == pytest.approx(seconds(90))
+    assert m[1].comm_s == pytest.approx(seconds(10))
+    assert m[0].passes == pytest.approx({"F": seconds(10), "B": seconds(20)})
+
+
+def test_send_ends_at_matched_recv_and_links_feed_chrome_flows(tmp_path):
+    for r in gpipe_two_stages():
+        r.write(tmp_path)
+    tl = timeline.build_timeline(load_run(str(tmp_path)))
+    assert len(tl.links) == 4
+    sends = [c for lane in tl.ranks.values() for c in lane.comm if c.kind == "send"]
+    assert all(c.capped for c in sends)
+    assert sorted((c.end - BASE) // U for c in sends) == [10, 20, 50, 70]
+    trace = json.loads(chrome_trace.render(tl))
+    check_chrome_trace(trace["traceEvents"], expected_flows=4)
+
+
+def check_chrome_trace(events, expected_flows):
+    """Structure Perfetto and chrome://tracing need: named processes, complete events that nest
+    on each thread, and every flow start bound to a slice with exactly one finish."""
+    slices: dict = {}
+    for e in events:
+        assert {"ph", "pid", "name"} <= set(e)
+        if e["ph"] == "X":
+            assert e["dur"] >= 0
+            slices.setdefault((e["pid"], e["tid"]), []).append((e["ts"], e["ts"] + e["dur"]))
+    for key, spans in slices.items():
+        stack = []
+        for start, end in sorted(spans, key=lambda s: (s[0], -s[1])):
+            while stack and stack[-1] <= start:
+                stack.pop()
+            assert not stack or end <= stack[-1] + 1e-6, f"overlapping slices on {key}"
+            stack.append(end)
+    starts = {e["id"]: e for e in events if e["ph"] == "s"}
+    finishes = {e["id"]: e for e in events if e["ph"] == "f"}
+    assert len(starts) == len(finishes) == expected_flows
+    for flow_id, s in starts.items():
+        f = finishes[flow_id]
+        for e in (s, f):
+            assert any(a <= e["ts"] <= b for a, b in slices[(e["pid"], e["tid"])])
+        assert s["pid"] != f["pid"]
+    names = {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"}
+    assert names == {pid: f"rank {pid}" for pid, _ in slices}
+
+
+def test_write_timeline_svg_and_chrome_trace(tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    for r in gpipe_two_stages():
+        r.write(run_dir)
+    out = tmp_path / "out"
+    files = timeline.write_timeline(load_run(str(run_dir)), str(out))
+    assert files == {"svg": "timeline.svg", "chrome_trace": "timeline.json"}
+    svg = ET.parse(out / files["svg"]).getroot()
+    ns = "{http://www.w3.org/2000/svg}"
+    texts = [t.text for t in svg.iter(ns + "text")]
+    assert sum(t == "rank 0" or t == "rank 1" for t in texts) == 2
+    # each rank shows F0 F1 B0 B1 labelled with their micro-batch
+    assert sorted(t for t in texts if t in ("0", "1")) == ["0"] * 4 + ["1"] * 4
+    titles = [t.text for t in svg.iter(ns + "title")]
+    assert any("F micro-batch 1 chunk 0" in t for t in titles)
+    assert any("pipeline bubble 33% (theory 33%)" in (t or "") for t in texts)
+    assert any(t == "step boundary" for t in texts)
+    check_chrome_trace(json.loads((out / files["chrome_trace"]).read_text())["traceEvents"], 4)
+
+
+def test_passes_inferred_from_p2p_order_without_annotations(tmp_path):
+    ranks = gpipe_two_stages()
+    for r in ranks:   # drop the annotations: only ops and P2P remain
+        r.rows = [row for row in r.rows
+                  if r.dicts["op"][row[COL["op"]]] != "paratrace::annotation"]
+    for r in ranks:
+        r.write(tmp_path)
+    tl = timeline.build_timeline(load_run(str(tmp_path)))
+    got = [(p.kind, p.microbatch, (p.start - BASE) // U, (p.end - BASE) // U)
+           for p in tl.ranks[0].passes if p.step == 1]
+    assert got == [("F", 0, 0, 10), ("F", 1, 10, 20), ("B", 0, 50, 70), ("B", 1, 70, 90)]
+    assert all(p.source == "inferred" for p in tl.ranks[0].passes)
+
+
+def test_record_function_labels_of_torch_pipelining(tmp_path):
+    r0 = FakeRank(0, 1)
+    r0.next_step(0)
+    r0.annotate("PP:1F3", 0, 10)
+    r0.op(0, 10)
+    r0.annotate("PP:1I3", 10, 20)
+    r0.op(10, 20, phase=PHASE_BACKWARD)
+    r0.annotate("Backward 2", 20, 30)
+    r0.op(20, 30, phase=PHASE_BACKWARD)
+    r0.annotate("optimizer", 30, 40)
+    r0.write(tmp_path)
+    tl = timeline.build_timeline(load_run(str(tmp_path)))
+    passes = [(p.kind, p.microbatch, p.chunk, p.source) for p in tl.ranks[0].passes]
+    assert passes == [("F", 3, 1, "record_function"), ("B", 3, 1, "record_function"),
+                      ("B", 2, 0, "record_function")]
+    assert [a[2] for a in tl.ranks[0].annotations] == ["optimizer"]
+
+
+@pytest.mark.parametrize("args, expected", [
+    (("gpipe", 4, 8), 3 / 11), (("1f1b", 2, 4), 0.2),
+    (("interleaved", 4, 8, 2), 3 / 19),          # bubble/ideal 3/16 -> fraction 3/19
+    (("interleaved", 2, 4, 2), 1 / 9),
+    (("zb-h1", 4, 8), 1 / 9),                    # (p-1)(T_F+T_B-T_W) = 3 vs ideal 24
+    (("1f1b", 1, 4), 0.0), (("unknown", 2, 4), None), (("gpipe", 0, 4), None),
+])
+def test_theoretical_bubble(args, expected):
+    assert timeline.theoretical_bubble(*args) == pytest.approx(expected)
+
+
+def test_zb_h1_theory_uses_pass_times():
+    # T_F = T_B = T_W: a third of 1F1B's bubble time (ORACLES.md)
+    one_f_one_b = 3 * 3 / (3 * 3 + 8 * 3)
+    zb = timeline.theoretical_bubble("zb-h1", 4, 8, t_f=1, t_b=1, t_w=1)
+    assert zb / (1 - zb) == pytest.approx(one_f_one_b / (1 - one_f_one_b) / 3)
+
+
+def test_empty_and_unfinished_ranks_do_not_break_metrics(tmp_path):
+    empty = FakeRank(0, 2)
+    hung = FakeRank(1, 2)
+    hung.next_step(0)
+    hung.op(0, 10)
+    hung.comm("all_reduce", 10, 11, None, group="0,1")   # never completed
+    empty.write(tmp_path)
+    hung.write(tmp_path)
+    run = load_run(str(tmp_path))
+    m = timeline.run_metrics(run)
+    assert m[0].wall_s == 0 and m[0].bubble_fraction is None and m[0].steps == []
+    spans = timeline.build_timeline(run).ranks[1].comm
+    # in flight until the end of the recording
+    assert [(c.completed, c.end) for c in spans] == [(False, BASE + 11 * U)]
+    files = timeline.write_timeline(run, str(tmp_path / "out"))
+    assert (tmp_path / "out" / files["svg"]).stat().st_size > 0
+
+
+def test_interval_algebra():
+    a = timeline.union(timeline._intervals([0, 5, 20, 22], [10, 12, 25, 30]))
+    assert a.tolist() == [[0, 12], [20, 30]]
+    b = timeline.union(timeline._intervals([8, 25], [21, 40]))
+    assert timeline.intersect(a, b).tolist() == [[8, 12], [20, 21], [25, 30]]
+    assert timeline.gaps(a, -5, 35).tolist() == [[-5, 0], [12, 20], [30, 35]]
+    assert timeline.clip(a, 5, 25).tolist() == [[5, 12], [20, 25]]
+    assert timeline.length(a) == 22
