@@ -36,6 +36,12 @@ class Terminated(KeyboardInterrupt):
 
 
 def _on_sigterm(signum, frame):
+    # NOTE: raise once, and only while the tracer is still recording: a SIGTERM that lands while
+    # the tracer closes (after the rank's own error, say) would cut its final flush short.
+    session = tracer.active()
+    if session is None or session.status != "running":
+        return
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise Terminated(f"terminated by signal {signum}")
 
 
@@ -60,6 +66,22 @@ def parse(argv: list) -> argparse.Namespace:
     return opts
 
 
+def keep_earlier_attempt(traces_dir: str, rank: int) -> None:
+    """With --max-restarts, move this rank's files of the failed attempt to ``attempt-<n>/``.
+
+    The agent restarts every worker in place; without this the new attempt's trace would
+    overwrite the one that shows why the last attempt failed.
+    """
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    if attempt == 0:
+        return
+    keep = os.path.join(traces_dir, f"attempt-{attempt - 1}")
+    os.makedirs(keep, exist_ok=True)
+    for name in os.listdir(traces_dir):
+        if name.startswith(f"rank-{rank}."):
+            os.replace(os.path.join(traces_dir, name), os.path.join(keep, name))
+
+
 def _rank() -> int:
     try:
         return int(os.environ.get("RANK", "0"))
@@ -72,6 +94,7 @@ def main(argv: Optional[list] = None) -> None:
     opts = parse(sys.argv[1:] if argv is None else argv)
     traces_dir = os.path.join(opts.out, "traces")
     os.makedirs(traces_dir, exist_ok=True)
+    keep_earlier_attempt(traces_dir, _rank())
     signal.signal(signal.SIGTERM, _on_sigterm)
     # Kept open for the life of the process: faulthandler writes to its file descriptor.
     stack_file = open(os.path.join(traces_dir, f"rank-{_rank()}.stack.txt"), "w")

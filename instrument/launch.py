@@ -216,6 +216,13 @@ def run_workers(config, argv: list, traces_dir: str, timeout: Optional[float]) -
     if watchdog is not None and watchdog.hang is not None:
         outcome.hang = watchdog.hang
         outcome.exit_code = EXIT_HANG
+        late = outcome.hang["never_arrived"]
+        outcome.first_failure = late[0] if late else None
+        for rank, info in outcome.ranks.items():
+            cause = "never arrived at the collective the others waited in" \
+                if int(rank) in late else "waiting"
+            info.update(error=f"hang: ended by --timeout {watchdog.timeout_s:g} ({cause})",
+                        terminated=int(rank) not in late)
     return outcome
 
 
@@ -225,16 +232,18 @@ def _exit_status(code: int) -> int:
 
 
 def _failed_rank(rank: int, failure, first: int) -> dict:
-    ended = rank != first and failure.exitcode in _ENDED and failure.error_file_data == {} \
-        or failure.exitcode == -signal.SIGINT
-    error = failure.message if failure.message and not failure.message.startswith(
-        "To enable traceback") else f"exit code {failure.exitcode}"
-    if failure.exitcode < 0 and "Signal" not in error:
-        error = f"killed by {signal.Signals(-failure.exitcode).name}"
-    if ended and rank != first:
-        error = f"ended by the launcher after rank {first} failed ({error})"
-    return {"status": "failed", "exit_code": failure.exitcode, "error": error,
-            "terminated": bool(ended)}
+    """run.json entry of a rank torch's agent reported failed; ``terminated``: a bystander the
+    launcher ended because rank ``first`` failed."""
+    message = failure.message
+    if isinstance(message, dict):          # torch's error file: {"message": ..., "extraInfo"}
+        message = message.get("message")
+    if not message or str(message).startswith("To enable traceback"):
+        message = f"exit code {failure.exitcode}"
+    terminated = rank != first and failure.exitcode in _ENDED
+    if terminated:
+        message = f"ended by the launcher after rank {first} failed ({message})"
+    return {"status": "failed", "exit_code": failure.exitcode, "error": str(message),
+            "terminated": terminated}
 
 
 def _print_hang(hang: dict) -> None:
@@ -343,8 +352,11 @@ def _run(args, config, target: Target, out: str, command: list) -> int:
     }
     if outcome.error:
         print(f"trace-run: the launch failed: {outcome.error}", file=sys.stderr)
+    if outcome.interrupted:
+        print("trace-run: interrupted; the traces hold what was recorded", file=sys.stderr)
     for rank, info in ranks.items():
-        if info["status"] == "failed" and not info.get("terminated"):
+        if info["status"] == "failed" and not (info.get("terminated") or outcome.hang
+                                               or outcome.interrupted):
             print(f"trace-run: rank {rank} failed: {info['error']}", file=sys.stderr)
 
     if node["group_rank"] != 0:
@@ -361,6 +373,7 @@ def _run(args, config, target: Target, out: str, command: list) -> int:
         return outcome.exit_code
 
     if collector is not None:
+        own_ranks = sorted(map(int, ranks))
         expected = node["group_world_size"] - 1
         if not collector.wait(expected, max(GATHER_TIMEOUT_S, args.timeout or 0)):
             print(f"trace-run: only {len(collector.uploads)} of {expected} other nodes sent "
@@ -371,7 +384,7 @@ def _run(args, config, target: Target, out: str, command: list) -> int:
             record["nodes"][str(upload.node_rank)] = {"host": upload.peer, "files": upload.files,
                                                       "ranks": sorted(map(int, upload.ranks))}
         record["ranks"] = dict(sorted(record["ranks"].items(), key=lambda kv: int(kv[0])))
-        record["nodes"]["0"] = {"host": socket.getfqdn(), "ranks": sorted(map(int, ranks))}
+        record["nodes"]["0"] = {"host": socket.getfqdn(), "ranks": own_ranks}
         record["nodes_missing"] = [n for n in range(1, node["group_world_size"])
                                    if n not in collector.uploads]
         if any(info["status"] == "failed" for info in record["ranks"].values()):

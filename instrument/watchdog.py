@@ -3,7 +3,7 @@
 It reads the tracer's live status files (``traces/rank-<R>.status.json``, rewritten every
 ~0.25 s by each rank's flusher thread, even while the rank's main thread is blocked in a
 collective). When no rank has made progress (new events, a new step, a status change) for S
-seconds, it asks every rank for its Python stacks (SIGUSR1, dumped by faulthandler into
+seconds while at least one rank waits in a collective, it asks every rank for its Python stacks (SIGUSR1, dumped by faulthandler into
 ``rank-<R>.stack.txt``), works out which ranks never arrived at the collective the others are
 stuck in, and ends the workers (SIGTERM, then SIGKILL: a rank blocked in C++ never runs a Python
 signal handler). Its traces stay readable: the tracer flushed them up to the hang.
@@ -154,7 +154,10 @@ class Watchdog:
                 last_signature, last_change = signature, time.monotonic()
                 continue
             running = {r: s for r, s in statuses.items() if not s.get("final")}
-            if running and time.monotonic() - last_change >= self.timeout_s:
+            # NOTE: only a rank waiting in a collective makes a hang; a slow start (imports,
+            # the tracer's clock sync) changes no status file either.
+            waiting = any(s.get("inflight") for s in running.values())
+            if waiting and time.monotonic() - last_change >= self.timeout_s:
                 self.hang = self._report(statuses, running)
                 if self.on_hang is not None:
                     self.on_hang(self.hang)
