@@ -8,6 +8,7 @@ status file the watchdog reads, and clock alignment around the process group's l
 from __future__ import annotations
 
 import collections
+import importlib
 import json
 import os
 import socket
@@ -181,8 +182,11 @@ class Session:
             "torch": torch.__version__, "python": sys.version.split()[0],
             "local_rank": _env_int("LOCAL_RANK"), "node_rank": _env_int("GROUP_RANK"),
         }
+        # NOTE: the first op dispatched through any Python mode imports torch._dynamo (seconds);
+        # pay that before recording so it does not distort the first step's timeline.
+        importlib.import_module("torch._dynamo")
         self._writer = TraceWriter(self.path, meta)
-        self._start_ns = meta["start_ns"]
+        self._flush_empty()
         ACTIVE = self
         self._modules_install()
         self._patch_process_group()
@@ -641,9 +645,17 @@ class Session:
             meta, self._meta_updates = self._meta_updates, {}
             if not rows and not meta:
                 return
-            dictionaries = {name: interner.values for name, interner in self._interners.items()}
-            dictionaries["stack"] = dictionaries["fwd_stack"] = self._stacks.values
-            self._writer.write(rows, dictionaries, meta or None)
+            self._writer.write(rows, self._dictionaries(), meta or None)
+
+    def _flush_empty(self) -> None:
+        # an empty first batch makes the file valid at once: a rank killed before its first
+        # flush leaves a readable trace with no events rather than an empty file
+        self._writer.write([], self._dictionaries(), None)
+
+    def _dictionaries(self) -> dict:
+        dictionaries = {name: interner.values for name, interner in self._interners.items()}
+        dictionaries["stack"] = dictionaries["fwd_stack"] = self._stacks.values
+        return dictionaries
 
     def _describe(self, row) -> dict:
         kinds = self._interners["kind"].values

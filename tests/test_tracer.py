@@ -1,0 +1,235 @@
+"""The recorder in one process: attribution of backward ops, steps, annotations, phases, and
+the trace file's behaviour on truncation, garbage, newer versions and a SIGKILL."""
+from __future__ import annotations
+
+import inspect
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pyarrow as pa
+import pytest
+import torch
+
+import tracer
+from tracer.format import FORMAT_VERSION, SCHEMA
+
+HERE = os.path.abspath(__file__)
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        return torch.relu(self.fc(x))            # FC_LINE
+
+
+FC_LINE = next(i for i, line in enumerate(inspect.getsource(Net).splitlines())
+               if "FC_LINE" in line) + inspect.getsourcelines(Net)[1]
+
+
+def train(n_steps: int, out, **options):
+    torch.manual_seed(0)
+    net = Net()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    with tracer.trace(out, **options):
+        for i in range(n_steps):
+            with tracer.annotate("F", microbatch=i):
+                loss = net(torch.randn(2, 8)).sum()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+    return tracer.load(os.path.join(out, "rank-0.arrow"))
+
+
+def test_backward_matmul_is_attributed_to_the_forward_linear_line(tmp_path):
+    trace = train(1, tmp_path)
+    backward_mms = [e for e in trace.records()
+                    if e["op"] == "aten.mm.default" and e["phase"] == "backward"]
+    assert len(backward_mms) == 1                 # the weight gradient (the input needs none)
+    for e in backward_mms:
+        assert e["module"] == "Net.fc"
+        user = [f for f in e["fwd_stack"] if f[0] == HERE]
+        assert user[0][1] == FC_LINE and user[0][3] == "Net.forward"
+        assert e["fwd_stack"][0][3] == "Linear.forward"      # the boundary call into torch
+        # the live stack of a backward op only shows loss.backward()
+        assert any(f[2] == "backward" for f in e["stack"])
+    forward = [e for e in trace.records() if e["op"] == "aten.addmm.default"]
+    assert forward and forward[0]["phase"] == "forward" and forward[0]["module"] == "Net.fc"
+    assert forward[0]["shapes"] == "f32[4] f32[2,8] f32[8,4]"
+    assert forward[0]["annotation"] == [{"label": "F", "microbatch": 0}]
+
+
+def test_optimizer_steps_are_step_boundaries_and_windows_select_steps(tmp_path):
+    full = train(4, tmp_path / "all")
+    per_step = {s: sum(1 for e in full.records() if e["step"] == s and "::" not in e["op"])
+                for s in range(4)}
+    assert all(n > 0 for n in per_step.values()) and len(set(per_step.values())) == 1
+    assert {e["phase"] for e in full.records() if "sgd" in str(e["annotation"]).lower()} \
+        == {"other"}
+    window = train(4, tmp_path / "window", steps="1-2")
+    assert {e["step"] for e in window.records()} == {1, 2}
+    assert len([e for e in window.records() if "::" not in e["op"]]) == 2 * per_step[0]
+
+
+def test_annotations_and_record_function_ranges_are_recorded(tmp_path):
+    with tracer.trace(tmp_path):
+        with tracer.annotate("outer", chunk=1):
+            with torch.profiler.record_function("inner-rf"):
+                torch.ones(3).sum()
+        with tracer.annotate("W", microbatch=3):
+            torch.zeros(2).add(1)
+    trace = tracer.load(tmp_path / "rank-0.arrow")
+    records = trace.records()
+    total = next(e for e in records if e["op"] == "aten.sum.default")
+    assert [a["label"] for a in total["annotation"]] == ["outer", "inner-rf"]
+    assert total["annotation"][0]["chunk"] == 1
+    ranges = [e for e in records if e["op"] == "paratrace::annotation"]
+    assert [r["annotation"][-1]["label"] for r in ranges] == ["inner-rf", "outer", "W"]
+    assert all(r["t1"] >= r["t0"] for r in ranges)
+    add = next(e for e in records if e["op"] == "aten.add.Tensor")
+    assert add["phase"] == "backward"                # W ranges are weight-gradient work
+
+
+def test_annotate_step_and_record_config_are_free_without_a_trace():
+    assert tracer.active() is None
+    with tracer.annotate("F", microbatch=0):
+        tracer.step()
+        tracer.record_config(tp=2)
+
+
+def test_config_and_status_reach_the_file(tmp_path):
+    with tracer.trace(tmp_path):
+        tracer.record_config(tp=2, schedule="1f1b")
+        tracer.record_config(pp=2)
+        torch.ones(1)
+    trace = tracer.load(tmp_path / "rank-0.arrow")
+    assert trace.config == {"tp": 2, "schedule": "1f1b", "pp": 2}
+    assert trace.status == "ok" and trace.complete and not trace.warnings
+
+
+def test_a_raising_block_is_recorded_as_failed(tmp_path):
+    with pytest.raises(ValueError):
+        with tracer.trace(tmp_path):
+            torch.ones(1)
+            raise ValueError("boom")
+    trace = tracer.load(tmp_path / "rank-0.arrow")
+    assert trace.status == "failed" and trace.meta["error"] == "ValueError: boom"
+
+
+def test_bad_step_selection_is_a_clear_error(tmp_path):
+    with pytest.raises(ValueError, match="bad step selection"):
+        tracer.trace(tmp_path, steps="3-1")
+
+
+# ---------------------------------------------------------------- damaged and foreign files
+@pytest.fixture(scope="module")
+def good_trace(tmp_path_factory):
+    out = tmp_path_factory.mktemp("good")
+    with tracer.trace(out, flush_interval=0.01):
+        for _ in range(30):
+            torch.ones(64).mul(2)
+            time.sleep(0.003)                # several batches on disk
+    return out / "rank-0.arrow"
+
+
+def test_truncated_file_keeps_the_intact_prefix(good_trace, tmp_path):
+    whole = tracer.load(good_trace)
+    data = good_trace.read_bytes()
+    cut = tmp_path / "rank-0.arrow"
+    cut.write_bytes(data[: len(data) * 2 // 3])
+    trace = tracer.load(cut)
+    assert 0 < len(trace) < len(whole)
+    assert not trace.complete and trace.warnings and str(cut) in trace.warnings[0]
+    assert trace.records()[: len(trace)] == whole.records()[: len(trace)]
+
+
+def test_garbage_foreign_and_newer_files_are_refused_in_one_line(good_trace, tmp_path):
+    garbage = tmp_path / "garbage.arrow"
+    garbage.write_bytes(os.urandom(4096))
+    with pytest.raises(tracer.TraceError) as err:
+        tracer.load(garbage)
+    assert str(garbage) in str(err.value) and "\n" not in str(err.value)
+
+    foreign = tmp_path / "foreign.arrow"
+    with pa.OSFile(str(foreign), "wb") as sink, pa.ipc.new_stream(sink, pa.schema(
+            [("x", pa.int64())])) as writer:
+        writer.write_batch(pa.record_batch([pa.array([1, 2])], names=["x"]))
+    with pytest.raises(tracer.TraceError, match="not a paratrace trace"):
+        tracer.load(foreign)
+
+    newer = tmp_path / "newer.arrow"
+    meta = {b"paratrace.format": b"paratrace.trace",
+            b"paratrace.version": str(FORMAT_VERSION + 1).encode(), b"paratrace.meta": b"{}"}
+    with pa.OSFile(str(newer), "wb") as sink, pa.ipc.new_stream(
+            sink, SCHEMA.with_metadata(meta)):
+        pass
+    with pytest.raises(tracer.TraceError, match="newer than this paratrace"):
+        tracer.load(newer)
+
+    with pytest.raises(tracer.TraceError, match="no such trace file"):
+        tracer.load(tmp_path / "absent.arrow")
+
+
+KILL_CHILD = r"""
+import sys, time, torch, tracer
+with tracer.trace(sys.argv[1]):
+    x = torch.ones(4)
+    n = 0
+    start = time.monotonic()
+    while True:
+        x.add_(1)
+        n += 1
+        if n % 200 == 0:
+            print(n, time.monotonic() - start, flush=True)
+"""
+
+
+def test_sigkill_loses_at_most_the_last_second(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-c", KILL_CHILD, str(tmp_path)],
+                            stdout=subprocess.PIPE, text=True)
+    progress = []            # (child's seconds since its loop started, adds done)
+    for line in proc.stdout:
+        count, elapsed = line.split()
+        progress.append((float(elapsed), int(count)))
+        if progress[-1][0] > 3.0:
+            break
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    killed_at = progress[-1][0]
+    trace = tracer.load(tmp_path / "rank-0.arrow")
+    adds = sum(1 for e in trace.records() if e["op"] == "aten.add_.Tensor")
+    # every add reported a full second before the kill is on disk
+    due = max(count for t, count in progress if t <= killed_at - 1.0)
+    assert adds >= due, (adds, due)
+    assert trace.status == "running" and not trace.complete
+
+
+MILLION_CHILD = r"""
+import resource, sys, torch, tracer
+x = torch.ones(1)
+n = int(sys.argv[2])
+with tracer.trace(sys.argv[1]):
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    for _ in range(n):
+        x.add_(1)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print((peak - base) // 1024)
+"""
+
+
+def test_a_million_events_are_all_kept_in_bounded_memory(tmp_path):
+    n = 1_000_000
+    proc = subprocess.run([sys.executable, "-c", MILLION_CHILD, str(tmp_path), str(n)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    grown_mb = int(proc.stdout.split()[-1])
+    trace = tracer.load(tmp_path / "rank-0.arrow")
+    ops = trace.col("op")
+    assert (ops == trace.code("op", "aten.add_.Tensor")).sum() == n
+    assert trace.status == "ok" and trace.complete
+    assert grown_mb < 300, f"memory grew by {grown_mb} MB while recording"
