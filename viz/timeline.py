@@ -121,6 +121,7 @@ class PipelineBubble:
     warmup_fraction: Optional[float]
     steady_fraction: Optional[float]
     cooldown_fraction: Optional[float]
+    simulated_bubble_fraction: Optional[float] = None   # same passes, free communication
 
 
 @dataclass(frozen=True)
@@ -544,7 +545,54 @@ def _pipeline_bubble(timeline: Timeline, lane: RankLanes, step: int) -> Optional
     idle = [max(b - a, 0) - length(clip(busy, a, b)) for a, b in sections]
     window = hi - lo
     return PipelineBubble(_seconds(window), _seconds(sum(idle)), _ratio(sum(idle), window),
-                          *(_ratio(x, window) for x in idle))
+                          *(_ratio(x, window) for x in idle),
+                          simulated_bubble_fraction=_simulated(timeline, lane, step))
+
+
+def _simulated(timeline: Timeline, lane: RankLanes, step: int) -> Optional[float]:
+    """The bubble fraction ``lane`` would have if its pipeline group ran the same passes, in
+    the same order, with the measured compute of each, and communication were free: each pass
+    starts once its rank is free and its data dependency finished. The gap between this and the
+    measured bubble is what communication and scheduling latency cost; the gap between this
+    and the theory is stage imbalance and pass-time variance.
+
+    Virtual stage of chunk c on stage s of p: c*p + s (Megatron's interleaving, the reference
+    GPT's). None when the passes are not numbered that way or do not form a schedule."""
+    group = [r for r in lane.pipeline_group if r in timeline.ranks]
+    p = len(group)
+    todo, work = {}, {}
+    for stage, rank in enumerate(group):
+        other = timeline.ranks[rank]
+        passes = [x for x in other.passes if x.step == step]
+        if any(x.source == "record_function" or x.microbatch is None for x in passes):
+            return None
+        todo[rank] = [(x.kind, x.microbatch, x.chunk * p + stage,
+                       length(clip(other.compute, x.start, x.end))) for x in passes]
+    stages = p * (1 + max((t[2] // p for ts in todo.values() for t in ts), default=0))
+    done: dict = {}
+    free = {rank: 0 for rank in group}
+    for rank in group:
+        work[rank] = sum(t[3] for t in todo[rank])
+    pending = {rank: 0 for rank in group}
+    progress = True
+    while progress:
+        progress = False
+        for rank in group:
+            while pending[rank] < len(todo[rank]):
+                kind, mb, vs, busy = todo[rank][pending[rank]]
+                dep = (("F", mb, vs - 1) if vs > 0 else None) if kind == "F" else \
+                    ("B", mb, vs) if kind == "W" else \
+                    ("B", mb, vs + 1) if vs < stages - 1 else ("F", mb, vs)
+                if dep is not None and dep not in done:
+                    break
+                free[rank] = max(free[rank], done.get(dep, 0)) + busy
+                done[(kind, mb, vs)] = free[rank]
+                pending[rank] += 1
+                progress = True
+    if any(pending[r] < len(todo[r]) for r in group):
+        return None
+    window = max(free.values())
+    return _ratio(window - work[lane.rank], window)
 
 
 def _step_metrics(timeline: Timeline, lane: RankLanes, step: int) -> StepMetrics:
@@ -610,8 +658,11 @@ def metrics_of(timeline: Timeline) -> dict:
             parts = [sum(getattr(p, k) * p.window_s for p in pipes if getattr(p, k) is not None)
                      for k in ("warmup_fraction", "steady_fraction", "cooldown_fraction")]
             bubble = sum(p.bubble_s for p in pipes)
+            sims = [p for p in pipes if p.simulated_bubble_fraction is not None]
+            sim = sum(p.simulated_bubble_fraction * p.window_s for p in sims)
             m.pipeline = PipelineBubble(window, bubble, _ratio(bubble, window),
-                                        *(_ratio(x, window) for x in parts))
+                                        *(_ratio(x, window) for x in parts),
+                                        _ratio(sim, sum(p.window_s for p in sims)))
         out[rank] = m
     return out
 

@@ -84,9 +84,10 @@ def _metrics_text(m) -> list:
     if m.pipeline is not None:
         p = m.pipeline
         lines.append(f"pipeline bubble {_pct(p.bubble_fraction)} (theory "
-                     f"{_pct(m.theoretical_bubble_fraction)}): warm-up "
-                     f"{_pct(p.warmup_fraction)}, steady {_pct(p.steady_fraction)}, cool-down "
-                     f"{_pct(p.cooldown_fraction)}")
+                     f"{_pct(m.theoretical_bubble_fraction)}, replayed with free comm "
+                     f"{_pct(p.simulated_bubble_fraction)})")
+        lines.append(f"  warm-up {_pct(p.warmup_fraction)}, steady {_pct(p.steady_fraction)}, "
+                     f"cool-down {_pct(p.cooldown_fraction)}")
     return lines
 
 
