@@ -183,16 +183,27 @@ class Watchdog:
         return {"timeout_s": self.timeout_s, "never_arrived": never_arrived(statuses, launched),
                 "ranks": ranks}
 
-    def _end(self, running: dict, grace_s: float = 3.0) -> None:
-        pids = [s.get("pid") for s in running.values() if _is_child(s.get("pid") or -1)]
-        for pid in pids:
-            _signal(pid, signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline and any(_is_child(p) for p in pids):
-            time.sleep(0.1)
-        for pid in pids:
-            if _is_child(pid):
-                _signal(pid, signal.SIGKILL)
+    def _end(self, running: dict) -> None:
+        # NOTE: ranks waiting in a collective go first: ending a peer first would make their
+        # collective fail, which the tracer would record as its completion. Killed while still
+        # waiting, the collective stays in flight (t1 null) in the trace, as it really was.
+        waiting = [s.get("pid") for s in running.values() if s.get("inflight")]
+        others = [s.get("pid") for s in running.values() if not s.get("inflight")]
+        _terminate([p for p in waiting if _is_child(p or -1)], grace_s=1.0)
+        _terminate([p for p in others if _is_child(p or -1)], grace_s=3.0)
+
+
+def _terminate(pids: list, grace_s: float) -> None:
+    """SIGTERM (the bootstrap turns it into an exception that closes the trace), then SIGKILL
+    for ranks blocked in C++, which never run a Python signal handler."""
+    for pid in pids:
+        _signal(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and any(_is_child(p) for p in pids):
+        time.sleep(0.1)
+    for pid in pids:
+        if _is_child(pid):
+            _signal(pid, signal.SIGKILL)
 
 
 def _signal(pid: int, sig: int) -> None:

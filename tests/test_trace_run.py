@@ -159,8 +159,12 @@ def test_a_hang_under_timeout_names_the_rank_that_never_arrived(tmp_path):
     # the Python stacks dumped at the hang: rank 0 in its all_reduce, rank 1 in its sleep
     assert "trace_run_c10d.py\", line 40" in waiting["stack"]
     assert "trace_run_c10d.py\", line 38" in hang["ranks"]["1"]["stack"]
-    for rank in (0, 1):
-        assert tracer.load(str(out / "traces" / f"rank-{rank}.arrow")).table.num_rows > 0
+    # rank 0 was ended while waiting: its trace keeps the all-reduce in flight (never completed)
+    waiter = tracer.load(str(out / "traces" / "rank-0.arrow"))
+    stuck = [r for r in waiter.records() if r["seq"] == waiting["inflight"][0]["seq"]
+             and r["kind"] == "all_reduce"]
+    assert len(stuck) == 1 and stuck[0]["t1"] is None
+    assert tracer.load(str(out / "traces" / "rank-1.arrow")).table.num_rows > 0
 
 
 def test_sigint_mid_run_flushes_traces_and_builds_the_report(tmp_path):
