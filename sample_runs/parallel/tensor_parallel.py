@@ -15,8 +15,9 @@ from torch import nn
 
 from sample_runs.parallel.process_groups import Group
 from sample_runs.parallel.tp_communications import (
-    all_gather_first_dim, all_reduce, copy_to_tensor_parallel_region, reduce_from_tensor_parallel_region,
-    reduce_scatter_first_dim, reduce_scatter_to_sequence_parallel_region)
+    all_gather_first_dim, all_reduce, copy_to_tensor_parallel_region,
+    reduce_from_tensor_parallel_region, reduce_scatter_to_sequence_parallel_region,
+    start_all_gather_first_dim, start_reduce_scatter_first_dim, wait)
 from sample_runs.parallel.weight_grad_store import WeightGradStore, accumulate_grad
 
 
@@ -92,14 +93,21 @@ class _LinearWithDeferrableWeightGrad(torch.autograd.Function):
     def backward(ctx, grad_out):
         x, weight = ctx.saved_tensors
         group, gather = ctx.group, ctx.gather_input
-        # NOTE: Megatron overlaps the re-gather with the input-gradient matmul and the
-        # reduce-scatter with the weight-gradient matmul (async_op); the order of issue is kept.
-        total = all_gather_first_dim(x, group) if gather and ctx.store is None else x
+        # NOTE: as in Megatron, the re-gather runs while the input gradient is computed, and
+        # the reduce-scatter of the input gradient while the weight gradient is computed.
+        total, gathering = x, None
+        if gather and ctx.store is None:
+            total, gathering = start_all_gather_first_dim(x, group)  # (s, b, in)
         grad_total = grad_out.matmul(weight)  # (s, b, in)
-        grad_x = reduce_scatter_first_dim(grad_total, group) if gather else grad_total
+        wait(gathering)
+        grad_x, scattering = grad_total, None
+        if gather:
+            grad_x, scattering = start_reduce_scatter_first_dim(grad_total, group)  # (s/t, b, in)
         if ctx.store is None:
             grad_w, grad_b = _weight_grads(grad_out, total, ctx.has_bias)
+            wait(scattering)
             return grad_x, grad_w, grad_b, None, None, None, None
+        wait(scattering)
         store, params, has_bias = ctx.store, ctx.params, ctx.has_bias
 
         @torch.no_grad()  # W runs outside autograd's backward, where grad mode is on

@@ -14,6 +14,8 @@ Every helper is a no-op on a group of one, so a single-process run issues no col
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import torch.distributed as dist
 
@@ -25,6 +27,25 @@ def all_reduce(x: torch.Tensor, group: Group, op=dist.ReduceOp.SUM) -> torch.Ten
     if group.size > 1:
         dist.all_reduce(x, op=op, group=group.handle)
     return x
+
+
+def start_all_gather_first_dim(x: torch.Tensor, group: Group
+                               ) -> tuple[torch.Tensor, Optional[dist.Work]]:
+    """Launch the concatenation of all ranks' shards along dim 0, (s/t, ...) -> (s, ...);
+    read the result only after waiting on the returned work (None: nothing to wait for)."""
+    if group.size == 1:
+        return x, None
+    out = torch.empty((x.shape[0] * group.size, *x.shape[1:]), dtype=x.dtype, device=x.device)
+    return out, dist.all_gather_single(out, x.contiguous(), group=group.handle, async_op=True)
+
+
+def start_reduce_scatter_first_dim(x: torch.Tensor, group: Group
+                                   ) -> tuple[torch.Tensor, Optional[dist.Work]]:
+    """Launch the sum over ranks keeping this rank's slice of dim 0, (s, ...) -> (s/t, ...)."""
+    if group.size == 1:
+        return x, None
+    out = torch.empty((x.shape[0] // group.size, *x.shape[1:]), dtype=x.dtype, device=x.device)
+    return out, dist.reduce_scatter_single(out, x.contiguous(), group=group.handle, async_op=True)
 
 
 def all_gather_first_dim(x: torch.Tensor, group: Group) -> torch.Tensor:
@@ -43,6 +64,11 @@ def reduce_scatter_first_dim(x: torch.Tensor, group: Group) -> torch.Tensor:
     out = torch.empty((x.shape[0] // group.size, *x.shape[1:]), dtype=x.dtype, device=x.device)
     dist.reduce_scatter_single(out, x.contiguous(), group=group.handle)
     return out
+
+
+def wait(work: Optional[dist.Work]) -> None:
+    if work is not None:
+        work.wait()
 
 
 def split_first_dim(x: torch.Tensor, group: Group) -> torch.Tensor:
