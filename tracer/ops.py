@@ -62,6 +62,7 @@ class CommSpec:
     group_arg: Optional[int]    # ProcessGroup script object (c10d) or group name (functional)
     peer_arg: Optional[int]     # peer / root rank, group-local
     async_arg: Optional[int]    # c10d async_op flag
+    async_default: Optional[bool] = None   # its schema default, when the caller omitted it
 
 
 @dataclass(frozen=True)
@@ -108,14 +109,18 @@ def classify(func) -> OpSpec:
     if namespace in C10D_NAMESPACES:
         group_arg = next((i for i, a in enumerate(schema.arguments)
                           if "ProcessGroup" in str(a.type)), None)
+        async_arg = _arg_index(schema, ("async_op", "asyncOp"))
+        default = schema.arguments[async_arg].default_value if async_arg is not None else None
         spec = CommSpec(kind, "c10d", _arg_index(schema, _INPUT_ARGS), group_arg,
-                        _arg_index(schema, _PEER_ARGS), _arg_index(schema, ("async_op", "asyncOp")))
+                        _arg_index(schema, _PEER_ARGS), async_arg,
+                        None if default is None else bool(default))
     else:
         spec = CommSpec(kind, "functional", _arg_index(schema, _INPUT_ARGS),
                         _arg_index(schema, ("group_name", "tag")),
                         _arg_index(schema, _PEER_ARGS), None)
     if kind == "barrier":
-        spec = CommSpec(kind, spec.api, None, spec.group_arg, None, spec.async_arg)
+        spec = CommSpec(kind, spec.api, None, spec.group_arg, None, spec.async_arg,
+                        spec.async_default)
     return OpSpec(name, comm=spec)
 
 

@@ -352,8 +352,11 @@ class Session:
         if comm.input_arg is not None and comm.input_arg < len(args):
             nbytes, dtype = _tensor_bytes(args[comm.input_arg])
         async_op = None
-        if comm.async_arg is not None and comm.async_arg < len(args):
-            async_op = bool(args[comm.async_arg])
+        if comm.async_arg is not None:
+            # NOTE: the dispatcher drops trailing arguments left at their default (async_op
+            # defaults to True in the c10d schemas), so a missing flag means the default
+            async_op = bool(args[comm.async_arg]) if comm.async_arg < len(args) \
+                else comm.async_default
         elif comm.api == "functional":
             async_op = True
         seq = self._group_seq.get(gid, 0)

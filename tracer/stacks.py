@@ -75,7 +75,8 @@ class StackInterner:
         self._dispatch_files = _dispatch_files()
         self._user_dirs = tuple(os.path.abspath(p) + os.sep for p in user_paths) + (_SAMPLE_RUNS,)
         self._kind_of_code: dict = {}
-        self._ids: dict = {}
+        self._ids: dict = {}        # (code id, f_lasti) tuple -> stack id
+        self._text_ids: dict = {}   # stack text -> stack id (several keys share one line)
         self.values: list = []      # id -> JSON text of [[file, line, function, qualname], ...]
 
     def classify(self, code) -> int:
@@ -89,48 +90,59 @@ class StackInterner:
             kind = LIBRARY
         else:
             kind = USER
-        self._kind_of_code[code] = kind
+        # NOTE: keyed by id(code): hashing a code object rehashes its bytecode and constants
+        # every time; the code object is kept alive in the value so its id cannot be reused.
+        self._kind_of_code[id(code)] = (kind, code)
         return kind
 
     def capture(self, frame) -> int:
         """Intern the stack that starts at ``frame`` (innermost) and return its id."""
+        # NOTE: the key uses f_lasti, not f_lineno: reading f_lineno decodes the line table
+        # (microseconds a frame); lines are read only when a new stack is interned.
         kinds = self._kind_of_code
         key = []
+        frames = []
         boundary = None
         users = 0
         depth = self.depth
         keep_library = self.library_frames
         while frame is not None:
             code = frame.f_code
-            kind = kinds.get(code)
-            if kind is None:
-                kind = self.classify(code)
+            known = kinds.get(id(code))
+            kind = self.classify(code) if known is None else known[0]
             if kind == USER or (keep_library and kind == LIBRARY):
                 if boundary is not None:
-                    key.append(boundary)
+                    key.append((id(boundary.f_code), boundary.f_lasti))
+                    frames.append(boundary)
                     boundary = None
-                key.append((code, frame.f_lineno))
+                key.append((id(code), frame.f_lasti))
+                frames.append(frame)
                 users += 1
                 if users >= depth:
                     break
             elif kind == LIBRARY and not key and (boundary is None
                                                   or code.co_name not in _WRAPPER_NAMES):
-                boundary = (code, frame.f_lineno)
+                boundary = frame
             frame = frame.f_back
         if boundary is not None:   # only library frames: keep the outermost one
-            key.append(boundary)
+            key.append((id(boundary.f_code), boundary.f_lasti))
+            frames.append(boundary)
         key = tuple(key)
         sid = self._ids.get(key)
         if sid is None:
-            sid = self._ids[key] = len(self.values)
-            self.values.append(encode_stack(key))
+            text = _encode(frames)
+            sid = self._text_ids.get(text)
+            if sid is None:
+                sid = self._text_ids[text] = len(self.values)
+                self.values.append(text)
+            self._ids[key] = sid
         return sid
 
 
-def encode_stack(key) -> str:
-    frames = [[code.co_filename, line, code.co_name, getattr(code, "co_qualname", code.co_name)]
-              for code, line in key]
-    return json.dumps(frames, separators=(",", ":"))
+def _encode(frames) -> str:
+    return json.dumps([[f.f_code.co_filename, f.f_lineno, f.f_code.co_name,
+                        getattr(f.f_code, "co_qualname", f.f_code.co_name)] for f in frames],
+                      separators=(",", ":"))
 
 
 def decode_stack(text: str) -> tuple:
