@@ -3,8 +3,9 @@
 Nodes share no disk, and a worker may die (SIGKILL) or destroy its process group before the end,
 so the transfer is not done by workers over the training process group. Instead:
 
-1. Each trace-run process listens on a TCP port (:class:`Collector`) and passes its address to
-   its workers (``PARATRACE_COLLECTOR``).
+1. Each trace-run process listens on a TCP port (:class:`Collector`) and passes its address and
+   a random token to its workers (``PARATRACE_COLLECTOR=host:port#token``); uploads without the
+   token are refused, and the token only travels through the agent's store.
 2. At start, local rank 0 of every node meets the others in the torch elastic agent's store
    (``MASTER_ADDR:MASTER_PORT``, up for sure while the workers start): the node with group rank
    0 (which holds global rank 0) publishes its trace-run's address, the others read it
@@ -13,15 +14,18 @@ so the transfer is not done by workers over the training process group. Instead:
    partial traces of killed ranks) and its ranks' exit statuses to that address
    (:func:`send`); the collecting trace-run writes them into its own ``DIR/traces``.
 
-Wire format (no pickle): one JSON header line ``{"schema": "paratrace.gather/1", "node_rank",
-"ranks", "files": [{"name", "size"}]}``, then the files' bytes back to back; the collector answers
-one JSON line ``{"ok": true, "dir": ...}``. File names are checked against ``rank-<R>.<ext>``.
+Wire format (no pickle): one JSON header line ``{"schema": "paratrace.gather/1", "token",
+"node_rank", "ranks", "files": [{"name", "size"}]}``; the collector accepts or refuses it with
+one JSON line (``{"ok": true}`` / ``{"ok": false, "error"}``), then the sender streams the
+files' bytes back to back and the collector confirms with ``{"ok": true, "dir": ...}``. File
+names are checked against ``rank-<R>.<ext>``.
 """
 from __future__ import annotations
 
 import json
 import os
 import re
+import secrets
 import socket
 import socketserver
 import threading
@@ -58,19 +62,21 @@ class Collector:
 
     traces_dir: str
     host: str
+    token: str = field(default_factory=lambda: secrets.token_hex(16))
     uploads: dict = field(default_factory=dict)      # node rank -> Upload
     errors: list = field(default_factory=list)
     _server: Optional[socketserver.ThreadingTCPServer] = None
     _arrived: threading.Condition = field(default_factory=threading.Condition)
 
     def start(self) -> str:
-        """Listen on an ephemeral port; returns ``host:port`` for the other nodes."""
+        """Listen on an ephemeral port; returns ``host:port#token`` for the other nodes."""
         collector = self
 
         class Handler(socketserver.StreamRequestHandler):
             def handle(self):
                 try:
-                    upload = collector._receive(self.rfile, f"{self.client_address[0]}")
+                    upload = collector._receive(self.rfile, self.wfile,
+                                                f"{self.client_address[0]}")
                     reply = {"ok": True, "dir": os.path.dirname(collector.traces_dir)}
                 except (GatherError, OSError, ValueError) as exc:
                     collector.errors.append(str(exc))
@@ -85,7 +91,7 @@ class Collector:
         self._server = socketserver.ThreadingTCPServer(("0.0.0.0", 0), Handler)
         threading.Thread(target=self._server.serve_forever, name="paratrace-collector",
                          daemon=True).start()
-        return f"{self.host}:{self._server.server_address[1]}"
+        return f"{self.host}:{self._server.server_address[1]}#{self.token}"
 
     def wait(self, count: int, timeout: float) -> bool:
         """Wait until ``count`` nodes have uploaded; False on timeout."""
@@ -104,16 +110,20 @@ class Collector:
             self._server.server_close()
             self._server = None
 
-    def _receive(self, rfile, peer: str) -> Upload:
+    def _receive(self, rfile, wfile, peer: str) -> Upload:
         line = rfile.readline(_MAX_HEADER)
         header = json.loads(line)
         if header.get("schema") != SCHEMA:
             raise GatherError(f"upload from {peer}: not a paratrace gather header")
+        if not secrets.compare_digest(str(header.get("token")), self.token):
+            raise GatherError(f"upload from {peer}: wrong token (not a node of this run)")
         files = header.get("files") or []
         for item in files:
             if not _FILE_NAME.match(str(item.get("name"))) or int(item.get("size", -1)) < 0:
                 raise GatherError(f"upload from {peer}: refused file entry {item!r}")
         os.makedirs(self.traces_dir, exist_ok=True)
+        wfile.write(b'{"ok": true}\n')
+        wfile.flush()
         for item in files:
             left = int(item["size"])
             tmp = os.path.join(self.traces_dir, item["name"] + ".part")
@@ -166,16 +176,23 @@ def read_node(out_dir: str) -> Optional[dict]:
         return None
 
 
-def send(address: str, traces_dir: str, node_rank: int, ranks: dict,
+def send(collector: str, traces_dir: str, node_rank: int, ranks: dict,
          timeout: float = 120.0) -> str:
-    """Send every trace file of ``traces_dir`` to the collector; returns its run directory."""
+    """Send every trace file of ``traces_dir`` to ``host:port#token``; returns its run directory."""
+    address, _, token = collector.partition("#")
     host, _, port = address.rpartition(":")
     names = sorted(n for n in os.listdir(traces_dir) if _FILE_NAME.match(n))
     files = [{"name": n, "size": os.path.getsize(os.path.join(traces_dir, n))} for n in names]
-    header = {"schema": SCHEMA, "node_rank": node_rank, "ranks": ranks, "files": files}
+    header = {"schema": SCHEMA, "token": token, "node_rank": node_rank, "ranks": ranks,
+              "files": files}
     try:
         with socket.create_connection((host, int(port)), timeout=timeout) as sock:
+            replies = sock.makefile("rb")
             sock.sendall((json.dumps(header) + "\n").encode())
+            accepted = json.loads(replies.readline(_MAX_HEADER) or b"{}")
+            if not accepted.get("ok"):
+                raise GatherError(f"collector {address} refused the traces: "
+                                  f"{accepted.get('error')}")
             for item in files:
                 with open(os.path.join(traces_dir, item["name"]), "rb") as fh:
                     sent = 0
@@ -185,7 +202,7 @@ def send(address: str, traces_dir: str, node_rank: int, ranks: dict,
                             raise GatherError(f"{item['name']} shrank while being sent")
                         sock.sendall(chunk)
                         sent += len(chunk)
-            reply = json.loads(sock.makefile("rb").readline(_MAX_HEADER) or b"{}")
+            reply = json.loads(replies.readline(_MAX_HEADER) or b"{}")
     except (OSError, ValueError) as exc:
         raise GatherError(f"sending traces to {address} failed: {exc}") from None
     if not reply.get("ok"):

@@ -192,7 +192,8 @@ def run_workers(config, argv: list, traces_dir: str, timeout: Optional[float]) -
     outcome = Outcome()
     watchdog = None
     if timeout:
-        watchdog = Watchdog(traces_dir, timeout, on_hang=_print_hang).start()
+        watchdog = Watchdog(traces_dir, timeout, multi_node=config.max_nodes > 1,
+                            on_hang=_print_hang).start()
     try:
         returns = elastic_launch(config, entrypoint=sys.executable)(*argv)
         outcome.ranks = {str(r): {"status": "ok", "exit_code": 0, "error": None}
@@ -369,7 +370,7 @@ def _run(args, config, target: Target, out: str, command: list) -> int:
         if collector is not None:
             collector.stop()
         print(f"trace-run: node {node['group_rank']}: traces of ranks {', '.join(ranks)} sent "
-              f"to node 0 ({node['collector']}), into {where}")
+              f"to node 0 ({node['collector'].partition('#')[0]}), into {where}")
         return outcome.exit_code
 
     if collector is not None:

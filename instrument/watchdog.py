@@ -77,17 +77,18 @@ def launched_seqs(traces_dir: str, rank: int) -> dict:
     return highest
 
 
-def never_arrived(statuses: dict, launched: dict) -> list:
+def never_arrived(statuses: dict, launched: dict, absent_arrived: bool = False) -> list:
     """Ranks that never launched a collective some other rank is stuck in.
 
     ``statuses``: rank -> status dict; ``launched``: rank -> {group: highest seq launched}
     (from the traces; status files only know the last collective). A rank of the group with no
-    status at all never started it either.
+    status at all never started it either, unless ``absent_arrived`` (multi-node: the ranks of
+    other nodes are out of sight, so nothing is known about them).
     """
     def reached(rank: int, c: Collective) -> bool:
         status = statuses.get(rank)
         if status is None:
-            return False
+            return absent_arrived
         seen = [Collective.of(d) for d in status.get("inflight") or []]
         if status.get("last_collective"):
             seen.append(Collective.of(status["last_collective"]))
@@ -96,7 +97,9 @@ def never_arrived(statuses: dict, launched: dict) -> list:
         return highest >= c.seq
 
     def posted_peer_op(rank: int, peer: int) -> bool:
-        status = statuses.get(rank) or {}
+        if rank not in statuses:
+            return absent_arrived
+        status = statuses[rank]
         return any(d.get("kind") in _P2P and d.get("peer") == peer
                    for d in status.get("inflight") or [])
 
@@ -126,8 +129,9 @@ class Watchdog:
     """Background thread: detects a run without progress and ends it (see module docstring)."""
 
     def __init__(self, traces_dir: str, timeout_s: float, *, poll_s: float = 0.5,
-                 on_hang: Optional[Callable[[dict], None]] = None):
+                 multi_node: bool = False, on_hang: Optional[Callable[[dict], None]] = None):
         self.traces_dir = traces_dir
+        self.multi_node = multi_node
         self.timeout_s = timeout_s
         self.poll_s = poll_s
         self.on_hang = on_hang
@@ -180,7 +184,8 @@ class Watchdog:
             ranks[str(r)] = {"status": s.get("status"), "step": s.get("step"),
                              "last_collective": s.get("last_collective"),
                              "inflight": s.get("inflight") or [], "stack": stack}
-        return {"timeout_s": self.timeout_s, "never_arrived": never_arrived(statuses, launched),
+        return {"timeout_s": self.timeout_s,
+                "never_arrived": never_arrived(statuses, launched, self.multi_node),
                 "ranks": ranks}
 
     def _end(self, running: dict) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 import tracer
+from instrument import gather
 from instrument.watchdog import never_arrived
 
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -260,3 +261,27 @@ def test_never_arrived_compares_sequence_numbers_per_group():
     send = {"kind": "send", "group": "0,1", "seq": 0, "peer": 1}
     assert never_arrived({0: {"inflight": [send]}, 1: {"inflight": []}}, {}) == [1]
     assert never_arrived({0: {"inflight": [dict(stuck, group="0,4")]}}, {}) == [4]
+    # multi-node: ranks of other nodes are out of sight, not suspects
+    assert never_arrived({0: {"inflight": [dict(stuck, group="0,4")]}}, {}, True) == []
+
+
+def test_collector_takes_only_this_runs_token_and_rank_file_names(tmp_path):
+    sent = tmp_path / "node1"
+    sent.mkdir()
+    (sent / "rank-1.arrow").write_bytes(b"\x00trace bytes" * 1000)
+    (sent / "rank-1.status.json").write_text("{}")
+    (sent / "notes.txt").write_text("not a trace file: stays home")
+    collector = gather.Collector(str(tmp_path / "node0" / "traces"), "127.0.0.1")
+    address = collector.start()
+    try:
+        with pytest.raises(gather.GatherError, match="wrong token"):
+            gather.send(address.partition("#")[0] + "#forged", str(sent), 1, {})
+        where = gather.send(address, str(sent), 1, {"1": {"status": "ok"}})
+        assert collector.wait(1, timeout=10)
+    finally:
+        collector.stop()
+    assert where == str(tmp_path / "node0")
+    received = tmp_path / "node0" / "traces"
+    assert sorted(p.name for p in received.iterdir()) == ["rank-1.arrow", "rank-1.status.json"]
+    assert (received / "rank-1.arrow").read_bytes() == (sent / "rank-1.arrow").read_bytes()
+    assert collector.uploads[1].ranks == {"1": {"status": "ok"}}
