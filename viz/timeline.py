@@ -549,10 +549,17 @@ def _pipeline_bubble(timeline: Timeline, lane: RankLanes, step: int) -> Optional
                           simulated_bubble_fraction=_simulated(timeline, lane, step))
 
 
+def _until_sent(compute: np.ndarray, p: Pass, sends: list) -> int:
+    """Compute of pass ``p`` up to its last send: when its output left for the next stage.
+    Whatever the rank does after that (host work, a tracer flush) delays it, not the receiver."""
+    inside = [t for t in sends if p.start <= t <= p.end]
+    return length(clip(compute, p.start, inside[-1] if inside else p.end))
+
+
 def _simulated(timeline: Timeline, lane: RankLanes, step: int) -> Optional[float]:
     """The bubble fraction ``lane`` would have if its pipeline group ran the same passes, in
     the same order, with the measured compute of each, and communication were free: each pass
-    starts once its rank is free and its data dependency finished. The gap between this and the
+    starts once its rank is free and the pass it depends on has sent its output. The gap between this and the
     measured bubble is what communication and scheduling latency cost; the gap between this
     and the theory is stage imbalance and pass-time variance.
 
@@ -566,8 +573,10 @@ def _simulated(timeline: Timeline, lane: RankLanes, step: int) -> Optional[float
         passes = [x for x in other.passes if x.step == step]
         if any(x.source == "record_function" or x.microbatch is None for x in passes):
             return None
+        sends = sorted(c.start for c in other.comm if c.kind == "send" and c.step == step)
         todo[rank] = [(x.kind, x.microbatch, x.chunk * p + stage,
-                       length(clip(other.compute, x.start, x.end))) for x in passes]
+                       length(clip(other.compute, x.start, x.end)),
+                       _until_sent(other.compute, x, sends)) for x in passes]
     stages = p * (1 + max((t[2] // p for ts in todo.values() for t in ts), default=0))
     done: dict = {}
     free = {rank: 0 for rank in group}
@@ -579,14 +588,15 @@ def _simulated(timeline: Timeline, lane: RankLanes, step: int) -> Optional[float
         progress = False
         for rank in group:
             while pending[rank] < len(todo[rank]):
-                kind, mb, vs, busy = todo[rank][pending[rank]]
+                kind, mb, vs, busy, until_sent = todo[rank][pending[rank]]
                 dep = (("F", mb, vs - 1) if vs > 0 else None) if kind == "F" else \
                     ("B", mb, vs) if kind == "W" else \
                     ("B", mb, vs + 1) if vs < stages - 1 else ("F", mb, vs)
                 if dep is not None and dep not in done:
                     break
-                free[rank] = max(free[rank], done.get(dep, 0)) + busy
-                done[(kind, mb, vs)] = free[rank]
+                start = max(free[rank], done.get(dep, 0))
+                free[rank] = start + busy
+                done[(kind, mb, vs)] = start + until_sent
                 pending[rank] += 1
                 progress = True
     if any(pending[r] < len(todo[r]) for r in group):
