@@ -14,6 +14,7 @@ from xml.sax.saxutils import escape, quoteattr
 import numpy as np
 
 from ..timeline import Timeline, clip, gaps, union
+from . import fmt_time
 
 COLOURS = {"F": "#4c9f70", "B": "#d1495b", "W": "#8d6cab", "compute": "#3b6ea8",
            "comm": "#f39237", "idle": "#d0d0d0"}
@@ -22,9 +23,7 @@ PASS_H, LANE_H, ROW_GAP, TOP = 20, 9, 18, 58
 
 
 def _fmt_s(seconds: Optional[float]) -> str:
-    if seconds is None:
-        return "n/a"
-    return f"{seconds * 1e3:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
+    return "n/a" if seconds is None else fmt_time(seconds * 1e9)
 
 
 def _pct(x: Optional[float]) -> str:
