@@ -39,7 +39,7 @@ def _on_sigterm(signum, frame):
     # NOTE: raise once, and only while the tracer is still recording: a SIGTERM that lands while
     # the tracer closes (after the rank's own error, say) would cut its final flush short.
     session = tracer.active()
-    if session is None or session.status != "running":
+    if session is not None and session.status != "running":
         return
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise Terminated(f"terminated by signal {signum}")
@@ -99,7 +99,11 @@ def main(argv: Optional[list] = None) -> None:
     # Kept open for the life of the process: faulthandler writes to its file descriptor.
     stack_file = open(os.path.join(traces_dir, f"rank-{_rank()}.stack.txt"), "w")
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
-    gather.announce(opts.out)
+    try:
+        gather.announce(opts.out)
+    except Exception as exc:  # gathering is a convenience: never let it stop the training
+        print(f"paratrace: rank {_rank()}: multi-node gathering disabled ({exc})",
+              file=sys.stderr)
 
     if opts.module is not None:
         sys.argv = [opts.module, *opts.args]

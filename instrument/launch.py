@@ -340,7 +340,12 @@ def _run(args, config, target: Target, out: str, command: list) -> int:
     outcome = run_workers(config, worker_args(args, out, target), traces_dir, args.timeout)
     _remove_empty_stack_files(traces_dir)
     ranks = local_ranks(outcome, traces_dir)
-    node = gather.read_node(out) or {"group_rank": 0, "group_world_size": 1}
+    node = gather.read_node(out)
+    if node is None:
+        if config.min_nodes > 1 and outcome.ranks:   # several nodes for sure, no exchange
+            print("trace-run: the nodes never exchanged the collector's address; this node's "
+                  f"traces stay in {traces_dir}", file=sys.stderr)
+        node = {"group_rank": 0, "group_world_size": 1}
     record = {
         "schema": RUN_SCHEMA, "command": command,
         "target": {"script": target.script and os.path.abspath(target.script),
