@@ -237,6 +237,7 @@ class Session:
             "inflight": [self._describe(r) for r in list(self._pending.values())],
         })
         self._flush(final=True)
+        self._stacks.release()
         self._writer.close()
         self._writer = None
         self._write_status(final=True)

@@ -77,6 +77,9 @@ class StackInterner:
         self._kind_of_code: dict = {}
         self._ids: dict = {}        # (code id, f_lasti) tuple -> stack id
         self._text_ids: dict = {}   # stack text -> stack id (several keys share one line)
+        self._last_frame = None
+        self._last_lasti = -1
+        self._last_sid = -1
         self.values: list = []      # id -> JSON text of [[file, line, function, qualname], ...]
 
     def classify(self, code) -> int:
@@ -100,6 +103,19 @@ class StackInterner:
         # NOTE: the key uses f_lasti, not f_lineno: reading f_lineno decodes the line table
         # (microseconds a frame); lines are read only when a new stack is interned.
         kinds = self._kind_of_code
+        while frame is not None:                  # skip paratrace's and dispatch frames
+            known = kinds.get(id(frame.f_code))
+            if (self.classify(frame.f_code) if known is None else known[0]) != INTERNAL:
+                break
+            frame = frame.f_back
+        # NOTE: a live frame's callers are suspended in their calls, so the same frame object
+        # at the same instruction has the same stack as last time (every backward op shares
+        # the frame that called loss.backward(); F.linear's t and addmm share theirs). The
+        # reference to the last frame is dropped at the next op.
+        if frame is self._last_frame and frame is not None \
+                and frame.f_lasti == self._last_lasti:
+            return self._last_sid
+        first = frame
         key = []
         frames = []
         boundary = None
@@ -136,7 +152,13 @@ class StackInterner:
                 sid = self._text_ids[text] = len(self.values)
                 self.values.append(text)
             self._ids[key] = sid
+        self._last_frame, self._last_lasti, self._last_sid = first, \
+            (first.f_lasti if first is not None else -1), sid
         return sid
+
+    def release(self) -> None:
+        """Drop the reference to the last frame seen (end of recording)."""
+        self._last_frame = None
 
 
 def _encode(frames) -> str:
