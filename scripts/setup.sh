@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs everything paratrace needs on a fresh Debian machine with Python >= 3.9 (idempotent):
+# graphviz's dot and Chromium (tests only) from Debian, the CPU build of torch 2.13.0 and the
+# package itself (editable, with test extras) from PyPI.
+#   bash scripts/setup.sh          # what trace-run needs
+#   bash scripts/setup.sh --test   # plus Chromium for the browser tests
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+command -v dot >/dev/null 2>&1 || need_apt+=(graphviz)
+if [ "${1:-}" = "--test" ]; then
+  command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
+fi
+if [ ${#need_apt[@]} -gt 0 ]; then
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+
+PY=${PYTHON:-python3}
+# torch is pinned here (a CPU build on this machine's kind); any torch >= 2.4 works elsewhere
+if ! $PY -c 'import torch, sys; sys.exit(torch.__version__.split("+")[0] != "2.13.0")' 2>/dev/null; then
+  $PY -m pip install -q "torch==2.13.0"
+fi
+$PY -m pip install -q -e ".[test]"
