@@ -149,7 +149,8 @@ def render(timeline: Timeline, metrics: dict) -> str:
             '<style>.grid{stroke:#eee}.step{stroke:#555;stroke-dasharray:4 3}'
             '.axis{fill:#777;font-size:9px}.lane{fill:#555;font-size:9px}.rank{font-weight:bold}'
             '.metric{fill:#333;font-size:10px}.steplabel{fill:#555;font-size:9px}'
-            '.wait{opacity:0.3}.mb{fill:white;pointer-events:none}</style>'
+            '.wait{opacity:0.3}.mb{fill:#111;stroke:white;stroke-width:2.5px;paint-order:stroke;'
+            'font-weight:bold;pointer-events:none}</style>'
             f'<rect width="100%" height="100%" fill="white"/>'
             f'<text x="8" y="18" font-size="13" font-weight="bold">{escape(title)}</text>')
     return head + "".join(c.parts) + "</svg>\n"
@@ -189,5 +190,6 @@ def _title(timeline: Timeline, metrics: dict) -> str:
     parts = [f"{k} {cfg[k]}" for k in ("tp", "pp", "dp", "schedule", "microbatches",
                                        "virtual_stages") if cfg.get(k) not in (None, "")]
     steps = sorted({s for m in metrics.values() for s in m.counted_steps})
-    shown = f"steps {steps[0]}-{steps[-1]}" if steps else "no steps"
+    shown = "no steps" if not steps else f"step {steps[0]}" if len(steps) == 1 else \
+        f"steps {steps[0]}-{steps[-1]}"
     return "Timeline" + (f" ({', '.join(parts)})" if parts else "") + f", {shown}"
