@@ -41,6 +41,7 @@ except AttributeError:  # pragma: no cover - very old torch: no backward attribu
 # Row layout: indices into format.COLUMNS.
 T1, KIND, CID = 1, 11, 18
 MAX_QUEUE = 200_000          # events held in memory before the hot path flushes itself
+MAX_NODES = 1 << 18          # forward autograd nodes remembered (this and the last window)
 
 _PHASE_OF_LABEL = {"F": PHASE_FORWARD, "forward": PHASE_FORWARD, "B": PHASE_BACKWARD,
                    "W": PHASE_BACKWARD, "backward": PHASE_BACKWARD, "optimizer": PHASE_OTHER,
@@ -272,6 +273,8 @@ class Session:
             if seq != self._last_seq:     # this op created an autograd node: remember its origin
                 self._last_seq = seq
                 self._fwd_of_node[seq - 1] = (stack, module)
+                if len(self._fwd_of_node) > MAX_NODES:   # a run that never steps stays bounded
+                    self._fwd_prev, self._fwd_of_node = self._fwd_of_node, {}
             if self._in_optimizer:
                 phase = PHASE_OTHER
             elif self._phase_hint is not None:
