@@ -1,0 +1,108 @@
+"""Profiles: what one rank (or a set of ranks) of a run did, in the terms a diff compares.
+
+A :class:`Profile` splits into *structure* (exact multisets that only change when the code or
+the parallel layout changes) and *measures* (FLOPs and bytes, derived from recorded shapes, and
+time, which differs on every run):
+
+- ``ops``: calls per (module path with layer indices, op overload, phase);
+- ``functions``: ops issued at or below each call-graph function node, keyed by its qualified
+  name and short file path (never a line number: lines shift with every edit);
+- ``comm``: calls and bytes per (communication kind, phase, group size);
+- ``flops`` per op family, ``op_counts`` per op, ``time`` from the timeline analysis.
+
+Profiles are pure functions of :class:`viz.callgraph.OpGroup` s and
+:class:`viz.timeline.RankMetrics`.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping, Sequence
+
+from .callgraph import Frame, OpGroup
+from .flops import base_name
+from .modules import NO_MODULE
+
+MATMUL_OPS = frozenset({"mm", "addmm", "bmm", "baddbmm", "matmul", "linear"})
+TIME_METRICS = ("wall_s", "compute_s", "comm_s", "exposed_comm_s", "idle_s",
+                "overlap_fraction", "bubble_fraction", "pipeline_bubble_fraction")
+
+
+def flop_family(op: str) -> str:
+    """``matmul`` for the GEMMs, ``attention`` for fused attention, ``other`` otherwise."""
+    base = base_name(op)
+    if base in MATMUL_OPS:
+        return "matmul"
+    if "scaled_dot_product" in base:
+        return "attention"
+    return "other"
+
+
+def function_key(frame: Frame, paths: Mapping[str, str]) -> str:
+    """A call-graph function node's identity across runs: short file path and qualified name."""
+    return f"{paths.get(frame.file, frame.file)}:{frame.qualname}"
+
+
+@dataclass
+class Profile:
+    """What ``ranks`` of one run did (summed over them; time averaged over them)."""
+
+    ranks: tuple
+    ops: Counter = field(default_factory=Counter)         # (module, op, phase) -> calls
+    functions: Counter = field(default_factory=Counter)   # function key -> ops at or below
+    comm: Counter = field(default_factory=Counter)        # (kind, phase, group size) -> calls
+    comm_bytes: Counter = field(default_factory=Counter)  # (kind, phase, group size) -> bytes
+    op_counts: Counter = field(default_factory=Counter)   # op -> calls
+    flops: Counter = field(default_factory=Counter)       # family -> FLOPs, and "total"
+    time: dict = field(default_factory=dict)              # TIME_METRICS -> value or None
+    steps: tuple = ()
+
+    def structure(self) -> tuple:
+        """The exact multisets a structural comparison requires to be equal."""
+        return self.ops, self.functions, self.comm
+
+
+def rank_profile(rank: int, groups: Iterable[OpGroup], comm_rows: Iterable[dict],
+                 paths: Mapping[str, str], metrics, steps: Sequence[int]) -> Profile:
+    """The profile of one rank from its OpGroups, its communication rows
+    (:func:`viz.summary.comm_rows`: OpGroups do not carry the process group), display paths of
+    its files and its RankMetrics (None if the timeline has none)."""
+    out = Profile((rank,), steps=tuple(steps))
+    for row in comm_rows:
+        # An unresolvable group ("?name") has no ranks listed: size 0.
+        key = (row["kind"], row["phase"], len(row["group"]))
+        out.comm[key] += row["count"]
+        out.comm_bytes[key] += row["bytes"]
+    for grp in groups:
+        out.ops[(grp.module or NO_MODULE, grp.op, grp.phase)] += grp.count
+        out.op_counts[grp.op] += grp.count
+        for key in {function_key(f, paths) for f in grp.path}:
+            out.functions[key] += grp.count
+        if grp.flops:
+            out.flops[flop_family(grp.op)] += grp.flops
+            out.flops["total"] += grp.flops
+    out.time = time_of(metrics)
+    return out
+
+
+def time_of(metrics) -> dict:
+    """The time metrics a diff shows, from a RankMetrics (None values when there is none)."""
+    if metrics is None:
+        return {k: None for k in TIME_METRICS}
+    out = {k: getattr(metrics, k) for k in TIME_METRICS if k != "pipeline_bubble_fraction"}
+    out["pipeline_bubble_fraction"] = metrics.pipeline.bubble_fraction \
+        if metrics.pipeline is not None else None
+    return out
+
+
+def merge(profiles: Sequence[Profile]) -> Profile:
+    """Counts summed over the profiles, time metrics averaged over those that have them."""
+    out = Profile(tuple(sorted(r for p in profiles for r in p.ranks)))
+    for p in profiles:
+        for name in ("ops", "functions", "comm", "comm_bytes", "op_counts", "flops"):
+            getattr(out, name).update(getattr(p, name))
+    for key in TIME_METRICS:
+        values = [p.time.get(key) for p in profiles if p.time.get(key) is not None]
+        out.time[key] = sum(values) / len(values) if values else None
+    out.steps = tuple(sorted({s for p in profiles for s in p.steps}))
+    return out

@@ -1,0 +1,68 @@
+"""Rank roles: which rank of one run plays the part of which rank of another.
+
+Two runs with different layouts (TP 2 against TP 4, 2 stages against 4) have different world
+sizes, so rank numbers say nothing across them. A rank's *role* does: its pipeline stage, its TP
+rank and its DP rank. With the run configuration the reference GPT records (``tp``, ``pp``,
+``dp``) and Megatron's rank grid (``global = tp_rank + t*(dp_rank + d*pp_rank)``), every rank has
+one. Stages are named by position (first, middle k, last), so the first and last stages of a
+2-stage run match those of a 4-stage run; a single stage (pp 1) is matched with the first stage.
+
+Runs without such a configuration (any other script), or whose two configurations are not both
+known, fall back to same-index ranks.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+
+@dataclass(frozen=True)
+class Role:
+    """What a rank does in its run. ``key`` is what is matched across runs."""
+
+    key: tuple
+    label: str
+
+
+def _grid(config: dict, world_size: int) -> Optional[tuple]:
+    """(tp, dp, pp) sizes if the config describes this world, else None."""
+    try:
+        t, p = int(config.get("tp") or 0), int(config.get("pp") or 0)
+        d = int(config.get("dp") or 0)
+    except (TypeError, ValueError):
+        return None
+    if t < 1 or p < 1 or d < 1 or t * d * p != world_size:
+        return None
+    return t, d, p
+
+
+def _stage_name(stage: int, stages: int) -> str:
+    if stage == 0:
+        return "first"
+    if stage == stages - 1:
+        return "last"
+    return f"middle {stage}"
+
+
+def grid_role(rank: int, t: int, d: int, p: int) -> Role:
+    """The role of global ``rank`` in a (tp t, dp d, pp p) Megatron grid."""
+    tp_rank, dp_rank, stage = rank % t, (rank // t) % d, rank // (t * d)
+    name = _stage_name(stage, p)
+    label = f"stage {name} ({stage} of {p}) · tp {tp_rank} · dp {dp_rank}" if p > 1 else \
+        f"tp {tp_rank} · dp {dp_rank}"
+    return Role(("stage", name, tp_rank, dp_rank), label)
+
+
+def assign_roles(config_a: dict, world_a: int, ranks_a, config_b: dict, world_b: int,
+                 ranks_b) -> tuple:
+    """(rank -> Role for run A, rank -> Role for run B, how roles were assigned)."""
+    grid_a, grid_b = _grid(config_a, world_a), _grid(config_b, world_b)
+    if grid_a and grid_b:
+        return ({r: grid_role(r, *grid_a) for r in ranks_a},
+                {r: grid_role(r, *grid_b) for r in ranks_b},
+                "grid: pipeline stage (first / middle k / last), TP rank, DP rank from the "
+                "recorded configuration (Megatron order: global = tp + t*(dp + d*pp))")
+    same = {r: Role(("rank", r), f"rank {r}") for r in set(ranks_a) | set(ranks_b)}
+    return ({r: same[r] for r in ranks_a}, {r: same[r] for r in ranks_b},
+            "same-index ranks: the runs do not both record a tp/pp/dp configuration matching "
+            "their world size")
