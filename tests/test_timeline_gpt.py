@@ -8,10 +8,12 @@ by another process on the shared cores does not decide the outcome.
 from __future__ import annotations
 
 import os
+import resource
 import socket
 import statistics
 import subprocess
 import sys
+import time
 import xml.etree.ElementTree as ET
 
 import pytest
@@ -19,7 +21,7 @@ import pytest
 from viz import timeline
 from viz.trace import load_run
 
-LOAD: dict = {}      # configuration -> 1-minute load average right after its run
+FOREIGN: dict = {}   # configuration -> share of the cores other processes used during its run
 # NOTE: 8 layers, 4 per stage, so that the last stage's LM head and loss (about a sixth of a
 # layer at hidden 128, vocabulary 256) leave the two stages within a few percent of each other:
 # the formulas assume equal stages.
@@ -40,10 +42,25 @@ def trace_gpt(tmp_path_factory, name: str, *args: str):
     cmd = [sys.executable, "-m", "instrument.launch", "--nproc-per-node", "2",
            "--master-port", str(free_port()), "--out", str(out), "--steps", "1-",
            "--no-report", "-m", "sample_runs.train", *MODEL, *args]
+    busy0, ours0, t0 = cpu_busy_s(), children_cpu_s(), time.monotonic()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    LOAD[name] = os.getloadavg()[0]
+    foreign = (cpu_busy_s() - busy0) - (children_cpu_s() - ours0)
+    FOREIGN[name] = foreign / ((time.monotonic() - t0) * (os.cpu_count() or 1))
     return load_run(str(out))
+
+
+def cpu_busy_s() -> float:
+    """CPU seconds the whole machine spent busy (all cores), from /proc/stat."""
+    with open("/proc/stat") as fh:
+        fields = [int(x) for x in fh.readline().split()[1:]]
+    idle = fields[3] + fields[4]     # idle, iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def median_pipeline_bubble(m: timeline.RankMetrics, key: str = "bubble_fraction") -> float:
@@ -53,13 +70,12 @@ def median_pipeline_bubble(m: timeline.RankMetrics, key: str = "bubble_fraction"
 
 def skip_if_machine_busy(metrics: dict, theory: float, what: str) -> None:
     """The formulas assume equal, steady passes on dedicated processors. When other work shares
-    the cores (load average above 1.5 per core while the two ranks ran, or this run's own
-    passes, replayed with free communication, already miss the theory by more than 0.08: pass
-    times varying several-fold), comparing with the theory says nothing about the tracer."""
-    cores = os.cpu_count() or 1
-    if LOAD[what] > 1.5 * cores:
-        pytest.skip(f"{what}: load average {LOAD[what]:.1f} on {cores} cores during the run; "
-                    f"the ranks did not have a core each")
+    the cores (other processes used over a quarter of the CPU time while the two ranks ran, or
+    this run's own passes, replayed with free communication, already miss the theory by more
+    than 0.08), comparing with the theory says nothing about the tracer."""
+    if FOREIGN[what] > 0.25:
+        pytest.skip(f"{what}: other processes used {FOREIGN[what]:.0%} of the cores while it "
+                    f"ran; the ranks did not have a core each")
     for rank, m in metrics.items():
         replay = median_pipeline_bubble(m, "simulated_bubble_fraction")
         if abs(replay - theory) > 0.08:
