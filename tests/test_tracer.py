@@ -95,6 +95,15 @@ def test_annotations_and_record_function_ranges_are_recorded(tmp_path):
     assert add["phase"] == "backward"                # W ranges are weight-gradient work
 
 
+@pytest.mark.parametrize("label,phase", [
+    ("F", 1), ("W", 2), ("optimizer", 0), ("Forward 3", 1), ("Backward 12", 2), ("PP:0F1", 1),
+    ("PP:1I0", 2), ("PP:2SEND_B1", 2), ("PP:0RECV_F2", 1), ("PP:0UNSHARD1", None),
+    ("Optimizer.step#SGD.step", None)])
+def test_phase_of_annotation_labels_including_pipelinings(label, phase):
+    from tracer.session import phase_of_label
+    assert phase_of_label(label) == phase
+
+
 def test_annotate_step_and_record_config_are_free_without_a_trace():
     assert tracer.active() is None
     with tracer.annotate("F", microbatch=0):

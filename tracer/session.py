@@ -11,6 +11,7 @@ import collections
 import importlib
 import json
 import os
+import re
 import socket
 import sys
 import threading
@@ -47,6 +48,23 @@ _PHASE_OF_LABEL = {"F": PHASE_FORWARD, "forward": PHASE_FORWARD, "B": PHASE_BACK
                    "W": PHASE_BACKWARD, "backward": PHASE_BACKWARD, "optimizer": PHASE_OTHER,
                    "other": PHASE_OTHER}
 _PHASE_NAMES = {"forward": PHASE_FORWARD, "backward": PHASE_BACKWARD, "other": PHASE_OTHER}
+# torch.distributed.pipelining's record_function labels: "Forward 3" / "Backward 3" (GPipe) and
+# "PP:<stage><action><microbatch>" (schedules run from an action list, e.g. PP:0F1, PP:1I0).
+_PIPELINING_LABEL = re.compile(r"^(?:(Forward|Backward) \d+|PP:\d+([A-Z_]+?)\d+)$")
+_PIPELINING_PHASES = {"Forward": PHASE_FORWARD, "Backward": PHASE_BACKWARD,
+                      "F": PHASE_FORWARD, "SEND_F": PHASE_FORWARD, "RECV_F": PHASE_FORWARD,
+                      "B": PHASE_BACKWARD, "I": PHASE_BACKWARD, "W": PHASE_BACKWARD,
+                      "SEND_B": PHASE_BACKWARD, "RECV_B": PHASE_BACKWARD}
+
+
+def phase_of_label(label: str):
+    """The phase an annotation label implies, or None."""
+    phase = _PHASE_OF_LABEL.get(label)
+    if phase is None:
+        match = _PIPELINING_LABEL.match(label)
+        if match:
+            phase = _PIPELINING_PHASES.get(match.group(1) or match.group(2))
+    return phase
 
 ACTIVE: Optional["Session"] = None
 
@@ -477,7 +495,7 @@ class Session:
     # ------------------------------------------------------------------ annotations & steps
     def _push_annotation(self, label: str, attrs: dict):
         hint = _PHASE_NAMES.get(attrs.get("phase")) if "phase" in attrs else \
-            _PHASE_OF_LABEL.get(label)
+            phase_of_label(label)
         entry = (label, attrs, hint)
         self._annotations.append(entry)
         self._refresh_annotation()
