@@ -1,0 +1,519 @@
+"""Call graphs: where in the user's code every op and collective of a run comes from.
+
+The analysis has three steps, all pure functions of loaded traces:
+
+1. :func:`op_groups` aggregates one rank's events with numpy over the trace's integer codes, by
+   (stack, forward stack, op, phase, shapes, module): a run has millions of events but only
+   thousands of distinct groups. Each :class:`OpGroup` carries its *attribution path*: the user
+   frames, outermost first, of the forward stack that created the autograd node for a backward
+   op (so the backward all-reduce of the column-parallel ``f`` lands on the column-parallel
+   forward line), else of the live stack. Library frames are collapsed to the *boundary* call.
+2. :func:`build_callgraph` turns groups (of one rank, or of all ranks merged) into a networkx
+   DiGraph: a node per Python function, edges caller -> callee weighted by ops, time, bytes and
+   FLOPs (inclusive, per rank and per direction), and op leaves per call site: one for the aten
+   ops of a site and direction, one per collective kind.
+3. :func:`prune` keeps the graph readable: nodes below a share of ops / time / bytes are hidden
+   (each parent notes what it lost) and at most ``max_nodes`` remain.
+
+:func:`source_lines` gives, per source line, what it issued directly and through its calls.
+"""
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field, replace
+from typing import Iterable, NamedTuple, Optional, Sequence
+
+import networkx as nx
+import numpy as np
+
+from tracer.format import PHASES
+from tracer.ops import PSEUDO_OPS
+from tracer.stacks import decode_stack
+
+from .flops import flops as op_flops
+from .source import definition_line, is_library
+
+FUNCTION, OPS, COMM, HIDDEN = "function", "ops", "comm", "hidden"
+MEASURES = ("ops", "time_ns", "bytes")
+VIA_FRAMES = 2   # frames of a backward op's live stack kept to say which backward code ran it
+
+
+class Frame(NamedTuple):
+    """One recorded frame: where execution was (``line``) in which function. A NamedTuple:
+    frames are hashed millions of times while graphs are built, and tuples hash in C."""
+
+    file: str
+    line: int
+    function: str
+    qualname: str
+
+
+NO_STACK = Frame("?", 0, "?", "(no stack recorded)")
+
+
+@dataclass
+class Weights:
+    """What a node, edge or line accounts for."""
+
+    ops: int = 0          # events (aten ops and collectives)
+    time_ns: float = 0    # summed durations; a collective counts launch to completion
+    bytes: int = 0        # bytes handed to collectives
+    comms: int = 0        # collective / P2P calls
+    flops: int = 0
+
+    def add(self, other: "Weights") -> None:
+        self.ops += other.ops
+        self.time_ns += other.time_ns
+        self.bytes += other.bytes
+        self.comms += other.comms
+        self.flops += other.flops
+
+    def get(self, measure: str) -> float:
+        return getattr(self, measure)
+
+
+def total_of(weights: Iterable[Weights]) -> Weights:
+    out = Weights()
+    for w in weights:
+        out.add(w)
+    return out
+
+
+@dataclass(frozen=True)
+class OpGroup:
+    """Events of one rank sharing attribution path, op, phase, shapes and module."""
+
+    rank: int
+    path: tuple               # Frames of user code, outermost first (never empty)
+    boundary: Optional[Frame]  # the library function the innermost user frame called
+    via: Optional[tuple]      # backward ops: innermost user frames of the code that ran them
+    op: str
+    phase: str                # forward | backward | other
+    kind: Optional[str]       # communication kind, None for compute ops
+    shapes: Optional[str]
+    module: Optional[str]
+    count: int
+    time_ns: float
+    bytes: int
+    flops: int
+
+    def weights(self) -> Weights:
+        return Weights(self.count, self.time_ns, self.bytes, self.count if self.kind else 0,
+                       self.flops)
+
+
+def split_stack(frames: Sequence[tuple]) -> tuple:
+    """Recorded frames (innermost first) -> (user frames outermost first, boundary frame).
+
+    The boundary is the outermost frame of the innermost run of library frames: the library call
+    the user's code made. Library frames between user frames (module call machinery) are
+    dropped. A stack of library frames only keeps its outermost frame as the path."""
+    user, boundary = [], None
+    for raw in frames:
+        frame = Frame(raw[0], int(raw[1]), raw[2], raw[3])
+        if is_library(frame.file):
+            if not user:
+                boundary = frame
+            continue
+        user.append(frame)
+    if not user:
+        return ((boundary,) if boundary else (NO_STACK,)), None
+    return tuple(reversed(user)), boundary
+
+
+def _group_rows(columns: list) -> tuple:
+    """Group rows by several int columns: (inverse index per row, first row of each group)."""
+    key = np.zeros(len(columns[0]), dtype=np.int64)
+    for col in columns:
+        c = col.astype(np.int64) + 1                       # null (-1) -> 0
+        span = int(c.max()) + 1 if len(c) else 1
+        if (int(key.max()) + 1) * span >= 2 ** 62:         # keep the packed key in int64
+            _, key = np.unique(key, return_inverse=True)
+            key = key.astype(np.int64)
+        key = key * span + c
+    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    return inverse.reshape(-1), first
+
+
+def op_groups(trace) -> list:
+    """One rank's ops and collectives aggregated into :class:`OpGroup` s (pseudo-ops dropped)."""
+    if len(trace) == 0:
+        return []
+    op_names = trace.dictionary("op")
+    drop = np.array([name in PSEUDO_OPS for name in op_names] + [True])  # code -1 -> dropped
+    rows = np.nonzero(~drop[trace.col("op")])[0]
+    if len(rows) == 0:
+        return []
+    keys = ("stack", "fwd_stack", "op", "phase", "shapes", "module")
+    cols = {name: trace.col(name)[rows] for name in keys}
+    inverse, first = _group_rows([cols[name] for name in keys])
+    t0, t1 = trace.col("t0")[rows], trace.col("t1")[rows]
+    duration = np.where(t1 >= 0, t1 - t0, 0).clip(min=0)
+    nbytes = trace.col("bytes")[rows].clip(min=0)
+    counts = np.bincount(inverse)
+    times = np.bincount(inverse, weights=duration)
+    byte_sums = np.bincount(inverse, weights=nbytes)
+    kinds = trace.col("kind")[rows][first]
+    kind_names, shape_names = trace.dictionary("kind"), trace.dictionary("shapes")
+    module_names, stack_texts = trace.dictionary("module"), trace.dictionary("stack")
+    split_cache: dict = {}
+
+    def split(code: int) -> tuple:
+        # NOTE: decodes from one copy of the dictionary; Trace.stack(code) copies the whole
+        # dictionary on every call, quadratic over a run's thousands of stacks.
+        if code not in split_cache:
+            split_cache[code] = split_stack(decode_stack(stack_texts[code])) if code >= 0 \
+                else ((NO_STACK,), None)
+        return split_cache[code]
+
+    out = []
+    for g, row in enumerate(first.tolist()):
+        stack, fwd = int(cols["stack"][row]), int(cols["fwd_stack"][row])
+        live_path, live_boundary = split(stack)
+        if fwd >= 0:
+            path, boundary = split(fwd)
+            via = live_path[-VIA_FRAMES:] if live_path[-1] is not NO_STACK else None
+        else:
+            path, boundary, via = live_path, live_boundary, None
+        op = op_names[int(cols["op"][row])]
+        shape_code, module_code = int(cols["shapes"][row]), int(cols["module"][row])
+        shapes = shape_names[shape_code] if shape_code >= 0 else None
+        count = int(counts[g])
+        kind = kind_names[kinds[g]] if kinds[g] >= 0 else None
+        out.append(OpGroup(
+            rank=trace.rank, path=path, boundary=boundary, via=via, op=op,
+            phase=PHASES[int(cols["phase"][row])], kind=kind, shapes=shapes,
+            module=module_names[module_code] if module_code >= 0 else None, count=count,
+            time_ns=float(times[g]), bytes=int(byte_sums[g]),
+            flops=op_flops(op, shapes) * count))
+    return out
+
+
+def run_groups(run) -> dict:
+    """rank -> its OpGroups, for every readable rank of a viz.trace.Run."""
+    return {rank: op_groups(trace) for rank, trace in sorted(run.ranks.items())}
+
+
+# ------------------------------------------------------------------------------ the graph
+@dataclass
+class NodeData:
+    """A call-graph node: a function, the ops or a collective of a call site, or a note of what
+    pruning hid. Weights are inclusive (everything issued below the node)."""
+
+    id: str
+    type: str
+    file: str
+    line: int                  # functions: definition line; leaves: the call site
+    name: str                  # functions: qualname; comm leaves: the kind
+    direction: str = ""        # leaves: forward | backward | other
+    kind: Optional[str] = None
+    per_rank: dict = field(default_factory=lambda: defaultdict(Weights))
+    by_direction: dict = field(default_factory=lambda: defaultdict(Weights))
+    ops: Counter = field(default_factory=Counter)         # leaves: op -> calls
+    shapes: Counter = field(default_factory=Counter)      # leaves: (op, shapes) -> calls
+    boundaries: Counter = field(default_factory=Counter)  # leaves: library calls made
+    via: Counter = field(default_factory=Counter)         # backward leaves: live frames -> calls
+    hidden: int = 0            # HIDDEN notes: how many nodes it stands for
+
+    @property
+    def total(self) -> Weights:
+        return total_of(self.per_rank.values())
+
+    @property
+    def ranks(self) -> tuple:
+        return tuple(sorted(r for r, w in self.per_rank.items() if w.ops))
+
+
+@dataclass
+class EdgeData:
+    """Caller -> callee (or function -> op leaf): what flowed through the calls."""
+
+    per_rank: dict = field(default_factory=lambda: defaultdict(Weights))
+    by_direction: dict = field(default_factory=lambda: defaultdict(Weights))
+    lines: set = field(default_factory=set)   # call-site lines in the caller
+
+    @property
+    def total(self) -> Weights:
+        return total_of(self.per_rank.values())
+
+
+@dataclass
+class Hidden:
+    """What pruning left out of a graph."""
+
+    functions: int = 0
+    sites: int = 0
+    ops: int = 0
+    time_ns: float = 0
+    bytes: int = 0
+
+
+@dataclass
+class CallGraph:
+    """A call graph over some ranks. ``graph`` nodes and edges carry ``data`` (NodeData /
+    EdgeData); ``total`` is everything its op leaves account for."""
+
+    graph: nx.DiGraph
+    ranks: tuple
+    world: tuple
+    total: Weights
+    hidden: Optional[Hidden] = None
+
+    def node(self, node_id: str) -> NodeData:
+        return self.graph.nodes[node_id]["data"]
+
+    def edge(self, caller: str, callee: str) -> EdgeData:
+        return self.graph.edges[caller, callee]["data"]
+
+    def nodes(self, type_: Optional[str] = None) -> list:
+        return [d["data"] for _, d in self.graph.nodes(data=True)
+                if type_ is None or d["data"].type == type_]
+
+    def functions(self, qualname: str) -> list:
+        """Function nodes of that qualified name."""
+        return [n for n in self.nodes(FUNCTION) if n.name == qualname]
+
+
+def function_id(frame: Frame) -> str:
+    return f"fn:{frame.file}:{frame.qualname}"
+
+
+def _leaf_id(site: Frame, direction: str, kind: Optional[str]) -> str:
+    return f"{'comm' if kind else 'ops'}:{site.file}:{site.line}:{direction}:{kind or ''}"
+
+
+def build_callgraph(groups: Iterable[OpGroup], *, world: Sequence[int] = (),
+                    root: Optional[tuple] = None) -> CallGraph:
+    """The call graph of ``groups`` (one rank's, or several ranks' merged).
+
+    ``root`` = (file, qualname) keeps only ops issued below that function and starts every path
+    there (a zoomed subgraph). ``world`` lists the run's ranks, to tell which ranks reach a node.
+    """
+    g = nx.DiGraph()
+    paths: dict = defaultdict(lambda: defaultdict(Weights))   # (rank, frames) -> direction -> W
+    lowest_line: dict = {}
+    ranks = set()
+
+    def node(node_id: str, **kw) -> NodeData:
+        if node_id not in g:
+            g.add_node(node_id, data=NodeData(node_id, **kw))
+        return g.nodes[node_id]["data"]
+
+    def edge(a: str, b: str) -> EdgeData:
+        if not g.has_edge(a, b):
+            g.add_edge(a, b, data=EdgeData())
+        return g.edges[a, b]["data"]
+
+    for grp in groups:
+        frames = grp.path
+        if root is not None:
+            start = next((i for i, f in enumerate(frames) if (f.file, f.qualname) == root), None)
+            if start is None:
+                continue
+            frames = frames[start:]
+        ranks.add(grp.rank)
+        w = grp.weights()
+        site = frames[-1]
+        lid = _leaf_id(site, grp.phase, grp.kind)
+        leaf = node(lid, type=COMM if grp.kind else OPS, file=site.file, line=site.line,
+                    name=grp.kind or "ops", direction=grp.phase, kind=grp.kind)
+        leaf.per_rank[grp.rank].add(w)
+        leaf.by_direction[grp.phase].add(w)
+        leaf.ops[grp.op] += grp.count
+        leaf.shapes[(grp.op, grp.shapes)] += grp.count
+        if grp.boundary is not None:
+            leaf.boundaries[grp.boundary] += grp.count
+        if grp.via is not None:
+            leaf.via[grp.via] += grp.count
+        node(function_id(site), type=FUNCTION, file=site.file, line=site.line,
+             name=site.qualname)
+        e = edge(function_id(site), lid)
+        e.per_rank[grp.rank].add(w)
+        e.by_direction[grp.phase].add(w)
+        e.lines.add(site.line)
+        paths[(grp.rank, frames)][grp.phase].add(w)
+
+    # Inclusive weights through a trie of the paths: paths share long prefixes, so summing
+    # each prefix once is far cheaper than walking every path.
+    trie: dict = {}                  # (parent index, frame) -> index
+    parents, frames_of, fn_paths = [], [], []
+    at_node: dict = defaultdict(lambda: defaultdict(Weights))   # index -> (rank, dir) -> W
+    for (rank, frames), by_direction in paths.items():
+        index = -1
+        for frame in frames:
+            key = (index, frame)
+            child = trie.get(key)
+            if child is None:
+                child = trie[key] = len(parents)
+                fid = function_id(frame)
+                fn_paths.append((fn_paths[index] if index >= 0 else ()) + (fid,))
+                parents.append(index)
+                frames_of.append(frame)
+                node(fid, type=FUNCTION, file=frame.file, line=frame.line, name=frame.qualname)
+                lowest_line[fid] = min(lowest_line.get(fid, frame.line), frame.line)
+            index = child
+        for direction, w in by_direction.items():
+            at_node[index][(rank, direction)].add(w)
+    for index in range(len(parents) - 1, -1, -1):     # children were created after parents
+        parent = parents[index]
+        if parent >= 0 and index in at_node:
+            for key, w in at_node[index].items():
+                at_node[parent][key].add(w)
+    for index, fns in enumerate(fn_paths):
+        if index not in at_node:
+            continue
+        fid = fns[-1]
+        # A recursive call is already counted at its outermost occurrence.
+        add_node = fid not in fns[:-1]
+        pair = fns[-2:] if len(fns) >= 2 else None
+        add_edge = pair is not None and not any(fns[i:i + 2] == pair
+                                                for i in range(len(fns) - 2))
+        if add_edge:
+            e = edge(*pair)
+            e.lines.add(frames_of[parents[index]].line)
+        data = g.nodes[fid]["data"]
+        for (rank, direction), w in at_node[index].items():
+            if add_node:
+                data.per_rank[rank].add(w)
+                data.by_direction[direction].add(w)
+            if add_edge:
+                e.per_rank[rank].add(w)
+                e.by_direction[direction].add(w)
+        if pair is not None and not add_edge:
+            edge(*pair).lines.add(frames_of[parents[index]].line)
+
+    for fid, low in lowest_line.items():
+        data = g.nodes[fid]["data"]
+        data.line = definition_line(data.file, data.name, low)
+    total = total_of(d["data"].total for _, d in g.nodes(data=True) if d["data"].type != FUNCTION)
+    return CallGraph(g, tuple(sorted(ranks)), tuple(world) or tuple(sorted(ranks)), total)
+
+
+# ------------------------------------------------------------------------------ pruning
+def importance(cg: CallGraph, data: NodeData, measures: Sequence[str] = MEASURES) -> float:
+    """The largest share of the graph's ops / time / bytes a node accounts for."""
+    w = data.total
+    shares = [w.get(m) / cg.total.get(m) for m in measures if cg.total.get(m)]
+    return max(shares, default=0.0)
+
+
+def prune(cg: CallGraph, *, max_nodes: int = 150, min_share: float = 0.005,
+          measures: Sequence[str] = MEASURES) -> CallGraph:
+    """A readable copy: nodes below ``min_share`` of every measure go, at most ``max_nodes``
+    nodes stay (notes included); each parent that lost children gets a HIDDEN note saying what
+    they held, and ``hidden`` sums up what the graph no longer shows."""
+    g = cg.graph
+    score = {n: importance(cg, g.nodes[n]["data"], measures) for n in g}
+    order = sorted(g, key=lambda n: (-score[n], n))
+    budget = max_nodes
+    while True:
+        keep = _select(g, order, score, budget, min_share)
+        notes = sum(1 for n in keep if any(c not in keep for c in g.successors(n)))
+        if len(keep) + notes <= max_nodes or budget <= 1:
+            break
+        budget -= len(keep) + notes - max_nodes
+    out = g.subgraph(keep).copy()
+    for parent in sorted(keep):
+        lost = [c for c in g.successors(parent) if c not in keep]
+        if not lost:
+            continue
+        note = NodeData(f"hidden:{parent}", HIDDEN, "", 0, "hidden", hidden=len(lost))
+        for child in lost:
+            e = g.edges[parent, child]["data"]
+            for rank, w in e.per_rank.items():
+                note.per_rank[rank].add(w)
+            for direction, w in e.by_direction.items():
+                note.by_direction[direction].add(w)
+        out.add_node(note.id, data=note)
+        out.add_edge(parent, note.id, data=EdgeData(note.per_rank, note.by_direction))
+    hidden = Hidden()
+    for n in g:
+        if n in keep:
+            continue
+        data = g.nodes[n]["data"]
+        if data.type == FUNCTION:
+            hidden.functions += 1
+        else:
+            hidden.sites += 1
+            w = data.total
+            hidden.ops += w.ops
+            hidden.time_ns += w.time_ns
+            hidden.bytes += w.bytes
+    return CallGraph(out, cg.ranks, cg.world, cg.total, hidden)
+
+
+def _select(g: nx.DiGraph, order: list, score: dict, budget: int, min_share: float) -> set:
+    """The most important nodes, each with a chain of ancestors up to a root (connected)."""
+    keep: set = set()
+    for n in order:
+        if len(keep) >= budget or score[n] < min_share:
+            break
+        chain, cur = [], n
+        while cur not in keep and cur not in chain:
+            chain.append(cur)
+            parents = [p for p in g.predecessors(cur) if p != cur]
+            if not parents:
+                break
+            cur = max(parents, key=lambda p: (score[p], p))
+        if len(keep) + len(chain) <= budget:
+            keep.update(chain)
+    return keep
+
+
+def trim_common_prefix(groups: Sequence[OpGroup]) -> list:
+    """Groups with the frames every path shares (``<module>`` -> main -> train ...) removed,
+    keeping at least the last shared one, so a subgraph starts where its paths diverge."""
+    groups = list(groups)
+    if not groups:
+        return groups
+    first = groups[0].path
+    n = len(first)
+    for grp in groups[1:]:
+        n = min(n, len(grp.path))
+        for i in range(n):
+            if (grp.path[i].file, grp.path[i].qualname) != (first[i].file, first[i].qualname):
+                n = i
+                break
+    cut = max(n - 1, 0)
+    if not cut:
+        return groups
+    return [replace(grp, path=grp.path[cut:]) for grp in groups]
+
+
+# ------------------------------------------------------------------------------ per line
+@dataclass
+class LineOps:
+    """What one source line issued: ``direct`` (ops whose innermost user frame is this line) by
+    (op, direction), ``through`` (issued by the calls it made) by (kind or "compute", direction),
+    and ``comm`` (collectives, direct or through calls) by (kind, direction)."""
+
+    direct: dict = field(default_factory=lambda: defaultdict(Weights))
+    through: dict = field(default_factory=lambda: defaultdict(Weights))
+    comm: dict = field(default_factory=lambda: defaultdict(Weights))
+    ranks: set = field(default_factory=set)
+
+
+def source_lines(groups: Iterable[OpGroup]) -> dict:
+    """file -> {line -> LineOps} over the attribution paths of ``groups``.
+
+    A row-parallel forward line holds the all-reduce its helper issues, and a column-parallel
+    forward line the backward all-reduce of the autograd node it created."""
+    out: dict = defaultdict(lambda: defaultdict(LineOps))
+    for grp in groups:
+        w = grp.weights()
+        label = grp.kind or "compute"
+        seen = set()
+        for depth, frame in enumerate(reversed(grp.path)):   # innermost first
+            key = (frame.file, frame.line)
+            if key in seen or frame is NO_STACK:
+                continue
+            seen.add(key)
+            entry = out[frame.file][frame.line]
+            entry.ranks.add(grp.rank)
+            if grp.kind:
+                entry.comm[(grp.kind, grp.phase)].add(w)
+            if depth == 0:
+                entry.direct[(grp.op, grp.phase)].add(w)
+            else:
+                entry.through[(label, grp.phase)].add(w)
+    return out

@@ -1,0 +1,56 @@
+"""HTML pages from jinja2 templates (viz/templates), autoescaped and fully offline.
+
+Every page extends ``base.html`` (inline CSS, no script, no external URL). Templates get the
+number formats of :mod:`viz.render` as filters and ``root``, the relative path from the page
+back to the report's top directory, so links work wherever the report is copied.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import jinja2
+
+from . import fmt_bytes, fmt_count, fmt_flops, fmt_ranks, fmt_time
+
+_TEMPLATES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                          "templates")
+
+
+def _brief(value) -> str:
+    """A compact one-line text of any JSON-like value (run.json's free-form fields)."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, separators=(", ", ": "), default=str)
+
+
+def environment() -> jinja2.Environment:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(_TEMPLATES), autoescape=True,
+                             undefined=jinja2.StrictUndefined, trim_blocks=True,
+                             lstrip_blocks=True)
+    env.filters.update(time=fmt_time, bytes=fmt_bytes, count=fmt_count, flops=fmt_flops,
+                       ranks=fmt_ranks, brief=_brief)
+    return env
+
+
+class PageWriter:
+    """Writes pages into one report directory."""
+
+    def __init__(self, out_dir: str):
+        self.out_dir = out_dir
+        self.env = environment()
+
+    def write(self, rel_path: str, template: str, **context) -> str:
+        """Render ``template`` to ``out_dir/rel_path``; returns the absolute path."""
+        depth = rel_path.count("/")
+        html = self.env.get_template(template).render(root="../" * depth, **context)
+        return self.write_text(rel_path, html)
+
+    def write_text(self, rel_path: str, text: str) -> str:
+        path = os.path.join(self.out_dir, rel_path)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        return path
