@@ -7,6 +7,7 @@ by another process on the shared cores does not decide the outcome.
 """
 from __future__ import annotations
 
+import json
 import os
 import resource
 import socket
@@ -18,6 +19,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
+from test_timeline import check_chrome_trace
 from viz import timeline
 from viz.trace import load_run
 
@@ -172,4 +174,5 @@ def test_write_timeline_of_a_real_run(gpipe, tmp_path):
     root = ET.parse(tmp_path / files["svg"]).getroot()
     titles = [t.text for t in root.iter("{http://www.w3.org/2000/svg}title")]
     assert any(t.startswith("rank 1 B micro-batch 3") for t in titles)
-    assert (tmp_path / files["chrome_trace"]).stat().st_size > 0
+    events = json.loads((tmp_path / files["chrome_trace"]).read_text())["traceEvents"]
+    check_chrome_trace(events, expected_flows=len(timeline.build_timeline(gpipe).links))
