@@ -310,9 +310,7 @@ class Session:
             else:
                 module = None
             stack = self._stacks.capture(sys._getframe(1)) if self._record_stacks else None
-        thread = self._threads.get(_get_ident())
-        if thread is None:
-            thread = self._threads[_get_ident()] = len(self._threads)
+        thread = self._thread()
         shapes = self._shapes(args) if self._record_shapes else None
         row = (t0, t1, op_id, phase, module, stack, fwd_stack, self._annotation_id,
                self.step_index, thread, shapes)
@@ -323,6 +321,13 @@ class Session:
         if len(self._queue) > MAX_QUEUE:
             self._flush()
         return out
+
+    def _thread(self) -> int:
+        ident = _get_ident()
+        thread = self._threads.get(ident)
+        if thread is None:
+            thread = self._threads[ident] = len(self._threads)
+        return thread
 
     def _shapes(self, args):
         key = []
@@ -478,7 +483,7 @@ class Session:
             row = (t0, t1, op_id, PHASE_BACKWARD if _current_node() is not None else
                    (self._phase_hint if self._phase_hint is not None else PHASE_FORWARD),
                    None if module < 0 else module, stack, None, self._annotation_id,
-                   self.step_index, 0, None) + (None,) * 7 + (cid, None)
+                   self.step_index, self._thread(), None) + (None,) * 7 + (cid, None)
             self._queue.append(row)
             return out
         out = func(*args, **kwargs)
@@ -505,7 +510,7 @@ class Session:
         if self._recording and not self._paused:
             row = (t0, _now(), self._op_ids(ops.OP_ANNOTATION), self._phase_hint
                    if self._phase_hint is not None else PHASE_OTHER, None, None, None,
-                   self._annotation_id, self.step_index, 0, None)
+                   self._annotation_id, self.step_index, self._thread(), None)
             self._queue.append(row)
         for i in range(len(self._annotations) - 1, -1, -1):
             if self._annotations[i] is entry:
@@ -539,7 +544,7 @@ class Session:
         if self._recording:
             t = _now()
             self._queue.append((t, t, self._op_ids(ops.OP_STEP), PHASE_OTHER, None, None, None,
-                                None, self.step_index, 0, None))
+                                None, self.step_index, self._thread(), None))
 
     def _window(self, step: int) -> bool:
         return self._in_window is None or self._in_window(step)
