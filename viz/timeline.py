@@ -559,50 +559,54 @@ def _until_sent(compute: np.ndarray, p: Pass, sends: list) -> int:
 def _simulated(timeline: Timeline, lane: RankLanes, step: int) -> Optional[float]:
     """The bubble fraction ``lane`` would have if its pipeline group ran the same passes, in
     the same order, with the measured compute of each, and communication were free: each pass
-    starts once its rank is free and the pass it depends on has sent its output. The gap between this and the
-    measured bubble is what communication and scheduling latency cost; the gap between this
+    starts once its rank is free and the pass it depends on has sent its output. The gap
+    between this and the measured bubble is what communication costs; the gap between this
     and the theory is stage imbalance and pass-time variance.
 
     Virtual stage of chunk c on stage s of p: c*p + s (Megatron's interleaving, the reference
     GPT's). None when the passes are not numbered that way or do not form a schedule."""
     group = [r for r in lane.pipeline_group if r in timeline.ranks]
-    p = len(group)
-    todo, work = {}, {}
+    queues = {}
     for stage, rank in enumerate(group):
         other = timeline.ranks[rank]
         passes = [x for x in other.passes if x.step == step]
         if any(x.source == "record_function" or x.microbatch is None for x in passes):
             return None
         sends = sorted(c.start for c in other.comm if c.kind == "send" and c.step == step)
-        todo[rank] = [(x.kind, x.microbatch, x.chunk * p + stage,
-                       length(clip(other.compute, x.start, x.end)),
-                       _until_sent(other.compute, x, sends)) for x in passes]
-    stages = p * (1 + max((t[2] // p for ts in todo.values() for t in ts), default=0))
-    done: dict = {}
+        queues[rank] = [((x.kind, x.microbatch, x.chunk * len(group) + stage),
+                         length(clip(other.compute, x.start, x.end)),
+                         _until_sent(other.compute, x, sends)) for x in passes]
+    stages = len(group) * (1 + max((key[2] // len(group) for q in queues.values()
+                                    for key, _, _ in q), default=0))
+    sent: dict = {}
     free = {rank: 0 for rank in group}
-    for rank in group:
-        work[rank] = sum(t[3] for t in todo[rank])
-    pending = {rank: 0 for rank in group}
+    position = {rank: 0 for rank in group}
     progress = True
-    while progress:
+    while progress:     # run every rank as far as its dependencies allow, until none can move
         progress = False
         for rank in group:
-            while pending[rank] < len(todo[rank]):
-                kind, mb, vs, busy, until_sent = todo[rank][pending[rank]]
-                dep = (("F", mb, vs - 1) if vs > 0 else None) if kind == "F" else \
-                    ("B", mb, vs) if kind == "W" else \
-                    ("B", mb, vs + 1) if vs < stages - 1 else ("F", mb, vs)
-                if dep is not None and dep not in done:
+            while position[rank] < len(queues[rank]):
+                key, busy, until_sent = queues[rank][position[rank]]
+                dep = _dependency(*key, stages)
+                if dep is not None and dep not in sent:
                     break
-                start = max(free[rank], done.get(dep, 0))
-                free[rank] = start + busy
-                done[(kind, mb, vs)] = start + until_sent
-                pending[rank] += 1
+                start = max(free[rank], sent.get(dep, 0))
+                free[rank], sent[key] = start + busy, start + until_sent
+                position[rank] += 1
                 progress = True
-    if any(pending[r] < len(todo[r]) for r in group):
+    if any(position[r] < len(queues[r]) for r in group):
         return None
     window = max(free.values())
-    return _ratio(window - work[lane.rank], window)
+    return _ratio(window - sum(busy for _, busy, _ in queues[lane.rank]), window)
+
+
+def _dependency(kind: str, microbatch: int, stage: int, stages: int) -> Optional[tuple]:
+    """The pass whose output pass (kind, microbatch, virtual stage) needs, or None."""
+    if kind == "F":
+        return ("F", microbatch, stage - 1) if stage > 0 else None
+    if kind == "W":
+        return ("B", microbatch, stage)
+    return ("B", microbatch, stage + 1) if stage < stages - 1 else ("F", microbatch, stage)
 
 
 def _step_metrics(timeline: Timeline, lane: RankLanes, step: int) -> StepMetrics:

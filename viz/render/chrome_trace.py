@@ -47,7 +47,8 @@ def events(timeline: Timeline) -> list:
     out: list = []
     where = {}   # (rank, trace row) -> (tid, start, end) of each comm slice, for flows
     for rank, lane in sorted(timeline.ranks.items()):
-        out.append({"ph": "M", "name": "process_name", "pid": rank, "args": {"name": f"rank {rank}"}})
+        out.append({"ph": "M", "name": "process_name", "pid": rank,
+                    "args": {"name": f"rank {rank}"}})
         out.append({"ph": "M", "name": "process_sort_index", "pid": rank,
                     "args": {"sort_index": rank}})
         out.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": _PASS_TID,
