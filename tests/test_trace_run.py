@@ -10,7 +10,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -285,3 +284,24 @@ def test_collector_takes_only_this_runs_token_and_rank_file_names(tmp_path):
     assert sorted(p.name for p in received.iterdir()) == ["rank-1.arrow", "rank-1.status.json"]
     assert (received / "rank-1.arrow").read_bytes() == (sent / "rank-1.arrow").read_bytes()
     assert collector.uploads[1].ranks == {"1": {"status": "ok"}}
+
+
+def test_no_script_means_the_reference_gpt_on_its_default_world_size():
+    from instrument.cli import build_parser, resolve_target, worker_args
+    import sample_runs.train
+
+    args = build_parser().parse_args(["--out", "x"])
+    target = resolve_target(args)
+    assert (target.script, target.module, target.args) == (None, "sample_runs.train", [])
+    assert args.nproc_per_node == str(sample_runs.train.DEFAULT_WORLD_SIZE)
+    argv = worker_args(args, "/abs/x", target)
+    assert argv[:3] == ["-u", "-m", "instrument.bootstrap"]
+    assert argv[argv.index("--"):] == ["--", "-m", "sample_runs.train"]
+    # an explicit --nproc-per-node wins, in either spelling
+    args = build_parser().parse_args(["--nproc_per_node", "2"])
+    resolve_target(args)
+    assert args.nproc_per_node == "2"
+    # a script's own options after SCRIPT are its own, even when they look like ours
+    args = build_parser().parse_args(["--steps", "1", C10D, "--steps", "5", "--out", "y"])
+    assert args.steps == "1" and args.out is None
+    assert resolve_target(args).args == ["--steps", "5", "--out", "y"]

@@ -1,0 +1,168 @@
+"""trace-run's command line: torchrun's own parser plus trace-run's options, and its checks.
+
+Every torchrun option comes from ``torch.distributed.run.get_args_parser()``, so it is accepted
+in both spellings and means what it means to torchrun; trace-run adds its own options (which
+collide with none of torchrun's), makes SCRIPT optional (the reference GPT is the default), and
+turns every bad input into one line on stderr and exit status 2.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.util
+import os
+import sys
+import tempfile
+import uuid
+from dataclasses import dataclass
+from typing import Optional
+
+from torch.distributed import run as torchrun
+
+DEFAULT_MODULE = "sample_runs.train"
+EXIT_USAGE = 2
+USAGE = "trace-run [torchrun options] [trace-run options] [SCRIPT | -m MODULE] [ARGS...]"
+
+
+class UsageError(Exception):
+    """Bad command line or output directory: one line, exit status 2."""
+
+
+@dataclass
+class Target:
+    """What each worker runs."""
+
+    script: Optional[str]
+    module: Optional[str]
+    args: list
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """torchrun's parser plus trace-run's own options; SCRIPT becomes optional."""
+    parser = torchrun.get_args_parser()
+    parser.prog = "trace-run"
+    parser.usage = USAGE
+    parser.description = ("Run a torchrun-style training with paratrace's recorder in every "
+                          "worker, then write summary.json and the report. Without SCRIPT it "
+                          f"runs the reference GPT (-m {DEFAULT_MODULE}, default configuration).")
+    own = parser.add_argument_group("trace-run options")
+    own.add_argument("--out", metavar="DIR", default=None,
+                     help="output directory (default: ./traces/<timestamp>); traces go to "
+                     "DIR/traces, the report to DIR/index.html")
+    own.add_argument("--steps", metavar="SPEC", default=None,
+                     help="steps to record, 0-based: '1-3', '0,2', '2-' (default: all)")
+    own.add_argument("--stack-depth", type=int, default=32, metavar="N",
+                     help="user frames kept per stack (default 32)")
+    own.add_argument("--include-library-frames", action="store_true",
+                     help="keep torch/stdlib/site-packages frames in stacks too")
+    own.add_argument("--no-report", action="store_true",
+                     help="only record: skip summary.json and the HTML report")
+    own.add_argument("--timeout", type=float, metavar="SECONDS", default=None,
+                     help="end the run when no rank makes progress for this long (a hung "
+                     "collective) and report each rank's last collective and stack")
+    parser._optionals.title = "torchrun options"
+    for action in parser._actions:
+        if action.dest == "training_script":
+            action.nargs, action.default, action.metavar = "?", None, "SCRIPT | MODULE"
+            action.help = ("the training script (a module with -m); default: the reference GPT "
+                           f"(-m {DEFAULT_MODULE})")
+        elif action.dest == "training_script_args":
+            action.metavar, action.help = "ARGS", "the script's own arguments, passed unchanged"
+        elif action.dest == "nproc_per_node" and "PET_NPROC_PER_NODE" not in os.environ:
+            action.default = None     # unset: 1, or DEFAULT_WORLD_SIZE for the reference GPT
+
+    def error(message: str):
+        print(f"trace-run: error: {message} (usage: {USAGE}; see trace-run --help)",
+              file=sys.stderr)
+        sys.exit(EXIT_USAGE)
+
+    parser.error = error
+    return parser
+
+
+def resolve_target(args: argparse.Namespace) -> Target:
+    """The script or module to run; the reference GPT when none is given."""
+    if args.training_script is None:
+        if args.module:
+            raise UsageError("-m needs a MODULE")
+        import sample_runs.train
+        if args.nproc_per_node is None:
+            args.nproc_per_node = str(sample_runs.train.DEFAULT_WORLD_SIZE)
+        return Target(None, DEFAULT_MODULE, [])
+    if args.nproc_per_node is None:
+        args.nproc_per_node = "1"
+    if args.no_python:
+        raise UsageError("--no-python runs a non-Python program, which cannot be traced")
+    if args.module:
+        name = args.training_script
+        # Workers run `python -m` from this directory; look the module up the same way.
+        sys.path.insert(0, os.getcwd())
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):
+            found = False
+        finally:
+            sys.path.pop(0)
+        if not found:
+            raise UsageError(f"no module named {name!r}")
+        return Target(None, name, list(args.training_script_args))
+    if not os.path.isfile(args.training_script):
+        raise UsageError(f"script not found: {args.training_script}")
+    return Target(args.training_script, None, list(args.training_script_args))
+
+
+def prepare_out(out: Optional[str]) -> str:
+    """Create DIR/traces and check it is writable; refuse to mix with an earlier run's traces."""
+    if out is None:
+        out = os.path.join("traces", datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
+        if os.path.exists(out):
+            out += "-" + uuid.uuid4().hex[:6]
+    out = os.path.abspath(out)
+    traces = os.path.join(out, "traces")
+    try:
+        os.makedirs(traces, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=traces):
+            pass
+    except OSError as exc:
+        raise UsageError(f"cannot write to --out {out}: {exc.strerror or exc}") from None
+    if any(name.startswith("rank-") for name in os.listdir(traces)):
+        raise UsageError(f"--out {out} already holds traces of another run; choose a new DIR")
+    return out
+
+
+def launch_config(args: argparse.Namespace):
+    """torchrun's LaunchConfig, with the same defaulting as ``torch.distributed.run.run``."""
+    if args.standalone:
+        args.rdzv_backend, args.rdzv_endpoint = "c10d", "localhost:0"
+        args.rdzv_id = str(uuid.uuid4())
+    elif args.rdzv_backend == "static" and not args.rdzv_endpoint and args.master_port is None:
+        if torchrun.parse_min_max_nnodes(args.nnodes)[1] == 1:
+            # one node and no port given: let the rendezvous pick a free port
+            args.rdzv_backend, args.rdzv_endpoint = "c10d", "localhost:0"
+            args.rdzv_id = str(uuid.uuid4())
+    if args.master_port is None:
+        args.master_port = 29500
+    try:
+        config, _, _ = torchrun.config_from_args(args)
+    except (ValueError, AssertionError, RuntimeError) as exc:
+        raise UsageError(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
+    return config
+
+
+def worker_args(args: argparse.Namespace, out: str, target: Target) -> list:
+    """Arguments of ``python`` for each worker: the bootstrap, its options, then the target."""
+    own = ["--out", out, "--stack-depth", str(args.stack_depth)]
+    if args.steps is not None:
+        own += ["--steps", args.steps]
+    if args.include_library_frames:
+        own.append("--include-library-frames")
+    run = ["-m", target.module] if target.module else [target.script]
+    return ["-u", "-m", "instrument.bootstrap", *own, "--", *run, *target.args]
+
+
+def check_steps(spec: Optional[str]) -> None:
+    from tracer.session import parse_steps
+    try:
+        parse_steps(spec)
+    except ValueError as exc:
+        raise UsageError(f"--steps: {exc}") from None
