@@ -264,7 +264,7 @@ def theoretical_bubble(schedule: str, p: int, m: int, v: int = 1, *, t_f: float 
 # ---------------------------------------------------------------------------- building
 def build_timeline(run: Run) -> Timeline:
     """Lay every readable rank of ``run`` on rank 0's clock (see docs/metrics.md)."""
-    raw = {rank: _RankRows(trace) for rank, trace in sorted(run.ranks.items())}
+    raw = {rank: _RankRows(trace, rank) for rank, trace in sorted(run.ranks.items())}
     links = _match_p2p(raw)
     cap = {}
     for link in links:
@@ -283,9 +283,9 @@ def build_timeline(run: Run) -> Timeline:
 class _RankRows:
     """One trace's columns on the global clock, and which rows are what."""
 
-    def __init__(self, trace):
+    def __init__(self, trace, rank: int):
         self.trace = trace
-        self.rank = trace.rank
+        self.rank = rank          # the run's key (the file's rank), whatever the metadata says
         self.t0, self.t1 = trace.global_times()
         t_ret = trace.col("t_ret")
         self.t_ret = np.where(t_ret >= 0, t_ret + trace.clock_offset(np.maximum(t_ret, 0)), -1)
