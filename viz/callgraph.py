@@ -483,9 +483,9 @@ def trim_common_prefix(groups: Sequence[OpGroup]) -> list:
 # ------------------------------------------------------------------------------ per line
 @dataclass
 class LineOps:
-    """What one source line issued: ``direct`` (ops whose innermost user frame is this line) by
-    (op, direction), ``through`` (issued by the calls it made) by (kind or "compute", direction),
-    and ``comm`` (collectives, direct or through calls) by (kind, direction)."""
+    """What one source line issued: ``direct`` by (op, direction): ops whose innermost user
+    frame is this line; ``through`` by direction: compute ops issued by the calls it made;
+    ``comm`` by (kind, direction): collectives, issued directly or through calls."""
 
     direct: dict = field(default_factory=lambda: defaultdict(Weights))
     through: dict = field(default_factory=lambda: defaultdict(Weights))
@@ -501,7 +501,6 @@ def source_lines(groups: Iterable[OpGroup]) -> dict:
     out: dict = defaultdict(lambda: defaultdict(LineOps))
     for grp in groups:
         w = grp.weights()
-        label = grp.kind or "compute"
         seen = set()
         for depth, frame in enumerate(reversed(grp.path)):   # innermost first
             key = (frame.file, frame.line)
@@ -514,6 +513,6 @@ def source_lines(groups: Iterable[OpGroup]) -> dict:
                 entry.comm[(grp.kind, grp.phase)].add(w)
             if depth == 0:
                 entry.direct[(grp.op, grp.phase)].add(w)
-            else:
-                entry.through[(label, grp.phase)].add(w)
+            elif not grp.kind:
+                entry.through[grp.phase].add(w)
     return out

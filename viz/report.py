@@ -256,7 +256,8 @@ def _line_views(text: Optional[list], per_line: dict) -> list:
                 f"{k[1]}: {k[0]} x{fmt_count(w.comms)} · {fmt_bytes(w.bytes)} · "
                 f"{fmt_time(w.time_ns)}"))
             view.through = _summarise(ops.through, lambda k, w: (
-                f"{k[1]}: {fmt_count(w.ops)} {k[0]} ops · {fmt_time(w.time_ns)}"))
+                f"{k}: {fmt_count(w.ops)} ops in the functions it calls · "
+                f"{fmt_time(w.time_ns)}"))
         out.append(view)
     return out
 
