@@ -53,9 +53,11 @@ def free_port() -> int:
 
 def test_plain_c10d_run_records_every_rank_and_builds_the_report(tmp_path):
     out = tmp_path / "run"
+    # --timeout on a healthy run: the watchdog must stay quiet
     proc = trace_run("--nproc_per_node", 2, "--out", out, "--steps", "1-", "--stack-depth", 4,
-                     C10D, "--steps", 3, cwd=tmp_path)
+                     "--timeout", 30, C10D, "--steps", 3, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "no rank made progress" not in proc.stderr
     # the script got its own argv (--steps 3: three loss lines per rank) and ran as __main__
     assert proc.stdout.count("step 2 loss") == 2
     assert proc.stdout.strip().splitlines()[-1] == str(out / "index.html")
@@ -80,7 +82,7 @@ def test_plain_c10d_run_records_every_rank_and_builds_the_report(tmp_path):
 def test_dtensor_tensor_parallel_script_runs_unchanged(tmp_path):
     out = tmp_path / "tp"
     proc = trace_run("--nproc-per-node", 2, "--out", out, "--no-report",
-                     SCRIPTS / "trace_run_dtensor_tp.py", cwd=tmp_path)
+                     "--include-library-frames", SCRIPTS / "trace_run_dtensor_tp.py", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().splitlines()[-1] == str(out)
     for rank in (0, 1):
@@ -90,6 +92,10 @@ def test_dtensor_tensor_parallel_script_runs_unchanged(tmp_path):
         # RowwiseParallel's forward all-reduce, through functional collectives
         assert "_c10d_functional.all_reduce.default" in ops
         assert comm_counts(t)["all_reduce"] >= 2
+        # library frames kept: DTensor's own files appear in the stacks
+        assert t.meta["options"]["library_frames"] is True
+        files = {frame[0] for c in set(t.col("stack").tolist()) if c >= 0 for frame in t.stack(c)}
+        assert any("torch/distributed/tensor" in f for f in files)
 
 
 def test_torch_pipelining_script_runs_unchanged(tmp_path):
