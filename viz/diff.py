@@ -76,6 +76,7 @@ class ScopeDiff:
     ops: list = field(default_factory=list)        # ((module, op, phase), a, b) that differ
     functions: list = field(default_factory=list)  # (function key, a, b)
     comm: list = field(default_factory=list)       # ((kind, phase, size), a, b, bytes a, b)
+    module_comm: list = field(default_factory=list)  # ((module, kind, phase), a, b)
     deltas: list = field(default_factory=list)     # Delta: op counts, FLOPs, comm, time
 
     @property
@@ -134,9 +135,9 @@ class DiffResult:
         if self.a.world_size != self.b.world_size:
             parts.append(f"world size {self.a.world_size} -> {self.b.world_size}")
         if self.only_a:
-            parts.append(f"{len(self.only_a)} roles only in A")
+            parts.append(f"{_plural(len(self.only_a), 'role')} only in A")
         if self.only_b:
-            parts.append(f"{len(self.only_b)} roles only in B")
+            parts.append(f"{_plural(len(self.only_b), 'role')} only in B")
         changed = [r for r in self.roles if r.structural]
         if changed:
             parts.append(f"{len(changed)} of {len(self.roles)} matched roles differ")
@@ -145,6 +146,10 @@ class DiffResult:
                      f"{len(t.functions)} call-graph functions and "
                      f"{sum(1 for c in t.comm if c[1] != c[2])} communication kinds differ")
         return "Structural change: " + "; ".join(parts) + "."
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
 
 
 # ---------------------------------------------------------------------------- analysis
@@ -160,7 +165,8 @@ def _sort_key(key) -> tuple:
 def compare(label: str, a: Profile, b: Profile) -> ScopeDiff:
     """What differs between two profiles of the same scope."""
     out = ScopeDiff(label, a, b, _counter_changes(a.ops, b.ops),
-                    _counter_changes(a.functions, b.functions))
+                    _counter_changes(a.functions, b.functions),
+                    module_comm=_counter_changes(a.module_comm, b.module_comm))
     for key in sorted(set(a.comm) | set(b.comm), key=_sort_key):
         row = (key, a.comm.get(key, 0), b.comm.get(key, 0), a.comm_bytes.get(key, 0),
                b.comm_bytes.get(key, 0))
@@ -247,8 +253,9 @@ def diff_runs(a: Run, b: Run) -> DiffResult:
 
 # ---------------------------------------------------------------------------- terminal
 def largest_changes(result: DiffResult, top: int) -> list:
-    """The ``top`` largest non-time changes over all scopes, biggest relative change first;
-    a change seen alike on several roles is listed once (its scope says how many)."""
+    """The ``top`` largest non-time changes over all scopes: communication, then FLOPs, then op
+    counts, each biggest relative change first; a change seen alike on several roles is listed
+    once (its scope says how many)."""
     seen: dict = {}
     for scope in [result.totals] + result.roles:
         for d in scope.deltas:
@@ -261,8 +268,10 @@ def largest_changes(result: DiffResult, top: int) -> list:
         first = alike[0]
         scope = first.scope if len(alike) == 1 else f"{first.scope} (+{len(alike) - 1} alike)"
         rows.append(Delta(scope, first.category, first.name, first.a, first.b, first.unit))
+    # Communication first, then FLOPs, then op counts: a few rows of each kind say more than
+    # many op counts that changed by the same factor.
     order = {"comm": 0, "comm bytes": 1, "flops": 2, "ops": 3}
-    rows.sort(key=lambda d: (-round(d.size, 6), order.get(d.category, 9),
+    rows.sort(key=lambda d: (order.get(d.category, 9), -round(d.size, 6),
                              -abs((d.b or 0) - (d.a or 0)), d.scope, d.name))
     return rows[:max(top, 0)]
 
@@ -322,7 +331,7 @@ def format_table(result: DiffResult, top: int) -> str:
     lines += ["", result.verdict(), ""]
     rows = largest_changes(result, top)
     if rows:
-        lines.append(f"Largest changes (ops, FLOPs, communication; top {len(rows)}):")
+        lines.append(f"Largest changes (communication, FLOPs, op counts; top {len(rows)}):")
         lines += _table([(d.scope, f"{d.category}: {d.name}", fmt_value(d.a, d.unit),
                           fmt_value(d.b, d.unit), fmt_rel(d)) for d in rows],
                         ("scope", "what", "A", "B", "change"))
@@ -349,6 +358,8 @@ def to_json(result: DiffResult, svgs: Optional[dict] = None) -> dict:
             "ops": [{"module": k[0], "op": k[1], "phase": k[2], "a": va, "b": vb}
                     for k, va, vb in s.ops],
             "functions": [{"function": k, "a": va, "b": vb} for k, va, vb in s.functions],
+            "module_comm": [{"module": k[0], "kind": k[1], "phase": k[2], "a": va, "b": vb}
+                            for k, va, vb in s.module_comm],
             "comm": [{"kind": k[0], "phase": k[1], "group_size": k[2], "a_count": ca,
                       "b_count": cb, "a_bytes": ba, "b_bytes": bb}
                      for k, ca, cb, ba, bb in s.comm],

@@ -8,6 +8,8 @@ time, which differs on every run):
 - ``functions``: ops issued at or below each call-graph function node, keyed by its qualified
   name and short file path (never a line number: lines shift with every edit);
 - ``comm``: calls and bytes per (communication kind, phase, group size);
+- ``module_comm``: collective calls per (module path, kind, phase): which layer communicates how
+  (it follows from ``ops``, as each op has one kind, so it adds no structure of its own);
 - ``flops`` per op family, ``op_counts`` per op, ``time`` from the timeline analysis.
 
 Profiles are pure functions of :class:`viz.callgraph.OpGroup` s and
@@ -52,6 +54,7 @@ class Profile:
     functions: Counter = field(default_factory=Counter)   # function key -> ops at or below
     comm: Counter = field(default_factory=Counter)        # (kind, phase, group size) -> calls
     comm_bytes: Counter = field(default_factory=Counter)  # (kind, phase, group size) -> bytes
+    module_comm: Counter = field(default_factory=Counter)  # (module, kind, phase) -> calls
     op_counts: Counter = field(default_factory=Counter)   # op -> calls
     flops: Counter = field(default_factory=Counter)       # family -> FLOPs, and "total"
     time: dict = field(default_factory=dict)              # TIME_METRICS -> value or None
@@ -78,6 +81,8 @@ def rank_profile(rank: int, groups: Iterable[OpGroup], comm_rows: Iterable[dict]
         out.op_counts[grp.op] += grp.count
         for key in {function_key(f, paths) for f in grp.path}:
             out.functions[key] += grp.count
+        if grp.kind:
+            out.module_comm[(grp.module or NO_MODULE, grp.kind, grp.phase)] += grp.count
         if grp.flops:
             out.flops[flop_family(grp.op)] += grp.flops
             out.flops["total"] += grp.flops
@@ -99,7 +104,8 @@ def merge(profiles: Sequence[Profile]) -> Profile:
     """Counts summed over the profiles, time metrics averaged over those that have them."""
     out = Profile(tuple(sorted(r for p in profiles for r in p.ranks)))
     for p in profiles:
-        for name in ("ops", "functions", "comm", "comm_bytes", "op_counts", "flops"):
+        for name in ("ops", "functions", "comm", "comm_bytes", "module_comm", "op_counts",
+                     "flops"):
             getattr(out, name).update(getattr(p, name))
     for key in TIME_METRICS:
         values = [p.time.get(key) for p in profiles if p.time.get(key) is not None]

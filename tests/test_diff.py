@@ -1,0 +1,248 @@
+"""trace-diff on real traced runs of the reference GPT (trace-run, gloo on CPU): the issue's
+acceptance checks, the output files, bad input.
+
+Runs are shared by every test of this module: three tiny structural runs traced together, then
+two pipeline runs traced one after the other (their bubbles are compared, so they do not share
+the cores with each other).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from viz import diff
+from viz.diff_graph import ADDED, CHANGED, UNCHANGED
+from viz.trace import load_run
+
+TINY = ["--layers", "2", "--hidden", "32", "--heads", "4", "--seq-len", "16",
+        "--micro-batch-size", "2", "--microbatches", "2", "--steps", "2"]
+STEPS, M, LAYERS = 2, 2, 2
+# Enough compute per micro-batch for pipeline bubbles to be measurable (tests/test_timeline_gpt.py)
+PIPE = ["--tp", "1", "--pp", "2", "--layers", "4", "--hidden", "128", "--seq-len", "64",
+        "--micro-batch-size", "4", "--microbatches", "4", "--steps", "4"]
+PIPE_M, PIPE_RECORDED = 4, 3        # steps 1-3 recorded (step 0 is setup)
+ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+SVG = "{http://www.w3.org/2000/svg}"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def trace_run(out, nproc: int, *args: str, record: tuple = ()) -> str:
+    cmd = [sys.executable, "-m", "instrument.launch", "--nproc-per-node", str(nproc),
+           "--master-port", str(free_port()), "--out", str(out), "--no-report", *record,
+           "-m", "sample_runs.train", *args]
+    proc = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return str(out)
+
+
+def trace_diff(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["trace-diff", *args], env=ENV, capture_output=True, text=True,
+                          timeout=300)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("diff-runs")
+    configs = {
+        "tp1": (1, ["--tp", "1", "--pp", "1", *TINY]),
+        "tp2": (2, ["--tp", "2", "--pp", "1", "--no-sp", *TINY]),
+        "sp": (2, ["--tp", "2", "--pp", "1", "--sp", *TINY]),
+    }
+    with ThreadPoolExecutor(3) as pool:
+        futures = {name: pool.submit(trace_run, root / name, n, *args)
+                   for name, (n, args) in configs.items()}
+        return {name: f.result() for name, f in futures.items()}
+
+
+@pytest.fixture(scope="module")
+def pipelines(tmp_path_factory):
+    root = tmp_path_factory.mktemp("diff-pipelines")
+    out = {}
+    for name, schedule in (("1f1b", ["--schedule", "1f1b"]),
+                           ("interleaved", ["--schedule", "interleaved",
+                                            "--virtual-stages", "2"])):
+        out[name] = trace_run(root / name, 2, *PIPE, *schedule, record=("--steps", "1-"))
+        out[name + "-load"] = os.getloadavg()[0]
+    return out
+
+
+def diffed(a: str, b: str) -> diff.DiffResult:
+    return diff.diff_runs(load_run(a), load_run(b))
+
+
+def role(result: diff.DiffResult, label: str) -> diff.ScopeDiff:
+    (found,) = [r for r in result.roles if r.label == label]
+    return found
+
+
+def test_tp1_vs_tp2_tp_all_reduces_appear_and_matmul_flops_halve(runs, tmp_path):
+    proc = trace_diff(runs["tp1"], runs["tp2"], "--out", str(tmp_path), "--top", "40")
+    assert proc.returncode == 0, proc.stderr
+    assert "Structural change: world size 1 -> 2" in proc.stdout
+    assert re.search(r"tp 0 · dp 0\s+comm: all_reduce forward \(group of 2\)\s+0\s+"
+                     rf"{(2 * LAYERS + 4) * M * STEPS}\s+new", proc.stdout), proc.stdout
+    assert proc.stdout.strip().splitlines()[-1] == str(tmp_path / "diff.html")
+    data = json.loads((tmp_path / "diff.json").read_text())
+    assert data["schema"] == "paratrace.diff/1" and data["structural_change"]
+    assert [r["role"] for r in data["only_b"]] == ["tp 1 · dp 0"]   # TP rank 1 is new
+    (tp0,) = data["roles"]
+    assert (tp0["scope"], tp0["a_ranks"], tp0["b_ranks"]) == ("tp 0 · dp 0", [0], [0])
+    comm = {(c["kind"], c["phase"], c["group_size"]): (c["a_count"], c["b_count"])
+            for c in tp0["comm"]}
+    # ORACLES.md: TP per micro-batch, forward 2L+4 all-reduces, backward 2L+1.
+    assert comm == {("all_reduce", "forward", 2): (0, (2 * LAYERS + 4) * M * STEPS),
+                    ("all_reduce", "backward", 2): (0, (2 * LAYERS + 1) * M * STEPS)}
+    # Which layers they appear in: g after attn.proj and mlp.fc2, f before qkv and fc1.
+    per_module = {(c["module"], c["kind"], c["phase"]): c["b"] for c in tp0["module_comm"]}
+    for i in range(LAYERS):
+        for module, phase in (("attn.proj", "forward"), ("mlp.fc2", "forward"),
+                              ("attn.qkv", "backward"), ("mlp.fc1", "backward")):
+            assert per_module[(f"GPTChunk.blocks.{i}.{module}", "all_reduce", phase)] == \
+                M * STEPS
+
+    result = diffed(runs["tp1"], runs["tp2"])
+    flops = {d.name: d for d in role(result, "tp 0 · dp 0").deltas if d.category == "flops"}
+    assert flops["matmul"].a > 0 and flops["matmul"].b * 2 == flops["matmul"].a
+    assert flops["attention"].b * 2 == flops["attention"].a    # heads split over TP
+    total = {d.name: d for d in result.totals.deltas if d.category == "flops"}
+    assert total["matmul"].a == total["matmul"].b              # the work is only divided
+
+
+def test_tp2_vs_sp_all_reduce_becomes_all_gather_and_reduce_scatter_in_each_layer(runs):
+    result = diffed(runs["tp2"], runs["sp"])
+    assert result.structural_change and not result.only_a and not result.only_b
+    assert [r.label for r in result.roles] == ["tp 0 · dp 0", "tp 1 · dp 0"]
+    for scope in result.roles:
+        layer = {}
+        for (module, kind, phase), a, b in scope.module_comm:
+            match = re.match(r"GPTChunk\.blocks\.(\d+)\.", module)
+            if match:
+                entry = layer.setdefault(int(match.group(1)), {})
+                before, after = entry.get(kind, (0, 0))
+                entry[kind] = (before + a, after + b)
+        per_mb = M * STEPS
+        # reference-gpt.md: per layer and micro-batch, no SP: 4 all-reduces; SP: forward
+        # 2 AG + 2 RS, backward 2 RS + 4 AG (2 re-gathers for the weight gradients).
+        assert layer == {i: {"all_reduce": (4 * per_mb, 0), "all_gather": (0, 6 * per_mb),
+                             "reduce_scatter": (0, 4 * per_mb)} for i in range(LAYERS)}
+        # The linears still multiply the whole sequence (gathered first): same matmul FLOPs.
+        assert scope.a.flops["matmul"] == scope.b.flops["matmul"] > 0
+
+
+def p2p(scope: diff.ScopeDiff) -> dict:
+    """(kind, phase) -> (A calls, B calls) of the P2P of a scope."""
+    out = {}
+    for kind, phase, _ in set(scope.a.comm) | set(scope.b.comm):
+        if kind in ("send", "recv"):
+            out[(kind, phase)] = (sum(n for k, n in scope.a.comm.items() if k[:2] == (kind, phase)),
+                                  sum(n for k, n in scope.b.comm.items() if k[:2] == (kind, phase)))
+    return out
+
+
+def test_1f1b_vs_interleaved_p2p_doubles(pipelines):
+    result = diffed(pipelines["1f1b"], pipelines["interleaved"])
+    assert dict((k, (a, b)) for k, a, b in result.config_changes) == {
+        "schedule": ("1f1b", "interleaved"), "virtual_stages": (1, 2)}
+    mb = PIPE_M * PIPE_RECORDED
+    first, last = (role(result, f"stage {name} ({i} of 2) · tp 0 · dp 0")
+                   for i, name in enumerate(("first", "last")))
+    # Every P2P stream of 1F1B carries v=2 times the messages; with two chunks per rank the
+    # end stages also gain the streams between their chunks' neighbours (first stage's chunk 1
+    # receives activations from the last stage's chunk 0, ...).
+    assert p2p(first) == {("send", "forward"): (mb, 2 * mb), ("recv", "backward"): (mb, 2 * mb),
+                          ("recv", "forward"): (0, mb), ("send", "backward"): (0, mb)}
+    assert p2p(last) == {("recv", "forward"): (mb, 2 * mb), ("send", "backward"): (mb, 2 * mb),
+                         ("send", "forward"): (0, mb), ("recv", "backward"): (0, mb)}
+    # Over all ranks: one message per micro-batch per boundary between virtual stages, in
+    # each direction: p-1 = 1 boundary -> v*p-1 = 3.
+    assert p2p(result.totals) == {(k, ph): (mb, 3 * mb) for k in ("send", "recv")
+                                  for ph in ("forward", "backward")}
+
+
+def test_1f1b_vs_interleaved_bubble_shrinks(pipelines):
+    result = diffed(pipelines["1f1b"], pipelines["interleaved"])
+    time = {d.name: d for d in result.totals.deltas if d.category == "time"}
+    bubble = time["pipeline_bubble_fraction"]
+    print(f"pipeline bubble (mean over ranks): 1f1b {bubble.a:.3f}, interleaved {bubble.b:.3f}; "
+          f"load averages {pipelines['1f1b-load']:.1f}, {pipelines['interleaved-load']:.1f}")
+    assert 0 < bubble.a < 1 and 0 < bubble.b < 1
+    cores = os.cpu_count() or 1
+    busy = max(pipelines["1f1b-load"], pipelines["interleaved-load"])
+    if busy > 1.5 * cores:
+        pytest.skip(f"load average {busy:.1f} on {cores} cores while the pipelines ran: the "
+                    f"ranks did not have a core each (bubbles: 1f1b {bubble.a:.3f}, "
+                    f"interleaved {bubble.b:.3f})")
+    assert bubble.b < bubble.a
+
+
+def test_run_against_itself_has_no_structural_change(runs, tmp_path):
+    proc = trace_diff(runs["sp"], runs["sp"], "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert "No structural change: on all 2 matched rank roles" in proc.stdout
+    assert "No op count, FLOP or communication figure differs." in proc.stdout
+    assert re.search(r"all ranks\s+wall_s\s+\S+ \S+\s+\S+ \S+\s+=", proc.stdout), proc.stdout
+    data = json.loads((tmp_path / "diff.json").read_text())
+    assert data["structural_change"] is False
+    for scope in [data["totals"]] + data["roles"]:
+        assert not scope["structural_change"]
+        assert not scope["ops"] and not scope["functions"] and not scope["comm"]
+        assert {d["category"] for d in scope["deltas"]} == {"time"}
+    for graph in data["graphs"]:
+        assert graph["nodes"][ADDED] == graph["nodes"][CHANGED] == 0
+        assert graph["nodes"][UNCHANGED] > 20
+
+
+def test_page_and_diff_call_graph_svg(runs, tmp_path):
+    result = diffed(runs["tp1"], runs["tp2"])
+    page = diff.write_diff(result, load_run(runs["tp1"]), load_run(runs["tp2"]), str(tmp_path))
+    html = open(page, encoding="utf-8").read()
+    assert 'href="diff.json"' in html and 'href="diff-callgraph.svg"' in html
+    assert "http://" not in html.replace("http://www.w3.org/", "")
+    assert "https://" not in html and "<script" not in html
+    assert "Timeline metrics side by side" in html and "pipeline_bubble_fraction" in html
+    root = ET.parse(tmp_path / "diff-callgraph-1.svg").getroot()      # role tp 0 · dp 0
+    titles = [t.text or "" for t in root.iter(f"{SVG}title")]
+    tooltips = [a.get("{http://www.w3.org/1999/xlink}title") or "" for a in root.iter(f"{SVG}a")]
+    assert any(t.startswith("ADDED: forward all_reduce") for t in tooltips), tooltips[:20]
+    assert any(t.startswith("CHANGED: ColumnParallelLinear.forward") for t in tooltips)
+    texts = [t.text or "" for t in root.iter(f"{SVG}text")]
+    assert any(re.match(r"FLOP [\d.]+ M -> [\d.]+ M", t) for t in texts)
+    assert {"added (only in B)", "removed (only in A)", "changed: A -> B figures",
+            "unchanged structure"} <= set(texts)
+    fills = {p.get("fill") for p in root.iter(f"{SVG}path")} | \
+        {p.get("fill") for p in root.iter(f"{SVG}polygon")}
+    assert {"#e8f5e9", "#fff3e0", "#ffffff"} <= fills
+    assert len(titles) > 10
+
+
+def test_bad_input_is_one_line_and_exit_2(tmp_path):
+    missing = tmp_path / "missing"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    garbage = tmp_path / "garbage"
+    garbage.mkdir()
+    (garbage / "rank-0.arrow").write_bytes(b"not an arrow stream at all")
+    cases = {"missing": (missing, "not a directory"), "empty": (empty, "no trace files"),
+             "garbage": (garbage, "no readable trace")}
+    with ThreadPoolExecutor(3) as pool:
+        procs = dict(zip(cases, pool.map(lambda c: trace_diff(str(c[0]), str(c[0])),
+                                         cases.values())))
+    for case, proc in procs.items():
+        path, reason = cases[case]
+        assert proc.returncode == 2, (case, proc.stderr)
+        assert proc.stderr.startswith(f"trace-diff: error: {path}") and reason in proc.stderr
+        assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
+        assert proc.stdout == ""
