@@ -5,8 +5,6 @@ both runs side by side per rank role, the structural differences, the diff call 
 """
 from __future__ import annotations
 
-import os
-
 from .render.html import PageWriter
 
 MAX_ROWS = 300      # structural-difference rows per scope on the page (diff.json has all)
@@ -32,5 +30,4 @@ def write_page(result, files: dict, svgs: dict, out_dir: str) -> str:
     return PageWriter(out_dir).write(
         "diff.html", "diff.html", title="trace-diff", result=result, config=config,
         changes=largest_changes(result, TOP_CHANGES), times=times, scopes=scopes,
-        graphs=graphs, max_rows=MAX_ROWS, all_ranks=ALL_RANKS, value=fmt_value, rel=fmt_rel,
-        a_name=os.path.basename(result.a.dir), b_name=os.path.basename(result.b.dir))
+        graphs=graphs, max_rows=MAX_ROWS, all_ranks=ALL_RANKS, value=fmt_value, rel=fmt_rel)
