@@ -24,10 +24,10 @@ from viz import timeline
 from viz.trace import load_run
 
 FOREIGN: dict = {}   # configuration -> share of the cores other processes used during its run
-# NOTE: 8 layers, 4 per stage, so that the last stage's LM head and loss (about a sixth of a
-# layer at hidden 128, vocabulary 256) leave the two stages within a few percent of each other:
-# the formulas assume equal stages.
-MODEL = ["--tp", "1", "--layers", "8", "--hidden", "128", "--seq-len", "64",
+# NOTE: 8 layers, 4 per stage, hidden 192, so that the last stage's LM head and loss (a ninth
+# of a layer at vocabulary 256) leave the two stages within a few percent of each other, as the
+# formulas assume, and a pass (~20-40 ms) dwarfs a P2P message on loopback.
+MODEL = ["--tp", "1", "--layers", "8", "--hidden", "192", "--seq-len", "64",
          "--micro-batch-size", "4", "--steps", "5"]
 
 
@@ -159,7 +159,8 @@ def test_interleaved_bubble_below_1f1b(one_f_one_b, interleaved):
 
 
 def test_dp_bucketed_all_reduce_overlaps_backward(tmp_path_factory):
-    run = trace_gpt(tmp_path_factory, "dp", "--pp", "1", "--dp", "2", "--bucket-size", "20000")
+    run = trace_gpt(tmp_path_factory, "dp", "--pp", "1", "--dp", "2", "--bucket-size", "20000",
+                    "--hidden", "128")
     for rank, m in timeline.run_metrics(run).items():
         print(f"dp rank {rank}: comm {m.comm_s:.4f}s exposed {m.exposed_comm_s:.4f}s overlap "
               f"{m.overlap_fraction:.2f}")
