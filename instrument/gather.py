@@ -64,6 +64,7 @@ class Collector:
     host: str
     token: str = field(default_factory=lambda: secrets.token_hex(16))
     uploads: dict = field(default_factory=dict)      # node rank -> Upload
+    incoming: set = field(default_factory=set)       # ranks of every accepted upload so far
     errors: list = field(default_factory=list)
     _server: Optional[socketserver.ThreadingTCPServer] = None
     _arrived: threading.Condition = field(default_factory=threading.Condition)
@@ -122,6 +123,8 @@ class Collector:
             if not _FILE_NAME.match(str(item.get("name"))) or int(item.get("size", -1)) < 0:
                 raise GatherError(f"upload from {peer}: refused file entry {item!r}")
         os.makedirs(self.traces_dir, exist_ok=True)
+        # known before any file lands, so the local run never mistakes them for its own ranks
+        self.incoming.update(int(item["name"].split("-")[1].split(".")[0]) for item in files)
         wfile.write(b'{"ok": true}\n')
         wfile.flush()
         for item in files:

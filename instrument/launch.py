@@ -24,6 +24,8 @@ from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import elastic_launch
 
+import tracer
+
 from . import gather
 from .cli import (EXIT_USAGE, Target, UsageError, build_parser, check_steps, launch_config,
                   prepare_out, resolve_target, worker_args)
@@ -116,10 +118,13 @@ def _print_hang(hang: dict) -> None:
           flush=True)
 
 
-def local_ranks(outcome: Outcome, traces_dir: str) -> dict:
-    """Every rank this node ran: the agent's results plus ranks that wrote a status file."""
+def local_ranks(outcome: Outcome, traces_dir: str, remote: set) -> dict:
+    """Every rank this node ran: the agent's results plus ranks that wrote a status file
+    (``remote``: ranks other nodes uploaded into the same directory)."""
     ranks = dict(outcome.ranks)
     for rank, status in read_statuses(traces_dir).items():
+        if rank in remote and str(rank) not in ranks:
+            continue
         entry = ranks.setdefault(str(rank), {"status": None, "exit_code": None, "error": None})
         entry["last_collective"] = status.get("last_collective")
         entry["tracer_status"] = status.get("status")
@@ -130,6 +135,25 @@ def local_ranks(outcome: Outcome, traces_dir: str) -> dict:
                 entry["error"] = "interrupted" if outcome.interrupted else (
                     "ended by the watchdog (hang)" if outcome.hang else outcome.error)
     return dict(sorted(ranks.items(), key=lambda kv: int(kv[0])))
+
+
+def root_cause(ranks: dict, traces_dir: str, fallback: Optional[int]) -> Optional[int]:
+    """Across nodes, the failed rank whose tracer closed first (its trace's ``end_unix``).
+
+    Each node's agent only knows its own ranks: when a rank on node 1 raises, node 0's ranks
+    fail a moment later with "connection closed by peer", and node 0's first failure is that.
+    """
+    ended = {}
+    for rank, info in ranks.items():
+        if info.get("status") != "failed" or info.get("terminated"):
+            continue
+        try:
+            end = tracer.load(os.path.join(traces_dir, f"rank-{rank}.arrow")).meta.get("end_unix")
+        except tracer.TraceError:
+            continue
+        if end is not None:
+            ended[int(rank)] = end
+    return min(ended, key=ended.get) if ended else fallback
 
 
 def _remove_empty_stack_files(traces_dir: str) -> None:
@@ -193,7 +217,7 @@ def _run(args, config, target: Target, out: str, command: list) -> int:
     started = time.time()
     outcome = run_workers(config, worker_args(args, out, target), traces_dir, args.timeout)
     _remove_empty_stack_files(traces_dir)
-    ranks = local_ranks(outcome, traces_dir)
+    ranks = local_ranks(outcome, traces_dir, collector.incoming if collector else set())
     node = gather.read_node(out)
     if node is None:
         if config.min_nodes > 1 and outcome.ranks:   # several nodes for sure, no exchange
@@ -208,7 +232,7 @@ def _run(args, config, target: Target, out: str, command: list) -> int:
         "world_size": config.nproc_per_node * node["group_world_size"],
         "started_unix": started, "ended_unix": time.time(), "exit_code": outcome.exit_code,
         "interrupted": outcome.interrupted, "first_failure": outcome.first_failure,
-        "launch_error": outcome.error, "ranks": ranks, "hang": outcome.hang, "nodes": {},
+        "launch_error": outcome.error, "ranks": dict(ranks), "hang": outcome.hang, "nodes": {},
     }
     if outcome.error:
         print(f"trace-run: the launch failed: {outcome.error}", file=sys.stderr)
@@ -249,6 +273,11 @@ def _run(args, config, target: Target, out: str, command: list) -> int:
                                    if n not in collector.uploads]
         if any(info["status"] == "failed" for info in record["ranks"].values()):
             record["exit_code"] = outcome.exit_code = outcome.exit_code or 1
+            first = record["first_failure"] = root_cause(record["ranks"], traces_dir,
+                                                         record["first_failure"])
+            if first is not None and first not in own_ranks:
+                print(f"trace-run: first failure, on another node: rank {first}: "
+                      f"{record['ranks'][str(first)]['error']}", file=sys.stderr)
     write_run_json(out, record)
     if args.no_report:
         print(out)

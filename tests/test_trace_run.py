@@ -196,6 +196,7 @@ def test_sigint_mid_run_flushes_traces_and_builds_the_report(tmp_path):
 
 
 def test_two_nodes_on_localhost_gather_every_trace_on_node_0(tmp_path):
+    # rank 1 (node 1) raises at step 1: node 0 must still end with both traces, and name it
     port = free_port()
     common = ["--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
               "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "two-nodes"]
@@ -203,26 +204,28 @@ def test_two_nodes_on_localhost_gather_every_trace_on_node_0(tmp_path):
     for node in (0, 1):
         procs.append(subprocess.Popen(
             ["trace-run", *common, "--node-rank", str(node), "--out", str(tmp_path / f"n{node}"),
-             C10D, "--steps", "2"], cwd=tmp_path, env=ENV, text=True,
+             C10D, "--raise-on", "1", "--sleep", "0.3"], cwd=tmp_path, env=ENV, text=True,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE))
         time.sleep(0.5)    # node 0's agent first, so it gets group rank 0 (c10d orders by pid)
     results = [p.communicate(timeout=180) for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], results[0][1][-2000:] + results[1][1][-2000:]
+    assert procs[0].returncode != 0 and procs[1].returncode != 0
     node0 = tmp_path / "n0"
     assert results[0][0].strip().splitlines()[-1] == str(node0 / "index.html")
     last1 = results[1][0].strip().splitlines()[-1]
     assert last1.startswith("trace-run: node 1: traces of ranks 1 sent to node 0") \
         and last1.endswith(str(node0))
+    assert "first failure, on another node: rank 1: ValueError: boom on rank 1" in results[0][1]
     info = run_json(node0)
     assert info["nnodes"] == 2 and info["world_size"] == 2
-    assert info["nodes"]["1"]["ranks"] == [1] and info["nodes_missing"] == []
-    assert sorted(info["ranks"]) == ["0", "1"]
+    assert info["nodes"]["0"]["ranks"] == [0] and info["nodes"]["1"]["ranks"] == [1]
+    assert info["nodes_missing"] == [] and info["first_failure"] == 1
+    assert info["ranks"]["1"]["error"] == "ValueError: boom on rank 1"
     for rank in (0, 1):
         t = tracer.load(str(node0 / "traces" / f"rank-{rank}.arrow"))
-        assert t.status == "ok" and t.meta["node_rank"] == rank
-        assert t.meta.get("clock_start") is not None
+        assert t.complete and t.status == "failed" and t.meta["node_rank"] == rank
+        assert t.meta.get("clock_start") is not None and comm_counts(t)["all_reduce"] >= 4
     summary = json.loads((node0 / "summary.json").read_text())
-    assert {r: v["status"] for r, v in summary["ranks"].items()} == {"0": "ok", "1": "ok"}
+    assert {r: v["status"] for r, v in summary["ranks"].items()} == {"0": "failed", "1": "failed"}
 
 
 @pytest.mark.parametrize("args, message", [
