@@ -329,12 +329,17 @@ def format_table(result: DiffResult, top: int) -> str:
                  + (f", only in B: {len(result.only_b)}" if result.only_b else ""))
     lines += [f"warning: {w}" for w in result.warnings]
     lines += ["", result.verdict(), ""]
-    rows = largest_changes(result, top)
+    every = largest_changes(result, len(result.totals.deltas) + sum(len(r.deltas)
+                                                                    for r in result.roles))
+    rows = every[:max(top, 0)]
     if rows:
-        lines.append(f"Largest changes (communication, FLOPs, op counts; top {len(rows)}):")
+        lines.append(f"Largest changes (communication, FLOPs, op counts; top {len(rows)} of "
+                     f"{len(every)}):")
         lines += _table([(d.scope, f"{d.category}: {d.name}", fmt_value(d.a, d.unit),
                           fmt_value(d.b, d.unit), fmt_rel(d)) for d in rows],
                         ("scope", "what", "A", "B", "change"))
+    elif every:
+        lines.append(f"{len(every)} op count, FLOP or communication figures differ (--top 0).")
     else:
         lines.append("No op count, FLOP or communication figure differs.")
     lines += ["", "Time (mean over ranks; measured, differs on every run):"]

@@ -3,7 +3,7 @@
 Two runs with different layouts (TP 2 against TP 4, 2 stages against 4) have different world
 sizes, so rank numbers say nothing across them. A rank's *role* does: its pipeline stage, its TP
 rank and its DP rank. With the run configuration the reference GPT records (``tp``, ``pp``,
-``dp``) and Megatron's rank grid (``global = tp_rank + t*(dp_rank + d*pp_rank)``), every rank has
+``dp``; without ``dp``, the world size over tp*pp) and Megatron's rank grid (``global = tp_rank + t*(dp_rank + d*pp_rank)``), every rank has
 one. Stages are named by position (first, middle k, last), so the first and last stages of a
 2-stage run match those of a 4-stage run; a single stage (pp 1) is matched with the first stage.
 
@@ -28,7 +28,8 @@ def _grid(config: dict, world_size: int) -> Optional[tuple]:
     """(tp, dp, pp) sizes if the config describes this world, else None."""
     try:
         t, p = int(config.get("tp") or 0), int(config.get("pp") or 0)
-        d = int(config.get("dp") or 0)
+        # A script that records only tp and pp leaves the rest of the world to DP.
+        d = int(config.get("dp") or (world_size // (t * p) if t > 0 and p > 0 else 0))
     except (TypeError, ValueError):
         return None
     if t < 1 or p < 1 or d < 1 or t * d * p != world_size:
