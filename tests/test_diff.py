@@ -198,6 +198,8 @@ def test_1f1b_vs_interleaved_bubble_shrinks(pipelines):
     measured = f"bubbles (mean over ranks): 1f1b {bubble.a:.3f}, interleaved {bubble.b:.3f}"
     print(measured)
     assert 0 < bubble.a < 1 and 0 < bubble.b < 1
+    theory = time["theoretical_bubble_fraction"]
+    assert (theory.a, theory.b) == (pytest.approx(0.2), pytest.approx(1 / 9))
     # As in tests/test_timeline_gpt.py: the comparison means something only when each rank had
     # a core and its passes took steady times, i.e. the run's own passes replayed with free
     # communication land near the theory (p=2, m=4: 1F1B 0.2, interleaved v=2 1/9).

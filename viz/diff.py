@@ -187,7 +187,7 @@ def compare(label: str, a: Profile, b: Profile) -> ScopeDiff:
                        b.comm_bytes.get(key, 0), "bytes"))
     for metric in TIME_METRICS:
         d.append(Delta(label, "time", metric, a.time.get(metric), b.time.get(metric),
-                       "fraction" if metric.endswith("fraction") else "s"))
+                       "s" if metric.endswith("_s") else "fraction"))
     return out
 
 
@@ -342,7 +342,7 @@ def format_table(result: DiffResult, top: int) -> str:
         lines.append(f"{len(every)} op count, FLOP or communication figures differ (--top 0).")
     else:
         lines.append("No op count, FLOP or communication figure differs.")
-    lines += ["", "Time (mean over ranks; measured, differs on every run):"]
+    lines += ["", "Time (mean over ranks; measured times differ on every run, never structure):"]
     lines += _table([(ALL_RANKS, d.name, fmt_value(d.a, d.unit), fmt_value(d.b, d.unit),
                       fmt_rel(d)) for d in result.totals.deltas if d.category == "time"],
                     ("scope", "metric", "A", "B", "change"))

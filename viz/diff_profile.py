@@ -27,7 +27,10 @@ from .modules import NO_MODULE
 
 MATMUL_OPS = frozenset({"mm", "addmm", "bmm", "baddbmm", "matmul", "linear"})
 TIME_METRICS = ("wall_s", "compute_s", "comm_s", "exposed_comm_s", "idle_s",
-                "overlap_fraction", "bubble_fraction", "pipeline_bubble_fraction")
+                "overlap_fraction", "bubble_fraction", "pipeline_bubble_fraction",
+                "pipeline_bubble_replayed", "theoretical_bubble_fraction")
+_DIRECT = ("wall_s", "compute_s", "comm_s", "exposed_comm_s", "idle_s", "overlap_fraction",
+           "bubble_fraction", "theoretical_bubble_fraction")
 
 
 def flop_family(op: str) -> str:
@@ -94,9 +97,11 @@ def time_of(metrics) -> dict:
     """The time metrics a diff shows, from a RankMetrics (None values when there is none)."""
     if metrics is None:
         return {k: None for k in TIME_METRICS}
-    out = {k: getattr(metrics, k) for k in TIME_METRICS if k != "pipeline_bubble_fraction"}
-    out["pipeline_bubble_fraction"] = metrics.pipeline.bubble_fraction \
-        if metrics.pipeline is not None else None
+    out = {k: getattr(metrics, k) for k in _DIRECT}
+    pipe = metrics.pipeline
+    out["pipeline_bubble_fraction"] = pipe.bubble_fraction if pipe is not None else None
+    out["pipeline_bubble_replayed"] = pipe.simulated_bubble_fraction if pipe is not None \
+        else None
     return out
 
 
