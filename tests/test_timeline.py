@@ -196,9 +196,16 @@ def test_pipeline_bubble_matches_gpipe_theory_and_splits_by_section(tmp_path):
     assert m[0].passes == pytest.approx({"F": seconds(10), "B": seconds(20)})
 
 
-def gpipe_timed(m, f, b, latency=0):
+def gpipe_timed(m, f, b, latency=0, pipelining_labels=False):
     """GPipe on two stages, any number of micro-batches; rank r's passes compute f[r] and b[r]
-    units; a message arrives ``latency`` units after it is sent."""
+    units; a message arrives ``latency`` units after it is sent. Passes are tracer annotations,
+    or torch.distributed.pipelining's record_function labels ("PP:<stage><F|B><mb>")."""
+    def annotate(r, kind, start, end, i):
+        if pipelining_labels:
+            r.annotate(f"PP:{r.rank}{kind}{i}", start, end, source="record_function")
+        else:
+            r.annotate(kind, start, end, microbatch=i, chunk=0)
+
     config = {"pp": 2, "microbatches": m, "schedule": "gpipe", "virtual_stages": 1}
     r0, r1 = FakeRank(0, 2, config), FakeRank(1, 2, config)
     for r in (r0, r1):
@@ -206,7 +213,7 @@ def gpipe_timed(m, f, b, latency=0):
         r.next_step(0)
     free, sent = [0, 0], {}
     for i in range(m):                      # rank 0 forwards
-        r0.annotate("F", free[0], free[0] + f[0], microbatch=i, chunk=0)
+        annotate(r0, "F", free[0], free[0] + f[0], i)
         r0.op(free[0], free[0] + f[0])
         free[0] += f[0]
         r0.comm("send", free[0], free[0], 10_000, peer=1)
@@ -215,10 +222,10 @@ def gpipe_timed(m, f, b, latency=0):
         start, ready = free[1], max(free[1], sent[("F", i)])
         r1.comm("recv", start, start, ready, peer=0)
         r1.op(ready, ready + f[1])
-        r1.annotate("F", start, ready + f[1], microbatch=i, chunk=0)
+        annotate(r1, "F", start, ready + f[1], i)
         free[1] = ready + f[1]
     for i in range(m):
-        r1.annotate("B", free[1], free[1] + b[1], microbatch=i, chunk=0)
+        annotate(r1, "B", free[1], free[1] + b[1], i)
         r1.op(free[1], free[1] + b[1], phase=PHASE_BACKWARD)
         free[1] += b[1]
         r1.comm("send", free[1], free[1], 10_000, peer=0)
@@ -227,7 +234,7 @@ def gpipe_timed(m, f, b, latency=0):
         start, ready = free[0], max(free[0], sent[("B", i)])
         r0.comm("recv", start, start, ready, peer=1)
         r0.op(ready, ready + b[0], phase=PHASE_BACKWARD)
-        r0.annotate("B", start, ready + b[0], microbatch=i, chunk=0)
+        annotate(r0, "B", start, ready + b[0], i)
         free[0] = ready + b[0]
     end = max(free) + 10
     for r in (r0, r1):
@@ -236,11 +243,13 @@ def gpipe_timed(m, f, b, latency=0):
     return r0, r1, max(free)
 
 
-def test_imbalanced_stages_measured_equals_replay_and_exceeds_theory(tmp_path):
+@pytest.mark.parametrize("pipelining_labels", [False, True])
+def test_imbalanced_stages_measured_equals_replay_and_exceeds_theory(tmp_path,
+                                                                      pipelining_labels):
     """Rank 1's passes take twice as long: rank 0 idles 0.6 of the window, rank 1 0.2; the
     replay with free communication agrees (communication is free here), the theory (equal
-    stages) says 1/3."""
-    r0, r1, window = gpipe_timed(2, f=(10, 20), b=(20, 40))
+    stages) says 1/3. The same from torch.distributed.pipelining's labels."""
+    r0, r1, window = gpipe_timed(2, f=(10, 20), b=(20, 40), pipelining_labels=pipelining_labels)
     assert window == 150
     m = metrics_of(tmp_path, [r0, r1])
     for rank, expected in ((0, 0.6), (1, 0.2)):

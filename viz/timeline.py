@@ -563,21 +563,20 @@ def _simulated(timeline: Timeline, lane: RankLanes, step: int) -> Optional[float
     between this and the measured bubble is what communication costs; the gap between this
     and the theory is stage imbalance and pass-time variance.
 
-    Virtual stage of chunk c on stage s of p: c*p + s (Megatron's interleaving, the reference
-    GPT's). None when the passes are not numbered that way or do not form a schedule."""
+    None when passes lack micro-batch numbers or do not form a schedule."""
     group = [r for r in lane.pipeline_group if r in timeline.ranks]
     queues = {}
     for stage, rank in enumerate(group):
         other = timeline.ranks[rank]
         passes = [x for x in other.passes if x.step == step]
-        if any(x.source == "record_function" or x.microbatch is None for x in passes):
+        if any(x.microbatch is None for x in passes):
             return None
         sends = sorted(c.start for c in other.comm if c.kind == "send" and c.step == step)
-        queues[rank] = [((x.kind, x.microbatch, x.chunk * len(group) + stage),
+        queues[rank] = [((x.kind, x.microbatch, _virtual_stage(x, stage, len(group))),
                          length(clip(other.compute, x.start, x.end)),
                          _until_sent(other.compute, x, sends)) for x in passes]
-    stages = len(group) * (1 + max((key[2] // len(group) for q in queues.values()
-                                    for key, _, _ in q), default=0))
+    stages = 1 + max((key[2] for q in queues.values() for key, _, _ in q), default=0)
+    stages = len(group) * -(-stages // len(group))     # whole chunks on every stage
     sent: dict = {}
     free = {rank: 0 for rank in group}
     position = {rank: 0 for rank in group}
@@ -598,6 +597,12 @@ def _simulated(timeline: Timeline, lane: RankLanes, step: int) -> Optional[float
         return None
     window = max(free.values())
     return _ratio(window - sum(busy for _, busy, _ in queues[lane.rank]), window)
+
+
+def _virtual_stage(p: Pass, stage: int, stages: int) -> int:
+    """torch.distributed.pipelining labels name the global stage; annotations the rank's
+    chunk, which is virtual stage chunk*p + stage (Megatron's interleaving)."""
+    return p.chunk if p.source == "record_function" else p.chunk * stages + stage
 
 
 def _dependency(kind: str, microbatch: int, stage: int, stages: int) -> Optional[tuple]:
