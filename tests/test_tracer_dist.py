@@ -125,3 +125,22 @@ def test_pipelining_1f1b_send_recv_counts(tmp_path):
         assert first["send"] >= 4 and first["recv"] >= 4
         peers = {e["peer"] for e in trace.records() if e["kind"] in ("send", "recv")}
         assert peers == {1 - rank}
+
+
+def test_a_collective_whose_peer_died_is_recorded_failed_not_completed(tmp_path):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+           "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+           str(SCRIPTS / "tracer_peer_dies.py"), str(tmp_path)]
+    proc = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=240)
+    assert proc.returncode != 0
+    survivor = tracer.load(tmp_path / "rank-0.arrow")
+    assert survivor.status == "failed" and survivor.meta["error"]
+    reduces = [e for e in survivor.records() if e["kind"] == "all_reduce"]
+    assert len(reduces) == 2
+    assert reduces[0]["t1"] is not None and reduces[1]["t1"] is None
+    failed = survivor.meta["failed_collectives"]
+    assert [f["kind"] for f in failed] == ["all_reduce"] and failed[0]["seq"] == 1
+    assert failed[0]["error"]
+    dead = tracer.load(tmp_path / "rank-1.arrow")      # killed without closing: still readable
+    assert dead.status == "running" and [e["kind"] for e in dead.records() if e["kind"]] == \
+        ["all_reduce"]

@@ -164,6 +164,7 @@ class Session:
         self._comm_lock = threading.Lock()
         self._write_lock = threading.RLock()
         self._works: dict = {}             # id(Work) -> (Work, row) until waited or completed
+        self._failed_comms: list = []      # collectives that ended in an error (described)
         # process and files
         self.rank, self.world_size = _rank_and_world()
         self._pg_seen = False
@@ -246,14 +247,12 @@ class Session:
             undo()
         self._hooks.clear()
         self._unpatch_process_group()
-        last_op = None
-        if self._last_comm is not None:
-            last_op = self._last_comm
         self._meta_updates.update({
             "status": self.status, "error": self.error, "end_ns": _now(),
             "end_unix": time.time(), "last_step": self.step_index,
-            "last_collective": last_op,
+            "last_collective": self._last_comm,
             "inflight": [self._describe(r) for r in list(self._pending.values())],
+            "failed_collectives": self._failed_comms,
         })
         self._flush(final=True)
         self._stacks.release()
@@ -424,11 +423,28 @@ class Session:
             fut = work.get_future()
         except Exception:
             return
-        fut.add_done_callback(lambda _f, row=row, key=id(work): self._future_done(row, key))
+        fut.add_done_callback(lambda f, row=row, key=id(work): self._future_done(f, row, key))
 
-    def _future_done(self, row, key) -> None:
-        self._complete(row, _now())
+    def _future_done(self, fut, row, key) -> None:
+        t = _now()
         self._works.pop(key, None)
+        try:
+            fut.value()
+        except Exception as exc:   # e.g. a peer died: the collective never completed
+            self._comm_failed(row, exc)
+            return
+        self._complete(row, t)
+
+    def _comm_failed(self, row, exc) -> None:
+        """A collective that ended in an error keeps no end time; the error goes to the meta."""
+        with self._comm_lock:
+            if self._pending.pop(row[CID], None) is None:
+                return
+            self._flushed_pending.discard(row[CID])
+            failure = self._describe(row)
+            first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            failure["error"] = f"{type(exc).__name__}: {first_line}"[:500]
+            self._failed_comms.append(failure)
 
     def _work_waited(self, work) -> None:
         item = self._works.pop(id(work), None)
@@ -700,6 +716,7 @@ class Session:
             "events": self._writer.events if self._writer else None,
             "last_collective": self._last_comm,
             "inflight": [self._describe(r) for r in list(self._pending.values())],
+            "failed_collectives": list(self._failed_comms), "error": self.error,
             "trace": self.path, "final": final,
         }
         tmp = self.status_path + ".tmp"

@@ -1,0 +1,19 @@
+"""Rank 1 dies while rank 0 waits in an all_reduce: rank 0's trace must record the collective as
+failed (no end time), not completed. Usage: torchrun --nproc-per-node 2 tracer_peer_dies.py OUT"""
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+import tracer
+
+with tracer.trace(sys.argv[1]):
+    dist.init_process_group("gloo")
+    t = torch.ones(16)
+    dist.all_reduce(t)                  # both ranks: completes
+    if dist.get_rank() == 1:
+        time.sleep(0.5)
+        os._exit(3)                     # dies without a word
+    dist.all_reduce(t)                  # rank 0: the peer is gone
