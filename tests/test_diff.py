@@ -260,6 +260,7 @@ def test_page_and_diff_call_graph_svg(runs, tmp_path):
     assert "http://" not in html.replace("http://www.w3.org/", "")
     assert "https://" not in html and "<script" not in html
     assert "Timeline metrics side by side" in html and "pipeline_bubble_fraction" in html
+    assert html.count("none (trace-report DIR)") == 2     # --no-report runs: no report to link
     root = ET.parse(tmp_path / "diff-callgraph-1.svg").getroot()      # role tp 0 · dp 0
     titles = [t.text or "" for t in root.iter(f"{SVG}title")]
     tooltips = [a.get("{http://www.w3.org/1999/xlink}title") or "" for a in root.iter(f"{SVG}a")]

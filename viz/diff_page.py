@@ -5,6 +5,8 @@ both runs side by side per rank role, the structural differences, the diff call 
 """
 from __future__ import annotations
 
+import os
+
 from .render.html import PageWriter
 
 MAX_ROWS = 300      # structural-difference rows per scope on the page (diff.json has all)
@@ -25,9 +27,13 @@ def write_page(result, files: dict, svgs: dict, out_dir: str) -> str:
     times = [dict(scope=s, rows=[d for d in s.deltas if d.category == "time"]) for s in scopes]
     keys = sorted(set(result.a.config) | set(result.b.config))
     config = [(k, result.a.config.get(k), result.b.config.get(k)) for k in keys]
+    # Each run's own report, when trace-run or trace-report wrote one.
+    reports = {side: os.path.relpath(os.path.join(run.dir, "index.html"), out_dir)
+               for side, run in (("a", result.a), ("b", result.b))
+               if os.path.isfile(os.path.join(run.dir, "index.html"))}
     graphs = [dict(scope=scope, file=files[scope], svg=_inline(svg)) for scope, svg in
               svgs.items()]
     return PageWriter(out_dir).write(
         "diff.html", "diff.html", title="trace-diff", result=result, config=config,
         changes=largest_changes(result, TOP_CHANGES), times=times, scopes=scopes,
-        graphs=graphs, max_rows=MAX_ROWS, all_ranks=ALL_RANKS, value=fmt_value, rel=fmt_rel)
+        graphs=graphs, reports=reports, max_rows=MAX_ROWS, all_ranks=ALL_RANKS, value=fmt_value, rel=fmt_rel)

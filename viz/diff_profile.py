@@ -63,10 +63,6 @@ class Profile:
     time: dict = field(default_factory=dict)              # TIME_METRICS -> value or None
     steps: tuple = ()
 
-    def structure(self) -> tuple:
-        """The exact multisets a structural comparison requires to be equal."""
-        return self.ops, self.functions, self.comm
-
 
 def rank_profile(rank: int, groups: Iterable[OpGroup], comm_rows: Iterable[dict],
                  paths: Mapping[str, str], metrics, steps: Sequence[int]) -> Profile:

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 import graphviz
 
 from ..diff_graph import ADDED, CHANGED, REMOVED, UNCHANGED, DiffGraph, DiffNode, Side
-from ..callgraph import COMM, FUNCTION, OPS
+from ..callgraph import COMM, FUNCTION
 from . import fmt_bytes, fmt_count, fmt_flops, fmt_time
 from .callgraph_svg import render_svg
 
@@ -85,8 +85,7 @@ def _node(dot: graphviz.Digraph, node_id: str, data: DiffNode) -> None:
     elif data.type == COMM:
         attrs.update(shape="box", style="filled,bold" + dashed,
                      label=_lines(f"{data.name} ({data.direction})", *_figures(data)))
-    else:
-        assert data.type == OPS
+    else:   # OPS
         attrs.update(shape="note", style="filled" + dashed,
                      label=_lines(f"{data.direction} ops", *_figures(data)))
     dot.node(node_id, **attrs)
