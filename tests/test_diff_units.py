@@ -2,10 +2,12 @@
 matching call-graph nodes without line numbers, node statuses, deltas and their formatting."""
 from __future__ import annotations
 
+import json
 from collections import Counter
+from types import SimpleNamespace
 
 from viz.callgraph import Frame, OpGroup
-from viz.diff import Delta, compare, fmt_rel
+from viz.diff import ALL_RANKS, Delta, DiffResult, RunSide, compare, fmt_rel, write_diff
 from viz.diff_graph import ADDED, CHANGED, REMOVED, UNCHANGED, build_diff_graph, prune_diff
 from viz.diff_profile import Profile, merge
 from viz.diff_roles import assign_roles, grid_role
@@ -127,3 +129,30 @@ def test_relative_change_texts():
     assert fmt_rel(Delta("s", "ops", "x", 100, 90, "count")) == "-10.0%"
     assert fmt_rel(Delta("s", "time", "t", None, 1.0, "s")) == ""
     assert Delta("s", "ops", "x", 4, 2, "count").size == 0.5
+
+
+def test_page_escapes_recorded_text_and_stays_offline(tmp_path):
+    # Config values, qualnames and module paths come from someone else's trace.
+    evil = "<script>alert(1)</script>"
+    a = [group(0, [Frame("/r/pkg/model.py", 1, "f", f"f{evil}")], module=evil, count=2)]
+    b = [group(0, [Frame("/r/pkg/model.py", 1, "f", f"f{evil}")], module=evil, count=3)]
+    paths = {"/r/pkg/model.py": "pkg/model.py"}
+    prof_a = profile(0, ops=Counter({(evil, "aten.mm.default", "forward"): 2}))
+    prof_b = profile(0, ops=Counter({(evil, "aten.mm.default", "forward"): 3}))
+    side = RunSide(str(tmp_path / "a"), 1, (0,), {"note": evil}, (0,))
+    result = DiffResult(side, RunSide(str(tmp_path / "b"), 1, (0,), {"note": "x"}, (0,)),
+                        "same-index ranks", [("note", evil, "x")],
+                        [compare("rank 0", prof_a, prof_b)], [], [],
+                        compare(ALL_RANKS, prof_a, prof_b),
+                        [build_diff_graph(ALL_RANKS, a, paths, b, paths)])
+    assert result.structural_change
+    runs = SimpleNamespace(dir=str(tmp_path / "a")), SimpleNamespace(dir=str(tmp_path / "b"))
+    page = write_diff(result, *runs, str(tmp_path / "out"))
+    html = open(page, encoding="utf-8").read()
+    assert evil not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    assert "<script" not in html and "https://" not in html
+    svg = (tmp_path / "out" / "diff-callgraph.svg").read_text()
+    assert evil not in svg and "&lt;script&gt;" in svg
+    data = json.loads((tmp_path / "out" / "diff.json").read_text())
+    assert data["roles"][0]["ops"] == [{"module": evil, "op": "aten.mm.default",
+                                        "phase": "forward", "a": 2, "b": 3}]
