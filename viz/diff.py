@@ -252,8 +252,8 @@ def diff_runs(a: Run, b: Run) -> DiffResult:
 
 
 # ---------------------------------------------------------------------------- terminal
-def largest_changes(result: DiffResult, top: int) -> list:
-    """The ``top`` largest non-time changes over all scopes: communication, then FLOPs, then op
+def largest_changes(result: DiffResult) -> list:
+    """Every non-time change over all scopes, largest first: communication, then FLOPs, then op
     counts, each biggest relative change first; a change seen alike on several roles is listed
     once (its scope says how many)."""
     seen: dict = {}
@@ -273,7 +273,7 @@ def largest_changes(result: DiffResult, top: int) -> list:
     order = {"comm": 0, "comm bytes": 1, "flops": 2, "ops": 3}
     rows.sort(key=lambda d: (order.get(d.category, 9), -round(d.size, 6),
                              -abs((d.b or 0) - (d.a or 0)), d.scope, d.name))
-    return rows[:max(top, 0)]
+    return rows
 
 
 def fmt_value(value: Optional[float], unit: str) -> str:
@@ -329,8 +329,7 @@ def format_table(result: DiffResult, top: int) -> str:
                  + (f", only in B: {len(result.only_b)}" if result.only_b else ""))
     lines += [f"warning: {w}" for w in result.warnings]
     lines += ["", result.verdict(), ""]
-    every = largest_changes(result, len(result.totals.deltas) + sum(len(r.deltas)
-                                                                    for r in result.roles))
+    every = largest_changes(result)
     rows = every[:max(top, 0)]
     if rows:
         lines.append(f"Largest changes (communication, FLOPs, op counts; top {len(rows)} of "

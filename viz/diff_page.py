@@ -35,5 +35,5 @@ def write_page(result, files: dict, svgs: dict, out_dir: str) -> str:
               svgs.items()]
     return PageWriter(out_dir).write(
         "diff.html", "diff.html", title="trace-diff", result=result, config=config,
-        changes=largest_changes(result, TOP_CHANGES), times=times, scopes=scopes,
+        changes=largest_changes(result)[:TOP_CHANGES], times=times, scopes=scopes,
         graphs=graphs, reports=reports, max_rows=MAX_ROWS, all_ranks=ALL_RANKS, value=fmt_value, rel=fmt_rel)
