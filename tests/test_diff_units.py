@@ -7,7 +7,9 @@ from collections import Counter
 from types import SimpleNamespace
 
 from viz.callgraph import Frame, OpGroup
-from viz.diff import ALL_RANKS, Delta, DiffResult, RunSide, compare, fmt_rel, write_diff
+from viz.diff import write_diff
+from viz.diff_result import ALL_RANKS, Delta, DiffResult, RunSide, compare
+from viz.diff_text import fmt_rel
 from viz.diff_graph import ADDED, CHANGED, REMOVED, UNCHANGED, build_diff_graph, prune_diff
 from viz.diff_profile import Profile, merge
 from viz.diff_roles import assign_roles, grid_role

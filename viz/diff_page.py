@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 
+from .diff_result import ALL_RANKS
+from .diff_text import fmt_rel, fmt_value, largest_changes
 from .render.html import PageWriter
 
 MAX_ROWS = 300      # structural-difference rows per scope on the page (diff.json has all)
@@ -22,7 +24,6 @@ def _inline(svg: str) -> str:
 def write_page(result, files: dict, svgs: dict, out_dir: str) -> str:
     """Render diff.html into ``out_dir`` (``files``: scope -> SVG file name, ``svgs``: scope
     -> SVG text); returns its path."""
-    from .diff import ALL_RANKS, fmt_rel, fmt_value, largest_changes
     scopes = [result.totals] + result.roles
     times = [dict(scope=s, rows=[d for d in s.deltas if d.category == "time"]) for s in scopes]
     keys = sorted(set(result.a.config) | set(result.b.config))
@@ -36,4 +37,5 @@ def write_page(result, files: dict, svgs: dict, out_dir: str) -> str:
     return PageWriter(out_dir).write(
         "diff.html", "diff.html", title="trace-diff", result=result, config=config,
         changes=largest_changes(result)[:TOP_CHANGES], times=times, scopes=scopes,
-        graphs=graphs, reports=reports, max_rows=MAX_ROWS, all_ranks=ALL_RANKS, value=fmt_value, rel=fmt_rel)
+        graphs=graphs, reports=reports, max_rows=MAX_ROWS, all_ranks=ALL_RANKS,
+        value=fmt_value, rel=fmt_rel)
