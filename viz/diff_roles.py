@@ -4,8 +4,9 @@ Two runs with different layouts (TP 2 against TP 4, 2 stages against 4) have dif
 sizes, so rank numbers say nothing across them. A rank's *role* does: its pipeline stage, its TP
 rank and its DP rank. With the run configuration the reference GPT records (``tp``, ``pp``,
 ``dp``; without ``dp``, the world size over tp*pp) and Megatron's rank grid
-(``global = tp_rank + t*(dp_rank + d*pp_rank)``), every rank has one. Stages are named by position (first, middle k, last), so the first and last stages of a
-2-stage run match those of a 4-stage run; a single stage (pp 1) is matched with the first stage.
+(``global = tp_rank + t*(dp_rank + d*pp_rank)``), every rank has one. Stages are named by
+position (first, middle k, last), so the first and last stages of a 2-stage run match those of
+a 4-stage run; a single stage (pp 1) is matched with the first stage.
 
 Runs without such a configuration (any other script), or whose two configurations are not both
 known, fall back to same-index ranks.
