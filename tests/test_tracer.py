@@ -242,3 +242,29 @@ def test_a_million_events_are_all_kept_in_bounded_memory(tmp_path):
     assert (ops == trace.code("op", "aten.add_.Tensor")).sum() == n
     assert trace.status == "ok" and trace.complete
     assert grown_mb < 300, f"memory grew by {grown_mb} MB while recording"
+
+
+class _IdentityF(torch.autograd.Function):
+    """Megatron's f: identity forward (no aten op at all), work in backward."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * 1
+
+
+def test_backward_of_a_function_with_no_forward_op_is_attributed_to_its_line(tmp_path):
+    lin = torch.nn.Linear(4, 4)
+    with tracer.trace(tmp_path):
+        x = torch.randn(2, 4, requires_grad=True)
+        y = lin(_IdentityF.apply(x))                  # F_LINE
+        y.sum().backward()
+    line = next(i for i, text in enumerate(open(HERE).read().splitlines(), 1)
+                if text.rstrip().endswith("# F_LINE"))
+    trace = tracer.load(tmp_path / "rank-0.arrow")
+    mul = next(e for e in trace.records() if e["op"] == "aten.mul.Tensor")
+    assert mul["phase"] == "backward"
+    assert [f[1] for f in mul["fwd_stack"] if f[0] == HERE][0] == line

@@ -287,9 +287,14 @@ class Session:
             module = None if module < 0 else module
             stack = self._stacks.capture(sys._getframe(1)) if self._record_stacks else None
             seq = _sequence_nr()
-            if seq != self._last_seq:     # this op created an autograd node: remember its origin
+            if seq != self._last_seq:     # autograd nodes were created: remember their origin
+                # NOTE: nodes made since the last recorded op (a custom Function whose forward
+                # runs no aten op, like Megatron's identity f) go to this op, the next one
+                origin = (stack, module)
+                first = self._last_seq if 0 < seq - self._last_seq <= 8 else seq - 1
+                for created in range(first, seq):
+                    self._fwd_of_node[created] = origin
                 self._last_seq = seq
-                self._fwd_of_node[seq - 1] = (stack, module)
                 if len(self._fwd_of_node) > MAX_NODES:   # a run that never steps stays bounded
                     self._fwd_prev, self._fwd_of_node = self._fwd_of_node, {}
             if self._in_optimizer:
