@@ -7,6 +7,7 @@ the cores with each other).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -248,6 +249,23 @@ def test_an_edit_that_moves_every_line_is_no_structural_change(runs):
     assert not result.structural_change, result.verdict()
     assert result.verdict().startswith("No structural change")
     assert all(n.status == UNCHANGED for g in result.graphs for n in g.nodes())
+
+
+def test_runs_that_recorded_different_steps_are_compared_on_the_steps_both_have(runs):
+    full = load_run(runs["tp2"])
+    recorded = diff.recorded_steps(full)
+    assert {0, 1} <= recorded      # two iterations (and what ran after the last optimizer step)
+    # What trace-run --steps 1- records of the same run: no step 0 (setup, first iteration).
+    later = dataclasses.replace(full, ranks={r: diff.restricted(t, recorded - {0})
+                                             for r, t in full.ranks.items()})
+    assert diff.recorded_steps(later) == recorded - {0}
+    result = diff.diff_runs(full, later)
+    assert result.compared_steps == tuple(sorted(recorded - {0}))
+    assert any(f"compared over the steps both recorded, {sorted(recorded - {0})}" in w
+               for w in result.warnings), result.warnings
+    assert not result.structural_change, result.verdict()
+    # One iteration left: M micro-batches of (2L+4) forward TP all-reduces.
+    assert result.roles[0].a.comm[("all_reduce", "forward", 2)] == (2 * LAYERS + 4) * M
 
 
 def test_page_and_diff_call_graph_svg(runs, tmp_path):

@@ -21,7 +21,12 @@ import math
 import os
 from typing import Optional
 
-from .callgraph import run_groups
+import numpy as np
+import pyarrow as pa
+
+from tracer import Trace
+
+from .callgraph import op_groups
 from .diff_graph import build_diff_graph, prune_diff
 from .diff_page import write_page
 from .diff_profile import merge, rank_profile
@@ -39,29 +44,49 @@ MAX_GRAPHS = 8        # diff call graphs drawn: all ranks, then the first roles
 __all__ = ["diff_runs", "format_table", "write_diff", "to_json", "DiffResult"]
 
 
-def _profiles(run: Run, groups: dict) -> tuple:
-    """(rank -> Profile, display paths) of every readable rank."""
+def recorded_steps(run: Run) -> frozenset:
+    """Every step index some rank of ``run`` recorded."""
+    return frozenset(s for t in run.ranks.values() for s in np.unique(t.col("step")).tolist())
+
+
+def restricted(trace: Trace, steps: frozenset) -> Trace:
+    """``trace`` limited to the rows of ``steps``: the same dictionaries, fewer rows."""
+    mask = np.isin(trace.col("step"), sorted(steps))
+    if mask.all():
+        return trace
+    return Trace(trace.path, trace.table.filter(pa.array(mask)), trace.meta, trace.warnings,
+                 trace.complete)
+
+
+def _profiles(run: Run, steps: Optional[frozenset]) -> tuple:
+    """(rank -> Profile, rank -> OpGroups, display paths) of every readable rank, counting the
+    rows of ``steps`` only (all rows when None). Time metrics cover the run's counted steps."""
     from . import timeline     # the heavier analysis, loaded only when a diff is made
     metrics = timeline.run_metrics(run)
+    traces = {rank: restricted(t, steps) if steps else t for rank, t in sorted(run.ranks.items())}
+    groups = {rank: op_groups(t) for rank, t in traces.items()}
     paths = display_paths({f.file for gs in groups.values() for g in gs for f in g.path})
     out = {}
-    for rank, trace in sorted(run.ranks.items()):
-        steps = sorted(set(trace.col("step").tolist())) if len(trace) else []
+    for rank, trace in traces.items():
+        steps_here = sorted(set(trace.col("step").tolist())) if len(trace) else []
         out[rank] = rank_profile(rank, groups[rank], comm_rows(trace), paths,
-                                 metrics.get(rank), steps)
-    return out, paths
+                                 metrics.get(rank), steps_here)
+    return out, groups, paths
 
 
-def _side(run: Run, profiles: dict) -> RunSide:
-    steps = tuple(sorted({s for p in profiles.values() for s in p.steps}))
-    return RunSide(run.dir, run.world_size, tuple(sorted(run.ranks)), dict(run.config), steps)
+def _side(run: Run, steps: frozenset) -> RunSide:
+    return RunSide(run.dir, run.world_size, tuple(sorted(run.ranks)), dict(run.config),
+                   tuple(sorted(steps)))
 
 
 def diff_runs(a: Run, b: Run) -> DiffResult:
     """Compare run ``b`` against the baseline ``a`` (both loaded with viz.trace.load_run)."""
-    groups_a, groups_b = run_groups(a), run_groups(b)
-    prof_a, paths_a = _profiles(a, groups_a)
-    prof_b, paths_b = _profiles(b, groups_b)
+    steps_a, steps_b = recorded_steps(a), recorded_steps(b)
+    # Counts are only comparable over the same iterations (trace-run --steps 1- leaves out the
+    # setup of step 0, a longer run has more steps): compare the steps both recorded.
+    common = steps_a & steps_b if steps_a != steps_b and steps_a & steps_b else None
+    prof_a, groups_a, paths_a = _profiles(a, common)
+    prof_b, groups_b, paths_b = _profiles(b, common)
     roles_a, roles_b, method = assign_roles(a.config, a.world_size, prof_a, b.config,
                                             b.world_size, prof_b)
     by_key_b = {role.key: rank for rank, role in roles_b.items()}
@@ -83,20 +108,24 @@ def diff_runs(a: Run, b: Run) -> DiffResult:
     for role, ra, rb in matched[:MAX_GRAPHS - 1]:
         graphs.append(build_diff_graph(role.label, groups_a[ra], paths_a, groups_b[rb], paths_b))
 
-    side_a, side_b = _side(a, prof_a), _side(b, prof_b)
     warnings = []
     for name, run in (("A", a), ("B", b)):
         if run.missing:
             warnings.append(f"run {name} has no readable trace for ranks {run.missing}: they "
                             "are left out")
-    if side_a.steps != side_b.steps:
-        warnings.append(f"the runs recorded different steps (A {list(side_a.steps)}, B "
-                        f"{list(side_b.steps)}): counts cover different numbers of iterations")
+    if common:
+        warnings.append(f"the runs recorded different steps (A {sorted(steps_a)}, B "
+                        f"{sorted(steps_b)}): ops, FLOPs and communication are compared over "
+                        f"the steps both recorded, {sorted(common)}")
+    elif steps_a != steps_b:
+        warnings.append(f"the runs recorded no step in common (A {sorted(steps_a)}, B "
+                        f"{sorted(steps_b)}): counts cover different iterations")
     keys = sorted(set(a.config) | set(b.config))
     changes = [(k, a.config.get(k), b.config.get(k)) for k in keys
                if a.config.get(k) != b.config.get(k)]
-    return DiffResult(side_a, side_b, method, changes, roles, only_a, only_b, totals, graphs,
-                      warnings)
+    return DiffResult(_side(a, steps_a), _side(b, steps_b), method, changes, roles, only_a,
+                      only_b, totals, graphs, warnings,
+                      tuple(sorted(common or steps_a | steps_b)))
 
 
 
@@ -123,7 +152,7 @@ def to_json(result: DiffResult, svgs: Optional[dict] = None) -> dict:
     return {
         "schema": SCHEMA, "a": side(result.a), "b": side(result.b),
         "structural_change": result.structural_change, "verdict": result.verdict(),
-        "role_method": result.role_method,
+        "role_method": result.role_method, "compared_steps": list(result.compared_steps),
         "config_changes": [{"key": k, "a": va, "b": vb} for k, va, vb in result.config_changes],
         "only_a": [{"role": label, "rank": r} for label, r in result.only_a],
         "only_b": [{"role": label, "rank": r} for label, r in result.only_b],

@@ -95,6 +95,7 @@ class DiffResult:
     totals: ScopeDiff          # all ranks
     graphs: list               # DiffGraph: all ranks, then roles (at most MAX_GRAPHS)
     warnings: list = field(default_factory=list)
+    compared_steps: tuple = ()  # the steps whose ops, FLOPs and communication are compared
 
     @property
     def structural_change(self) -> bool:
