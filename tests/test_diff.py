@@ -112,7 +112,7 @@ def test_tp1_vs_tp2_tp_all_reduces_appear_and_matmul_flops_halve(runs, tmp_path)
     proc = trace_diff(runs["tp1"], runs["tp2"], "--out", str(tmp_path), "--top", "40")
     assert proc.returncode == 0, proc.stderr
     assert "Structural change: world size 1 -> 2" in proc.stdout
-    assert re.search(r"tp 0 · dp 0\s+comm: all_reduce forward \(group of 2\)\s+0\s+"
+    assert re.search(r"tp 0 · dp 0\s+comm: all_reduce forward \(tp group of 2\)\s+0\s+"
                      rf"{(2 * LAYERS + 4) * M * STEPS}\s+new", proc.stdout), proc.stdout
     assert proc.stdout.strip().splitlines()[-1] == str(tmp_path / "diff.html")
     data = json.loads((tmp_path / "diff.json").read_text())
@@ -120,11 +120,12 @@ def test_tp1_vs_tp2_tp_all_reduces_appear_and_matmul_flops_halve(runs, tmp_path)
     assert [r["role"] for r in data["only_b"]] == ["tp 1 · dp 0"]   # TP rank 1 is new
     (tp0,) = data["roles"]
     assert (tp0["scope"], tp0["a_ranks"], tp0["b_ranks"]) == ("tp 0 · dp 0", [0], [0])
-    comm = {(c["kind"], c["phase"], c["group_size"]): (c["a_count"], c["b_count"])
+    comm = {(c["kind"], c["phase"], c["group"]): (c["a_count"], c["b_count"])
             for c in tp0["comm"]}
     # ORACLES.md: TP per micro-batch, forward 2L+4 all-reduces, backward 2L+1.
-    assert comm == {("all_reduce", "forward", 2): (0, (2 * LAYERS + 4) * M * STEPS),
-                    ("all_reduce", "backward", 2): (0, (2 * LAYERS + 1) * M * STEPS)}
+    tp = "tp group of 2"
+    assert comm == {("all_reduce", "forward", tp): (0, (2 * LAYERS + 4) * M * STEPS),
+                    ("all_reduce", "backward", tp): (0, (2 * LAYERS + 1) * M * STEPS)}
     # Which layers they appear in: g after attn.proj and mlp.fc2, f before qkv and fc1.
     per_module = {(c["module"], c["kind"], c["phase"]): c["b"] for c in tp0["module_comm"]}
     for i in range(LAYERS):
@@ -163,12 +164,13 @@ def test_tp2_vs_sp_all_reduce_becomes_all_gather_and_reduce_scatter_in_each_laye
 
 
 def p2p(scope: diff.ScopeDiff) -> dict:
-    """(kind, phase) -> (A calls, B calls) of the P2P of a scope."""
+    """(kind, phase) -> (A calls, B calls) of the P2P of a scope (all within a pipeline group)."""
     out = {}
-    for kind, phase, _ in set(scope.a.comm) | set(scope.b.comm):
+    for kind, phase, group in set(scope.a.comm) | set(scope.b.comm):
         if kind in ("send", "recv"):
-            out[(kind, phase)] = (sum(n for k, n in scope.a.comm.items() if k[:2] == (kind, phase)),
-                                  sum(n for k, n in scope.b.comm.items() if k[:2] == (kind, phase)))
+            assert group == "pp group of 2"
+            key = (kind, phase, group)
+            out[(kind, phase)] = (scope.a.comm.get(key, 0), scope.b.comm.get(key, 0))
     return out
 
 
@@ -265,7 +267,8 @@ def test_runs_that_recorded_different_steps_are_compared_on_the_steps_both_have(
                for w in result.warnings), result.warnings
     assert not result.structural_change, result.verdict()
     # One iteration left: M micro-batches of (2L+4) forward TP all-reduces.
-    assert result.roles[0].a.comm[("all_reduce", "forward", 2)] == (2 * LAYERS + 4) * M
+    assert result.roles[0].a.comm[("all_reduce", "forward", "tp group of 2")] == \
+        (2 * LAYERS + 4) * M
 
 
 def test_page_and_diff_call_graph_svg(runs, tmp_path):

@@ -12,7 +12,7 @@ from viz.diff_result import ALL_RANKS, Delta, DiffResult, RunSide, compare
 from viz.diff_text import fmt_rel
 from viz.diff_graph import ADDED, CHANGED, REMOVED, UNCHANGED, build_diff_graph, prune_diff
 from viz.diff_profile import Profile, merge
-from viz.diff_roles import assign_roles, grid_role
+from viz.diff_roles import assign_roles, grid_role, group_label
 from viz.render.diff_svg import to_dot
 
 
@@ -40,6 +40,18 @@ def test_without_a_matching_config_ranks_match_by_index():
     assert method.startswith("same-index")
     assert a[1].key == b[1].key == ("rank", 1)
     assert b[3].key == ("rank", 3) and 3 not in a
+
+
+def test_groups_are_named_by_the_grid_axes_they_span():
+    grid = (2, 2, 4)    # t, d, p: global = tp + 2*(dp + 2*pp)
+    assert group_label([0, 1], grid) == "tp group of 2"
+    assert group_label([0, 2], grid) == "dp group of 2"
+    assert group_label([1, 5, 9, 13], grid) == "pp group of 4"
+    assert group_label([0, 12], grid) == "pp group of 2"          # first and last stage
+    assert group_label([0, 1, 2, 3], grid) == "tp+dp group of 4"
+    assert group_label(range(16), grid) == "tp+dp+pp group of 16"
+    assert group_label([0, 1], None) == "group of 2"
+    assert group_label([], grid) == "unresolved group"
 
 
 def group(rank, frames, op="aten.mm.default", phase="forward", kind=None, count=1, flops=0,

@@ -2,14 +2,14 @@
 
 :func:`diff_runs` matches the runs by rank role (:mod:`viz.diff_roles`), profiles every rank
 (:mod:`viz.diff_profile`: ops per module and phase, call-graph functions, communication per kind,
-phase and group size, FLOPs, time metrics), compares matched roles and the totals over all
+phase and process group, FLOPs, time metrics), compares matched roles and the totals over all
 ranks (:mod:`viz.diff_result`), and builds diff call graphs (:mod:`viz.diff_graph`).
 :func:`format_table` (:mod:`viz.diff_text`) prints the largest changes; :func:`write_diff`
 writes ``diff.json`` (schema ``paratrace.diff/1``), ``diff.html`` and the diff call-graph SVGs.
 See docs/diff.md.
 
 *Structure* is the exact multisets of ops per (module, op, phase), call-graph function nodes and
-communication per (kind, phase, group size) of every role, and the set of roles: runs without a
+communication per (kind, phase, process group) of every role, and the set of roles: runs without a
 difference there have "no structural change". FLOPs and bytes follow from recorded shapes and
 are compared exactly too, but reported as sizes; time is always reported with both values and a
 relative change, never as structure.
@@ -31,7 +31,7 @@ from .diff_graph import build_diff_graph, prune_diff
 from .diff_page import write_page
 from .diff_profile import merge, rank_profile
 from .diff_result import ALL_RANKS, DiffResult, RunSide, ScopeDiff, compare
-from .diff_roles import assign_roles
+from .diff_roles import assign_roles, grid_of, group_label
 from .diff_text import format_table
 from .render.diff_svg import diff_svgs
 from .source import display_paths
@@ -58,9 +58,10 @@ def restricted(trace: Trace, steps: frozenset) -> Trace:
                  trace.complete)
 
 
-def _profiles(run: Run, steps: Optional[frozenset]) -> tuple:
+def _profiles(run: Run, steps: Optional[frozenset], grid: Optional[tuple]) -> tuple:
     """(rank -> Profile, rank -> OpGroups, display paths) of every readable rank, counting the
-    rows of ``steps`` only (all rows when None). Time metrics cover the run's counted steps."""
+    rows of ``steps`` only (all rows when None); process groups named along ``grid``. Time
+    metrics cover the run's counted steps."""
     from . import timeline     # the heavier analysis, loaded only when a diff is made
     metrics = timeline.run_metrics(run)
     traces = {rank: restricted(t, steps) if steps else t for rank, t in sorted(run.ranks.items())}
@@ -70,7 +71,8 @@ def _profiles(run: Run, steps: Optional[frozenset]) -> tuple:
     for rank, trace in traces.items():
         steps_here = sorted(set(trace.col("step").tolist())) if len(trace) else []
         out[rank] = rank_profile(rank, groups[rank], comm_rows(trace), paths,
-                                 metrics.get(rank), steps_here)
+                                 metrics.get(rank), steps_here,
+                                 lambda ranks: group_label(ranks, grid))
     return out, groups, paths
 
 
@@ -85,10 +87,14 @@ def diff_runs(a: Run, b: Run) -> DiffResult:
     # Counts are only comparable over the same iterations (trace-run --steps 1- leaves out the
     # setup of step 0, a longer run has more steps): compare the steps both recorded.
     common = steps_a & steps_b if steps_a != steps_b and steps_a & steps_b else None
-    prof_a, groups_a, paths_a = _profiles(a, common)
-    prof_b, groups_b, paths_b = _profiles(b, common)
-    roles_a, roles_b, method = assign_roles(a.config, a.world_size, prof_a, b.config,
-                                            b.world_size, prof_b)
+    roles_a, roles_b, method = assign_roles(a.config, a.world_size, a.ranks, b.config,
+                                            b.world_size, b.ranks)
+    # Groups are named by grid axes only when both runs have a grid, as roles are.
+    grids = (grid_of(a.config, a.world_size), grid_of(b.config, b.world_size))
+    if not all(grids):
+        grids = (None, None)
+    prof_a, groups_a, paths_a = _profiles(a, common, grids[0])
+    prof_b, groups_b, paths_b = _profiles(b, common, grids[1])
     by_key_b = {role.key: rank for rank, role in roles_b.items()}
     matched, only_a = [], []
     for rank, role in sorted(roles_a.items()):
@@ -144,7 +150,7 @@ def to_json(result: DiffResult, svgs: Optional[dict] = None) -> dict:
             "functions": [{"function": k, "a": va, "b": vb} for k, va, vb in s.functions],
             "module_comm": [{"module": k[0], "kind": k[1], "phase": k[2], "a": va, "b": vb}
                             for k, va, vb in s.module_comm],
-            "comm": [{"kind": k[0], "phase": k[1], "group_size": k[2], "a_count": ca,
+            "comm": [{"kind": k[0], "phase": k[1], "group": k[2], "a_count": ca,
                       "b_count": cb, "a_bytes": ba, "b_bytes": bb}
                      for k, ca, cb, ba, bb in s.comm],
             "deltas": [d.to_json() for d in s.deltas if d.size or d.category == "time"],

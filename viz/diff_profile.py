@@ -7,7 +7,8 @@ time, which differs on every run):
 - ``ops``: calls per (module path with layer indices, op overload, phase);
 - ``functions``: ops issued at or below each call-graph function node, keyed by its qualified
   name and short file path (never a line number: lines shift with every edit);
-- ``comm``: calls and bytes per (communication kind, phase, group size);
+- ``comm``: calls and bytes per (communication kind, phase, process group), the group named by
+  the grid axes it spans and its size (:func:`viz.diff_roles.group_label`);
 - ``module_comm``: collective calls per (module path, kind, phase): which layer communicates how
   (it follows from ``ops``, as each op has one kind, so it adds no structure of its own);
 - ``flops`` per op family, ``op_counts`` per op, ``time`` from the timeline analysis.
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 from .callgraph import Frame, OpGroup
 from .flops import base_name
@@ -55,8 +56,8 @@ class Profile:
     ranks: tuple
     ops: Counter = field(default_factory=Counter)         # (module, op, phase) -> calls
     functions: Counter = field(default_factory=Counter)   # function key -> ops at or below
-    comm: Counter = field(default_factory=Counter)        # (kind, phase, group size) -> calls
-    comm_bytes: Counter = field(default_factory=Counter)  # (kind, phase, group size) -> bytes
+    comm: Counter = field(default_factory=Counter)        # (kind, phase, group) -> calls
+    comm_bytes: Counter = field(default_factory=Counter)  # (kind, phase, group) -> bytes
     module_comm: Counter = field(default_factory=Counter)  # (module, kind, phase) -> calls
     op_counts: Counter = field(default_factory=Counter)   # op -> calls
     flops: Counter = field(default_factory=Counter)       # family -> FLOPs, and "total"
@@ -65,14 +66,15 @@ class Profile:
 
 
 def rank_profile(rank: int, groups: Iterable[OpGroup], comm_rows: Iterable[dict],
-                 paths: Mapping[str, str], metrics, steps: Sequence[int]) -> Profile:
+                 paths: Mapping[str, str], metrics, steps: Sequence[int],
+                 group_name: Callable[[list], str]) -> Profile:
     """The profile of one rank from its OpGroups, its communication rows
     (:func:`viz.summary.comm_rows`: OpGroups do not carry the process group), display paths of
-    its files and its RankMetrics (None if the timeline has none)."""
+    its files, its RankMetrics (None if the timeline has none) and how to name a group's
+    ranks."""
     out = Profile((rank,), steps=tuple(steps))
     for row in comm_rows:
-        # An unresolvable group ("?name") has no ranks listed: size 0.
-        key = (row["kind"], row["phase"], len(row["group"]))
+        key = (row["kind"], row["phase"], group_name(row["group"]))
         out.comm[key] += row["count"]
         out.comm_bytes[key] += row["bytes"]
     for grp in groups:

@@ -56,7 +56,7 @@ class ScopeDiff:
     b: Profile
     ops: list = field(default_factory=list)        # ((module, op, phase), a, b) that differ
     functions: list = field(default_factory=list)  # (function key, a, b)
-    comm: list = field(default_factory=list)       # ((kind, phase, size), a, b, bytes a, b)
+    comm: list = field(default_factory=list)       # ((kind, phase, group), a, b, bytes a, b)
     module_comm: list = field(default_factory=list)  # ((module, kind, phase), a, b)
     deltas: list = field(default_factory=list)     # Delta: op counts, FLOPs, comm, time
 
@@ -110,7 +110,7 @@ class DiffResult:
                 else " FLOPs and communication bytes are equal too."
             return (f"No structural change: on all {len(self.roles)} matched rank roles the "
                     "same ops per module and phase, the same call-graph functions and the same "
-                    "communication per kind, phase and group size." + sizes +
+                    "communication per kind, phase and process group." + sizes +
                     " Times differ between any two runs and are shown with both values, not "
                     "as structure.")
         parts = []
@@ -160,9 +160,9 @@ def compare(label: str, a: Profile, b: Profile) -> ScopeDiff:
     for family in sorted(set(a.flops) | set(b.flops)):
         d.append(Delta(label, "flops", family, a.flops.get(family, 0), b.flops.get(family, 0),
                        "flops"))
-    for (kind, phase, size) in sorted(set(a.comm) | set(b.comm), key=_sort_key):
-        name = f"{kind} {phase} (group of {size})" if size else f"{kind} {phase}"
-        key = (kind, phase, size)
+    for (kind, phase, group) in sorted(set(a.comm) | set(b.comm), key=_sort_key):
+        name = f"{kind} {phase} ({group})"
+        key = (kind, phase, group)
         d.append(Delta(label, "comm", name, a.comm.get(key, 0), b.comm.get(key, 0), "count"))
         d.append(Delta(label, "comm bytes", name, a.comm_bytes.get(key, 0),
                        b.comm_bytes.get(key, 0), "bytes"))

@@ -9,7 +9,8 @@ position (first, middle k, last), so the first and last stages of a 2-stage run 
 a 4-stage run; a single stage (pp 1) is matched with the first stage.
 
 Runs without such a configuration (any other script), or whose two configurations are not both
-known, fall back to same-index ranks.
+known, fall back to same-index ranks. Process groups are named the same way: by the grid axes
+their members span (a TP group, a DP group, a pipeline group), else by their size.
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ class Role:
     label: str
 
 
-def _grid(config: dict, world_size: int) -> Optional[tuple]:
+def grid_of(config: dict, world_size: int) -> Optional[tuple]:
     """(tp, dp, pp) sizes if the config describes this world, else None."""
     try:
         t, p = int(config.get("tp") or 0), int(config.get("pp") or 0)
@@ -55,10 +56,27 @@ def grid_role(rank: int, t: int, d: int, p: int) -> Role:
     return Role(("stage", name, tp_rank, dp_rank), label)
 
 
+def group_label(members, grid: Optional[tuple]) -> str:
+    """What a process group spans, comparable across layouts: ``tp group of 2``, ``pp group of
+    4``, ``tp+dp group of 8`` (the grid axes along which its members differ; the first and last
+    stages' tied-embedding group is a ``pp`` group), or ``group of N`` without a grid."""
+    members = list(members)
+    if not members:
+        return "unresolved group"
+    size = f"group of {len(members)}"
+    if grid is None:
+        return size
+    t, d, _ = grid
+    coords = [(r % t, (r // t) % d, r // (t * d)) for r in members]
+    axes = [name for i, name in enumerate(("tp", "dp", "pp"))
+            if len({c[i] for c in coords}) > 1]
+    return f"{'+'.join(axes)} {size}" if axes else size
+
+
 def assign_roles(config_a: dict, world_a: int, ranks_a, config_b: dict, world_b: int,
                  ranks_b) -> tuple:
     """(rank -> Role for run A, rank -> Role for run B, how roles were assigned)."""
-    grid_a, grid_b = _grid(config_a, world_a), _grid(config_b, world_b)
+    grid_a, grid_b = grid_of(config_a, world_a), grid_of(config_b, world_b)
     if grid_a and grid_b:
         return ({r: grid_role(r, *grid_a) for r in ranks_a},
                 {r: grid_role(r, *grid_b) for r in ranks_b},
