@@ -12,7 +12,7 @@ from viz.diff_result import ALL_RANKS, Delta, DiffResult, RunSide, compare
 from viz.diff_text import fmt_rel
 from viz.diff_graph import ADDED, CHANGED, REMOVED, UNCHANGED, build_diff_graph, prune_diff
 from viz.diff_profile import Profile, merge
-from viz.diff_roles import assign_roles, grid_role, group_label
+from viz.diff_roles import assign_roles, grid_role, group_label, match_roles
 from viz.render.diff_svg import to_dot
 
 
@@ -29,8 +29,10 @@ def test_two_stages_match_the_end_stages_of_four():
     a, b, method = assign_roles({"tp": 1, "pp": 2, "dp": 1}, 2, [0, 1],
                                 {"tp": 1, "pp": 4, "dp": 1}, 4, [0, 1, 2, 3])
     assert method.startswith("grid")
-    assert a[0].key == b[0].key and a[1].key == b[3].key
-    assert {b[1].key, b[2].key}.isdisjoint({a[0].key, a[1].key})
+    matched, only_a, only_b = match_roles(a, b)
+    assert [(ra, rb) for _, ra, rb in matched] == [(0, 0), (1, 3)]
+    assert only_a == [] and only_b == [("stage middle 1 (1 of 4) · tp 0 · dp 0", 1),
+                                       ("stage middle 2 (2 of 4) · tp 0 · dp 0", 2)]
 
 
 def test_without_a_matching_config_ranks_match_by_index():

@@ -26,12 +26,13 @@ import pyarrow as pa
 
 from tracer import Trace
 
+from . import timeline
 from .callgraph import op_groups
 from .diff_graph import build_diff_graph, prune_diff
 from .diff_page import write_page
 from .diff_profile import merge, rank_profile
 from .diff_result import ALL_RANKS, DiffResult, RunSide, ScopeDiff, compare
-from .diff_roles import assign_roles, grid_of, group_label
+from .diff_roles import assign_roles, grid_of, group_label, match_roles
 from .diff_text import format_table
 from .render.diff_svg import diff_svgs
 from .source import display_paths
@@ -62,7 +63,6 @@ def _profiles(run: Run, steps: Optional[frozenset], grid: Optional[tuple]) -> tu
     """(rank -> Profile, rank -> OpGroups, display paths) of every readable rank, counting the
     rows of ``steps`` only (all rows when None); process groups named along ``grid``. Time
     metrics cover the run's counted steps."""
-    from . import timeline     # the heavier analysis, loaded only when a diff is made
     metrics = timeline.run_metrics(run)
     traces = {rank: restricted(t, steps) if steps else t for rank, t in sorted(run.ranks.items())}
     groups = {rank: op_groups(t) for rank, t in traces.items()}
@@ -95,16 +95,7 @@ def diff_runs(a: Run, b: Run) -> DiffResult:
         grids = (None, None)
     prof_a, groups_a, paths_a = _profiles(a, common, grids[0])
     prof_b, groups_b, paths_b = _profiles(b, common, grids[1])
-    by_key_b = {role.key: rank for rank, role in roles_b.items()}
-    matched, only_a = [], []
-    for rank, role in sorted(roles_a.items()):
-        if role.key in by_key_b:
-            matched.append((role, rank, by_key_b[role.key]))
-        else:
-            only_a.append((role.label, rank))
-    keys_a = {role.key for role in roles_a.values()}
-    only_b = [(role.label, rank) for rank, role in sorted(roles_b.items())
-              if role.key not in keys_a]
+    matched, only_a, only_b = match_roles(roles_a, roles_b)
     roles = [compare(role.label, prof_a[ra], prof_b[rb]) for role, ra, rb in matched]
     totals = compare(ALL_RANKS, merge(list(prof_a.values())), merge(list(prof_b.values())))
 
@@ -114,25 +105,30 @@ def diff_runs(a: Run, b: Run) -> DiffResult:
     for role, ra, rb in matched[:MAX_GRAPHS - 1]:
         graphs.append(build_diff_graph(role.label, groups_a[ra], paths_a, groups_b[rb], paths_b))
 
-    warnings = []
-    for name, run in (("A", a), ("B", b)):
-        if run.missing:
-            warnings.append(f"run {name} has no readable trace for ranks {run.missing}: they "
-                            "are left out")
-    if common:
-        warnings.append(f"the runs recorded different steps (A {sorted(steps_a)}, B "
-                        f"{sorted(steps_b)}): ops, FLOPs and communication are compared over "
-                        f"the steps both recorded, {sorted(common)}")
-    elif steps_a != steps_b:
-        warnings.append(f"the runs recorded no step in common (A {sorted(steps_a)}, B "
-                        f"{sorted(steps_b)}): counts cover different iterations")
     keys = sorted(set(a.config) | set(b.config))
     changes = [(k, a.config.get(k), b.config.get(k)) for k in keys
                if a.config.get(k) != b.config.get(k)]
     return DiffResult(_side(a, steps_a), _side(b, steps_b), method, changes, roles, only_a,
-                      only_b, totals, graphs, warnings,
+                      only_b, totals, graphs, _warnings(a, b, steps_a, steps_b, common),
                       tuple(sorted(common or steps_a | steps_b)))
 
+
+def _warnings(a: Run, b: Run, steps_a: frozenset, steps_b: frozenset,
+              common: Optional[frozenset]) -> list:
+    """What makes the comparison partial: unreadable ranks, different recorded steps."""
+    out = []
+    for name, run in (("A", a), ("B", b)):
+        if run.missing:
+            out.append(f"run {name} has no readable trace for ranks {run.missing}: they are "
+                       "left out")
+    if common:
+        out.append(f"the runs recorded different steps (A {sorted(steps_a)}, B "
+                   f"{sorted(steps_b)}): ops, FLOPs and communication are compared over the "
+                   f"steps both recorded, {sorted(common)}")
+    elif steps_a != steps_b:
+        out.append(f"the runs recorded no step in common (A {sorted(steps_a)}, B "
+                   f"{sorted(steps_b)}): counts cover different iterations")
+    return out
 
 
 def to_json(result: DiffResult, svgs: Optional[dict] = None) -> dict:

@@ -86,3 +86,16 @@ def assign_roles(config_a: dict, world_a: int, ranks_a, config_b: dict, world_b:
     return ({r: same[r] for r in ranks_a}, {r: same[r] for r in ranks_b},
             "same-index ranks: the runs do not both record a tp/pp/dp configuration matching "
             "their world size")
+
+
+def match_roles(roles_a: dict, roles_b: dict) -> tuple:
+    """(matched [(Role, rank in A, rank in B)], only in A [(label, rank)], only in B [...])."""
+    by_key_b = {role.key: rank for rank, role in roles_b.items()}
+    keys_a = {role.key for role in roles_a.values()}
+    matched = [(role, rank, by_key_b[role.key]) for rank, role in sorted(roles_a.items())
+               if role.key in by_key_b]
+    only_a = [(role.label, rank) for rank, role in sorted(roles_a.items())
+              if role.key not in by_key_b]
+    only_b = [(role.label, rank) for rank, role in sorted(roles_b.items())
+              if role.key not in keys_a]
+    return matched, only_a, only_b
