@@ -19,7 +19,7 @@ The analysis has three steps, all pure functions of loaded traces:
 """
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from typing import Iterable, NamedTuple, Optional, Sequence
 
@@ -209,10 +209,11 @@ class NodeData:
     kind: Optional[str] = None
     per_rank: dict = field(default_factory=lambda: defaultdict(Weights))
     by_direction: dict = field(default_factory=lambda: defaultdict(Weights))
-    ops: Counter = field(default_factory=Counter)         # leaves: op -> calls
-    shapes: Counter = field(default_factory=Counter)      # leaves: (op, shapes) -> calls
-    boundaries: Counter = field(default_factory=Counter)  # leaves: library calls made
-    via: Counter = field(default_factory=Counter)         # backward leaves: live frames -> calls
+    # Plain dicts, not Counters: a big run builds hundreds of thousands of nodes.
+    ops: dict = field(default_factory=dict)         # leaves: op -> calls
+    shapes: dict = field(default_factory=dict)      # leaves: (op, shapes) -> calls
+    boundaries: dict = field(default_factory=dict)  # leaves: library call (Frame) -> calls
+    via: dict = field(default_factory=dict)         # backward leaves: live frames -> calls
     hidden: int = 0            # HIDDEN notes: how many nodes it stands for
 
     @property
@@ -289,20 +290,24 @@ def build_callgraph(groups: Iterable[OpGroup], *, world: Sequence[int] = (),
     ``root`` = (file, qualname) keeps only ops issued below that function and starts every path
     there (a zoomed subgraph). ``world`` lists the run's ranks, to tell which ranks reach a node.
     """
-    g = nx.DiGraph()
+    # Built in plain dicts, handed to networkx at the end: its views cost more per lookup.
+    nodes: dict = {}
+    edges: dict = {}
     paths: dict = defaultdict(lambda: defaultdict(Weights))   # (rank, frames) -> direction -> W
     lowest_line: dict = {}
     ranks = set()
 
     def node(node_id: str, **kw) -> NodeData:
-        if node_id not in g:
-            g.add_node(node_id, data=NodeData(node_id, **kw))
-        return g.nodes[node_id]["data"]
+        data = nodes.get(node_id)
+        if data is None:
+            data = nodes[node_id] = NodeData(node_id, **kw)
+        return data
 
     def edge(a: str, b: str) -> EdgeData:
-        if not g.has_edge(a, b):
-            g.add_edge(a, b, data=EdgeData())
-        return g.edges[a, b]["data"]
+        data = edges.get((a, b))
+        if data is None:
+            data = edges[(a, b)] = EdgeData()
+        return data
 
     for grp in groups:
         frames = grp.path
@@ -319,15 +324,18 @@ def build_callgraph(groups: Iterable[OpGroup], *, world: Sequence[int] = (),
                     name=grp.kind or "ops", direction=grp.phase, kind=grp.kind)
         leaf.per_rank[grp.rank].add(w)
         leaf.by_direction[grp.phase].add(w)
-        leaf.ops[grp.op] += grp.count
-        leaf.shapes[(grp.op, grp.shapes)] += grp.count
+        n = grp.count
+        leaf.ops[grp.op] = leaf.ops.get(grp.op, 0) + n
+        shape_key = (grp.op, grp.shapes)
+        leaf.shapes[shape_key] = leaf.shapes.get(shape_key, 0) + n
         if grp.boundary is not None:
-            leaf.boundaries[grp.boundary] += grp.count
+            leaf.boundaries[grp.boundary] = leaf.boundaries.get(grp.boundary, 0) + n
         if grp.via is not None:
-            leaf.via[grp.via] += grp.count
-        node(function_id(site), type=FUNCTION, file=site.file, line=site.line,
-             name=site.qualname)
-        e = edge(function_id(site), lid)
+            leaf.via[grp.via] = leaf.via.get(grp.via, 0) + n
+        fid = function_id(site)
+        if fid not in nodes:
+            node(fid, type=FUNCTION, file=site.file, line=site.line, name=site.qualname)
+        e = edge(fid, lid)
         e.per_rank[grp.rank].add(w)
         e.by_direction[grp.phase].add(w)
         e.lines.add(site.line)
@@ -371,7 +379,7 @@ def build_callgraph(groups: Iterable[OpGroup], *, world: Sequence[int] = (),
         if add_edge:
             e = edge(*pair)
             e.lines.add(frames_of[parents[index]].line)
-        data = g.nodes[fid]["data"]
+        data = nodes[fid]
         for (rank, direction), w in at_node[index].items():
             if add_node:
                 data.per_rank[rank].add(w)
@@ -383,9 +391,12 @@ def build_callgraph(groups: Iterable[OpGroup], *, world: Sequence[int] = (),
             edge(*pair).lines.add(frames_of[parents[index]].line)
 
     for fid, low in lowest_line.items():
-        data = g.nodes[fid]["data"]
+        data = nodes[fid]
         data.line = definition_line(data.file, data.name, low)
-    total = total_of(d["data"].total for _, d in g.nodes(data=True) if d["data"].type != FUNCTION)
+    g = nx.DiGraph()
+    g.add_nodes_from((node_id, {"data": data}) for node_id, data in nodes.items())
+    g.add_edges_from((a, b, {"data": data}) for (a, b), data in edges.items())
+    total = total_of(d.total for d in nodes.values() if d.type != FUNCTION)
     return CallGraph(g, tuple(sorted(ranks)), tuple(world) or tuple(sorted(ranks)), total)
 
 

@@ -29,7 +29,7 @@ from typing import Optional
 
 import numpy as np
 
-from .callgraph import (FUNCTION, NO_STACK, CallGraph, Weights, build_callgraph, importance,
+from .callgraph import (FUNCTION, HIDDEN, NO_STACK, CallGraph, Weights, build_callgraph, importance,
                         prune, run_groups, source_lines, total_of, trim_common_prefix)
 from .modules import NO_MODULE, module_tree
 from .render import fmt_bytes, fmt_count, fmt_time
@@ -37,6 +37,9 @@ from .render.callgraph_svg import render_svg, to_dot
 from .render.html import PageWriter
 from .source import display_paths, read_source
 from .trace import Run
+
+
+WHOLE_GRAPH = 0.9   # a function holding this share of every measure is nearly the whole graph
 
 
 @dataclass(frozen=True)
@@ -100,7 +103,7 @@ def build_report(run: Run, out_dir: str, *, options: ReportOptions = ReportOptio
         graphs.append(GraphPage(f"callgraphs/rank-{rank}.html", f"Call graph: rank {rank}",
                                 prune(g, max_nodes=options.max_nodes,
                                       min_share=options.min_share)))
-    zooms = _function_zooms(full, merged, world, options)
+    zooms = _function_zooms(full, graphs[0].graph, merged, world, options)
     graphs += zooms.values()
     tree = module_tree(merged)
     module_zooms = _module_zooms(tree, merged, world, options)
@@ -163,16 +166,27 @@ def build_report(run: Run, out_dir: str, *, options: ReportOptions = ReportOptio
 
 
 # ---------------------------------------------------------------------------- graph pages
-def _function_zooms(full: CallGraph, merged: list, world: tuple,
+def _function_zooms(full: CallGraph, shown: CallGraph, merged: list, world: tuple,
                     options: ReportOptions) -> dict:
-    """Function node id -> page of that function zoomed in: the biggest fan-out functions."""
-    candidates = [d for d in full.nodes(FUNCTION)
-                  if full.graph.out_degree(d.id) >= 2
-                  and importance(full, d) >= options.zoom_min_share]
+    """Function node id -> page of that function zoomed in. Worth it only for functions under
+    which the merged graph (``shown``, pruned) hid something, and that are not nearly the whole
+    graph already; the biggest first."""
+    candidates = [full.node(n) for n in shown.graph
+                  if shown.node(n).type == FUNCTION
+                  and any(shown.node(c).type == HIDDEN for c in shown.graph.successors(n))
+                  and options.zoom_min_share <= importance(full, full.node(n)) < WHOLE_GRAPH]
     candidates.sort(key=lambda d: (-importance(full, d), d.id))
+    chosen = candidates[:options.zoom_functions]
+    # Each zoom only needs the groups whose path runs through its function.
+    keys = {(d.file, d.name) for d in chosen}
+    through = defaultdict(list)
+    for grp in merged:
+        for key in {(f.file, f.qualname) for f in grp.path} & keys:
+            through[key].append(grp)
     out = {}
-    for i, data in enumerate(candidates[:options.zoom_functions]):
-        g = build_callgraph(merged, world=world, root=(data.file, data.name))
+    for i, data in enumerate(chosen):
+        key = (data.file, data.name)
+        g = build_callgraph(through[key], world=world, root=key)
         out[data.id] = GraphPage(f"callgraphs/fn-{i}.html", f"Zoom: {data.name}",
                                  prune(g, max_nodes=options.max_nodes,
                                        min_share=options.min_share),
