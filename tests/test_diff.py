@@ -56,7 +56,11 @@ def trace_run(out, nproc: int, *args: str, record: tuple = (), cwd=None) -> str:
 
 
 def trace_diff(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["trace-diff", *args], env=ENV, capture_output=True, text=True,
+    """The installed console script, as users run it."""
+    script = os.path.join(os.path.dirname(sys.executable), "trace-diff")
+    command = script if os.path.exists(script) else shutil.which("trace-diff")
+    assert command, "trace-diff is not installed (pip install -e .)"
+    return subprocess.run([command, *args], env=ENV, capture_output=True, text=True,
                           timeout=300)
 
 
