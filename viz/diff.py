@@ -40,7 +40,7 @@ from .summary import comm_rows
 from .trace import Run
 
 SCHEMA = "paratrace.diff/1"
-MAX_GRAPHS = 8        # diff call graphs drawn: all ranks, then the first roles
+MAX_GRAPHS = 8        # diff call graphs drawn: all ranks, then roles that changed first
 # viz.cli calls diff_runs, format_table and write_diff of this module.
 __all__ = ["diff_runs", "format_table", "write_diff", "to_json", "DiffResult"]
 
@@ -102,7 +102,11 @@ def diff_runs(a: Run, b: Run) -> DiffResult:
     graphs = [build_diff_graph(ALL_RANKS, [g for r in sorted(groups_a) for g in groups_a[r]],
                                paths_a, [g for r in sorted(groups_b) for g in groups_b[r]],
                                paths_b)]
-    for role, ra, rb in matched[:MAX_GRAPHS - 1]:
+    # Roles whose structure (then sizes) changed are drawn first: with many roles, the first
+    # few by rank are often the unchanged ones.
+    drawn = sorted(zip(matched, roles), key=lambda m: (not m[1].structural,
+                                                       not m[1].sizes_changed))
+    for (role, ra, rb), _ in drawn[:MAX_GRAPHS - 1]:
         graphs.append(build_diff_graph(role.label, groups_a[ra], paths_a, groups_b[rb], paths_b))
 
     keys = sorted(set(a.config) | set(b.config))
