@@ -299,9 +299,23 @@ def _rank_rows(run: Run, groups: dict, summary: Optional[dict]) -> list:
             row["compute"] = total_of(g.weights() for g in groups[rank] if not g.kind)
             row["comm"] = total_of(g.weights() for g in groups[rank] if g.kind)
         if summary:
-            row["time"] = ((summary.get("ranks") or {}).get(str(rank)) or {}).get("time") or {}
+            row["time"] = _time_texts(
+                ((summary.get("ranks") or {}).get(str(rank)) or {}).get("time") or {})
         rows.append(row)
     return rows
+
+
+def _time_texts(time: dict) -> dict:
+    """summary.json's time metrics of a rank, formatted (seconds and fractions)."""
+    def seconds(key):
+        value = time.get(key)
+        return fmt_time(value * 1e9) if isinstance(value, (int, float)) else ""
+
+    def percent(key):
+        value = time.get(key)
+        return f"{100 * value:.1f} %" if isinstance(value, (int, float)) else ""
+    return dict(wall=seconds("wall_s"), exposed_comm=seconds("exposed_comm_s"),
+                bubble=percent("bubble_fraction"))
 
 
 def _op_counts(groups: list) -> list:
@@ -349,7 +363,8 @@ def _problems(run: Run) -> list:
         never = hang.get("never_arrived") or []
         details = []
         for rank, info in sorted((hang.get("ranks") or {}).items(), key=lambda kv: int(kv[0])):
-            details.append(dict(rank=rank, last=info.get("last_collective"),
+            details.append(dict(rank=rank, status=info.get("status"), step=info.get("step"),
+                                last=info.get("last_collective"),
                                 inflight=info.get("inflight"), stack=info.get("stack")))
         out.append(dict(level="hang", title=(
             f"Hang: rank{'s' if len(never) != 1 else ''} "
