@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 
 from test_callgraph import TP_FILE, line_of, traced_run
+from tracer.format import DICT_COLUMNS, TraceWriter
 from viz.cli import build
 from viz.report import build_report
 from viz.trace import load_run
@@ -219,3 +220,22 @@ def test_index_puts_the_hang_first_and_escapes_trace_text(tmp_path):
     assert main.index("Hang: rank 2") < main.index("<h2>Run</h2>")
     assert "<script>alert" not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
     assert "ranks/rank-3.html" not in html and not (tmp_path / "out/ranks/rank-3.html").exists()
+
+
+def test_a_run_that_recorded_nothing_still_gets_a_report(tmp_path):
+    """A rank that failed before its first op: empty graphs, the failure shown, links intact."""
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    writer = TraceWriter(str(traces / "rank-0.arrow"), {"rank": 0, "world_size": 2})
+    writer.write([], {name: [] for name in DICT_COLUMNS},
+                 meta={"status": "failed", "error": "RuntimeError: <init> failed"})
+    writer.close()
+    out = tmp_path / "out"
+    index = Path(build_report(load_run(str(tmp_path)), str(out)))
+    html = index.read_text()
+    assert "rank 0 failed: RuntimeError: &lt;init&gt; failed" in html
+    assert "rank 1: no trace" in html
+    for page in out.rglob("*.html"):
+        for link in parse(page).links:
+            path = urlsplit(link).path
+            assert not path or (page.parent / unquote(path)).exists(), f"{page}: {link}"
