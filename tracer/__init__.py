@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 
-from . import session as _session
+from . import _active
 from .format import FORMAT_VERSION, TraceError
 from .reader import Trace, load
 
@@ -29,7 +29,7 @@ _NULL = contextlib.nullcontext()
 def trace(out_dir: str, *, steps=None, stack_depth: int = 32, library_frames: bool = False,
           record_shapes: bool = True, record_stacks: bool = True, record_modules: bool = True,
           user_paths=(), clock_sync: bool = True, flush_interval: float = 0.25
-          ) -> _session.Session:
+          ):
     """Record this process into ``out_dir/rank-<R>.arrow`` while the ``with`` block runs.
 
     Rank and world size come from torch.distributed once it is initialized (a process group
@@ -47,11 +47,11 @@ def trace(out_dir: str, *, steps=None, stack_depth: int = 32, library_frames: bo
         clock_sync: estimate the offset to rank 0's clock at start and end (collective).
         flush_interval: seconds between flushes to disk (a killed rank loses at most this).
     """
-    return _session.Session(out_dir, steps=steps, stack_depth=stack_depth,
-                            library_frames=library_frames, record_shapes=record_shapes,
-                            record_stacks=record_stacks, record_modules=record_modules,
-                            user_paths=user_paths, clock_sync=clock_sync,
-                            flush_interval=flush_interval)
+    from .session import Session     # torch is imported only to record, not to read
+    return Session(out_dir, steps=steps, stack_depth=stack_depth,
+                   library_frames=library_frames, record_shapes=record_shapes,
+                   record_stacks=record_stacks, record_modules=record_modules,
+                   user_paths=user_paths, clock_sync=clock_sync, flush_interval=flush_interval)
 
 
 def annotate(label: str, **attrs):
@@ -62,7 +62,7 @@ def annotate(label: str, **attrs):
     JSON-serialisable (others are stored as their str()). torch.profiler.record_function ranges
     are recorded the same way.
     """
-    active = _session.ACTIVE
+    active = _active.ACTIVE
     if active is None:
         return _NULL
     return active.annotate(label, attrs)
@@ -70,18 +70,18 @@ def annotate(label: str, **attrs):
 
 def step() -> None:
     """Mark a step boundary. Once called, optimizer steps no longer advance steps on their own."""
-    active = _session.ACTIVE
+    active = _active.ACTIVE
     if active is not None:
         active.step()
 
 
 def record_config(**values) -> None:
     """Store run configuration (parallel sizes, schedule...) in the trace; shown in reports."""
-    active = _session.ACTIVE
+    active = _active.ACTIVE
     if active is not None:
         active.record_config(values)
 
 
 def active():
     """The active recording session of this process, or None."""
-    return _session.ACTIVE
+    return _active.ACTIVE

@@ -22,7 +22,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from . import clock, ops
+from . import _active, clock, ops
 from ._mode import RecordingMode
 from .format import (DICT_COLUMNS, FORMAT_VERSION, PHASE_BACKWARD, PHASE_FORWARD, PHASE_OTHER,
                      TraceWriter, rename)
@@ -65,9 +65,6 @@ def phase_of_label(label: str):
         if match:
             phase = _PIPELINING_PHASES.get(match.group(1) or match.group(2))
     return phase
-
-ACTIVE: Optional["Session"] = None
-
 
 class Interner:
     """Strings -> small ids; ``values`` only grows (the writer relies on it for deltas)."""
@@ -191,8 +188,7 @@ class Session:
         return os.path.join(self.out_dir, f"rank-{self.rank}.status.json")
 
     def __enter__(self) -> "Session":
-        global ACTIVE
-        if ACTIVE is not None:
+        if _active.ACTIVE is not None:
             raise RuntimeError("a paratrace trace is already active in this process")
         os.makedirs(self.out_dir, exist_ok=True)
         meta = {
@@ -207,7 +203,7 @@ class Session:
         importlib.import_module("torch._dynamo")
         self._writer = TraceWriter(self.path, meta)
         self._flush_empty()
-        ACTIVE = self
+        _active.ACTIVE = self
         self._modules_install()
         self._patch_process_group()
         self._mode = RecordingMode(self.on_op)
@@ -220,7 +216,6 @@ class Session:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        global ACTIVE
         if self._mode is not None:
             self._mode.__exit__(None, None, None)
             self._mode = None
@@ -234,7 +229,7 @@ class Session:
             self.status = "failed"
             self.error = f"{exc_type.__name__}: {exc}".strip()[:2000]
         self.close()
-        ACTIVE = None
+        _active.ACTIVE = None
 
     def close(self) -> None:
         """Stop recording, flush everything and write the final status. Idempotent."""
