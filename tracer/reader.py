@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from . import ops
-from .format import COLUMNS, DICT_COLUMNS, PHASES, SCHEMA, TraceError, read_stream
+from .format import COLUMNS, DICT_COLUMNS, PHASES, SCHEMA, read_stream
 from .stacks import decode_stack
 
 _META_MERGE_DICTS = ("config",)
@@ -54,6 +54,12 @@ class Trace:
 
     def __len__(self) -> int:
         return self.table.num_rows
+
+    def select(self, mask) -> "Trace":
+        """The same trace (metadata, dictionaries, codes) with only the rows where ``mask``
+        (a boolean array over the events) is true."""
+        return Trace(self.path, self.table.filter(pa.array(np.asarray(mask, dtype=bool))),
+                     self.meta, self.warnings, self.complete)
 
     # ---------------------------------------------------------------- columns
     def col(self, name: str) -> np.ndarray:

@@ -22,7 +22,6 @@ import os
 from typing import Optional
 
 import numpy as np
-import pyarrow as pa
 
 from tracer import Trace
 
@@ -55,8 +54,7 @@ def restricted(trace: Trace, steps: frozenset) -> Trace:
     mask = np.isin(trace.col("step"), sorted(steps))
     if mask.all():
         return trace
-    return Trace(trace.path, trace.table.filter(pa.array(mask)), trace.meta, trace.warnings,
-                 trace.complete)
+    return trace.select(mask)
 
 
 def _profiles(run: Run, steps: Optional[frozenset], grid: Optional[tuple]) -> tuple:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 import tracer
-from tracer import Trace, TraceError
+from tracer import TraceError
 
 _RANK_FILE = re.compile(r"^rank-(\d+)\.arrow$")
 
