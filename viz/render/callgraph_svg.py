@@ -61,12 +61,22 @@ def _weights_text(w: Weights) -> str:
 
 
 class _Drawer:
-    """Builds one DOT graph; nodes get ids n0, n1... in sorted order so output is stable."""
+    """Builds one DOT graph. Nodes get ids n0, n1... in an order that only depends on what is
+    displayed (not on absolute paths), so the DOT text is the same on every machine."""
 
     def __init__(self, cg: CallGraph, paths: Mapping[str, str], href: Href,
                  links: Mapping[str, str]):
         self.cg, self.paths, self.href, self.links = cg, paths, href, links
-        self.ids = {node: f"n{i}" for i, node in enumerate(sorted(cg.graph))}
+        self.order = sorted(cg.graph, key=self._key)
+        self.ids = {node: f"n{i}" for i, node in enumerate(self.order)}
+
+    def _key(self, node_id: str) -> tuple:
+        data = self.cg.node(node_id)
+        if data.type == HIDDEN:
+            parent = next(iter(self.cg.graph.predecessors(node_id)), None)
+            return self._key(parent) + (1,) if parent else ("",)
+        return (self.paths.get(data.file, data.file), data.name, data.line, data.type,
+                data.direction, data.kind or "", 0)
 
     def where(self, file: str, line: int) -> str:
         return f"{self.paths.get(file, file)}:{line}"
@@ -223,14 +233,15 @@ def to_dot(cg: CallGraph, *, title: str, paths: Mapping[str, str], href: Href,
              ranksep="0.35", fontname="Helvetica")
     dot.attr("node", fontname="Helvetica", fontsize="10")
     dot.attr("edge", fontname="Helvetica", fontsize="9", color="#555555", arrowsize="0.6")
-    for node_id in sorted(cg.graph):
+    for node_id in d.order:
         data = cg.node(node_id)
         link_to = data
         if data.type == HIDDEN:
             parent = next(iter(cg.graph.predecessors(node_id)), None)
             link_to = cg.node(parent) if parent else data
         d.node(dot, data, link_to)
-    for a, b in sorted(cg.graph.edges()):
+    for a, b in sorted(cg.graph.edges(), key=lambda e: (int(d.ids[e[0]][1:]),
+                                                        int(d.ids[e[1]][1:]))):
         d.edge(dot, a, b, cg.edge(a, b))
     _legend(dot)
     return dot.source
