@@ -12,9 +12,9 @@
     ranks/rank-R.html          one rank: status, error, metadata, ops, collectives, modules
     source/<file>.html         a source file, each line with the ops and collectives it issued
 
-and links ``summary.json`` (written before by viz.summary) and the timeline (viz.timeline) when
-present. Analyses come from viz.callgraph / viz.modules; this module only arranges them into
-pages. No page loads anything from the network.
+and links ``summary.json`` (written before by viz.summary, when present) and the timeline
+(written by viz.timeline.write_timeline). Analyses come from viz.callgraph / viz.modules; this
+module only arranges them into pages. No page loads anything from the network.
 """
 from __future__ import annotations
 
@@ -36,6 +36,7 @@ from .render import fmt_bytes, fmt_count, fmt_time
 from .render.callgraph_svg import render_svg, to_dot
 from .render.html import PageWriter
 from .source import display_paths, read_source
+from .timeline import write_timeline
 from .trace import Run
 
 
@@ -161,7 +162,7 @@ def build_report(run: Run, out_dir: str, *, options: ReportOptions = ReportOptio
                         module_zooms=list(module_zooms.values()),
                         sources=sorted((paths.get(f, f), rel) for f, rel in source_pages.items()),
                         summary_json="summary.json" if summary is not None else None,
-                        timeline=_timeline(run, out_dir))
+                        timeline=dict(write_timeline(run, out_dir)))
     return index
 
 
@@ -400,13 +401,3 @@ def _run_facts(run: Run) -> dict:
                 config=run.config, steps=steps, backend=first.meta.get("backend"),
                 torch=first.meta.get("torch"), dir=run.dir,
                 started=_utc(first.meta["start_unix"]) if first.meta.get("start_unix") else "")
-
-
-def _timeline(run: Run, out_dir: str) -> dict:
-    """The timeline's files (name -> path relative to out_dir), once viz.timeline exists."""
-    try:
-        from . import timeline
-    except ImportError:
-        return {}
-    writer = getattr(timeline, "write_timeline", None)
-    return dict(writer(run, out_dir)) if writer else {}
