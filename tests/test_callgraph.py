@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.utils import flop_counter
 from torch.utils.flop_counter import FlopCounterMode
 
 import gpt_helpers
@@ -215,15 +216,17 @@ def test_flops_match_torch_flop_counter(op, make):
     assert flops(str(op), _shapes(args)) == counter.get_total_flops() > 0
 
 
-def test_attention_flops():
-    # FlopCounterMode has no formula for the CPU flash kernel; two matmuls of b*h*s*s*d each.
-    b, h, s, d = 2, 4, 16, 8
-    q = f"f32[{b},{h},{s},{d}]"
-    assert flops("aten._scaled_dot_product_flash_attention_for_cpu.default",
-                 " ".join([q] * 3)) == 2 * 2 * b * h * s * s * d
-    # backward: 5 matmuls of the same size (dV, dP, dQ, dK and the recomputed scores)
+@pytest.mark.parametrize("q,k,v", [((2, 4, 16, 8), (2, 4, 16, 8), (2, 4, 16, 8)),
+                                   ((1, 8, 12, 16), (1, 2, 20, 16), (1, 2, 20, 24))])
+def test_attention_flops_match_torch_formulas(q, k, v):
+    # FlopCounterMode has no entry for the CPU flash kernel: compare with its formulas.
+    grad = q[:3] + v[3:]
+    assert flops("aten._scaled_dot_product_flash_attention_for_cpu.default", text(q, k, v)) \
+        == flop_counter.sdpa_flop_count(q, k, v)
+    logsumexp = q[:3]
     assert flops("aten._scaled_dot_product_flash_attention_for_cpu_backward.default",
-                 " ".join([q] * 5 + [f"f32[{b},{h},{s}]"])) == 5 * 2 * b * h * s * s * d
+                 text(grad, q, k, v, grad, logsumexp)) \
+        == flop_counter.sdpa_backward_flop_count(grad, q, k, v)
 
 
 def test_flops_without_formula_or_readable_shapes_are_zero():
@@ -234,7 +237,12 @@ def test_flops_without_formula_or_readable_shapes_are_zero():
 
 
 def _shapes(args) -> str:
-    return " ".join(f"f32[{','.join(str(d) for d in a.shape)}]" for a in args)
+    return text(*(a.shape for a in args))
+
+
+def text(*shapes) -> str:
+    """A recorded shapes string: ``f32[2,4] f32[4]``."""
+    return " ".join(f"f32[{','.join(str(d) for d in s)}]" for s in shapes)
 
 
 def test_trace_without_stacks_still_graphs(tmp_path):
