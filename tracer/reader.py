@@ -9,7 +9,6 @@ before it is kept.
 from __future__ import annotations
 
 import json
-from functools import lru_cache
 from typing import Optional
 
 import numpy as np
@@ -33,6 +32,10 @@ class Trace:
         self.warnings = warnings
         self.complete = complete
         self._cols: dict = {}
+        self._dicts: dict = {}         # column -> its strings, decoded once
+        self._indexes: dict = {}       # column -> {string: code}
+        self._stacks: dict = {}        # stack code -> decoded frames
+        self._annotations: dict = {}   # annotation code -> decoded dicts
 
     # ---------------------------------------------------------------- identity
     @property
@@ -79,36 +82,39 @@ class Trace:
         return arr
 
     def dictionary(self, name: str) -> list:
-        """The string values a dictionary column's codes index."""
-        column = self.table.column(name)
-        if column.num_chunks == 0:
-            return []
-        return column.chunk(0).dictionary.to_pylist()
+        """The string values a dictionary column's codes index (decoded once; do not mutate)."""
+        values = self._dicts.get(name)
+        if values is None:
+            column = self.table.column(name)
+            values = column.chunk(0).dictionary.to_pylist() if column.num_chunks else []
+            self._dicts[name] = values
+        return values
 
     def code(self, name: str, value: str) -> int:
         """The code of a string in a dictionary column, or -1."""
-        try:
-            return self._index(name)[value]
-        except KeyError:
-            return -1
+        index = self._indexes.get(name)
+        if index is None:
+            index = self._indexes[name] = {v: i for i, v in enumerate(self.dictionary(name))}
+        return index.get(value, -1)
 
-    @lru_cache(maxsize=None)
-    def _index(self, name: str) -> dict:
-        return {v: i for i, v in enumerate(self.dictionary(name))}
-
-    @lru_cache(maxsize=None)
     def stack(self, code: int) -> tuple:
         """Frames (file, line, function, qualname) of a stack code, innermost first."""
         if code < 0:
             return ()
-        return decode_stack(self.dictionary("stack")[code])
+        frames = self._stacks.get(code)
+        if frames is None:
+            frames = self._stacks[code] = decode_stack(self.dictionary("stack")[code])
+        return frames
 
-    @lru_cache(maxsize=None)
     def annotation(self, code: int) -> tuple:
         """Enclosing annotations of an annotation code, outermost first, as dicts."""
         if code < 0:
             return ()
-        return tuple(json.loads(self.dictionary("annotation")[code]))
+        entries = self._annotations.get(code)
+        if entries is None:
+            entries = self._annotations[code] = tuple(
+                json.loads(self.dictionary("annotation")[code]))
+        return entries
 
     # ---------------------------------------------------------------- clocks
     def clock_offset(self, t_ns) -> np.ndarray:

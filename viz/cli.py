@@ -18,7 +18,7 @@ def build(run_dir: str, out_dir: Optional[str] = None) -> str:
     run = load_run(run_dir)
     out_dir = out_dir or run_dir
     _check_writable(out_dir)
-    from .report import build_report       # the renderers import torch (FLOP formulas)
+    from .report import build_report
     from .summary import write_summary
     write_summary(run, out_dir)
     return build_report(run, out_dir)
