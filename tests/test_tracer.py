@@ -268,3 +268,32 @@ def test_backward_of_a_function_with_no_forward_op_is_attributed_to_its_line(tmp
     mul = next(e for e in trace.records() if e["op"] == "aten.mul.Tensor")
     assert mul["phase"] == "backward"
     assert [f[1] for f in mul["fwd_stack"] if f[0] == HERE][0] == line
+
+
+def test_stack_capture_with_its_caches_equals_a_fresh_walk():
+    """The interner reuses the previous walk's outer frames; whatever the call pattern and depth
+    limit, the stack it records must be the one a fresh walk records."""
+    import random
+    import sys as _sys
+
+    from tracer.stacks import StackInterner
+    rng = random.Random(0)
+
+    def check(interner, depth):
+        frame = _sys._getframe(1)
+        fresh = StackInterner(depth=depth)
+        assert interner.values[interner.capture(frame)] == fresh.values[fresh.capture(frame)]
+
+    def descend(interner, depth, n):
+        for _ in range(rng.randint(1, 3)):
+            if n > 0 and rng.random() < 0.6:
+                descend(interner, depth, n - 1)
+            elif rng.random() < 0.5:
+                check(interner, depth)
+            else:
+                check(interner, depth)          # same frame, another instruction
+
+    for depth in (3, 6, 32):
+        interner = StackInterner(depth=depth)
+        for _ in range(30):
+            descend(interner, depth, rng.randint(0, 9))

@@ -80,6 +80,10 @@ class StackInterner:
         self._last_frame = None
         self._last_lasti = -1
         self._last_sid = -1
+        self._prev_key: tuple = ()      # the last walk: its key, frames, frame id -> index
+        self._prev_frames: list = []
+        self._prev_pos: dict = {}
+        self._prev_complete = False
         self.values: list = []      # id -> JSON text of [[file, line, function, qualname], ...]
 
     def classify(self, code) -> int:
@@ -122,6 +126,8 @@ class StackInterner:
         users = 0
         depth = self.depth
         keep_library = self.library_frames
+        prev_pos = self._prev_pos
+        complete = True
         while frame is not None:
             code = frame.f_code
             known = kinds.get(id(code))
@@ -131,10 +137,22 @@ class StackInterner:
                     key.append((id(boundary.f_code), boundary.f_lasti))
                     frames.append(boundary)
                     boundary = None
+                # NOTE: the frames of the previous walk are held until this one ends, so a
+                # frame found among them at the same instruction is the same frame with the
+                # same (suspended) callers: splice the previous walk's outer part.
+                i = prev_pos.get(id(frame))
+                if i is not None and self._prev_frames[i] is frame \
+                        and self._prev_key[i][1] == frame.f_lasti:
+                    room = depth - users
+                    key.extend(self._prev_key[i:i + room])
+                    frames.extend(self._prev_frames[i:i + room])
+                    complete = len(self._prev_key) - i <= room and self._prev_complete
+                    break
                 key.append((id(code), frame.f_lasti))
                 frames.append(frame)
                 users += 1
                 if users >= depth:
+                    complete = frame.f_back is None
                     break
             elif kind == LIBRARY and not key and (boundary is None
                                                   or code.co_name not in _WRAPPER_NAMES):
@@ -154,11 +172,16 @@ class StackInterner:
             self._ids[key] = sid
         self._last_frame, self._last_lasti, self._last_sid = first, \
             (first.f_lasti if first is not None else -1), sid
+        # only a walk that reached the outermost frame can lend its tail to the next one
+        self._prev_complete = complete
+        self._prev_key, self._prev_frames = key, frames
+        self._prev_pos = {id(f): i for i, f in enumerate(frames)} if complete else {}
         return sid
 
     def release(self) -> None:
-        """Drop the reference to the last frame seen (end of recording)."""
+        """Drop the references to the frames of the last walk (end of recording)."""
         self._last_frame = None
+        self._prev_key, self._prev_frames, self._prev_pos = (), [], {}
 
 
 def _encode(frames) -> str:
