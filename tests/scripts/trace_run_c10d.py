@@ -6,7 +6,6 @@ step 1); --hang RANK (skips the step-1 all-reduce, then sleeps); --sleep S (paus
 import argparse
 import os
 import signal
-import sys
 import time
 
 import torch
