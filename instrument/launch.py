@@ -184,6 +184,10 @@ def build_report(out: str) -> Optional[str]:
     except (RunError, OSError, ValueError) as exc:
         print(f"trace-run: no report: {exc}", file=sys.stderr)
         return None
+    except Exception as exc:  # a bug in a renderer must not hide the traces already on disk
+        print(f"trace-run: no report: the report builder failed ({type(exc).__name__}: {exc}); "
+              f"the traces are in {out}, run trace-report {out} after a fix", file=sys.stderr)
+        return None
 
 
 def main(argv: Optional[list] = None) -> int:
