@@ -30,7 +30,7 @@ TINY = ["--layers", "2", "--hidden", "32", "--heads", "4", "--seq-len", "16",
         "--micro-batch-size", "2", "--microbatches", "2", "--steps", "2"]
 STEPS, M, LAYERS = 2, 2, 2
 # Enough compute per micro-batch for pipeline bubbles to be measurable (tests/test_timeline_gpt.py)
-PIPE = ["--tp", "1", "--pp", "2", "--layers", "4", "--hidden", "128", "--seq-len", "64",
+PIPE = ["--tp", "1", "--pp", "2", "--layers", "8", "--hidden", "256", "--seq-len", "64",
         "--micro-batch-size", "4", "--microbatches", "4", "--steps", "4"]
 PIPE_M, PIPE_RECORDED = 4, 3        # steps 1-3 recorded (step 0 is setup)
 ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
