@@ -66,6 +66,7 @@ def phase_of_label(label: str):
             phase = _PIPELINING_PHASES.get(match.group(1) or match.group(2))
     return phase
 
+
 class Interner:
     """Strings -> small ids; ``values`` only grows (the writer relies on it for deltas)."""
 
@@ -127,9 +128,10 @@ class Session:
         self._clock_sync = clock_sync
         self._clock_timeout = clock_timeout
         self._auto_step = auto_step
-        self._interners = {name: Interner() for name in DICT_COLUMNS}
+        # stack and fwd_stack share the StackInterner (its values go out for both columns)
+        self._interners = {name: Interner() for name in DICT_COLUMNS
+                           if name not in ("stack", "fwd_stack")}
         self._stacks = StackInterner(stack_depth, library_frames, user_paths)
-        # stack and fwd_stack share one interner (the writer sends its values for both columns)
         self._op_ids = self._interners["op"]
         self._modules = ModuleTracker(self._interners["module"])
         self._queue: collections.deque = collections.deque()
@@ -251,9 +253,9 @@ class Session:
         })
         self._flush(final=True)
         self._stacks.release()
+        self._write_status(final=True)
         self._writer.close()
         self._writer = None
-        self._write_status(final=True)
 
     # ------------------------------------------------------------------ hot path
     def on_op(self, func, args, kwargs):
