@@ -178,14 +178,16 @@ class GPTChunk(nn.Module):
                  tp: TensorParallel, seed: int):
         super().__init__()
         self.embedding = Embedding(cfg, tp, seed) if first else None
-        self.blocks = nn.ModuleList(Block(cfg, i, tp, seed) for i in layers)
+        # NOTE: keyed by the global layer index, so module paths (GPTChunk.blocks.5.attn) name
+        # the same layer on every stage and chunk, in traces and diffs
+        self.blocks = nn.ModuleDict({str(i): Block(cfg, i, tp, seed) for i in layers})
         tied = self.embedding.wte.weight if first else None
         self.head = LMHead(cfg, tp, seed, tied) if last else None
 
     def forward(self, x: torch.Tensor, targets: Optional[torch.Tensor] = None) -> torch.Tensor:
         if self.embedding is not None:
             x = self.embedding(x)
-        for block in self.blocks:
+        for block in self.blocks.values():
             x = block(x)
         return self.head(x, targets) if self.head is not None else x
 
