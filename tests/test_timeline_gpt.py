@@ -9,16 +9,15 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import socket
 import statistics
 import subprocess
 import sys
-import time
 import xml.etree.ElementTree as ET
 
 import pytest
 
+from machine_load import ForeignLoad
 from test_timeline import check_chrome_trace
 from viz import timeline
 from viz.trace import load_run
@@ -45,25 +44,11 @@ def trace_gpt(tmp_path_factory, name: str, *args: str):
     cmd = [sys.executable, "-m", "instrument.launch", "--nproc-per-node", "2",
            "--master-port", str(free_port()), "--out", str(out), "--steps", "1-",
            "--no-report", "-m", "sample_runs.train", *MODEL, *args]
-    busy0, ours0, t0 = cpu_busy_s(), children_cpu_s(), time.monotonic()
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    with ForeignLoad() as load:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    foreign = (cpu_busy_s() - busy0) - (children_cpu_s() - ours0)
-    FOREIGN[name] = foreign / ((time.monotonic() - t0) * (os.cpu_count() or 1))
+    FOREIGN[name] = load.share
     return load_run(str(out))
-
-
-def cpu_busy_s() -> float:
-    """CPU seconds the whole machine spent busy (all cores), from /proc/stat."""
-    with open("/proc/stat") as fh:
-        fields = [int(x) for x in fh.readline().split()[1:]]
-    idle = fields[3] + fields[4]     # idle, iowait
-    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
-
-
-def children_cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
 
 
 def median_pipeline_bubble(m: timeline.RankMetrics, key: str = "bubble_fraction") -> float:
