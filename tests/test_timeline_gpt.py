@@ -139,8 +139,13 @@ def test_interleaved_bubble_below_1f1b(one_f_one_b, interleaved):
     mean_inter = statistics.mean(median_pipeline_bubble(inter[r]) for r in (0, 1))
     print(f"pipeline bubble p=2 m=4: 1f1b {mean_plain:.3f} (theory 0.2), interleaved v=2 "
           f"{mean_inter:.3f} (theory 0.111)")
-    skip_if_machine_busy(plain, 0.2, "1f1b")
-    skip_if_machine_busy(inter, 1 / 9, "interleaved")
+    # NOTE: a relative comparison: the stages' imbalance (the last holds the head and loss) moves
+    # both schedules alike, so only other processes' load voids it, not the replay's distance
+    # from the theory (which skip_if_machine_busy also checks, for the absolute GPipe test).
+    for what in ("1f1b", "interleaved"):
+        if FOREIGN[what] > 0.25:
+            pytest.skip(f"{what}: other processes used {FOREIGN[what]:.0%} of the cores while "
+                        f"it ran; 1f1b {mean_plain:.3f}, interleaved {mean_inter:.3f}")
     assert mean_inter < mean_plain
 
 
