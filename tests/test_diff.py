@@ -11,7 +11,6 @@ import dataclasses
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import shutil
@@ -26,6 +25,7 @@ from viz import diff, timeline
 from viz.callgraph import op_groups
 from viz.diff_graph import ADDED, CHANGED, UNCHANGED
 from viz.trace import load_run
+from gpt_helpers import free_port
 
 TINY = ["--layers", "2", "--hidden", "32", "--heads", "4", "--seq-len", "16",
         "--micro-batch-size", "2", "--microbatches", "2", "--steps", "2"]
@@ -39,10 +39,6 @@ SVG = "{http://www.w3.org/2000/svg}"
 REPO = Path(__file__).resolve().parent.parent
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def trace_run(out, nproc: int, *args: str, record: tuple = (), cwd=None) -> str:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -21,6 +20,7 @@ from machine_load import ForeignLoad
 from test_timeline import check_chrome_trace
 from viz import timeline
 from viz.trace import load_run
+from gpt_helpers import free_port
 
 FOREIGN: dict = {}   # configuration -> share of the cores other processes used during its run
 # NOTE: 8 layers, 4 per stage, hidden 256, so that the last stage's extra work (LM head, loss,
@@ -31,10 +31,6 @@ MODEL = ["--tp", "1", "--layers", "8", "--hidden", "256", "--seq-len", "64",
          "--micro-batch-size", "8", "--steps", "7"]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def trace_gpt(tmp_path_factory, name: str, *args: str):

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -18,6 +17,7 @@ import pytest
 import tracer
 from instrument import gather
 from instrument.watchdog import never_arrived
+from gpt_helpers import free_port
 
 SCRIPTS = Path(__file__).parent / "scripts"
 C10D = str(SCRIPTS / "trace_run_c10d.py")
@@ -45,10 +45,6 @@ def assert_no_traceback(proc: subprocess.CompletedProcess) -> None:
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_plain_c10d_run_records_every_rank_and_builds_the_report(tmp_path):
