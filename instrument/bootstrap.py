@@ -27,6 +27,7 @@ from typing import Optional
 from torch.distributed.elastic.multiprocessing.errors import record
 
 import tracer
+from tracer import rundir
 
 from . import gather
 
@@ -78,7 +79,7 @@ def keep_earlier_attempt(traces_dir: str, rank: int) -> None:
     keep = os.path.join(traces_dir, f"attempt-{attempt - 1}")
     os.makedirs(keep, exist_ok=True)
     for name in os.listdir(traces_dir):
-        if name.startswith(f"rank-{rank}."):
+        if rundir.parse_rank_file(name) == rank:
             os.replace(os.path.join(traces_dir, name), os.path.join(keep, name))
 
 
@@ -92,12 +93,12 @@ def _rank() -> int:
 @record
 def main(argv: Optional[list] = None) -> None:
     opts = parse(sys.argv[1:] if argv is None else argv)
-    traces_dir = os.path.join(opts.out, "traces")
+    traces_dir = os.path.join(opts.out, rundir.TRACES)
     os.makedirs(traces_dir, exist_ok=True)
     keep_earlier_attempt(traces_dir, _rank())
     signal.signal(signal.SIGTERM, _on_sigterm)
     # Kept open for the life of the process: faulthandler writes to its file descriptor.
-    stack_file = open(os.path.join(traces_dir, f"rank-{_rank()}.stack.txt"), "w")
+    stack_file = open(rundir.stack_file(traces_dir, _rank()), "w")
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
     try:
         gather.announce(opts.out)

@@ -19,6 +19,8 @@ from typing import Optional
 
 from torch.distributed import run as torchrun
 
+from tracer import rundir
+
 DEFAULT_MODULE = "sample_runs.train"
 EXIT_USAGE = 2
 USAGE = "trace-run [torchrun options] [trace-run options] [SCRIPT | -m MODULE] [ARGS...]"
@@ -118,14 +120,14 @@ def prepare_out(out: Optional[str]) -> str:
         if os.path.exists(out):
             out += "-" + uuid.uuid4().hex[:6]
     out = os.path.abspath(out)
-    traces = os.path.join(out, "traces")
+    traces = os.path.join(out, rundir.TRACES)
     try:
         os.makedirs(traces, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=traces):
             pass
     except OSError as exc:
         raise UsageError(f"cannot write to --out {out}: {exc.strerror or exc}") from None
-    if any(name.startswith("rank-") for name in os.listdir(traces)):
+    if any(rundir.parse_rank_file(name) is not None for name in os.listdir(traces)):
         raise UsageError(f"--out {out} already holds traces of another run; choose a new DIR")
     return out
 
@@ -161,7 +163,7 @@ def worker_args(args: argparse.Namespace, out: str, target: Target) -> list:
 
 
 def check_steps(spec: Optional[str]) -> None:
-    from tracer.session import parse_steps
+    from tracer.options import parse_steps
     try:
         parse_steps(spec)
     except ValueError as exc:

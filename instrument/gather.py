@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import secrets
 import socket
 import socketserver
@@ -34,10 +33,10 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Optional
 
+from tracer import rundir
+
 SCHEMA = "paratrace.gather/1"
 ENV_COLLECTOR = "PARATRACE_COLLECTOR"
-NODE_FILE = "node.json"
-_FILE_NAME = re.compile(r"^rank-\d+\.(arrow|status\.json|stack\.txt)$")
 _MAX_HEADER = 1 << 20
 _CHUNK = 1 << 20
 
@@ -120,7 +119,7 @@ class Collector:
             raise GatherError(f"upload from {peer}: wrong token (not a node of this run)")
         files = header.get("files") or []
         for item in files:
-            if not _FILE_NAME.match(str(item.get("name"))) or int(item.get("size", -1)) < 0:
+            if not rundir.parse_rank_file(str(item.get("name"))) is not None or int(item.get("size", -1)) < 0:
                 raise GatherError(f"upload from {peer}: refused file entry {item!r}")
         os.makedirs(self.traces_dir, exist_ok=True)
         # known before any file lands, so the local run never mistakes them for its own ranks
@@ -164,16 +163,16 @@ def announce(out_dir: str, timeout: float = 120.0) -> None:
         collector = store.get(key).decode()
     node = {"group_rank": group_rank, "group_world_size": int(env["GROUP_WORLD_SIZE"]),
             "collector": collector}
-    tmp = os.path.join(out_dir, NODE_FILE + ".tmp")
+    tmp = os.path.join(out_dir, rundir.NODE_RECORD + ".tmp")
     with open(tmp, "w") as fh:
         json.dump(node, fh)
-    os.replace(tmp, os.path.join(out_dir, NODE_FILE))
+    os.replace(tmp, os.path.join(out_dir, rundir.NODE_RECORD))
 
 
 def read_node(out_dir: str) -> Optional[dict]:
     """node.json written by :func:`announce`, or None (single node, or workers died first)."""
     try:
-        with open(os.path.join(out_dir, NODE_FILE)) as fh:
+        with open(os.path.join(out_dir, rundir.NODE_RECORD)) as fh:
             return json.load(fh)
     except (OSError, ValueError):
         return None
@@ -184,7 +183,7 @@ def send(collector: str, traces_dir: str, node_rank: int, ranks: dict,
     """Send every trace file of ``traces_dir`` to ``host:port#token``; returns its run directory."""
     address, _, token = collector.partition("#")
     host, _, port = address.rpartition(":")
-    names = sorted(n for n in os.listdir(traces_dir) if _FILE_NAME.match(n))
+    names = sorted(n for n in os.listdir(traces_dir) if rundir.parse_rank_file(n) is not None)
     files = [{"name": n, "size": os.path.getsize(os.path.join(traces_dir, n))} for n in names]
     header = {"schema": SCHEMA, "token": token, "node_rank": node_rank, "ranks": ranks,
               "files": files}

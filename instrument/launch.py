@@ -25,6 +25,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import elastic_launch
 
 import tracer
+from tracer import rundir
 
 from . import gather
 from .cli import (EXIT_USAGE, Target, UsageError, build_parser, check_steps, launch_config,
@@ -148,7 +149,7 @@ def root_cause(ranks: dict, traces_dir: str, fallback: Optional[int]) -> Optiona
         if info.get("status") != "failed" or info.get("terminated"):
             continue
         try:
-            end = tracer.load(os.path.join(traces_dir, f"rank-{rank}.arrow")).meta.get("end_unix")
+            end = tracer.load(rundir.trace_file(traces_dir, rank)).meta.get("end_unix")
         except tracer.TraceError:
             continue
         if end is not None:
@@ -165,10 +166,10 @@ def _remove_empty_stack_files(traces_dir: str) -> None:
 
 
 def write_run_json(out: str, record: dict) -> None:
-    tmp = os.path.join(out, "run.json.tmp")
+    tmp = os.path.join(out, rundir.RUN_RECORD + ".tmp")
     with open(tmp, "w") as fh:
         json.dump(record, fh, indent=1)
-    os.replace(tmp, os.path.join(out, "run.json"))
+    os.replace(tmp, os.path.join(out, rundir.RUN_RECORD))
 
 
 def build_report(out: str) -> Optional[str]:
@@ -213,7 +214,7 @@ def main(argv: Optional[list] = None) -> int:
 
 
 def _run(args, config, target: Target, out: str, command: list) -> int:
-    traces_dir = os.path.join(out, "traces")
+    traces_dir = os.path.join(out, rundir.TRACES)
     collector = None
     if config.max_nodes > 1:
         collector = gather.Collector(traces_dir, config.local_addr or socket.getfqdn())

@@ -10,10 +10,8 @@ signal handler). Its traces stay readable: the tracer flushed them up to the han
 """
 from __future__ import annotations
 
-import glob
 import json
 import os
-import re
 import signal
 import threading
 import time
@@ -21,8 +19,8 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 import tracer
+from tracer import rundir
 
-_STATUS_FILE = re.compile(r"rank-(\d+)\.status\.json$")
 _P2P = ("send", "recv")
 
 
@@ -52,11 +50,10 @@ class Collective:
 def read_statuses(traces_dir: str) -> dict:
     """rank -> the rank's latest status dict (unreadable files are skipped)."""
     statuses = {}
-    for path in glob.glob(os.path.join(traces_dir, "rank-*.status.json")):
-        match = _STATUS_FILE.search(path)
+    for rank, path in rundir.rank_files(traces_dir, rundir.STATUS_EXT).items():
         try:
             with open(path) as fh:
-                statuses[int(match.group(1))] = json.load(fh)
+                statuses[rank] = json.load(fh)
         except (OSError, ValueError):
             continue
     return statuses
@@ -65,7 +62,7 @@ def read_statuses(traces_dir: str) -> dict:
 def launched_seqs(traces_dir: str, rank: int) -> dict:
     """group -> highest collective sequence number ``rank`` launched, from its trace on disk."""
     try:
-        t = tracer.load(os.path.join(traces_dir, f"rank-{rank}.arrow"))
+        t = tracer.load(rundir.trace_file(traces_dir, rank))
     except tracer.TraceError:
         return {}
     table = t.table
@@ -177,7 +174,7 @@ class Watchdog:
         ranks = {}
         for r, s in sorted(statuses.items()):
             try:
-                with open(os.path.join(self.traces_dir, f"rank-{r}.stack.txt")) as fh:
+                with open(rundir.stack_file(self.traces_dir, r)) as fh:
                     stack = fh.read()
             except OSError:
                 stack = ""

@@ -10,7 +10,8 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from tracer.format import COLUMNS, DICT_COLUMNS, PHASE_BACKWARD, PHASE_FORWARD, TraceWriter
+from tracer.format import COLUMNS, DICT_COLUMNS, TraceWriter
+from tracer.labels import PHASE_BACKWARD, PHASE_FORWARD
 from viz import timeline
 from viz.render import chrome_trace
 from viz.trace import load_run

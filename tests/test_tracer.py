@@ -100,7 +100,7 @@ def test_annotations_and_record_function_ranges_are_recorded(tmp_path):
     ("PP:1I0", 2), ("PP:2SEND_B1", 2), ("PP:0RECV_F2", 1), ("PP:0UNSHARD1", None),
     ("Optimizer.step#SGD.step", None)])
 def test_phase_of_annotation_labels_including_pipelinings(label, phase):
-    from tracer.session import phase_of_label
+    from tracer.labels import phase_of_label
     assert phase_of_label(label) == phase
 
 

@@ -26,9 +26,6 @@ FORMAT_NAME = "paratrace.trace"
 FORMAT_VERSION = 1
 META_KEY = b"paratrace.meta"
 
-PHASES = ("other", "forward", "backward")
-PHASE_OTHER, PHASE_FORWARD, PHASE_BACKWARD = 0, 1, 2
-
 
 def _dict(index_type):
     return pa.dictionary(index_type, pa.string())
@@ -39,7 +36,7 @@ COLUMNS = (
     ("t0", pa.int64()),              # start, ns, this rank's monotonic clock
     ("t1", pa.int64()),              # end; for communication the completion (null: never seen)
     ("op", _dict(pa.int32())),       # op overload, e.g. aten.mm.default
-    ("phase", pa.int8()),            # 0 other, 1 forward, 2 backward
+    ("phase", pa.int8()),            # index into tracer.labels.PHASES
     ("module", _dict(pa.int32())),   # nn.Module path, forward module for backward ops
     ("stack", _dict(pa.int32())),    # interned Python stack where the op was issued (JSON)
     ("fwd_stack", _dict(pa.int32())),  # backward ops: stack of the forward op that made the node

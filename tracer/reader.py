@@ -16,7 +16,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from . import ops
-from .format import COLUMNS, DICT_COLUMNS, PHASES, SCHEMA, read_stream
+from .format import COLUMNS, DICT_COLUMNS, SCHEMA, read_stream
+from .labels import PHASES
 from .stacks import decode_stack
 
 _META_MERGE_DICTS = ("config",)

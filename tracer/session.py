@@ -11,7 +11,6 @@ import collections
 import importlib
 import json
 import os
-import re
 import socket
 import sys
 import threading
@@ -22,10 +21,11 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from . import _active, clock, ops
+from . import _active, clock, ops, rundir
 from ._mode import RecordingMode
-from .format import (DICT_COLUMNS, FORMAT_VERSION, PHASE_BACKWARD, PHASE_FORWARD, PHASE_OTHER,
-                     TraceWriter, rename)
+from .format import DICT_COLUMNS, FORMAT_VERSION, TraceWriter, rename
+from .labels import PHASE_BACKWARD, PHASE_FORWARD, PHASE_OTHER, phase_of_attrs
+from .options import parse_steps
 from .modules import ModuleTracker
 from .stacks import StackInterner
 
@@ -44,29 +44,6 @@ T1, KIND, CID = 1, 11, 18
 MAX_QUEUE = 200_000          # events held in memory before the hot path flushes itself
 MAX_NODES = 1 << 18          # forward autograd nodes remembered (this and the last window)
 
-_PHASE_OF_LABEL = {"F": PHASE_FORWARD, "forward": PHASE_FORWARD, "B": PHASE_BACKWARD,
-                   "W": PHASE_BACKWARD, "backward": PHASE_BACKWARD, "optimizer": PHASE_OTHER,
-                   "other": PHASE_OTHER}
-_PHASE_NAMES = {"forward": PHASE_FORWARD, "backward": PHASE_BACKWARD, "other": PHASE_OTHER}
-# torch.distributed.pipelining's record_function labels: "Forward 3" / "Backward 3" (GPipe) and
-# "PP:<stage><action><microbatch>" (schedules run from an action list, e.g. PP:0F1, PP:1I0).
-_PIPELINING_LABEL = re.compile(r"^(?:(Forward|Backward) \d+|PP:\d+([A-Z_]+?)\d+)$")
-_PIPELINING_PHASES = {"Forward": PHASE_FORWARD, "Backward": PHASE_BACKWARD,
-                      "F": PHASE_FORWARD, "SEND_F": PHASE_FORWARD, "RECV_F": PHASE_FORWARD,
-                      "B": PHASE_BACKWARD, "I": PHASE_BACKWARD, "W": PHASE_BACKWARD,
-                      "SEND_B": PHASE_BACKWARD, "RECV_B": PHASE_BACKWARD}
-
-
-def phase_of_label(label: str):
-    """The phase an annotation label implies, or None."""
-    phase = _PHASE_OF_LABEL.get(label)
-    if phase is None:
-        match = _PIPELINING_LABEL.match(label)
-        if match:
-            phase = _PIPELINING_PHASES.get(match.group(1) or match.group(2))
-    return phase
-
-
 class Interner:
     """Strings -> small ids; ``values`` only grows (the writer relies on it for deltas)."""
 
@@ -82,30 +59,6 @@ class Interner:
             i = self.ids[text] = len(self.values)
             self.values.append(text)
         return i
-
-
-def parse_steps(spec) -> Optional[callable]:
-    """'2-4,7,10-' -> predicate on step index (0-based); None or '' or 'all': every step."""
-    if spec is None or (isinstance(spec, str) and spec.strip().lower() in ("", "all")):
-        return None
-    if isinstance(spec, int):
-        spec = str(spec)
-    ranges = []
-    for part in str(spec).split(","):
-        part = part.strip()
-        if not part:
-            continue
-        try:
-            if "-" in part:
-                lo, hi = part.split("-", 1)
-                ranges.append((int(lo) if lo else 0, int(hi) if hi else None))
-            else:
-                ranges.append((int(part), int(part)))
-        except ValueError:
-            raise ValueError(f"bad step selection {spec!r}: use e.g. '1-3', '0,2', '2-'") from None
-        if ranges[-1][0] < 0 or (ranges[-1][1] is not None and ranges[-1][1] < ranges[-1][0]):
-            raise ValueError(f"bad step selection {spec!r}: ranges must be ascending, >= 0")
-    return lambda step: any(lo <= step and (hi is None or step <= hi) for lo, hi in ranges)
 
 
 class Session:
@@ -183,11 +136,11 @@ class Session:
     # ------------------------------------------------------------------ lifecycle
     @property
     def path(self) -> str:
-        return os.path.join(self.out_dir, f"rank-{self.rank}.arrow")
+        return rundir.trace_file(self.out_dir, self.rank)
 
     @property
     def status_path(self) -> str:
-        return os.path.join(self.out_dir, f"rank-{self.rank}.status.json")
+        return rundir.status_file(self.out_dir, self.rank)
 
     def __enter__(self) -> "Session":
         if _active.ACTIVE is not None:
@@ -517,8 +470,7 @@ class Session:
 
     # ------------------------------------------------------------------ annotations & steps
     def _push_annotation(self, label: str, attrs: dict):
-        hint = _PHASE_NAMES.get(attrs.get("phase")) if "phase" in attrs else \
-            phase_of_label(label)
+        hint = phase_of_attrs(label, attrs)
         entry = (label, attrs, hint)
         self._annotations.append(entry)
         self._refresh_annotation()

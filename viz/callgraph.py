@@ -26,7 +26,7 @@ from typing import Iterable, NamedTuple, Optional, Sequence
 import networkx as nx
 import numpy as np
 
-from tracer.format import PHASES
+from tracer.labels import PHASES
 from tracer.ops import PSEUDO_OPS
 from tracer.stacks import decode_stack
 

@@ -29,6 +29,8 @@ from typing import Optional
 
 import numpy as np
 
+from tracer import rundir
+
 from .callgraph import (FUNCTION, HIDDEN, NO_STACK, CallGraph, Weights, build_callgraph, importance,
                         prune, run_groups, source_lines, total_of, trim_common_prefix)
 from .modules import NO_MODULE, module_tree
@@ -161,7 +163,7 @@ def build_report(run: Run, out_dir: str, *, options: ReportOptions = ReportOptio
                         graphs=graphs[:1 + len(groups)], zooms=list(zooms.values()),
                         module_zooms=list(module_zooms.values()),
                         sources=sorted((paths.get(f, f), rel) for f, rel in source_pages.items()),
-                        summary_json="summary.json" if summary is not None else None,
+                        summary_json=rundir.SUMMARY if summary is not None else None,
                         timeline=dict(write_timeline(run, out_dir)))
     return index
 
@@ -279,7 +281,7 @@ def _line_views(text: Optional[list], per_line: dict) -> list:
 
 # ---------------------------------------------------------------------------- run and ranks
 def _read_summary(out_dir: str) -> Optional[dict]:
-    path = os.path.join(out_dir, "summary.json")
+    path = os.path.join(out_dir, rundir.SUMMARY)
     try:
         with open(path) as fh:
             return json.load(fh)

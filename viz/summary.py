@@ -12,7 +12,8 @@ from collections import defaultdict
 
 import numpy as np
 
-from tracer.format import PHASES
+from tracer import rundir
+from tracer.labels import PHASES
 from tracer.ops import PSEUDO_OPS
 
 from .trace import Run
@@ -114,7 +115,7 @@ def _last_op(trace) -> dict:
 
 def write_summary(run: Run, out_dir: str) -> str:
     os.makedirs(out_dir, exist_ok=True)
-    path = os.path.join(out_dir, "summary.json")
+    path = os.path.join(out_dir, rundir.SUMMARY)
     with open(path, "w") as fh:
         json.dump(build_summary(run), fh, indent=1)
     return path

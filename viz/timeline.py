@@ -17,25 +17,20 @@ All times are integer nanoseconds on rank 0's clock (``Trace.global_times``).
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
 import numpy as np
 
 from tracer import ops as _ops
+from tracer.labels import pass_of
 
 from .trace import Run
 
-PASS_KINDS = ("F", "B", "W")
 # A gap between two ops of one thread longer than this is idle, not host overhead: Python,
 # autograd and the tracer take microseconds to a few ms between ops, even on a loaded machine.
 IDLE_GAP_NS = 50_000_000
 _WAIT_OPS = ("_c10d_functional.wait_tensor.default", "c10d_functional.wait_tensor.default")
-# torch.distributed.pipelining labels: "PP:<stage><F|B|I|W><microbatch>" and "Forward <i>".
-_PP_LABEL = re.compile(r"^PP:(\d+)(F|B|I|W)(\d+)$")
-_PP_OLD_LABEL = re.compile(r"^(Forward|Backward) (\d+)$")
-_PP_KIND = {"F": "F", "B": "B", "I": "B", "W": "W", "Forward": "F", "Backward": "B"}
 
 
 # ---------------------------------------------------------------------------- records
@@ -416,28 +411,13 @@ def _annotation_spans(rows: _RankRows):
         own = stack[-1]
         label = str(own.get("label", ""))
         start, end, step = int(rows.t0[i]), int(rows.t1[i]), int(rows.step[i])
-        found = _pass_of(label, own)
+        found = pass_of(label, own)
         if found is not None:
-            kind, microbatch, chunk, source = found
-            passes.append(Pass(rows.rank, step, kind, microbatch, chunk, start, end, source))
+            passes.append(Pass(rows.rank, step, found.kind, found.microbatch, found.chunk, start,
+                               end, found.source))
         else:
             others.append((start, end, label, len(stack) - 1))
     return sorted(passes, key=lambda p: p.start), sorted(others)
-
-
-def _pass_of(label: str, attrs: dict):
-    if label in PASS_KINDS:
-        mb = attrs.get("microbatch")
-        return label, mb if isinstance(mb, int) else None, int(attrs.get("chunk") or 0), \
-            "annotation"
-    match = _PP_LABEL.match(label)
-    if match:
-        return _PP_KIND[match.group(2)], int(match.group(3)), int(match.group(1)), \
-            "record_function"
-    match = _PP_OLD_LABEL.match(label)
-    if match:
-        return _PP_KIND[match.group(1)], int(match.group(2)), 0, "record_function"
-    return None
 
 
 def _infer_passes(rows: _RankRows, lane: RankLanes) -> list:

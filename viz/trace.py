@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from dataclasses import dataclass, field
 from typing import Optional
 
 import tracer
-from tracer import TraceError
+from tracer import TraceError, rundir
 
-_RANK_FILE = re.compile(r"^rank-(\d+)\.arrow$")
 
 
 class RunError(Exception):
@@ -74,23 +72,15 @@ def trace_files(path: str) -> dict:
     """rank -> trace file path, from a run directory or a bare directory of traces."""
     if not os.path.isdir(path):
         raise RunError(f"{path}: not a directory")
-    traces_dir = os.path.join(path, "traces") if os.path.isdir(os.path.join(path, "traces")) \
-        else path
-    files = {}
-    for name in os.listdir(traces_dir):
-        match = _RANK_FILE.match(name)
-        if match:
-            files[int(match.group(1))] = os.path.join(traces_dir, name)
-    return files
+    return rundir.rank_files(rundir.traces_dir(path))
 
 
 def load_run(path: str) -> Run:
     """Load a run directory. Raises RunError if it holds no trace at all."""
     files = trace_files(path)
-    traces_dir = os.path.join(path, "traces") if os.path.isdir(os.path.join(path, "traces")) \
-        else path
+    traces_dir = rundir.traces_dir(path)
     info = {}
-    info_path = os.path.join(path, "run.json")
+    info_path = os.path.join(path, rundir.RUN_RECORD)
     if os.path.exists(info_path):
         try:
             with open(info_path) as fh:
