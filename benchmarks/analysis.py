@@ -3,7 +3,7 @@
     python benchmarks/analysis.py [--events 1000000] [--ranks 4] [--repeat 3] [--budget 15]
 
 Writes real trace files with tracer.format.TraceWriter (untimed), then times, per repeat:
-loading them (viz.trace.load_run), aggregating events (viz.callgraph.op_groups), building the
+loading them (viz.run.open_run), aggregating events (viz.groups.op_groups), building the
 merged and per-rank call graphs, pruning them and rendering each to SVG with graphviz dot.
 Prints the median wall time of every stage, the CPU seconds used (this process and dot),
 events per second, and exits 1 if the median wall total exceeds the budget (seconds).
@@ -26,10 +26,11 @@ import time
 import numpy as np
 
 from tracer.format import COLUMNS, TraceWriter
-from viz.callgraph import build_callgraph, op_groups, prune
+from viz.callgraph import build_callgraph, prune
 from viz.render.callgraph_svg import render_svg, to_dot
 from viz.source import display_paths
-from viz.trace import load_run
+from viz.groups import op_groups
+from viz.run import open_run
 
 BATCH = 200_000
 OPS = [f"aten.op{i}.default" for i in range(60)] + ["aten.mm.default", "aten.addmm.default"]
@@ -122,13 +123,14 @@ def run_once(run_dir: str, out_dir: str) -> dict:
     times = {}
     cpu = os.times()
     t = time.perf_counter()
-    run = load_run(run_dir)
+    run = open_run(run_dir)
+    traces = {rank: run.load(rank) for rank in run.files}
     times["load"] = time.perf_counter() - t
     t = time.perf_counter()
-    groups = {rank: op_groups(trace) for rank, trace in run.ranks.items()}
+    groups = {rank: op_groups(trace) for rank, trace in traces.items()}
     times["aggregate"] = time.perf_counter() - t
     t = time.perf_counter()
-    world = tuple(range(run.world_size))
+    world = tuple(range(run.world_size_hint))
     merged = [g for rank in sorted(groups) for g in groups[rank]]
     graphs = [build_callgraph(merged, world=world)] + \
         [build_callgraph(groups[r], world=world) for r in sorted(groups)]
@@ -147,7 +149,7 @@ def run_once(run_dir: str, out_dir: str) -> dict:
     end = os.times()
     # CPU seconds of this process and of dot: wall time on a shared machine includes waiting.
     times["cpu"] = sum(end[i] - cpu[i] for i in range(4))
-    times["events"] = sum(len(tr) for tr in run.ranks.values())
+    times["events"] = sum(len(tr) for tr in traces.values())
     times["groups"] = len(merged)
     times["nodes"] = max(g.graph.number_of_nodes() for g in pruned)
     return times

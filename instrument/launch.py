@@ -176,12 +176,14 @@ def build_report(out: str) -> Optional[str]:
     """viz.cli.build; None (with a one-line message) if nothing could be built."""
     try:
         from viz.cli import build
-        from viz.trace import RunError
+        from viz.run import RunError
     except ImportError as exc:
         print(f"trace-run: report builder unavailable ({exc})", file=sys.stderr)
         return None
     try:
-        return build(out)
+        index, _ = build(out, warn=lambda line: print(f"trace-run: {line}", file=sys.stderr,
+                                                      flush=True))
+        return index
     except (RunError, OSError, ValueError) as exc:
         print(f"trace-run: no report: {exc}", file=sys.stderr)
         return None

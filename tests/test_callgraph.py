@@ -25,14 +25,15 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import gpt_helpers
 import tracer
-from tracer.format import TraceWriter
-from viz.callgraph import (COMM, FUNCTION, HIDDEN, build_callgraph, function_id, op_groups,
-                           prune, run_groups, source_lines)
+from tracer.synthetic import SyntheticRank
+from viz.callgraph import (COMM, FUNCTION, HIDDEN, build_callgraph, function_id, prune,
+                           source_lines)
+from viz.groups import op_groups
 from viz.flops import flops
 from viz.modules import module_tree
 from viz.render.callgraph_svg import render_svg, to_dot
 from viz.source import display_paths
-from viz.trace import load_run
+from viz.run import open_run
 
 REPO = Path(__file__).resolve().parent.parent
 GOLDEN = REPO / "tests" / "assets" / "callgraph_tp2_pp2.dot"
@@ -57,18 +58,18 @@ def traced_run() -> str:
 
 @pytest.fixture(scope="module")
 def run():
-    return load_run(traced_run())
+    return open_run(traced_run())
 
 
 @pytest.fixture(scope="module")
 def groups(run):
-    return run_groups(run)
+    return {rank: op_groups(run.load(rank)) for rank in run.files}
 
 
 @pytest.fixture(scope="module")
 def merged(run, groups):
     return build_callgraph([g for r in sorted(groups) for g in groups[r]],
-                           world=range(run.world_size))
+                           world=range(len(run.files)))
 
 
 def line_of(path: str, text: str) -> int:
@@ -79,8 +80,8 @@ def line_of(path: str, text: str) -> int:
 
 
 def test_op_groups_account_for_every_event(run, groups):
-    for rank, trace in run.ranks.items():
-        ops = [r for r in trace.records() if not r["op"].startswith("paratrace::")]
+    for rank in run.files:
+        ops = [r for r in run.load(rank).records() if not r["op"].startswith("paratrace::")]
         assert sum(g.count for g in groups[rank]) == len(ops)
         assert sum(g.bytes for g in groups[rank]) == sum(r["bytes"] or 0 for r in ops)
         assert sum(g.count for g in groups[rank] if g.kind) == sum(1 for r in ops if r["kind"])
@@ -249,15 +250,10 @@ def text(*shapes) -> str:
 
 def test_trace_without_stacks_still_graphs(tmp_path):
     """A recording made with record_stacks=False (or a foreign trace) has null stacks."""
-    dicts = {"op": ["aten.mm.default", "c10d.allreduce_.default"], "stack": [], "fwd_stack": [],
-             "module": ["M"], "annotation": [], "shapes": ["f32[4,4] f32[4,4]"],
-             "kind": ["all_reduce"], "group": ["0,1"], "dtype": ["f32"]}
-    writer = TraceWriter(str(tmp_path / "rank-0.arrow"), {"rank": 0, "world_size": 1})
-    writer.write([(0, 10, 0, 1, 0, None, None, None, 0, 0, 0),
-                  (20, 50, 1, 1, 0, None, None, None, 0, 0, 0, 0, 0, None, 64, 0)], dicts,
-                 meta={"status": "ok"})
-    writer.close()
-    trace = tracer.load(str(tmp_path / "rank-0.arrow"))
+    r = SyntheticRank(0, 1, unit_ns=1)
+    r.op(0, 10, module="M", shapes="f32[4,4] f32[4,4]")
+    r.comm("all_reduce", 20, 20, 50, group=(0, 1), nbytes=64, module="M", phase="forward")
+    trace = tracer.load(r.write(tmp_path))
     cg = build_callgraph(op_groups(trace))
     (root,) = cg.nodes(FUNCTION)
     assert root.name == "(no stack recorded)" and root.total.ops == 2 and root.total.bytes == 64

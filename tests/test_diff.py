@@ -1,13 +1,10 @@
 """trace-diff on real traced runs of the reference GPT (trace-run, gloo on CPU): the issue's
-acceptance checks, the output files, bad input.
-
-Runs are shared by every test of this module: three tiny structural runs traced together, then
-two pipeline runs traced one after the other (their bubbles are compared, so they do not share
-the cores with each other).
+acceptance checks, the output files, bad input. Runs are shared by every test of this module.
+They assert structure, counts, FLOPs and bytes; times differ on every run and are only checked
+to be shown (measured bubbles are a benchmark: benchmarks/bubbles.py).
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import re
@@ -20,19 +17,24 @@ from pathlib import Path
 
 import pytest
 
-from machine_load import ForeignLoad
-from viz import diff, timeline
-from viz.callgraph import op_groups
-from viz.diff_graph import ADDED, CHANGED, UNCHANGED
-from viz.trace import load_run
+import pyarrow as pa
+import pyarrow.compute  # noqa: F401  (pa.compute)
+
+import tracer
 from gpt_helpers import free_port
+from tracer import rundir
+from tracer.format import META_KEY, read_stream
+from viz import diff
+from viz.analysis import analyse
+from viz.diff.graph import ADDED, CHANGED, UNCHANGED
+from viz.groups import op_groups
+from viz.run import open_run
 
 TINY = ["--layers", "2", "--hidden", "32", "--heads", "4", "--seq-len", "16",
         "--micro-batch-size", "2", "--microbatches", "2", "--steps", "2"]
 STEPS, M, LAYERS = 2, 2, 2
-# Enough compute per micro-batch for pipeline bubbles to be measurable (tests/test_timeline_gpt.py)
-PIPE = ["--tp", "1", "--pp", "2", "--layers", "8", "--hidden", "256", "--seq-len", "64",
-        "--micro-batch-size", "4", "--microbatches", "4", "--steps", "4"]
+PIPE = ["--tp", "1", "--pp", "2", "--layers", "4", "--hidden", "32", "--seq-len", "16",
+        "--micro-batch-size", "2", "--microbatches", "4", "--steps", "4"]
 PIPE_M, PIPE_RECORDED = 4, 3        # steps 1-3 recorded (step 0 is setup)
 ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
 SVG = "{http://www.w3.org/2000/svg}"
@@ -91,18 +93,35 @@ def runs(tmp_path_factory):
 @pytest.fixture(scope="module")
 def pipelines(tmp_path_factory):
     root = tmp_path_factory.mktemp("diff-pipelines")
-    out = {}
-    for name, schedule in (("1f1b", ["--schedule", "1f1b"]),
-                           ("interleaved", ["--schedule", "interleaved",
-                                            "--virtual-stages", "2"])):
-        with ForeignLoad() as load:
-            out[name] = trace_run(root / name, 2, *PIPE, *schedule, record=("--steps", "1-"))
-        out[name + "-foreign"] = load.share
-    return out
+    with ThreadPoolExecutor(2) as pool:
+        futures = {name: pool.submit(trace_run, root / name, 2, *PIPE, *schedule,
+                                     record=("--steps", "1-"))
+                   for name, schedule in (("1f1b", ["--schedule", "1f1b"]),
+                                          ("interleaved", ["--schedule", "interleaved",
+                                                           "--virtual-stages", "2"]))}
+        return {name: f.result() for name, f in futures.items()}
 
 
 def diffed(a: str, b: str) -> diff.DiffResult:
-    return diff.diff_runs(load_run(a), load_run(b))
+    return diff.diff_runs(open_run(a), open_run(b))
+
+
+def keep_steps(src: str, dst: Path, steps: set) -> str:
+    """A copy of run ``src`` holding only the events of ``steps`` (what trace-run --steps
+    records), written batch by batch as the recorder wrote them."""
+    out = dst / "traces"
+    out.mkdir(parents=True)
+    for rank, path in rundir.rank_files(rundir.traces_dir(src)).items():
+        meta = tracer.load(path).meta
+        _, schema, batches, _, _ = read_stream(path)
+        options = pa.ipc.IpcWriteOptions(emit_dictionary_deltas=True)
+        with pa.OSFile(rundir.trace_file(str(out), rank), "wb") as sink, \
+                pa.ipc.new_stream(sink, schema, options=options) as writer:
+            for i, batch in enumerate(batches):
+                mask = pa.compute.is_in(batch.column("step"), pa.array(sorted(steps), pa.int32()))
+                custom = {META_KEY: json.dumps(meta).encode()} if i == len(batches) - 1 else None
+                writer.write_batch(batch.filter(mask), custom_metadata=custom)
+    return str(dst)
 
 
 def role(result: diff.DiffResult, label: str) -> diff.ScopeDiff:
@@ -196,39 +215,14 @@ def test_1f1b_vs_interleaved_p2p_doubles(pipelines):
                                   for ph in ("forward", "backward")}
 
 
-def test_1f1b_vs_interleaved_bubble_shrinks(pipelines):
-    result = diffed(pipelines["1f1b"], pipelines["interleaved"])
-    time = {d.name: d for d in result.totals.deltas if d.category == "time"}
-    bubble = time["pipeline_bubble_fraction"]
-    measured = f"bubbles (mean over ranks): 1f1b {bubble.a:.3f}, interleaved {bubble.b:.3f}"
-    print(measured)
-    assert 0 < bubble.a < 1 and 0 < bubble.b < 1
-    theory = time["theoretical_bubble_fraction"]
-    assert (theory.a, theory.b) == (pytest.approx(0.2), pytest.approx(1 / 9))
-    # As in tests/test_timeline_gpt.py: the comparison means something only when each rank had
-    # a core and its passes took steady times, i.e. the run's own passes replayed with free
-    # communication land near the theory (p=2, m=4: 1F1B 0.2, interleaved v=2 1/9).
-    for name, theory in (("1f1b", 0.2), ("interleaved", 1 / 9)):
-        if pipelines[name + "-foreign"] > 0.25:
-            pytest.skip(f"{name}: other processes used {pipelines[name + '-foreign']:.0%} of "
-                        f"the cores during the run; {measured}")
-        for rank, m in timeline.run_metrics(load_run(pipelines[name])).items():
-            replay = m.pipeline.simulated_bubble_fraction
-            if replay is None or abs(replay - theory) > 0.08:
-                pytest.skip(f"{name} rank {rank}: passes replayed with free communication give "
-                            f"a bubble of {replay} against a theory of {theory:.3f}: pass "
-                            f"times too uneven on this machine right now; {measured}")
-    assert bubble.b < bubble.a, measured
-
-
 def test_run_against_itself_has_no_structural_change(runs, tmp_path):
-    run = load_run(runs["sp"])
+    run = open_run(runs["sp"])
     result = diff.diff_runs(run, run)
     table = diff.format_table(result, top=15)
     assert "No structural change: on all 2 matched rank roles" in table
     assert "No op count, FLOP or communication figure differs." in table
     assert re.search(r"all ranks\s+wall_s\s+\S+ \S+\s+\S+ \S+\s+=", table), table
-    diff.write_diff(result, run, run, str(tmp_path))
+    diff.write_diff(result, str(tmp_path))
     data = json.loads((tmp_path / "diff.json").read_text())
     assert data["structural_change"] is False
     for scope in [data["totals"]] + data["roles"]:
@@ -241,10 +235,10 @@ def test_run_against_itself_has_no_structural_change(runs, tmp_path):
 
 
 def test_an_edit_that_moves_every_line_is_no_structural_change(runs):
-    a, b = load_run(runs["tp2"]), load_run(runs["tp2-edited"])
+    a, b = open_run(runs["tp2"]), open_run(runs["tp2-edited"])
 
     def model_lines(run):
-        return {(f.file, f.line) for g in op_groups(run.ranks[0]) for f in g.path
+        return {(f.file, f.line) for g in op_groups(run.load(0)) for f in g.path
                 if f.file.endswith("sample_runs/model.py")}
     lines_a, lines_b = model_lines(a), model_lines(b)
     assert lines_a and lines_b and lines_a.isdisjoint(lines_b)   # other files, other lines
@@ -254,14 +248,14 @@ def test_an_edit_that_moves_every_line_is_no_structural_change(runs):
     assert all(n.status == UNCHANGED for g in result.graphs for n in g.nodes())
 
 
-def test_runs_that_recorded_different_steps_are_compared_on_the_steps_both_have(runs):
-    full = load_run(runs["tp2"])
-    recorded = diff.recorded_steps(full)
+def test_runs_that_recorded_different_steps_are_compared_on_the_steps_both_have(runs,
+                                                                                tmp_path):
+    full = open_run(runs["tp2"])
+    recorded = diff.recorded_steps(analyse(full))
     assert {0, 1} <= recorded      # two iterations (and what ran after the last optimizer step)
     # What trace-run --steps 1- records of the same run: no step 0 (setup, first iteration).
-    later = dataclasses.replace(full, ranks={r: diff.restricted(t, recorded - {0})
-                                             for r, t in full.ranks.items()})
-    assert diff.recorded_steps(later) == recorded - {0}
+    later = open_run(keep_steps(runs["tp2"], tmp_path / "later", recorded - {0}))
+    assert diff.recorded_steps(analyse(later)) == recorded - {0}
     result = diff.diff_runs(full, later)
     assert result.compared_steps == tuple(sorted(recorded - {0}))
     assert any(f"compared over the steps both recorded, {sorted(recorded - {0})}" in w
@@ -276,7 +270,7 @@ def test_page_and_diff_call_graph_svg(runs, tmp_path):
     result = diffed(runs["tp1"], runs["tp2"])
     assert re.search(r"^\d+ op count, FLOP or communication figures differ \(--top 0\)\.$",
                      diff.format_table(result, top=0), re.M)
-    page = diff.write_diff(result, load_run(runs["tp1"]), load_run(runs["tp2"]), str(tmp_path))
+    page = diff.write_diff(result, str(tmp_path))
     html = open(page, encoding="utf-8").read()
     assert 'href="diff.json"' in html and 'href="diff-callgraph.svg"' in html
     assert "http://" not in html.replace("http://www.w3.org/", "")
@@ -305,7 +299,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path):
     garbage = tmp_path / "garbage"
     garbage.mkdir()
     (garbage / "rank-0.arrow").write_bytes(b"not an arrow stream at all")
-    cases = {"missing": (missing, "not a directory"), "empty": (empty, "no trace files"),
+    cases = {"missing": (missing, "no such run directory"), "empty": (empty, "no trace files"),
              "garbage": (garbage, "no readable trace")}
     with ThreadPoolExecutor(3) as pool:
         procs = dict(zip(cases, pool.map(lambda c: trace_diff(str(c[0]), str(c[0])),

@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from types import SimpleNamespace
 
-from viz.callgraph import Frame, OpGroup
 from viz.diff import write_diff
-from viz.diff_result import ALL_RANKS, Delta, DiffResult, RunSide, compare
-from viz.diff_text import fmt_rel
-from viz.diff_graph import ADDED, CHANGED, REMOVED, UNCHANGED, build_diff_graph, prune_diff
-from viz.diff_profile import Profile, merge
-from viz.diff_roles import assign_roles, grid_role, group_label, match_roles
+from viz.diff.graph import ADDED, CHANGED, REMOVED, UNCHANGED, build_diff_graph, prune_diff
+from viz.diff.profile import Profile, merge
+from viz.diff.result import ALL_RANKS, Delta, DiffResult, RunSide, compare
+from viz.diff.roles import assign_roles, grid_role, group_label, match_roles
+from viz.groups import Frame, OpGroup
 from viz.render.diff_svg import to_dot
+from viz.render.diff_text import fmt_rel
 
 
 def test_grid_roles_follow_megatron_order():
@@ -162,8 +161,7 @@ def test_page_escapes_recorded_text_and_stays_offline(tmp_path):
                         compare(ALL_RANKS, prof_a, prof_b),
                         [build_diff_graph(ALL_RANKS, a, paths, b, paths)])
     assert result.structural_change
-    runs = SimpleNamespace(dir=str(tmp_path / "a")), SimpleNamespace(dir=str(tmp_path / "b"))
-    page = write_diff(result, *runs, str(tmp_path / "out"))
+    page = write_diff(result, str(tmp_path / "out"))
     html = open(page, encoding="utf-8").read()
     assert evil not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
     assert "<script" not in html and "https://" not in html

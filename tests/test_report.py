@@ -25,10 +25,8 @@ import numpy as np
 import pytest
 
 from test_callgraph import TP_FILE, line_of, traced_run
-from tracer.format import DICT_COLUMNS, TraceWriter
+from tracer.synthetic import SyntheticRank
 from viz.cli import build
-from viz.report import build_report
-from viz.trace import load_run
 
 CHROMIUM = "/usr/bin/chromium"
 MAX_SVG_NODES = 150 + 6          # the cap, plus the legend's sample nodes
@@ -37,7 +35,7 @@ MAX_SVG_NODES = 150 + 6          # the cap, plus the legend's sample nodes
 @pytest.fixture(scope="module")
 def report(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("report")
-    index = build(traced_run(), str(out))
+    index, _ = build(traced_run(), str(out))
     assert index == str(out / "index.html")
     return out
 
@@ -209,7 +207,7 @@ def test_index_puts_the_hang_first_and_escapes_trace_text(tmp_path):
         "hang": {"timeout_s": 30, "never_arrived": [2], "ranks": {
             "0": {"last_collective": {"kind": "all_reduce", "seq": 7}, "inflight": [],
                   "stack": "train.py:10"}}}}))
-    index = Path(build_report(load_run(str(run_dir)), str(tmp_path / "out")))
+    index = Path(build(str(run_dir), str(tmp_path / "out"))[0])
     html = index.read_text()
     main = html[html.index("<main>"):]
     banners = re.findall(r'<div class="banner (\w+)"><strong>(.*?)</strong>', main)
@@ -226,12 +224,10 @@ def test_a_run_that_recorded_nothing_still_gets_a_report(tmp_path):
     """A rank that failed before its first op: empty graphs, the failure shown, links intact."""
     traces = tmp_path / "traces"
     traces.mkdir()
-    writer = TraceWriter(str(traces / "rank-0.arrow"), {"rank": 0, "world_size": 2})
-    writer.write([], {name: [] for name in DICT_COLUMNS},
-                 meta={"status": "failed", "error": "RuntimeError: <init> failed"})
-    writer.close()
+    SyntheticRank(0, 2, meta={"error": "RuntimeError: <init> failed"}).write(traces,
+                                                                              status="failed")
     out = tmp_path / "out"
-    index = Path(build_report(load_run(str(tmp_path)), str(out)))
+    index = Path(build(str(tmp_path), str(out))[0])
     html = index.read_text()
     assert "rank 0 failed: RuntimeError: &lt;init&gt; failed" in html
     assert "rank 1: no trace" in html

@@ -1,7 +1,7 @@
-"""Timeline metrics on synthetic traces with a fake clock: exact values.
+"""Timeline metrics on constructed traces with known times: exact values.
 
-Each test writes real trace files with tracer.format.TraceWriter (the tracer's own writer) and
-loads them with viz.trace.load_run, so the analysis goes through the real reader.
+Each test builds its ranks with tracer.synthetic (real trace files through the tracer's own
+writer) and analyses them with viz.analysis, so the analysis goes through the real reader.
 """
 from __future__ import annotations
 
@@ -10,75 +10,32 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from tracer.format import COLUMNS, DICT_COLUMNS, TraceWriter
+from tracer.format import COLUMN_NAMES
 from tracer.labels import PHASE_BACKWARD, PHASE_FORWARD
-from viz import timeline
+from tracer.synthetic import SyntheticRank, write_run
+from viz import intervals, metrics
+from viz.analysis import analyse
 from viz.render import chrome_trace
-from viz.trace import load_run
+from viz.report import write_timeline
+from viz.run import open_run
+from viz.timeline import IDLE_GAP_NS
 
-U = 1_000            # one fake-clock unit: 1 us, in ns
-BASE = 1_000_000_000  # fake clocks start here (any monotonic origin)
-COL = {name: i for i, (name, _) in enumerate(COLUMNS)}
+U = 1_000            # one constructed-clock unit: 1 us, in ns
+BASE = 1_000_000_000  # constructed clocks start here (any monotonic origin)
 
 
-class FakeRank:
-    """Rows of one rank's trace, written as the tracer writes them."""
+def synthetic(rank, world, config=None):
+    """A constructed rank on this module's clock."""
+    return SyntheticRank(rank, world, config, unit_ns=U, base_ns=BASE)
 
-    def __init__(self, rank: int, world: int, config: dict | None = None):
-        self.rank, self.world, self.config = rank, world, config or {}
-        self.rows: list = []
-        self.dicts: dict = {name: [] for name in DICT_COLUMNS}
-        self.step = 0
 
-    def _id(self, column: str, value):
-        if value is None:
-            return None
-        values = self.dicts[column]
-        if value not in values:
-            values.append(value)
-        return values.index(value)
-
-    def _row(self, **fields):
-        row = [None] * len(COLUMNS)
-        for name, value in fields.items():
-            row[COL[name]] = self._id(name, value) if name in DICT_COLUMNS else value
-        row[COL["step"]] = self.step if row[COL["step"]] is None else row[COL["step"]]
-        row[COL["thread"]] = row[COL["thread"]] or 0
-        row[COL["phase"]] = row[COL["phase"]] or 0
-        self.rows.append(tuple(row))
-
-    def op(self, t0, t1, name="aten.mm.default", phase=PHASE_FORWARD, thread=0, annotation=None):
-        self._row(t0=BASE + t0 * U, t1=BASE + t1 * U, op=name, phase=phase, thread=thread,
-                  annotation=annotation)
-
-    def comm(self, kind, t0, t_ret, t1, peer=None, group="0,1", op=None):
-        self._row(t0=BASE + t0 * U, t_ret=BASE + t_ret * U,
-                  t1=None if t1 is None else BASE + t1 * U,
-                  op=op or {"send": "c10d.send.default", "recv": "c10d.recv_.default"}.get(
-                      kind, "c10d.allreduce_.default"),
-                  kind=kind, group=group, peer=peer, bytes=1024, seq=len(self.rows),
-                  cid=len(self.rows))
-
-    def annotate(self, label, t0, t1, **attrs):
-        self._row(t0=BASE + t0 * U, t1=BASE + t1 * U, op="paratrace::annotation",
-                  annotation=json.dumps([dict(label=label, **attrs)]))
-
-    def next_step(self, t):
-        self.step += 1
-        self._row(t0=BASE + t * U, t1=BASE + t * U, op="paratrace::step")
-
-    def write(self, directory) -> None:
-        writer = TraceWriter(str(directory / f"rank-{self.rank}.arrow"),
-                             {"rank": self.rank, "world_size": self.world})
-        rows = sorted(self.rows, key=lambda r: r[COL["t1"]] or r[COL["t0"]])
-        writer.write(rows, self.dicts, {"config": self.config, "status": "ok"})
-        writer.close()
+def analysed(tmp_path, ranks):
+    write_run(tmp_path, ranks)
+    return analyse(open_run(str(tmp_path)))
 
 
 def metrics_of(tmp_path, ranks):
-    for r in ranks:
-        r.write(tmp_path)
-    return timeline.run_metrics(load_run(str(tmp_path)))
+    return analysed(tmp_path, ranks).metrics
 
 
 def seconds(units):
@@ -87,7 +44,7 @@ def seconds(units):
 
 def test_compute_comm_overlap_exposed_exact(tmp_path):
     """One rank, step 1 = [1000, 2000): ops, host gaps, an async all-reduce [1400, 1700)."""
-    r = FakeRank(0, 1)
+    r = synthetic(0, 1)
     r.op(0, 100)                       # step 0: setup, not counted
     r.next_step(1000)
     r.op(1000, 1200)
@@ -118,10 +75,10 @@ def test_compute_comm_overlap_exposed_exact(tmp_path):
 
 
 def test_long_gap_is_idle_and_no_comm_gives_no_overlap(tmp_path):
-    r = FakeRank(0, 1)
+    r = synthetic(0, 1)
     r.next_step(0)
     r.op(0, 1000)
-    gap = timeline.IDLE_GAP_NS // U + 500
+    gap = IDLE_GAP_NS // U + 500
     r.op(1000 + gap, 2000 + gap)
     r.next_step(3000 + gap)
     r.op(3000 + gap, 3001 + gap)
@@ -138,7 +95,7 @@ def gpipe_two_stages(config=None):
     rank 1: waits F0 until 10, F0 [10,20) F1 [20,30) B0 [30,50) B1 [50,70), done
     """
     config = config or {"pp": 2, "microbatches": 2, "schedule": "gpipe", "virtual_stages": 1}
-    r0, r1 = FakeRank(0, 2, config), FakeRank(1, 2, config)
+    r0, r1 = synthetic(0, 2, config), synthetic(1, 2, config)
     for r in (r0, r1):
         r.op(-50, -40)
         r.next_step(0)
@@ -208,7 +165,7 @@ def gpipe_timed(m, f, b, latency=0, pipelining_labels=False):
             r.annotate(kind, start, end, microbatch=i, chunk=0)
 
     config = {"pp": 2, "microbatches": m, "schedule": "gpipe", "virtual_stages": 1}
-    r0, r1 = FakeRank(0, 2, config), FakeRank(1, 2, config)
+    r0, r1 = synthetic(0, 2, config), synthetic(1, 2, config)
     for r in (r0, r1):
         r.op(-50, -40)
         r.next_step(0)
@@ -277,9 +234,7 @@ def test_p2p_latency_shows_as_measured_minus_replay(tmp_path):
 
 
 def test_send_ends_at_matched_recv_and_links_feed_chrome_flows(tmp_path):
-    for r in gpipe_two_stages():
-        r.write(tmp_path)
-    tl = timeline.build_timeline(load_run(str(tmp_path)))
+    tl = analysed(tmp_path, gpipe_two_stages()).timeline
     assert len(tl.links) == 4
     sends = [c for lane in tl.ranks.values() for c in lane.comm if c.kind == "send"]
     assert all(c.capped for c in sends)
@@ -317,12 +272,9 @@ def check_chrome_trace(events, expected_flows):
 
 
 def test_write_timeline_svg_and_chrome_trace(tmp_path):
-    run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    for r in gpipe_two_stages():
-        r.write(run_dir)
+    analysis = analysed(tmp_path / "run", gpipe_two_stages())
     out = tmp_path / "out"
-    files = timeline.write_timeline(load_run(str(run_dir)), str(out))
+    files = write_timeline(analysis, str(out))
     assert files == {"svg": "timeline.svg", "chrome_trace": "timeline.json"}
     svg = ET.parse(out / files["svg"]).getroot()
     ns = "{http://www.w3.org/2000/svg}"
@@ -339,12 +291,10 @@ def test_write_timeline_svg_and_chrome_trace(tmp_path):
 
 def test_passes_inferred_from_p2p_order_without_annotations(tmp_path):
     ranks = gpipe_two_stages()
+    op = COLUMN_NAMES.index("op")
     for r in ranks:   # drop the annotations: only ops and P2P remain
-        r.rows = [row for row in r.rows
-                  if r.dicts["op"][row[COL["op"]]] != "paratrace::annotation"]
-    for r in ranks:
-        r.write(tmp_path)
-    tl = timeline.build_timeline(load_run(str(tmp_path)))
+        r.rows = [row for row in r.rows if r.dicts["op"][row[op]] != "paratrace::annotation"]
+    tl = analysed(tmp_path, ranks).timeline
     got = [(p.kind, p.microbatch, (p.start - BASE) // U, (p.end - BASE) // U)
            for p in tl.ranks[0].passes if p.step == 1]
     assert got == [("F", 0, 0, 10), ("F", 1, 10, 20), ("B", 0, 50, 70), ("B", 1, 70, 90)]
@@ -352,7 +302,7 @@ def test_passes_inferred_from_p2p_order_without_annotations(tmp_path):
 
 
 def test_record_function_labels_of_torch_pipelining(tmp_path):
-    r0 = FakeRank(0, 1)
+    r0 = synthetic(0, 1)
     r0.next_step(0)
     r0.annotate("PP:1F3", 0, 10)
     r0.op(0, 10)
@@ -361,8 +311,7 @@ def test_record_function_labels_of_torch_pipelining(tmp_path):
     r0.annotate("Backward 2", 20, 30)
     r0.op(20, 30, phase=PHASE_BACKWARD)
     r0.annotate("optimizer", 30, 40)
-    r0.write(tmp_path)
-    tl = timeline.build_timeline(load_run(str(tmp_path)))
+    tl = analysed(tmp_path, [r0]).timeline
     passes = [(p.kind, p.microbatch, p.chunk, p.source) for p in tl.ranks[0].passes]
     assert passes == [("F", 3, 1, "record_function"), ("B", 3, 1, "record_function"),
                       ("B", 2, 0, "record_function")]
@@ -377,42 +326,44 @@ def test_record_function_labels_of_torch_pipelining(tmp_path):
     (("1f1b", 1, 4), 0.0), (("unknown", 2, 4), None), (("gpipe", 0, 4), None),
 ])
 def test_theoretical_bubble(args, expected):
-    assert timeline.theoretical_bubble(*args) == pytest.approx(expected)
+    assert metrics.theoretical_bubble(*args) == pytest.approx(expected)
 
 
 def test_zb_h1_theory_uses_pass_times():
     # T_F = T_B = T_W: a third of 1F1B's bubble time (ORACLES.md)
     one_f_one_b = 3 * 3 / (3 * 3 + 8 * 3)
-    zb = timeline.theoretical_bubble("zb-h1", 4, 8, t_f=1, t_b=1, t_w=1)
+    zb = metrics.theoretical_bubble("zb-h1", 4, 8, t_f=1, t_b=1, t_w=1)
     assert zb / (1 - zb) == pytest.approx(one_f_one_b / (1 - one_f_one_b) / 3)
 
 
 def test_empty_and_unfinished_ranks_do_not_break_metrics(tmp_path):
-    empty = FakeRank(0, 2)
-    hung = FakeRank(1, 2)
+    empty = synthetic(0, 2)
+    hung = synthetic(1, 2)
     hung.next_step(0)
     hung.op(0, 10)
     hung.comm("all_reduce", 10, 11, None, group="0,1")   # never completed
-    empty.write(tmp_path)
-    hung.write(tmp_path)
-    run = load_run(str(tmp_path))
-    m = timeline.run_metrics(run)
+    analysis = analysed(tmp_path, [empty, hung])
+    m = analysis.metrics
     assert m[0].wall_s == 0 and m[0].bubble_fraction is None and m[0].steps == []
-    spans = timeline.build_timeline(run).ranks[1].comm
+    spans = analysis.timeline.ranks[1].comm
     # in flight until the end of the recording
     assert [(c.completed, c.end) for c in spans] == [(False, BASE + 11 * U)]
-    files = timeline.write_timeline(run, str(tmp_path / "out"))
+    files = write_timeline(analysis, str(tmp_path / "out"))
     assert (tmp_path / "out" / files["svg"]).stat().st_size > 0
 
 
 def test_interval_algebra():
-    a = timeline.union(timeline._intervals([0, 5, 20, 22], [10, 12, 25, 30]))
+    a = intervals.union(intervals.intervals([0, 5, 20, 22], [10, 12, 25, 30]))
     assert a.tolist() == [[0, 12], [20, 30]]
-    b = timeline.union(timeline._intervals([8, 25], [21, 40]))
-    assert timeline.intersect(a, b).tolist() == [[8, 12], [20, 21], [25, 30]]
-    assert timeline.gaps(a, -5, 35).tolist() == [[-5, 0], [12, 20], [30, 35]]
-    assert timeline.clip(a, 5, 25).tolist() == [[5, 12], [20, 25]]
-    assert timeline.length(a) == 22
+    b = intervals.union(intervals.intervals([8, 25], [21, 40]))
+    assert intervals.intersect(a, b).tolist() == [[8, 12], [20, 21], [25, 30]]
+    assert intervals.gaps(a, -5, 35).tolist() == [[-5, 0], [12, 20], [30, 35]]
+    assert intervals.clip(a, 5, 25).tolist() == [[5, 12], [20, 25]]
+    assert intervals.window(a, 5, 25).tolist() == [[5, 12], [20, 25]]
+    assert intervals.length(a) == 22
+    prefix = intervals.Prefix(a)
+    assert prefix.length(5, 25) == 12 and prefix.length(-100, 100) == 22
+    assert prefix.length(12, 20) == 0
 
 
 @pytest.mark.parametrize("schedule, v, expected", [
@@ -427,7 +378,7 @@ def test_replay_reproduces_the_oracle_dependency_simulation(tmp_path, schedule, 
     f, b = 8 // v, 16 // v        # units per chunk pass: a chunk holds 1/v of the stage
     ranks = []
     for rank in range(p):
-        r = FakeRank(rank, p)
+        r = synthetic(rank, p)
         r.next_step(0)
         t = 0
         for action in schedule_actions(schedule, stages=p, rank=rank, microbatches=m, chunks=v):
@@ -435,7 +386,7 @@ def test_replay_reproduces_the_oracle_dependency_simulation(tmp_path, schedule, 
             r.annotate(action.kind, t, t + d, microbatch=action.microbatch, chunk=action.chunk)
             r.op(t, t + d, phase=PHASE_FORWARD if action.kind == "F" else PHASE_BACKWARD)
             t += d
-        r.comm("send", t, t, t, peer=(rank + 1) % p, group="0,1,2,3")   # names the group
+        r.comm("send", t, t, t, peer=(rank + 1) % p, group=(0, 1, 2, 3))   # names the group
         r.next_step(t + 10)
         r.op(t + 10, t + 11)
         ranks.append(r)

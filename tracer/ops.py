@@ -137,3 +137,16 @@ def dtype_name(dtype) -> str:
                  "bool": "b8", "complex64": "c64", "complex128": "c128"}
         name = _DTYPE_NAMES[dtype] = short.get(full, full)
     return name
+
+
+def group_text(ranks, key=None) -> str:
+    """The trace's text of a process group: its global ranks, ``"0,2"``; ``"?<key>"`` when the
+    recorder could not resolve them."""
+    return ",".join(map(str, ranks)) if ranks else f"?{key}"
+
+
+def group_ranks(text) -> tuple:
+    """Global ranks of a recorded process group text; () when it was not resolved."""
+    if not text or text.startswith("?"):
+        return ()
+    return tuple(int(r) for r in text.split(","))

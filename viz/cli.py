@@ -1,31 +1,50 @@
 """Console entry points of viz: ``trace-report`` and ``trace-diff``, and the build step
-``trace-run`` calls after a run. Errors are one line on stderr and exit status 2.
+``trace-run`` calls after a run. Each runs one way: open the run -> analyse it once -> hand the
+analysis to every renderer (summary.json, the report, the diff).
 
-Arguments are parsed before anything heavy is imported, so a wrong option answers at once.
+Errors are one line on stderr and exit status 2. Every damaged or missing trace is named on
+stderr, one line each, and the report is built from what was readable; the exit status is then
+1 when a rank's trace could not be read at all, 0 when damaged traces were partly recovered
+(docs/report.md). Arguments are parsed before anything heavy is imported, so a wrong option
+answers at once.
 """
 from __future__ import annotations
 
 import argparse
 import os
 import sys
-from typing import Optional
+from typing import Callable, Optional
+
+EXIT_USAGE = 2
+EXIT_UNREADABLE = 1
 
 
-def build(run_dir: str, out_dir: Optional[str] = None) -> str:
-    """Load the run in ``run_dir``, write summary.json and the report into ``out_dir``
-    (default: ``run_dir``) and return the path of index.html. Raises viz.trace.RunError."""
-    from .trace import load_run
-    run = load_run(run_dir)
+def _stderr(prog: str) -> Callable[[str], None]:
+    return lambda line: print(f"{prog}: {line}", file=sys.stderr, flush=True)
+
+
+def build(run_dir: str, out_dir: Optional[str] = None, *,
+          warn: Optional[Callable[[str], None]] = None) -> tuple:
+    """Analyse the run in ``run_dir`` and write summary.json and the report into ``out_dir``
+    (default: ``run_dir``). Returns (index.html's path, the analysis). Each damaged or missing
+    trace goes to ``warn`` as one line. Raises viz.run.RunError."""
+    from .analysis import analyse
+    from .report import build_report
+    from .run import open_run
+    from .summary import build_summary, write_summary
+    run = open_run(run_dir)
     out_dir = out_dir or run_dir
     _check_writable(out_dir)
-    from .report import build_report
-    from .summary import write_summary
-    write_summary(run, out_dir)
-    return build_report(run, out_dir)
+    analysis = analyse(run)
+    for line in analysis.damage():
+        (warn or _stderr("trace-report"))(line)
+    summary = build_summary(analysis)
+    write_summary(summary, out_dir)
+    return build_report(analysis, summary, out_dir), analysis
 
 
 def _check_writable(path: str) -> None:
-    from .trace import RunError
+    from .run import RunError
     try:
         os.makedirs(path, exist_ok=True)
     except OSError as exc:
@@ -36,15 +55,15 @@ def _check_writable(path: str) -> None:
 
 def _fail(prog: str, message: str) -> int:
     print(f"{prog}: error: {message}", file=sys.stderr)
-    return 2
+    return EXIT_USAGE
 
 
 def _errors() -> tuple:
     """The exceptions that mean bad input (one-line messages), not bugs."""
     from tracer import TraceError
 
-    from .trace import RunError        # RenderError (graphviz missing or failing) is a RunError
-    return RunError, TraceError
+    from .run import RunError        # RenderError (graphviz missing or failing) is a RunError
+    return RunError, TraceError, OSError
 
 
 def _print(text: str) -> None:
@@ -57,6 +76,12 @@ def _print(text: str) -> None:
         sys.exit(0)
 
 
+def _message(exc: Exception) -> str:
+    if isinstance(exc, OSError) and exc.filename:
+        return f"{exc.filename}: {exc.strerror or exc}"
+    return str(exc)
+
+
 def report_main(argv=None) -> int:
     parser = argparse.ArgumentParser(
         prog="trace-report", description="Rebuild summary.json and the HTML report of a traced "
@@ -66,11 +91,11 @@ def report_main(argv=None) -> int:
     parser.add_argument("--out", help="where to write the report (default: RUN_DIR)")
     args = parser.parse_args(argv)
     try:
-        index = build(args.run_dir, args.out)
+        index, analysis = build(args.run_dir, args.out, warn=_stderr(parser.prog))
     except _errors() as exc:
-        return _fail(parser.prog, str(exc))
+        return _fail(parser.prog, _message(exc))
     _print(index)
-    return 0
+    return EXIT_UNREADABLE if analysis.missing else 0
 
 
 def diff_main(argv=None) -> int:
@@ -82,18 +107,19 @@ def diff_main(argv=None) -> int:
     parser.add_argument("--out", help="write diff.json and diff.html here")
     parser.add_argument("--top", type=int, default=15, help="rows in the terminal table")
     args = parser.parse_args(argv)
-    from .trace import load_run
+    from .run import open_run
     try:
-        a, b = load_run(args.run_a), load_run(args.run_b)
-        from . import diff
-        result = diff.diff_runs(a, b)
-        _print(diff.format_table(result, top=args.top))
+        a, b = open_run(args.run_a), open_run(args.run_b)
         if args.out:
             _check_writable(args.out)
-            _print(diff.write_diff(result, a, b, args.out))
+        from . import diff
+        result = diff.diff_runs(a, b, warn=_stderr(parser.prog))
+        _print(diff.format_table(result, top=args.top))
+        if args.out:
+            _print(diff.write_diff(result, args.out))
     except _errors() as exc:
-        return _fail(parser.prog, str(exc))
-    return 0
+        return _fail(parser.prog, _message(exc))
+    return EXIT_UNREADABLE if result.unreadable else 0
 
 
 if __name__ == "__main__":  # pragma: no cover

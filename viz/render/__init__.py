@@ -52,3 +52,17 @@ def fmt_ranks(ranks) -> str:
         parts.append(str(ranks[i]) if i == j else f"{ranks[i]}-{ranks[j]}")
         i = j + 1
     return ",".join(parts)
+
+
+def short_op(op: str) -> str:
+    """``aten.mm.default`` -> ``mm``; ``c10d.allreduce_.default`` -> ``c10d.allreduce_``."""
+    parts = op.split(".")
+    if len(parts) == 3 and parts[0] == "aten":
+        return parts[1] if parts[2] == "default" else f"{parts[1]}.{parts[2]}"
+    return ".".join(parts[:2]) if parts[-1] == "default" else op
+
+
+def inline_svg(svg: str) -> str:
+    """An SVG document without its XML prolog and DOCTYPE, to embed in an HTML page."""
+    start = svg.find("<svg")
+    return svg[start:] if start >= 0 else svg

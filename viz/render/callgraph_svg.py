@@ -17,9 +17,10 @@ from typing import Callable, Mapping, Optional
 
 import graphviz
 
-from ..callgraph import COMM, FUNCTION, HIDDEN, OPS, CallGraph, EdgeData, NodeData, Weights
-from ..trace import RunError
-from . import fmt_bytes, fmt_count, fmt_flops, fmt_ranks, fmt_time
+from ..callgraph import COMM, FUNCTION, HIDDEN, OPS, CallGraph, EdgeData, NodeData
+from ..groups import Weights
+from ..run import RunError
+from . import fmt_bytes, fmt_count, fmt_flops, fmt_ranks, fmt_time, short_op
 
 COMM_COLOUR = "#1565c0"
 COMM_FILL = "#e3eefc"
@@ -43,14 +44,6 @@ def _esc(text: str) -> str:
 
 def _lines(*lines: str) -> graphviz.quoting.NoHtml:
     return graphviz.nohtml("\\n".join(_esc(line) for line in lines if line is not None))
-
-
-def _short_op(op: str) -> str:
-    """``aten.mm.default`` -> ``mm``; ``c10d.allreduce_.default`` -> ``c10d.allreduce_``."""
-    parts = op.split(".")
-    if len(parts) == 3 and parts[0] == "aten":
-        return parts[1] if parts[2] == "default" else f"{parts[1]}.{parts[2]}"
-    return ".".join(parts[:2]) if parts[-1] == "default" else op
 
 
 def _weights_text(w: Weights) -> str:
@@ -113,13 +106,13 @@ class _Drawer:
             for rank in data.ranks[:TOP_RANKS]:
                 lines.append(f"  rank {rank}: {_weights_text(data.per_rank[rank])}")
         if data.ops:
-            lines.append("ops: " + ", ".join(f"{_short_op(op)} x{n}"
+            lines.append("ops: " + ", ".join(f"{short_op(op)} x{n}"
                                              for op, n in sorted(data.ops.items(),
                                                                  key=lambda kv: (-kv[1], kv[0]))))
         for (op, shapes), n in sorted(data.shapes.items(),
                                       key=lambda kv: (-kv[1], kv[0][0], kv[0][1] or ""))[
                                           :TOP_SHAPES]:
-            lines.append(f"  {_short_op(op)} {shapes or '(no tensors)'} x{n}")
+            lines.append(f"  {short_op(op)} {shapes or '(no tensors)'} x{n}")
         for frame, n in sorted(data.boundaries.items(), key=lambda kv: -kv[1])[:3]:
             lines.append(f"calls {frame.qualname} ({self.paths.get(frame.file, frame.file)})")
         for frames, n in sorted(data.via.items(), key=lambda kv: -kv[1])[:3]:
@@ -149,7 +142,7 @@ class _Drawer:
                                       f"at {self.where(data.file, data.line)}", partial))
         elif data.type == OPS:
             top = sorted(data.ops.items(), key=lambda kv: (-kv[1], kv[0]))
-            names = [f"{_short_op(op)} x{fmt_count(n)}" for op, n in top[:TOP_OPS]]
+            names = [f"{short_op(op)} x{fmt_count(n)}" for op, n in top[:TOP_OPS]]
             if len(top) > TOP_OPS:
                 names.append(f"+{len(top) - TOP_OPS} more op kinds")
             attrs.update(shape="note", style="filled" + (",dashed" if data.direction ==

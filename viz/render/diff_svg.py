@@ -14,8 +14,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import graphviz
 
-from ..diff_graph import ADDED, CHANGED, REMOVED, UNCHANGED, DiffGraph, DiffNode, Side
 from ..callgraph import COMM, FUNCTION
+from ..diff.graph import ADDED, CHANGED, REMOVED, UNCHANGED, DiffGraph, DiffNode, Side
 from . import fmt_bytes, fmt_count, fmt_flops, fmt_time
 from .callgraph_svg import render_svg
 

@@ -13,7 +13,8 @@ from xml.sax.saxutils import escape, quoteattr
 
 import numpy as np
 
-from ..timeline import Timeline, clip, gaps, length, union
+from ..intervals import clip, gaps, length, union
+from ..timeline import Timeline
 from . import fmt_time
 
 COLOURS = {"F": "#4c9f70", "B": "#d1495b", "W": "#8d6cab", "compute": "#3b6ea8",

@@ -2,7 +2,7 @@
 
 A :class:`DiffResult` holds everything viz.diff found about two runs: per matched rank role (and
 over all ranks) a :class:`ScopeDiff` with both profiles, the structural keys that differ and a
-:class:`Delta` for every compared figure. Renderers (viz.diff_text, viz.diff_page) only format
+:class:`Delta` for every compared figure. Renderers (viz.render.diff_text, viz.render.diff_html) only format
 these records.
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Optional
 
-from .diff_profile import TIME_METRICS, Profile
+from .profile import TIME_METRICS, Profile
 
 ALL_RANKS = "all ranks"    # the scope of the totals over every rank
 
@@ -96,6 +96,7 @@ class DiffResult:
     graphs: list               # DiffGraph: all ranks, then roles (at most MAX_GRAPHS)
     warnings: list = field(default_factory=list)
     compared_steps: tuple = ()  # the steps whose ops, FLOPs and communication are compared
+    unreadable: list = field(default_factory=list)   # ("A" | "B", rank) without a readable trace
 
     @property
     def structural_change(self) -> bool:

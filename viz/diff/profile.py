@@ -8,7 +8,7 @@ time, which differs on every run):
 - ``functions``: ops issued at or below each call-graph function node, keyed by its qualified
   name and short file path (never a line number: lines shift with every edit);
 - ``comm``: calls and bytes per (communication kind, phase, process group), the group named by
-  the grid axes it spans and its size (:func:`viz.diff_roles.group_label`);
+  the grid axes it spans and its size (:func:`viz.diff.roles.group_label`);
 - ``module_comm``: collective calls per (module path, kind, phase): which layer communicates how
   (it follows from ``ops``, as each op has one kind, so it adds no structure of its own);
 - ``flops`` per op family, ``op_counts`` per op, ``time`` from the timeline analysis.
@@ -22,9 +22,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping, Sequence
 
-from .callgraph import Frame, OpGroup
-from .flops import base_name
-from .modules import NO_MODULE
+from ..flops import base_name
+from ..groups import Frame, OpGroup
+from ..modules import NO_MODULE
 
 MATMUL_OPS = frozenset({"mm", "addmm", "bmm", "baddbmm", "matmul", "linear"})
 TIME_METRICS = ("wall_s", "compute_s", "comm_s", "exposed_comm_s", "idle_s",
@@ -69,7 +69,7 @@ def rank_profile(rank: int, groups: Iterable[OpGroup], comm_rows: Iterable[dict]
                  paths: Mapping[str, str], metrics, steps: Sequence[int],
                  group_name: Callable[[list], str]) -> Profile:
     """The profile of one rank from its OpGroups, its communication rows
-    (:func:`viz.summary.comm_rows`: OpGroups do not carry the process group), display paths of
+    (:func:`viz.rank.comm_rows`: OpGroups do not carry the process group), display paths of
     its files, its RankMetrics (None if the timeline has none) and how to name a group's
     ranks."""
     out = Profile((rank,), steps=tuple(steps))

@@ -2,7 +2,7 @@
 or unchanged, with both runs' figures.
 
 Nodes are matched by structure, never by line number (lines shift with every edit): a function
-node by its short file path and qualified name (:func:`viz.diff_profile.function_key`), an op
+node by its short file path and qualified name (:func:`viz.diff.profile.function_key`), an op
 leaf by its calling function, direction and communication kind (all aten ops a function issued
 in one direction form one leaf, each collective kind another). A node is *changed* when its op
 count, communication count, FLOPs or bytes differ; time alone never makes a node changed, it
@@ -16,8 +16,9 @@ from typing import Iterable, Mapping, Optional
 
 import networkx as nx
 
-from .callgraph import COMM, FUNCTION, OPS, OpGroup
-from .diff_profile import function_key
+from ..callgraph import COMM, FUNCTION, OPS
+from ..groups import OpGroup
+from .profile import function_key
 
 ADDED, REMOVED, CHANGED, UNCHANGED = "added", "removed", "changed", "unchanged"
 STATUSES = (ADDED, REMOVED, CHANGED, UNCHANGED)

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from .diff_result import ALL_RANKS, Delta, DiffResult
-from .render import fmt_bytes, fmt_count, fmt_flops, fmt_time
+from ..diff.result import ALL_RANKS, Delta, DiffResult
+from . import fmt_bytes, fmt_count, fmt_flops, fmt_time
 
 
 def largest_changes(result: DiffResult) -> list:

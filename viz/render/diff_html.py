@@ -7,18 +7,13 @@ from __future__ import annotations
 
 import os
 
-from .diff_result import ALL_RANKS
+from ..diff.result import ALL_RANKS
+from . import inline_svg
 from .diff_text import fmt_rel, fmt_value, largest_changes
-from .render.html import PageWriter
+from .html import PageWriter
 
 MAX_ROWS = 300      # structural-difference rows per scope on the page (diff.json has all)
 TOP_CHANGES = 40
-
-
-def _inline(svg: str) -> str:
-    """dot's SVG without its XML prolog and DOCTYPE, to embed in the page."""
-    start = svg.find("<svg")
-    return svg[start:] if start >= 0 else svg
 
 
 def write_page(result, files: dict, svgs: dict, out_dir: str) -> str:
@@ -32,7 +27,7 @@ def write_page(result, files: dict, svgs: dict, out_dir: str) -> str:
     reports = {side: os.path.relpath(os.path.join(run.dir, "index.html"), out_dir)
                for side, run in (("a", result.a), ("b", result.b))
                if os.path.isfile(os.path.join(run.dir, "index.html"))}
-    graphs = [dict(scope=scope, file=files[scope], svg=_inline(svg)) for scope, svg in
+    graphs = [dict(scope=scope, file=files[scope], svg=inline_svg(svg)) for scope, svg in
               svgs.items()]
     return PageWriter(out_dir).write(
         "diff.html", "diff.html", title="trace-diff", result=result, config=config,

@@ -1,12 +1,12 @@
 """``trace-diff``: what changed between two runs (another parallel layout, schedule or code edit).
 
-:func:`diff_runs` matches the runs by rank role (:mod:`viz.diff_roles`), profiles every rank
-(:mod:`viz.diff_profile`: ops per module and phase, call-graph functions, communication per kind,
-phase and process group, FLOPs, time metrics), compares matched roles and the totals over all
-ranks (:mod:`viz.diff_result`), and builds diff call graphs (:mod:`viz.diff_graph`).
-:func:`format_table` (:mod:`viz.diff_text`) prints the largest changes; :func:`write_diff`
-writes ``diff.json`` (schema ``paratrace.diff/1``), ``diff.html`` and the diff call-graph SVGs.
-See docs/diff.md.
+:func:`diff_runs` analyses both runs once (:mod:`viz.analysis`), matches them by rank role
+(:mod:`viz.diff.roles`), profiles every rank (:mod:`viz.diff.profile`: ops per module and phase,
+call-graph functions, communication per kind, phase and process group, FLOPs, time metrics),
+compares matched roles and the totals over all ranks (:mod:`viz.diff.result`), and builds diff
+call graphs (:mod:`viz.diff.graph`). :func:`format_table` (:mod:`viz.render.diff_text`) prints
+the largest changes; :func:`write_diff` writes ``diff.json`` (schema ``paratrace.diff/1``),
+``diff.html`` and the diff call-graph SVGs. See docs/diff.md.
 
 *Structure* is the exact multisets of ops per (module, op, phase), call-graph function nodes and
 communication per (kind, phase, process group) of every role, and the set of roles: runs without a
@@ -19,110 +19,102 @@ from __future__ import annotations
 import json
 import math
 import os
-from typing import Optional
+from typing import Callable, Optional
 
-import numpy as np
-
-from tracer import Trace
-
-from . import timeline
-from .callgraph import op_groups
-from .diff_graph import build_diff_graph, prune_diff
-from .diff_page import write_page
-from .diff_profile import merge, rank_profile
-from .diff_result import ALL_RANKS, DiffResult, RunSide, ScopeDiff, compare
-from .diff_roles import assign_roles, grid_of, group_label, match_roles
-from .diff_text import format_table
-from .render.diff_svg import diff_svgs
-from .source import display_paths
-from .summary import comm_rows
-from .trace import Run
+from ..analysis import RunAnalysis, analyse, recount
+from ..render.diff_html import write_page
+from ..render.diff_svg import diff_svgs
+from ..render.diff_text import format_table
+from ..run import Run
+from ..source import display_paths
+from .graph import build_diff_graph, prune_diff
+from .profile import merge, rank_profile
+from .result import ALL_RANKS, DiffResult, RunSide, ScopeDiff, compare
+from .roles import assign_roles, grid_of, group_label, match_roles
 
 SCHEMA = "paratrace.diff/1"
 MAX_GRAPHS = 8        # diff call graphs drawn: all ranks, then roles that changed first
-# viz.cli calls diff_runs, format_table and write_diff of this module.
+# viz.cli calls diff_runs, format_table and write_diff of this package.
 __all__ = ["diff_runs", "format_table", "write_diff", "to_json", "DiffResult"]
 
 
-def recorded_steps(run: Run) -> frozenset:
-    """Every step index some rank of ``run`` recorded."""
-    return frozenset(s for t in run.ranks.values() for s in np.unique(t.col("step")).tolist())
+def recorded_steps(analysis: RunAnalysis) -> frozenset:
+    """Every step index some rank of the run recorded."""
+    return frozenset(s for mine in analysis.ranks.values() for s in mine.steps)
 
 
-def restricted(trace: Trace, steps: frozenset) -> Trace:
-    """``trace`` limited to the rows of ``steps``: the same dictionaries, fewer rows."""
-    mask = np.isin(trace.col("step"), sorted(steps))
-    if mask.all():
-        return trace
-    return trace.select(mask)
-
-
-def _profiles(run: Run, steps: Optional[frozenset], grid: Optional[tuple]) -> tuple:
-    """(rank -> Profile, rank -> OpGroups, display paths) of every readable rank, counting the
-    rows of ``steps`` only (all rows when None); process groups named along ``grid``. Time
-    metrics cover the run's counted steps."""
-    metrics = timeline.run_metrics(run)
-    traces = {rank: restricted(t, steps) if steps else t for rank, t in sorted(run.ranks.items())}
-    groups = {rank: op_groups(t) for rank, t in traces.items()}
+def _profiles(analysis: RunAnalysis, grid: Optional[tuple]) -> tuple:
+    """(rank -> Profile, display paths) of every readable rank, process groups named along
+    ``grid``."""
+    groups = {rank: mine.groups for rank, mine in analysis.ranks.items()}
     paths = display_paths({f.file for gs in groups.values() for g in gs for f in g.path})
-    out = {}
-    for rank, trace in traces.items():
-        steps_here = sorted(set(trace.col("step").tolist())) if len(trace) else []
-        out[rank] = rank_profile(rank, groups[rank], comm_rows(trace), paths,
-                                 metrics.get(rank), steps_here,
-                                 lambda ranks: group_label(ranks, grid))
-    return out, groups, paths
+    out = {rank: rank_profile(rank, mine.groups, mine.comm, paths, analysis.metrics.get(rank),
+                              mine.steps, lambda ranks: group_label(ranks, grid))
+           for rank, mine in sorted(analysis.ranks.items())}
+    return out, paths
 
 
-def _side(run: Run, steps: frozenset) -> RunSide:
-    return RunSide(run.dir, run.world_size, tuple(sorted(run.ranks)), dict(run.config),
-                   tuple(sorted(steps)))
+def _side(analysis: RunAnalysis, steps: frozenset) -> RunSide:
+    return RunSide(analysis.run.dir, analysis.world_size, tuple(sorted(analysis.ranks)),
+                   dict(analysis.config), tuple(sorted(steps)))
 
 
-def diff_runs(a: Run, b: Run) -> DiffResult:
-    """Compare run ``b`` against the baseline ``a`` (both loaded with viz.trace.load_run)."""
+def diff_runs(run_a: Run, run_b: Run, *,
+              warn: Optional[Callable[[str], None]] = None) -> DiffResult:
+    """Compare run ``b`` against the baseline ``a`` (both opened with viz.run.open_run). Each
+    damaged or missing trace goes to ``warn`` as one line."""
+    a, b = analyse(run_a), analyse(run_b)
+    for name, analysis in (("A", a), ("B", b)):
+        for line in analysis.damage():
+            if warn is not None:
+                warn(f"run {name}: {line}")
     steps_a, steps_b = recorded_steps(a), recorded_steps(b)
     # Counts are only comparable over the same iterations (trace-run --steps 1- leaves out the
     # setup of step 0, a longer run has more steps): compare the steps both recorded.
     common = steps_a & steps_b if steps_a != steps_b and steps_a & steps_b else None
+    if common:
+        a, b = recount(a, common), recount(b, common)
     roles_a, roles_b, method = assign_roles(a.config, a.world_size, a.ranks, b.config,
                                             b.world_size, b.ranks)
     # Groups are named by grid axes only when both runs have a grid, as roles are.
     grids = (grid_of(a.config, a.world_size), grid_of(b.config, b.world_size))
     if not all(grids):
         grids = (None, None)
-    prof_a, groups_a, paths_a = _profiles(a, common, grids[0])
-    prof_b, groups_b, paths_b = _profiles(b, common, grids[1])
+    prof_a, paths_a = _profiles(a, grids[0])
+    prof_b, paths_b = _profiles(b, grids[1])
     matched, only_a, only_b = match_roles(roles_a, roles_b)
     roles = [compare(role.label, prof_a[ra], prof_b[rb]) for role, ra, rb in matched]
     totals = compare(ALL_RANKS, merge(list(prof_a.values())), merge(list(prof_b.values())))
 
-    graphs = [build_diff_graph(ALL_RANKS, [g for r in sorted(groups_a) for g in groups_a[r]],
-                               paths_a, [g for r in sorted(groups_b) for g in groups_b[r]],
-                               paths_b)]
+    def merged(analysis):
+        return [g for r in sorted(analysis.ranks) for g in analysis.ranks[r].groups]
+
+    graphs = [build_diff_graph(ALL_RANKS, merged(a), paths_a, merged(b), paths_b)]
     # Roles whose structure (then sizes) changed are drawn first: with many roles, the first
     # few by rank are often the unchanged ones.
     drawn = sorted(zip(matched, roles), key=lambda m: (not m[1].structural,
                                                        not m[1].sizes_changed))
     for (role, ra, rb), _ in drawn[:MAX_GRAPHS - 1]:
-        graphs.append(build_diff_graph(role.label, groups_a[ra], paths_a, groups_b[rb], paths_b))
+        graphs.append(build_diff_graph(role.label, a.ranks[ra].groups, paths_a,
+                                       b.ranks[rb].groups, paths_b))
 
     keys = sorted(set(a.config) | set(b.config))
     changes = [(k, a.config.get(k), b.config.get(k)) for k in keys
                if a.config.get(k) != b.config.get(k)]
     return DiffResult(_side(a, steps_a), _side(b, steps_b), method, changes, roles, only_a,
                       only_b, totals, graphs, _warnings(a, b, steps_a, steps_b, common),
-                      tuple(sorted(common or steps_a | steps_b)))
+                      tuple(sorted(common or steps_a | steps_b)),
+                      unreadable=[("A", r) for r in a.missing] + [("B", r) for r in b.missing])
 
 
-def _warnings(a: Run, b: Run, steps_a: frozenset, steps_b: frozenset,
+def _warnings(a: RunAnalysis, b: RunAnalysis, steps_a: frozenset, steps_b: frozenset,
               common: Optional[frozenset]) -> list:
     """What makes the comparison partial: unreadable ranks, different recorded steps."""
     out = []
-    for name, run in (("A", a), ("B", b)):
-        if run.missing:
-            out.append(f"run {name} has no readable trace for ranks {run.missing}: they are "
-                       "left out")
+    for name, analysis in (("A", a), ("B", b)):
+        if analysis.missing:
+            out.append(f"run {name} has no readable trace for ranks {analysis.missing}: they "
+                       "are left out")
     if common:
         out.append(f"the runs recorded different steps (A {sorted(steps_a)}, B "
                    f"{sorted(steps_b)}): ops, FLOPs and communication are compared over the "
@@ -178,11 +170,11 @@ def _finite(obj):
     return obj
 
 
-def write_diff(result: DiffResult, a: Run, b: Run, out_dir: str) -> str:
+def write_diff(result: DiffResult, out_dir: str) -> str:
     """Write diff.json, the diff call-graph SVGs and diff.html into ``out_dir``; returns the
     path of diff.html. Raises viz.render.callgraph_svg.RenderError if graphviz fails."""
     os.makedirs(out_dir, exist_ok=True)
-    svgs = diff_svgs([prune_diff(g) for g in result.graphs], a.dir, b.dir)
+    svgs = diff_svgs([prune_diff(g) for g in result.graphs], result.a.dir, result.b.dir)
     files = {}
     for i, (scope, svg) in enumerate(svgs.items()):
         name = "diff-callgraph.svg" if i == 0 else f"diff-callgraph-{i}.svg"

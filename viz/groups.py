@@ -1,0 +1,177 @@
+"""The aggregate every analysis reads: one rank's events grouped by where they came from.
+
+A run has millions of events but only thousands of distinct (stack, forward stack, op, phase,
+shapes, module) combinations. :func:`op_groups` aggregates them with numpy over the trace's
+integer codes into :class:`OpGroup` s, each carrying its *attribution path*: the user frames,
+outermost first, of the forward stack that created the autograd node for a backward op (so the
+backward all-reduce of the column-parallel ``f`` lands on the column-parallel forward line),
+else of the live stack. Library frames are collapsed to the *boundary* call. Call graphs, the
+module view, source pages and diffs are all built from these groups.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, NamedTuple, Optional, Sequence
+
+import numpy as np
+
+from tracer.labels import PHASES
+from tracer.ops import PSEUDO_OPS
+from tracer.stacks import decode_stack
+
+from .flops import flops as op_flops
+from .source import is_library
+
+MEASURES = ("ops", "time_ns", "bytes")
+VIA_FRAMES = 2   # frames of a backward op's live stack kept to say which backward code ran it
+
+
+class Frame(NamedTuple):
+    """One recorded frame: where execution was (``line``) in which function. A NamedTuple:
+    frames are hashed millions of times while graphs are built, and tuples hash in C."""
+
+    file: str
+    line: int
+    function: str
+    qualname: str
+
+
+NO_STACK = Frame("?", 0, "?", "(no stack recorded)")
+
+
+@dataclass
+class Weights:
+    """What a node, edge or line accounts for."""
+
+    ops: int = 0          # events (aten ops and collectives)
+    time_ns: float = 0    # summed durations; a collective counts launch to completion
+    bytes: int = 0        # bytes handed to collectives
+    comms: int = 0        # collective / P2P calls
+    flops: int = 0
+
+    def add(self, other: "Weights") -> None:
+        self.ops += other.ops
+        self.time_ns += other.time_ns
+        self.bytes += other.bytes
+        self.comms += other.comms
+        self.flops += other.flops
+
+    def get(self, measure: str) -> float:
+        return getattr(self, measure)
+
+
+def total_of(weights: Iterable[Weights]) -> Weights:
+    out = Weights()
+    for w in weights:
+        out.add(w)
+    return out
+
+
+@dataclass(frozen=True)
+class OpGroup:
+    """Events of one rank sharing attribution path, op, phase, shapes and module."""
+
+    rank: int
+    path: tuple               # Frames of user code, outermost first (never empty)
+    boundary: Optional[Frame]  # the library function the innermost user frame called
+    via: Optional[tuple]      # backward ops: innermost user frames of the code that ran them
+    op: str
+    phase: str                # forward | backward | other
+    kind: Optional[str]       # communication kind, None for compute ops
+    shapes: Optional[str]
+    module: Optional[str]
+    count: int
+    time_ns: float
+    bytes: int
+    flops: int
+
+    def weights(self) -> Weights:
+        return Weights(self.count, self.time_ns, self.bytes, self.count if self.kind else 0,
+                       self.flops)
+
+
+def split_stack(frames: Sequence[tuple]) -> tuple:
+    """Recorded frames (innermost first) -> (user frames outermost first, boundary frame).
+
+    The boundary is the outermost frame of the innermost run of library frames: the library call
+    the user's code made. Library frames between user frames (module call machinery) are
+    dropped. A stack of library frames only keeps its outermost frame as the path."""
+    user, boundary = [], None
+    for raw in frames:
+        frame = Frame(raw[0], int(raw[1]), raw[2], raw[3])
+        if is_library(frame.file):
+            if not user:
+                boundary = frame
+            continue
+        user.append(frame)
+    if not user:
+        return ((boundary,) if boundary else (NO_STACK,)), None
+    return tuple(reversed(user)), boundary
+
+
+def _group_rows(columns: list) -> tuple:
+    """Group rows by several int columns: (inverse index per row, first row of each group)."""
+    key = np.zeros(len(columns[0]), dtype=np.int64)
+    for col in columns:
+        c = col.astype(np.int64) + 1                       # null (-1) -> 0
+        span = int(c.max()) + 1 if len(c) else 1
+        if (int(key.max()) + 1) * span >= 2 ** 62:         # keep the packed key in int64
+            _, key = np.unique(key, return_inverse=True)
+            key = key.astype(np.int64)
+        key = key * span + c
+    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    return inverse.reshape(-1), first
+
+
+def op_groups(trace) -> list:
+    """One rank's ops and collectives aggregated into :class:`OpGroup` s (pseudo-ops dropped)."""
+    if len(trace) == 0:
+        return []
+    op_names = trace.dictionary("op")
+    drop = np.array([name in PSEUDO_OPS for name in op_names] + [True])  # code -1 -> dropped
+    rows = np.nonzero(~drop[trace.col("op")])[0]
+    if len(rows) == 0:
+        return []
+    keys = ("stack", "fwd_stack", "op", "phase", "shapes", "module")
+    cols = {name: trace.col(name)[rows] for name in keys}
+    inverse, first = _group_rows([cols[name] for name in keys])
+    t0, t1 = trace.col("t0")[rows], trace.col("t1")[rows]
+    duration = np.where(t1 >= 0, t1 - t0, 0).clip(min=0)
+    nbytes = trace.col("bytes")[rows].clip(min=0)
+    counts = np.bincount(inverse)
+    times = np.bincount(inverse, weights=duration)
+    byte_sums = np.bincount(inverse, weights=nbytes)
+    kinds = trace.col("kind")[rows][first]
+    kind_names, shape_names = trace.dictionary("kind"), trace.dictionary("shapes")
+    module_names, stack_texts = trace.dictionary("module"), trace.dictionary("stack")
+    split_cache: dict = {}
+
+    def split(code: int) -> tuple:
+        # NOTE: decodes from one copy of the dictionary; Trace.stack(code) copies the whole
+        # dictionary on every call, quadratic over a run's thousands of stacks.
+        if code not in split_cache:
+            split_cache[code] = split_stack(decode_stack(stack_texts[code])) if code >= 0 \
+                else ((NO_STACK,), None)
+        return split_cache[code]
+
+    out = []
+    for g, row in enumerate(first.tolist()):
+        stack, fwd = int(cols["stack"][row]), int(cols["fwd_stack"][row])
+        live_path, live_boundary = split(stack)
+        if fwd >= 0:
+            path, boundary = split(fwd)
+            via = live_path[-VIA_FRAMES:] if live_path[-1] is not NO_STACK else None
+        else:
+            path, boundary, via = live_path, live_boundary, None
+        op = op_names[int(cols["op"][row])]
+        shape_code, module_code = int(cols["shapes"][row]), int(cols["module"][row])
+        shapes = shape_names[shape_code] if shape_code >= 0 else None
+        count = int(counts[g])
+        kind = kind_names[kinds[g]] if kinds[g] >= 0 else None
+        out.append(OpGroup(
+            rank=trace.rank, path=path, boundary=boundary, via=via, op=op,
+            phase=PHASES[int(cols["phase"][row])], kind=kind, shapes=shapes,
+            module=module_names[module_code] if module_code >= 0 else None, count=count,
+            time_ns=float(times[g]), bytes=int(byte_sums[g]),
+            flops=op_flops(op, shapes) * count))
+    return out

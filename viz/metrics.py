@@ -1,0 +1,273 @@
+"""Time metrics of a timeline: per rank and step, compute, communication, exposed communication,
+idle time, overlap and bubbles, the pipeline bubble split into warm-up, steady state and
+cool-down, the papers' theoretical bubble beside the measurement, and the replayed bubble
+(:mod:`viz.replay`). Definitions and worked examples: docs/metrics.md.
+
+Every query of a rank's compute inside a window goes through an index (:class:`_Index`), so the
+whole analysis is O(n log n) in the events of a step, however many steps and passes a run has.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from typing import Optional
+
+import numpy as np
+
+from .intervals import Prefix, intersect, intervals, length, union, window
+from .replay import replayed_bubbles
+from .timeline import Pass, RankLanes, Timeline, counted_steps
+
+
+@dataclass(frozen=True)
+class PipelineBubble:
+    """Pipeline bubble of one rank: time in the pipeline window not spent computing a pass."""
+
+    window_s: float
+    bubble_s: float
+    bubble_fraction: Optional[float]
+    warmup_fraction: Optional[float]
+    steady_fraction: Optional[float]
+    cooldown_fraction: Optional[float]
+    simulated_bubble_fraction: Optional[float] = None   # same passes, free communication
+
+
+@dataclass(frozen=True)
+class StepMetrics:
+    """Time metrics of one rank in one step window."""
+
+    step: int
+    start: int
+    end: int
+    wall_s: float
+    compute_s: float
+    comm_s: float
+    overlapped_comm_s: float
+    exposed_comm_s: float
+    idle_s: float
+    overlap_fraction: Optional[float]
+    bubble_fraction: Optional[float]
+    pipeline: Optional[PipelineBubble]
+
+    def to_json(self) -> dict:
+        out = asdict(self)
+        out["start_ns"], out["end_ns"] = out.pop("start"), out.pop("end")
+        return out
+
+
+@dataclass
+class RankMetrics:
+    """One rank's time metrics: totals over the counted steps, and each step's own."""
+
+    rank: int
+    steps: list                          # StepMetrics, every recorded step
+    counted_steps: tuple                 # the steps the totals sum (step 0 left out if others)
+    wall_s: float = 0.0
+    compute_s: float = 0.0
+    comm_s: float = 0.0
+    overlapped_comm_s: float = 0.0
+    exposed_comm_s: float = 0.0
+    idle_s: float = 0.0
+    overlap_fraction: Optional[float] = None
+    bubble_fraction: Optional[float] = None
+    pipeline: Optional[PipelineBubble] = None
+    theoretical_bubble_fraction: Optional[float] = None
+    clock_error_s: Optional[float] = None
+    passes: dict = field(default_factory=dict)   # kind -> mean compute seconds per pass
+
+    def to_json(self) -> dict:
+        """summary.json's ``time`` object: DESIGN.md's keys first, then the details."""
+        return {
+            "wall_s": self.wall_s, "compute_s": self.compute_s, "comm_s": self.comm_s,
+            "exposed_comm_s": self.exposed_comm_s, "idle_s": self.idle_s,
+            "overlap_fraction": self.overlap_fraction, "bubble_fraction": self.bubble_fraction,
+            "overlapped_comm_s": self.overlapped_comm_s,
+            "counted_steps": list(self.counted_steps),
+            "pipeline": asdict(self.pipeline) if self.pipeline else None,
+            "theoretical_bubble_fraction": self.theoretical_bubble_fraction,
+            "pass_compute_s": self.passes,
+            "clock_error_s": self.clock_error_s,
+            "per_step": [s.to_json() for s in self.steps],
+        }
+
+
+# ---------------------------------------------------------------------------- theory
+def theoretical_bubble(schedule: str, p: int, m: int, v: int = 1, *, t_f: float = 1.0,
+                       t_b: float = 1.0, t_w: float = 1.0) -> Optional[float]:
+    """Bubble fraction of the total time of a pipeline schedule (shared/ORACLES.md).
+
+    gpipe, 1f1b: (p-1)/(m+p-1). interleaved: bubble/ideal x = (p-1)/(v*m), fraction x/(1+x).
+    zb-h1: bubble (p-1)(T_F+T_B-T_W) against ideal m(T_F+T_B+T_W) (pass times default to
+    equal). None for an unknown schedule or sizes that make no sense.
+    """
+    if not isinstance(p, int) or not isinstance(m, int) or p < 1 or m < 1 or v < 1:
+        return None
+    if p == 1:
+        return 0.0
+    schedule = (schedule or "").lower()
+    if schedule in ("gpipe", "1f1b"):
+        return (p - 1) / (m + p - 1)
+    if schedule == "interleaved":
+        x = (p - 1) / (v * m)
+        return x / (1 + x)
+    if schedule == "zb-h1":
+        bubble, ideal = (p - 1) * max(t_f + t_b - t_w, 0.0), m * (t_f + t_b + t_w)
+        return bubble / (bubble + ideal) if bubble + ideal > 0 else None
+    return None
+
+
+def _theory(config: dict, pass_s: dict) -> Optional[float]:
+    try:
+        p, m = int(config.get("pp") or 0), int(config.get("microbatches") or 0)
+        v = int(config.get("virtual_stages") or 1)
+    except (TypeError, ValueError):
+        return None
+    times = {}
+    if "W" in pass_s:
+        times = dict(t_f=pass_s.get("F", 0.0), t_b=pass_s.get("B", 0.0), t_w=pass_s["W"])
+    return theoretical_bubble(str(config.get("schedule") or ""), p, m, v, **times)
+
+
+# ---------------------------------------------------------------------------- indexes
+class _Index:
+    """Per-(rank, step) passes and receives, and each rank's compute as a prefix sum."""
+
+    def __init__(self, timeline: Timeline):
+        self.timeline = timeline
+        self.passes: dict = defaultdict(list)     # (rank, step) -> passes in start order
+        self.recvs: dict = defaultdict(list)      # (rank, step) -> recv CommSpans
+        self.sends: dict = defaultdict(list)      # (rank, step) -> sorted send starts
+        self.compute = {}                         # rank -> Prefix of its compute
+        for rank, lane in timeline.ranks.items():
+            self.compute[rank] = Prefix(lane.compute)
+            for p in lane.passes:
+                self.passes[(rank, p.step)].append(p)
+            for c in lane.comm:
+                if c.kind == "recv":
+                    self.recvs[(rank, c.step)].append(c)
+                elif c.kind == "send":
+                    self.sends[(rank, c.step)].append(c.start)
+        for starts in self.sends.values():
+            starts.sort()
+
+    def busy(self, rank: int, lo: int, hi: int) -> int:
+        """Compute of ``rank`` inside [lo, hi)."""
+        return int(self.compute[rank].length(lo, hi))
+
+
+def _seconds(ns: int) -> float:
+    return ns / 1e9
+
+
+def _ratio(num: int, den: int) -> Optional[float]:
+    return num / den if den > 0 else None
+
+
+# ---------------------------------------------------------------------------- pipeline
+def _busy_edge(busy: np.ndarray, p: Pass, recvs: list, first: bool) -> int:
+    """When pass ``p`` starts computing on its input (after the recvs it posted completed), or
+    (first=False) when it stops computing; its bounds if it never computes."""
+    ready = max((c.end for c in recvs if p.start <= c.start < p.end), default=p.start)
+    inside = window(busy, ready if first else p.start, p.end)
+    if not len(inside):
+        return p.start if first else p.end
+    return int(inside[0, 0]) if first else int(inside[-1, 1])
+
+
+def _pipeline_bubble(index: _Index, lane: RankLanes, step: int,
+                     replayed: dict) -> Optional[PipelineBubble]:
+    """Bubble of ``lane`` in the step's pipeline window: from the first pass start to the last
+    pass end over its pipeline group (aligned clocks)."""
+    mine = index.passes.get((lane.rank, step), [])
+    if not mine or len(lane.pipeline_group) < 2:
+        return None
+    group = [p for r in lane.pipeline_group for p in index.passes.get((r, step), [])]
+    lo, hi = min(p.start for p in group), max(p.end for p in group)
+    passes = union(intervals([p.start for p in mine], [p.end for p in mine]))
+    busy = intersect(window(lane.compute, int(passes[0, 0]), int(passes[-1, 1])), passes)
+    # Warm-up lasts until the rank starts computing its first backward, cool-down starts when
+    # it stops computing its last forward: waits at the head of a pass belong to the section
+    # before it.
+    recvs = index.recvs.get((lane.rank, step), [])
+    first_b = min((_busy_edge(busy, p, recvs, first=True) for p in mine if p.kind != "F"),
+                  default=hi)
+    last_f = max((_busy_edge(busy, p, recvs, first=False) for p in mine if p.kind == "F"),
+                 default=first_b)
+    cool = max(last_f, first_b)
+    sections = [(lo, first_b), (first_b, cool), (cool, hi)]
+    idle = [max(b - a, 0) - length(window(busy, a, b)) for a, b in sections]
+    span = hi - lo
+    return PipelineBubble(_seconds(span), _seconds(sum(idle)), _ratio(sum(idle), span),
+                          *(_ratio(x, span) for x in idle),
+                          simulated_bubble_fraction=replayed.get((lane.rank, step)))
+
+
+# ---------------------------------------------------------------------------- per step
+def _step_metrics(index: _Index, lane: RankLanes, step: int, replayed: dict) -> StepMetrics:
+    lo, hi = lane.steps[step]
+    compute, comm = window(lane.compute, lo, hi), window(lane.comm_union, lo, hi)
+    overlapped = length(intersect(compute, comm))
+    busy = length(compute)
+    comm_ns = length(comm)
+    wall = hi - lo
+    idle = wall - length(union(np.concatenate([compute, comm])))
+    return StepMetrics(step, lo, hi, _seconds(wall), _seconds(busy), _seconds(comm_ns),
+                       _seconds(overlapped), _seconds(comm_ns - overlapped), _seconds(idle),
+                       _ratio(overlapped, comm_ns), _ratio(wall - busy, wall),
+                       _pipeline_bubble(index, lane, step, replayed))
+
+
+def _pass_compute(index: _Index, counted: dict) -> dict:
+    """Mean compute seconds per pass kind over the counted steps of every rank."""
+    total: dict = {}
+    for rank, lane in index.timeline.ranks.items():
+        mine = [p for p in lane.passes if p.step in counted.get(rank, ())]
+        if not mine:
+            continue
+        busy = index.compute[rank].length(np.array([p.start for p in mine]),
+                                          np.array([p.end for p in mine]))
+        for p, b in zip(mine, busy.tolist()):
+            n, s = total.get(p.kind, (0, 0))
+            total[p.kind] = (n + 1, s + b)
+    return {k: _seconds(s) / n for k, (n, s) in sorted(total.items())}
+
+
+def _totals(m: RankMetrics, use: list) -> None:
+    """Fill ``m``'s totals from the counted steps' metrics."""
+    for key in ("wall_s", "compute_s", "comm_s", "overlapped_comm_s", "exposed_comm_s",
+                "idle_s"):
+        setattr(m, key, sum(getattr(s, key) for s in use))
+    m.overlap_fraction = m.overlapped_comm_s / m.comm_s if m.comm_s > 0 else None
+    m.bubble_fraction = (m.wall_s - m.compute_s) / m.wall_s if m.wall_s > 0 else None
+    pipes = [s.pipeline for s in use if s.pipeline is not None]
+    if not pipes:
+        return
+    span = sum(p.window_s for p in pipes)
+    parts = [sum(getattr(p, k) * p.window_s for p in pipes if getattr(p, k) is not None)
+             for k in ("warmup_fraction", "steady_fraction", "cooldown_fraction")]
+    bubble = sum(p.bubble_s for p in pipes)
+    sims = [p for p in pipes if p.simulated_bubble_fraction is not None]
+    sim = sum(p.simulated_bubble_fraction * p.window_s for p in sims)
+    m.pipeline = PipelineBubble(span, bubble, _ratio(bubble, span),
+                                *(_ratio(x, span) for x in parts),
+                                _ratio(sim, sum(p.window_s for p in sims)))
+
+
+def metrics_of(timeline: Timeline) -> dict:
+    """rank -> :class:`RankMetrics` of a built timeline."""
+    index = _Index(timeline)
+    counted = {r: counted_steps(lane) for r, lane in timeline.ranks.items()}
+    pass_s = _pass_compute(index, counted)
+    theory = _theory(timeline.config, pass_s) if any(
+        lane.passes for lane in timeline.ranks.values()) else None
+    replayed = replayed_bubbles(timeline, index.passes, index.sends, index.busy)
+    out = {}
+    for rank, lane in timeline.ranks.items():
+        steps = [_step_metrics(index, lane, s, replayed) for s in sorted(lane.steps)]
+        m = RankMetrics(rank, steps, tuple(counted[rank]), theoretical_bubble_fraction=theory,
+                        passes=pass_s)
+        if lane.clock_error_ns is not None:
+            m.clock_error_s = _seconds(lane.clock_error_ns)
+        _totals(m, [s for s in steps if s.step in counted[rank]])
+        out[rank] = m
+    return out

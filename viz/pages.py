@@ -1,0 +1,169 @@
+"""What the report's pages show, as rows and texts for the templates: problems first, the run's
+facts, a row per rank, each rank's metadata, op and collective tables, and source lines with
+what they issued. Built from a :class:`viz.analysis.RunAnalysis` and the summary dict; no I/O.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Optional
+
+from .analysis import RunAnalysis
+from .groups import Weights, total_of
+from .render import fmt_bytes, fmt_count, fmt_time, short_op
+
+
+@dataclass
+class LineView:
+    """A source line with what it issued, as text for the source page."""
+
+    number: int
+    text: str
+    direct: list = field(default_factory=list)
+    comm: list = field(default_factory=list)
+    through: list = field(default_factory=list)
+
+
+def _summarise(entries: dict, key_text) -> list:
+    """Line annotations: one text per (what, direction), biggest first."""
+    items = sorted(entries.items(), key=lambda kv: (-kv[1].ops, str(kv[0])))
+    return [key_text(key, w) for key, w in items]
+
+
+def line_views(text: Optional[list], per_line: dict) -> list:
+    """Every line of a readable file, or only the lines that issued ops when it is not."""
+    numbers = range(1, len(text) + 1) if text is not None else sorted(per_line)
+    out = []
+    for n in numbers:
+        ops = per_line.get(n)
+        view = LineView(n, text[n - 1] if text is not None and n <= len(text) else "")
+        if ops is not None:
+            view.direct = _summarise(ops.direct, lambda k, w: (
+                f"{k[1]}: {short_op(k[0])} x{fmt_count(w.ops)} · {fmt_time(w.time_ns)}"))
+            view.comm = _summarise(ops.comm, lambda k, w: (
+                f"{k[1]}: {k[0]} x{fmt_count(w.comms)} · {fmt_bytes(w.bytes)} · "
+                f"{fmt_time(w.time_ns)}"))
+            view.through = _summarise(ops.through, lambda k, w: (
+                f"{k}: {fmt_count(w.ops)} ops in the functions it calls · "
+                f"{fmt_time(w.time_ns)}"))
+        out.append(view)
+    return out
+
+
+def rank_rows(analysis: RunAnalysis, summary: dict) -> list:
+    """One row per rank of the world for the index's rank table."""
+    rows = []
+    for rank in range(analysis.world_size):
+        row = dict(rank=rank, status=analysis.status(rank), error=analysis.error(rank),
+                   host="", events=0, w=Weights(), compute=Weights(), comm=Weights(), time={})
+        mine = analysis.ranks.get(rank)
+        if mine is not None:
+            row["host"] = mine.meta.get("host", "")
+            row["events"] = mine.events
+            row["w"] = total_of(g.weights() for g in mine.groups)
+            row["compute"] = total_of(g.weights() for g in mine.groups if not g.kind)
+            row["comm"] = total_of(g.weights() for g in mine.groups if g.kind)
+        row["time"] = _time_texts(((summary.get("ranks") or {}).get(str(rank)) or {})
+                                  .get("time") or {})
+        rows.append(row)
+    return rows
+
+
+def _time_texts(time: dict) -> dict:
+    """summary.json's time metrics of a rank, formatted (seconds and fractions)."""
+    def seconds(key):
+        value = time.get(key)
+        return fmt_time(value * 1e9) if isinstance(value, (int, float)) else ""
+
+    def percent(key):
+        value = time.get(key)
+        return f"{100 * value:.1f} %" if isinstance(value, (int, float)) else ""
+    return dict(wall=seconds("wall_s"), exposed_comm=seconds("exposed_comm_s"),
+                bubble=percent("bubble_fraction"))
+
+
+def op_rows(groups: list) -> list:
+    """(op, phase) -> what they account for, most calls first."""
+    counts = defaultdict(Weights)
+    for g in groups:
+        counts[(g.op, g.phase)].add(g.weights())
+    return sorted(counts.items(), key=lambda kv: (-kv[1].ops, kv[0]))
+
+
+def comm_rows(groups: list) -> list:
+    """(kind, phase) -> what the collectives of that kind account for."""
+    rows = defaultdict(Weights)
+    for g in groups:
+        if g.kind:
+            rows[(g.kind, g.phase)].add(g.weights())
+    return sorted(rows.items())
+
+
+_META_KEYS = ("host", "pid", "local_rank", "node_rank", "backend", "torch", "python", "status",
+              "error", "last_step", "last_collective", "inflight")
+
+
+def meta_rows(meta: dict) -> list:
+    """A trace's metadata as (key, text) rows."""
+    rows = [(k, meta.get(k)) for k in _META_KEYS if meta.get(k) not in (None, "", [], {})]
+    for key in ("clock_start", "clock_end"):
+        clock = meta.get(key)
+        if clock:
+            rows.append((key, f"offset {fmt_time(abs(clock.get('offset_ns', 0)))} "
+                              f"{'ahead' if clock.get('offset_ns', 0) < 0 else 'behind'}, error "
+                              f"<= {fmt_time(clock.get('error_ns', 0))} ({clock.get('method')})"))
+    if meta.get("start_unix"):
+        rows.append(("started", utc(meta["start_unix"])))
+    return rows
+
+
+def utc(ts: float) -> str:
+    return datetime.fromtimestamp(float(ts), timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def problems(analysis: RunAnalysis) -> list:
+    """What went wrong, most important first: a hang (who never arrived), failed ranks, ranks
+    without a readable trace, damaged traces."""
+    out = []
+    hang = analysis.run.info.get("hang")
+    if hang:
+        never = hang.get("never_arrived") or []
+        details = []
+        for rank, info in sorted((hang.get("ranks") or {}).items(), key=lambda kv: int(kv[0])):
+            details.append(dict(rank=rank, status=info.get("status"), step=info.get("step"),
+                                last=info.get("last_collective"),
+                                inflight=info.get("inflight"), stack=info.get("stack")))
+        out.append(dict(level="hang", title=(
+            f"Hang: rank{'s' if len(never) != 1 else ''} "
+            f"{', '.join(str(r) for r in never) or '?'} never arrived"
+            + (f" (watchdog timeout {hang.get('timeout_s')} s)" if hang.get("timeout_s") else "")),
+            details=details))
+    for rank in range(analysis.world_size):
+        status = analysis.status(rank)
+        if status == "failed":
+            out.append(dict(level="failed", title=f"rank {rank} failed: "
+                            f"{analysis.error(rank) or 'no error recorded'}", details=[]))
+        elif status == "missing":
+            reason = analysis.unreadable.get(rank)
+            out.append(dict(level="missing", title=f"rank {rank}: no trace"
+                            + (f" ({reason})" if reason else ""), details=[]))
+    for rank, mine in sorted(analysis.ranks.items()):
+        for warning in mine.warnings:
+            out.append(dict(level="warning", title=f"rank {rank}: {warning}", details=[]))
+    return out
+
+
+def run_facts(analysis: RunAnalysis) -> dict:
+    """The run's command, exit code, sizes, steps and versions."""
+    first = analysis.ranks[min(analysis.ranks)].meta
+    run = analysis.run
+    command = run.info.get("command")
+    if isinstance(command, list):
+        command = " ".join(str(c) for c in command)
+    steps = {s for mine in analysis.ranks.values() for s in mine.steps}
+    return dict(command=command or " ".join(first.get("argv") or []),
+                exit_code=run.info.get("exit_code"), world_size=analysis.world_size,
+                config=analysis.config, steps=steps, backend=first.get("backend"),
+                torch=first.get("torch"), dir=run.dir,
+                started=utc(first["start_unix"]) if first.get("start_unix") else "")

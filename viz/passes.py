@@ -1,0 +1,69 @@
+"""Pipeline passes of one rank: named by annotations or pipelining labels, else inferred.
+
+A pass is one F, B or W pass of one micro-batch through one model chunk
+(:class:`viz.timeline.Pass`). Annotations (``tracer.annotate("F", microbatch=...)``) and
+torch.distributed.pipelining's record_function ranges name them (:mod:`tracer.labels`); when
+nothing does, :func:`infer_passes` reads them off the order of compute and P2P.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from tracer.labels import PHASE_BACKWARD, PHASE_FORWARD, pass_of
+
+from .timeline import Pass
+
+
+def annotation_spans(rows) -> tuple:
+    """(passes, other annotation ranges as (start, end, label, depth)) of one rank's
+    :class:`viz.timeline.RankRows`."""
+    passes, others = [], []
+    trace = rows.trace
+    for i in np.nonzero(rows.op == rows.ann_code)[0].tolist():
+        stack = trace.annotation(int(rows.annotation[i]))
+        if not stack or rows.t1[i] < 0:
+            continue
+        own = stack[-1]
+        label = str(own.get("label", ""))
+        start, end, step = int(rows.t0[i]), int(rows.t1[i]), int(rows.step[i])
+        found = pass_of(label, own)
+        if found is not None:
+            passes.append(Pass(rows.rank, step, found.kind, found.microbatch, found.chunk, start,
+                               end, found.source))
+        else:
+            others.append((start, end, label, len(stack) - 1))
+    return sorted(passes, key=lambda p: p.start), sorted(others)
+
+
+def infer_passes(rows, comm: list) -> list:
+    """Passes from the P2P order when nothing names them: a run of forward (backward) compute
+    ops is one F (B) pass; a recv starts a new pass and a send ends one. The k-th F (B) pass of
+    a step gets micro-batch k: exact for GPipe and 1F1B, not for interleaved schedules.
+
+    Runs of equal (kind, step) are found with numpy; Python only walks the runs."""
+    if not any(c.kind in ("send", "recv") for c in comm):
+        return []
+    p2p = [i for i, k in enumerate(rows.kinds) if k in ("send", "recv")]
+    order = np.nonzero(rows.is_compute | (rows.is_comm & np.isin(rows.kind, p2p)))[0]
+    ends = np.where(rows.is_comm, rows.t_ret, rows.t1)
+    order = order[np.lexsort((ends[order], rows.t0[order]))]
+    phase = rows.trace.col("phase")[order]
+    # pass kind per event: 0 none (a P2P op or another phase: closes the pass), 1 F, 2 B
+    kind = np.where(rows.is_comm[order], 0, np.where(phase == PHASE_FORWARD, 1,
+                                                     np.where(phase == PHASE_BACKWARD, 2, 0)))
+    step = rows.step[order]
+    change = np.ones(len(order), bool)
+    change[1:] = (kind[1:] != kind[:-1]) | (step[1:] != step[:-1]) | (kind[1:] == 0)
+    starts = np.nonzero(change)[0]
+    stops = np.append(starts[1:], len(order)) - 1
+    passes, counts = [], {}
+    t0, t1 = rows.t0[order], rows.t1[order]
+    for a, b in zip(starts.tolist(), stops.tolist()):
+        if kind[a] == 0:
+            continue
+        name = "F" if kind[a] == 1 else "B"
+        s = int(step[a])
+        k = counts.get((s, name), 0)
+        counts[(s, name)] = k + 1
+        passes.append(Pass(rows.rank, s, name, k, 0, int(t0[a]), int(t1[b]), "inferred"))
+    return passes

@@ -1,0 +1,144 @@
+"""Everything computed from one rank's trace alone: the map step of the analysis.
+
+:func:`analyse_rank_file` loads one trace, computes its :class:`RankAnalysis` (op groups, op
+and communication counts, what a failed rank was doing, its timeline lanes) and drops the trace:
+each result is small next to the events it came from, so many ranks can be analysed one after
+the other, or in worker processes, with one trace in memory at a time. Cross-rank analyses
+(:mod:`viz.analysis`) read only these results.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tracer import Trace
+from tracer import load as load_trace
+from tracer.labels import PHASES
+from tracer.ops import PSEUDO_OPS, group_ranks
+
+from .groups import op_groups
+from .timeline import RankLanes, RankRows, p2p_endpoints, rank_lanes
+
+
+@dataclass
+class RankAnalysis:
+    """One rank's trace, analysed."""
+
+    rank: int
+    path: str
+    meta: dict                    # the trace's metadata (docs/trace-format.md)
+    warnings: list                # a damaged tail, a recording that never closed
+    events: int
+    steps: list                   # step indices the trace holds
+    groups: list                  # viz.groups.OpGroup
+    op_counts: dict               # op overload -> calls (pseudo-ops left out)
+    comm: list                    # summary.json's comm rows: kind, phase, group, count, bytes
+    lanes: RankLanes
+    last_op: dict = field(default_factory=dict)   # what the rank did last (failed ranks)
+
+    @property
+    def status(self) -> str:
+        """The recorder's own status: ok | failed | interrupted | running (never closed)."""
+        return self.meta.get("status", "running")
+
+    @property
+    def config(self) -> dict:
+        return self.meta.get("config") or {}
+
+
+def p2p_of_file(path: str, rank: int) -> list:
+    """The first pass over a rank's trace: its sends and receives (viz.timeline)."""
+    return p2p_endpoints(RankRows(load_trace(path), rank))
+
+
+def analyse_rank_file(path: str, rank: int, send_ends: dict) -> RankAnalysis:
+    """Load and analyse one rank's trace (raises tracer.TraceError if unreadable)."""
+    return analyse_rank(load_trace(path), rank, send_ends)
+
+
+def analyse_rank(trace: Trace, rank: int, send_ends: dict) -> RankAnalysis:
+    """``send_ends``: the rank's send rows -> their matched receives' completions
+    (viz.timeline.match_p2p)."""
+    return RankAnalysis(
+        rank=rank, path=trace.path, meta=trace.meta, warnings=list(trace.warnings),
+        events=len(trace), steps=recorded_steps(trace), groups=op_groups(trace),
+        op_counts=op_counts(trace), comm=comm_rows(trace),
+        lanes=rank_lanes(RankRows(trace, rank), send_ends), last_op=last_op(trace))
+
+
+@dataclass
+class RankCounts:
+    """What a rank did in some steps only: the counting part of a RankAnalysis."""
+
+    steps: list
+    groups: list
+    op_counts: dict
+    comm: list
+
+
+def count_rank_file(path: str, steps: frozenset) -> RankCounts:
+    """Op groups, op and communication counts of one rank's trace over ``steps`` only."""
+    trace = load_trace(path)
+    mask = np.isin(trace.col("step"), sorted(steps))
+    if not mask.all():
+        trace = trace.select(mask)
+    return RankCounts(recorded_steps(trace), op_groups(trace), op_counts(trace), comm_rows(trace))
+
+
+def recorded_steps(trace: Trace) -> list:
+    steps = trace.col("step")
+    return sorted(set(np.unique(steps).tolist())) if len(steps) else []
+
+
+def op_counts(trace: Trace) -> dict:
+    """Dispatched ops by overload name (the tracer's pseudo-ops left out)."""
+    names = trace.dictionary("op")
+    counts = np.bincount(trace.col("op"), minlength=len(names)) if len(trace) else \
+        np.zeros(len(names), dtype=np.int64)
+    return {name: int(n) for name, n in zip(names, counts) if n and name not in PSEUDO_OPS}
+
+
+def comm_rows(trace: Trace) -> list:
+    """Collectives and P2P aggregated by (kind, phase, group): count and bytes."""
+    kind, group = trace.col("kind"), trace.col("group")
+    mask = kind >= 0
+    if not mask.any():
+        return []
+    kinds, groups = trace.dictionary("kind"), trace.dictionary("group")
+    phase, nbytes = trace.col("phase")[mask], trace.col("bytes")[mask]
+    totals = defaultdict(lambda: [0, 0])
+    for k, p, g, b in zip(kind[mask].tolist(), phase.tolist(), group[mask].tolist(),
+                          nbytes.tolist()):
+        entry = totals[(k, p, g)]
+        entry[0] += 1
+        entry[1] += max(b, 0)
+    rows = []
+    for (k, p, g), (count, total) in sorted(totals.items(), key=lambda kv: (
+            kinds[kv[0][0]], kv[0][1], groups[kv[0][2]])):
+        rows.append({"kind": kinds[k], "phase": PHASES[p], "group": list(group_ranks(groups[g])),
+                     "count": count, "bytes": total})
+    return rows
+
+
+def last_op(trace: Trace) -> dict:
+    """What a rank was doing last: its last recorded op, where, and its last collective."""
+    out = {}
+    ops = trace.dictionary("op")
+    codes = trace.col("op")
+    real = np.nonzero(~np.isin(codes, [trace.code("op", name) for name in PSEUDO_OPS]))[0]
+    if len(real):
+        i = int(real[-1])
+        out["op"] = ops[codes[i]]
+        stack = trace.stack(int(trace.col("stack")[i]))
+        if stack:
+            out["where"] = f"{stack[0][0]}:{stack[0][1]}"
+    comm = np.nonzero(trace.col("kind") >= 0)[0]
+    if len(comm):
+        i = int(comm[-1])
+        group = trace.dictionary("group")[trace.col("group")[i]]
+        out["collective"] = {"kind": trace.dictionary("kind")[trace.col("kind")[i]],
+                             "group": group, "seq": int(trace.col("seq")[i]),
+                             "completed": bool(trace.col("t1")[i] >= 0)}
+    return out
