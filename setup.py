@@ -17,7 +17,7 @@ setup(
         "jinja2>=3",
         "numpy",
     ],
-    extras_require={"test": ["pytest>=7"]},
+    extras_require={"test": ["pytest>=7", "pytest-timeout>=2"]},
     entry_points={
         "console_scripts": [
             "trace-run=instrument.launch:main",

@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.compute  # noqa: F401  (pa.compute)
 
 import tracer
+from conftest import CPU_ONLY
 from gpt_helpers import free_port
 from tracer import rundir
 from tracer.format import META_KEY, read_stream
@@ -36,7 +37,7 @@ STEPS, M, LAYERS = 2, 2, 2
 PIPE = ["--tp", "1", "--pp", "2", "--layers", "4", "--hidden", "32", "--seq-len", "16",
         "--micro-batch-size", "2", "--microbatches", "4", "--steps", "4"]
 PIPE_M, PIPE_RECORDED = 4, 3        # steps 1-3 recorded (step 0 is setup)
-ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", **CPU_ONLY)
 SVG = "{http://www.w3.org/2000/svg}"
 REPO = Path(__file__).resolve().parent.parent
 

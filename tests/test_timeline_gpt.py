@@ -15,6 +15,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
+from conftest import CPU_ONLY
 from gpt_helpers import free_port
 from test_timeline import check_chrome_trace
 from viz.analysis import analyse
@@ -29,7 +30,7 @@ M = 4
 def trace_gpt(tmp_path_factory, name: str, *args: str):
     """Trace the reference GPT with trace-run (steps 1- recorded); returns its analysis."""
     out = tmp_path_factory.mktemp(name) / "run"
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env = dict(os.environ, OMP_NUM_THREADS="1", **CPU_ONLY)
     cmd = [sys.executable, "-m", "instrument.launch", "--nproc-per-node", "2",
            "--master-port", str(free_port()), "--out", str(out), "--steps", "1-",
            "--no-report", "-m", "sample_runs.train", *MODEL, *args]

@@ -124,6 +124,8 @@ def read_stream(path: str):
     """
     if not os.path.exists(path):
         raise TraceError(f"{path}: no such trace file")
+    if os.path.getsize(path) == 0:
+        raise TraceError(f"{path}: empty file (0 bytes): the rank wrote nothing")
     try:
         source = pa.memory_map(path, "r")
         reader = pa.ipc.open_stream(source)
@@ -153,7 +155,7 @@ def read_stream(path: str):
         except StopIteration:
             break
         except (pa.ArrowInvalid, pa.ArrowIOError, OSError, ValueError) as exc:
-            problem = f"truncated or corrupt after {sum(len(b) for b in batches)} events " \
+            problem = f"truncated or corrupt after {sum(len(b) for b in batches):,} events " \
                       f"({_short(exc)})"
             break
         batches.append(batch)

@@ -181,7 +181,8 @@ def load(path: str) -> Trace:
                 meta[key] = dict(meta.get(key) or {}, **value)
             else:
                 meta[key] = value
-    warnings = [f"{path}: {problem}"] if problem else []
+    kept = sum(len(b) for b in batches)
+    warnings = [f"{path}: {problem}; those {kept:,} events are used"] if problem else []
     complete = problem is None and "status" in meta
     if "status" not in meta and not problem:
         warnings.append(f"{path}: the recording never closed (rank killed or still running); "

@@ -112,9 +112,12 @@ class SyntheticRank:
         self.row(t0=self.t(t), t1=self.t(t), op=ops.OP_STEP)
 
     # ------------------------------------------------------------------ writing
-    def write(self, directory, *, status: str = "ok", batch_rows: Optional[int] = None) -> str:
+    def write(self, directory, *, status: Optional[str] = "ok",
+              batch_rows: Optional[int] = None) -> str:
         """Write ``directory/rank-<R>.arrow`` in completion order, as the recorder flushes;
-        ``batch_rows`` splits it into batches of that many rows. Returns its path."""
+        ``batch_rows`` splits it into batches of that many rows; ``status=None`` leaves the
+        recording unclosed, as a killed rank does. Returns its path."""
+        os.makedirs(str(directory), exist_ok=True)
         path = rundir.trace_file(str(directory), self.rank)
         meta = {"format_version": FORMAT_VERSION, "rank": self.rank, "world_size": self.world,
                 "start_ns": self.base_ns, **self.meta}
@@ -124,14 +127,16 @@ class SyntheticRank:
         size = batch_rows or max(len(rows), 1)
         for i in range(0, max(len(rows), 1), size):
             writer.write(rows[i:i + size], self.dicts)
-        writer.write([], self.dicts, {"config": self.config, "status": status})
+        final = {"config": self.config}
+        if status is not None:
+            final["status"] = status
+        writer.write([], self.dicts, final)
         writer.close()
         return path
 
 
 def write_run(directory, ranks: Sequence[SyntheticRank], **kwargs) -> str:
     """Write every rank's trace into ``directory`` (created); returns the directory."""
-    os.makedirs(str(directory), exist_ok=True)
     for r in ranks:
         r.write(directory, **kwargs)
     return str(directory)

@@ -50,7 +50,8 @@ def _check_writable(path: str) -> None:
     except OSError as exc:
         raise RunError(f"{path}: cannot create output directory ({exc.strerror})") from None
     if not os.access(path, os.W_OK):
-        raise RunError(f"{path}: output directory is not writable")
+        raise RunError(f"{path}: output directory is not writable (write elsewhere with "
+                       "--out DIR)")
 
 
 def _fail(prog: str, message: str) -> int:

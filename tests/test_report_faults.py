@@ -1,0 +1,211 @@
+"""trace-report and trace-diff on runs a user can really end up with: truncated, garbage, empty,
+newer-format and unclosed traces, a directory without traces, a read-only run directory.
+
+Each fault gives one line per damaged or missing trace on stderr (naming the file, what is
+wrong and what was kept), a report built from what was readable, and the documented exit
+status: 0 when every rank's trace was at least partly read, 1 when some rank's could not be
+read at all, 2 for bad input (no readable trace, not a run directory, nowhere to write).
+Traces are constructed (tracer.synthetic), so every count below is exact.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+import tracer
+from tracer import rundir
+from tracer.format import FORMAT_NAME, META_KEY, SCHEMA, read_stream
+from tracer.synthetic import SyntheticRank
+
+STEPS, OPS_PER_STEP = 3, 40
+BATCH = 20                       # rows per batch: a truncation keeps the batches before it
+
+
+def console(name: str, *args: str) -> subprocess.CompletedProcess:
+    """An installed console script, as users run it."""
+    script = os.path.join(os.path.dirname(sys.executable), name)
+    command = script if os.path.exists(script) else shutil.which(name)
+    assert command, f"{name} is not installed (pip install -e .)"
+    return subprocess.run([command, *args], capture_output=True, text=True, timeout=240)
+
+
+def two_ranks(directory: Path) -> Path:
+    """A healthy constructed run of two ranks: ops, an all-reduce per step, step markers."""
+    ranks = []
+    for rank in (0, 1):
+        r = SyntheticRank(rank, 2, {"tp": 2, "pp": 1, "dp": 1})
+        t = 0
+        for step in range(STEPS):
+            for _ in range(OPS_PER_STEP):
+                r.op(t, t + 5, stack=[("/src/train.py", 10 + step, "train", "train")])
+                t += 6
+            r.comm("all_reduce", t, t + 1, t + 20, group=(0, 1), nbytes=4096)
+            t += 25
+            r.next_step(t)
+        ranks.append(r)
+    for r in ranks:
+        r.write(directory / "traces", batch_rows=BATCH)
+    return directory
+
+
+def lines(proc: subprocess.CompletedProcess) -> list:
+    return [line for line in proc.stderr.splitlines() if line]
+
+
+def summary(directory: Path) -> dict:
+    return json.loads((directory / rundir.SUMMARY).read_text())
+
+
+@pytest.fixture
+def run(tmp_path) -> Path:
+    return two_ranks(tmp_path / "run")
+
+
+def trace_file(run: Path, rank: int) -> Path:
+    return Path(rundir.trace_file(str(run / "traces"), rank))
+
+
+def test_healthy_run_is_silent_and_exits_0(run):
+    proc = console("trace-report", str(run))
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    assert proc.stdout.strip() == str(run / "index.html")
+
+
+def test_truncated_trace_keeps_its_intact_batches_and_exits_0(run):
+    path = trace_file(run, 0)
+    data = path.read_bytes()
+    path.write_bytes(data[:len(data) * 2 // 3])
+    kept = len(tracer.load(str(path)))
+    assert 0 < kept < STEPS * (OPS_PER_STEP + 2)
+    proc = console("trace-report", str(run))
+    assert proc.returncode == 0, proc.stderr
+    (line,) = lines(proc)
+    assert line.startswith(f"trace-report: {path}: truncated or corrupt after {kept:,} events")
+    assert f"those {kept:,} events are used" in line and "Traceback" not in proc.stderr
+    ranks = summary(run)["ranks"]
+    assert ranks["0"]["events"] == kept and ranks["0"]["warnings"]
+    assert ranks["1"]["status"] == "ok" and "warnings" not in ranks["1"]
+
+
+def test_garbage_and_truncated_traces_are_both_named_and_exit_1(run):
+    trace_file(run, 1).write_bytes(b"\x00garbage, not an Arrow stream" * 40)
+    path = trace_file(run, 0)
+    path.write_bytes(path.read_bytes()[:-300])
+    proc = console("trace-report", str(run))
+    assert proc.returncode == 1, proc.stderr
+    got = lines(proc)
+    assert len(got) == 2, got
+    assert any(f"{path}: truncated or corrupt after" in line for line in got)
+    assert any(f"{trace_file(run, 1)}: not a paratrace trace file" in line
+               and "rank 1 is left out" in line for line in got)
+    assert proc.stdout.strip() == str(run / "index.html")
+    ranks = summary(run)["ranks"]
+    assert ranks["1"]["status"] == "missing" and ranks["0"]["events"] > 0
+    html = (run / "index.html").read_text()
+    assert "rank 1: no trace" in html and "truncated or corrupt" in html
+
+
+def test_empty_file_is_named_and_exits_1(run):
+    trace_file(run, 1).write_bytes(b"")
+    proc = console("trace-report", str(run))
+    assert proc.returncode == 1
+    (line,) = lines(proc)
+    assert f"{trace_file(run, 1)}: empty file (0 bytes)" in line, line
+
+
+def test_newer_format_is_named_and_exits_1(run):
+    """A trace written by a later paratrace: the format's own header, a higher version."""
+    path = trace_file(run, 1)
+    header = {b"paratrace.format": FORMAT_NAME.encode(), b"paratrace.version": b"9",
+              META_KEY: b"{}"}
+    with pa.OSFile(str(path), "wb") as sink, \
+            pa.ipc.new_stream(sink, SCHEMA.with_metadata(header)):
+        pass
+    proc = console("trace-report", str(run))
+    assert proc.returncode == 1
+    (line,) = lines(proc)
+    assert f"{path}: trace format version 9 is newer than this paratrace reads" in line, line
+
+
+def test_unclosed_trace_of_a_killed_rank_is_named_and_exits_0(tmp_path):
+    r = SyntheticRank(0, 1)
+    r.op(0, 10)
+    path = r.write(tmp_path, status=None)        # the writer never closed: SIGKILL
+    proc = console("trace-report", str(tmp_path))
+    assert proc.returncode == 0
+    (line,) = lines(proc)
+    assert f"{path}: the recording never closed" in line
+    assert summary(tmp_path)["ranks"]["0"]["status"] == "failed"
+
+
+def test_a_missing_rank_of_the_world_is_named_and_exits_1(run):
+    (run / rundir.RUN_RECORD).write_text(json.dumps({"world_size": 3}))
+    proc = console("trace-report", str(run))
+    assert proc.returncode == 1
+    (line,) = lines(proc)
+    assert line == f"trace-report: rank 2: no trace file in {run / 'traces'}"
+
+
+@pytest.mark.parametrize("case, reason", [
+    ("no traces", "no trace files (rank-<R>.arrow) found"),
+    ("all unreadable", "no readable trace"),
+    ("not a directory", "no such run directory"),
+])
+def test_bad_run_directories_are_one_line_and_exit_2(tmp_path, case, reason):
+    target = tmp_path / "run"
+    if case == "no traces":
+        target.mkdir()
+    elif case == "all unreadable":
+        (target / "traces").mkdir(parents=True)
+        (target / "traces" / "rank-0.arrow").write_bytes(b"junk")
+    proc = console("trace-report", str(target))
+    assert proc.returncode == 2
+    assert proc.stderr.startswith(f"trace-report: error: {target}") and reason in proc.stderr
+    assert proc.stderr.count("\n") == 1 and proc.stdout == ""
+
+
+def _read_only(path: Path, *command: str) -> subprocess.CompletedProcess:
+    """Run ``command`` with ``path`` on a read-only bind mount (a user and mount namespace of
+    its own: root's permission checks ignore chmod, a read-only mount stops everyone)."""
+    script = f'mount --bind "{path}" "{path}" && mount -o remount,bind,ro "{path}" && exec "$@"'
+    return subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c",
+                           script, "sh", *command], capture_output=True, text=True, timeout=240)
+
+
+def test_read_only_run_directory_says_where_to_write_instead(run, tmp_path):
+    report = os.path.join(os.path.dirname(sys.executable), "trace-report")
+    proc = _read_only(run, report, str(run))
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr == f"trace-report: error: {run}: output directory is not writable " \
+                          "(write elsewhere with --out DIR)\n"
+    elsewhere = tmp_path / "elsewhere"
+    proc = _read_only(run, report, str(run), "--out", str(elsewhere))
+    assert proc.returncode == 0, proc.stderr
+    assert (elsewhere / "index.html").exists() and not (run / "index.html").exists()
+
+
+def test_trace_diff_names_damage_per_run_and_exits_1(tmp_path):
+    a = two_ranks(tmp_path / "a")
+    b = two_ranks(tmp_path / "b")
+    trace_file(b, 1).write_bytes(b"junk" * 100)
+    proc = console("trace-diff", str(a), str(b), "--out", str(tmp_path / "diff"))
+    assert proc.returncode == 1, proc.stderr
+    (line,) = lines(proc)
+    assert line.startswith(f"trace-diff: run B: {trace_file(b, 1)}: not a paratrace trace")
+    assert (tmp_path / "diff" / "diff.html").exists()
+    data = json.loads((tmp_path / "diff" / "diff.json").read_text())
+    assert any("run B has no readable trace for ranks [1]" in w for w in data["warnings"])
+
+
+def test_constructed_runs_are_written_in_batches(run):
+    """The premise of the truncation tests: BATCH rows a batch, so a cut loses only the tail."""
+    _, _, batches, _, _ = read_stream(str(trace_file(run, 0)))
+    rows = [len(b) for b in batches if len(b)]
+    assert rows[:-1] == [BATCH] * (len(rows) - 1) and 0 < rows[-1] <= BATCH
