@@ -20,6 +20,7 @@ import json
 import os
 from typing import Optional
 
+import numpy as np
 import pyarrow as pa
 
 FORMAT_NAME = "paratrace.trace"
@@ -100,6 +101,32 @@ class TraceWriter:
         custom = {META_KEY: json.dumps(meta).encode()} if meta else None
         self._writer.write_batch(batch, custom_metadata=custom)
         self.events += len(rows)
+
+    def write_columns(self, columns: dict, dictionaries: dict,
+                      meta: Optional[dict] = None) -> None:
+        """Write one batch given column by column: numpy int arrays (dictionary columns hold
+        codes), -1 standing for null as the reader gives it back; absent columns are null.
+        For constructed traces (tracer.synthetic); the recorder writes rows."""
+        n = len(next(iter(columns.values()))) if columns else 0
+        arrays = []
+        for name, typ in COLUMNS:
+            values = columns.get(name)
+            if values is None:
+                values = np.full(n, -1, dtype=np.int64)
+            values = np.asarray(values)
+            mask = values == -1
+            if pa.types.is_dictionary(typ):
+                arrays.append(pa.DictionaryArray.from_arrays(
+                    pa.array(values, mask=mask, type=typ.index_type),
+                    pa.array(dictionaries[name], type=pa.string())))
+            elif pa.types.is_boolean(typ):
+                arrays.append(pa.array(values > 0, mask=mask, type=typ))
+            else:
+                arrays.append(pa.array(values, mask=mask, type=typ))
+        batch = pa.RecordBatch.from_arrays(arrays, schema=SCHEMA)
+        custom = {META_KEY: json.dumps(meta).encode()} if meta else None
+        self._writer.write_batch(batch, custom_metadata=custom)
+        self.events += n
 
     def close(self) -> None:
         self._writer.close()

@@ -4,10 +4,11 @@
     analysis = analyse(run)            # per-rank map, then the cross-rank analyses
     summary.build_summary(analysis); report.build_report(analysis, ...); diff.diff_runs(a, b)
 
-The map (:mod:`viz.rank`) reads each rank's trace twice, one rank at a time: first its sends and
-receives (to match pipeline messages across ranks), then everything else. The cross-rank part
-assembles the timeline (:mod:`viz.timeline`) and its metrics (:mod:`viz.metrics`) from the
-per-rank results alone.
+The map (:mod:`viz.rank`) reads each rank's trace twice, one rank per task: first its sends and
+receives (to match pipeline messages across ranks), then everything else. Tasks run where the
+:class:`viz.engine.Engine` says (this process, worker processes, a Dask cluster), so memory holds
+one trace per worker. The cross-rank part assembles the timeline (:mod:`viz.timeline`) and its
+metrics (:mod:`viz.metrics`) from the per-rank results alone.
 """
 from __future__ import annotations
 
@@ -16,10 +17,11 @@ from typing import Optional
 
 from tracer import TraceError
 
+from .engine import Engine
 from .metrics import metrics_of
 from .rank import analyse_rank_file, count_rank_file, p2p_of_file
 from .run import Run, RunError
-from .timeline import Timeline, assemble, match_p2p
+from .timeline import DRAWN_OPS, Timeline, assemble, match_p2p
 
 
 @dataclass
@@ -77,21 +79,33 @@ class RunAnalysis:
         return lines
 
 
-def analyse(run: Run) -> RunAnalysis:
-    """Analyse every rank of ``run`` (see the module docstring). Raises RunError when no trace
-    is readable."""
-    endpoints, unreadable = {}, {}
-    for rank, path in run.files.items():
-        try:
-            endpoints[rank] = p2p_of_file(path, rank)
-        except TraceError as exc:
-            unreadable[rank] = str(exc)
+def analyse(run: Run, engine: Optional[Engine] = None) -> RunAnalysis:
+    """Analyse every rank of ``run`` (see the module docstring) on ``engine`` (default: this
+    process). Raises RunError when no trace is readable."""
+    engine = engine or Engine(jobs=1)
+    engine.plan(run.files)
+    ranks = sorted(run.files)
+    endpoints, unreadable = _split(ranks, engine.map(p2p_of_file, [(run.files[r], r)
+                                                                   for r in ranks]))
     if not endpoints:
         raise RunError(f"{run.dir}: no readable trace: " + "; ".join(unreadable.values()))
     links, send_ends = match_p2p(endpoints)
-    ranks = {rank: analyse_rank_file(run.files[rank], rank, send_ends.get(rank, {}))
-             for rank in sorted(endpoints)}
-    return _reduce(run, ranks, unreadable, links)
+    budget = max(DRAWN_OPS // len(run.files), 1_000)
+    readable = sorted(endpoints)
+    analysed, late = _split(readable, engine.map(analyse_rank_file, [
+        (run.files[r], r, send_ends.get(r, {}), budget) for r in readable]))
+    return _reduce(run, analysed, {**unreadable, **late}, links)
+
+
+def _split(ranks: list, results: list) -> tuple:
+    """(rank -> result, rank -> why its trace was unreadable) of an engine's map."""
+    good, bad = {}, {}
+    for rank, result in zip(ranks, results):
+        if isinstance(result, TraceError):
+            bad[rank] = str(result)
+        else:
+            good[rank] = result
+    return good, bad
 
 
 def _reduce(run: Run, ranks: dict, unreadable: dict, links: list) -> RunAnalysis:
@@ -105,13 +119,16 @@ def _reduce(run: Run, ranks: dict, unreadable: dict, links: list) -> RunAnalysis
 
 
 
-def recount(analysis: RunAnalysis, steps: frozenset) -> RunAnalysis:
+def recount(analysis: RunAnalysis, steps: frozenset,
+            engine: Optional[Engine] = None) -> RunAnalysis:
     """The same analysis with its counts (op groups, op and communication counts) over
     ``steps`` only: runs are compared over the steps both recorded (trace-diff). The timeline
     and its metrics are kept as they are; each trace is read once more."""
-    ranks = {}
-    for rank, mine in analysis.ranks.items():
-        counted = count_rank_file(mine.path, steps)
-        ranks[rank] = replace(mine, groups=counted.groups, op_counts=counted.op_counts,
-                              comm=counted.comm, steps=counted.steps)
+    engine = engine or Engine(jobs=1)
+    order = sorted(analysis.ranks)
+    counts, _ = _split(order, engine.map(count_rank_file, [(analysis.ranks[r].path, steps)
+                                                            for r in order]))
+    ranks = {rank: replace(mine, groups=counts[rank].groups, op_counts=counts[rank].op_counts,
+                           comm=counts[rank].comm, steps=counts[rank].steps)
+             for rank, mine in analysis.ranks.items() if rank in counts}
     return replace(analysis, ranks=ranks, count_steps=steps)

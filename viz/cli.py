@@ -24,18 +24,22 @@ def _stderr(prog: str) -> Callable[[str], None]:
 
 
 def build(run_dir: str, out_dir: Optional[str] = None, *,
-          warn: Optional[Callable[[str], None]] = None) -> tuple:
+          warn: Optional[Callable[[str], None]] = None, jobs: Optional[int] = None,
+          dask: Optional[str] = None) -> tuple:
     """Analyse the run in ``run_dir`` and write summary.json and the report into ``out_dir``
     (default: ``run_dir``). Returns (index.html's path, the analysis). Each damaged or missing
-    trace goes to ``warn`` as one line. Raises viz.run.RunError."""
+    trace goes to ``warn`` as one line; the per-rank work runs in ``jobs`` processes (default:
+    one per core) or on the Dask scheduler at ``dask``. Raises viz.run.RunError."""
     from .analysis import analyse
+    from .engine import Engine
     from .report import build_report
     from .run import open_run
     from .summary import build_summary, write_summary
     run = open_run(run_dir)
     out_dir = out_dir or run_dir
     _check_writable(out_dir)
-    analysis = analyse(run)
+    with Engine(jobs, dask) as engine:
+        analysis = analyse(run, engine)
     for line in analysis.damage():
         (warn or _stderr("trace-report"))(line)
     summary = build_summary(analysis)
@@ -83,6 +87,26 @@ def _message(exc: Exception) -> str:
     return str(exc)
 
 
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text!r}")
+    return value
+
+
+def _engine_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--jobs", type=_positive, default=None, metavar="N",
+                        help="analyse ranks in N worker processes (default: one per core; "
+                        "small runs stay in one process)")
+    parser.add_argument("--dask", metavar="ADDRESS", default=None,
+                        help="analyse ranks on a Dask cluster (tcp://host:port of its "
+                        "scheduler; its workers must see the traces at the same paths; "
+                        "pip install 'paratrace[dask]')")
+
+
 def report_main(argv=None) -> int:
     parser = argparse.ArgumentParser(
         prog="trace-report", description="Rebuild summary.json and the HTML report of a traced "
@@ -90,9 +114,11 @@ def report_main(argv=None) -> int:
     parser.add_argument("run_dir", help="a trace-run output directory (or a directory of "
                         "rank-<R>.arrow files)")
     parser.add_argument("--out", help="where to write the report (default: RUN_DIR)")
+    _engine_options(parser)
     args = parser.parse_args(argv)
     try:
-        index, analysis = build(args.run_dir, args.out, warn=_stderr(parser.prog))
+        index, analysis = build(args.run_dir, args.out, warn=_stderr(parser.prog),
+                                jobs=args.jobs, dask=args.dask)
     except _errors() as exc:
         return _fail(parser.prog, _message(exc))
     _print(index)
@@ -107,6 +133,7 @@ def diff_main(argv=None) -> int:
     parser.add_argument("run_b", help="the changed run directory")
     parser.add_argument("--out", help="write diff.json and diff.html here")
     parser.add_argument("--top", type=int, default=15, help="rows in the terminal table")
+    _engine_options(parser)
     args = parser.parse_args(argv)
     from .run import open_run
     try:
@@ -114,7 +141,9 @@ def diff_main(argv=None) -> int:
         if args.out:
             _check_writable(args.out)
         from . import diff
-        result = diff.diff_runs(a, b, warn=_stderr(parser.prog))
+        from .engine import Engine
+        with Engine(args.jobs, args.dask) as engine:
+            result = diff.diff_runs(a, b, warn=_stderr(parser.prog), engine=engine)
         _print(diff.format_table(result, top=args.top))
         if args.out:
             _print(diff.write_diff(result, args.out))

@@ -8,6 +8,7 @@ whole analysis is O(n log n) in the events of a step, however many steps and pas
 """
 from __future__ import annotations
 
+import bisect
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Optional
@@ -135,7 +136,7 @@ class _Index:
     def __init__(self, timeline: Timeline):
         self.timeline = timeline
         self.passes: dict = defaultdict(list)     # (rank, step) -> passes in start order
-        self.recvs: dict = defaultdict(list)      # (rank, step) -> recv CommSpans
+        self.recvs: dict = defaultdict(list)      # (rank, step) -> recv CommSpans, by start
         self.sends: dict = defaultdict(list)      # (rank, step) -> sorted send starts
         self.compute = {}                         # rank -> Prefix of its compute
         for rank, lane in timeline.ranks.items():
@@ -150,10 +151,6 @@ class _Index:
         for starts in self.sends.values():
             starts.sort()
 
-    def busy(self, rank: int, lo: int, hi: int) -> int:
-        """Compute of ``rank`` inside [lo, hi)."""
-        return int(self.compute[rank].length(lo, hi))
-
 
 def _seconds(ns: int) -> float:
     return ns / 1e9
@@ -164,14 +161,26 @@ def _ratio(num: int, den: int) -> Optional[float]:
 
 
 # ---------------------------------------------------------------------------- pipeline
-def _busy_edge(busy: np.ndarray, p: Pass, recvs: list, first: bool) -> int:
-    """When pass ``p`` starts computing on its input (after the recvs it posted completed), or
-    (first=False) when it stops computing; its bounds if it never computes."""
-    ready = max((c.end for c in recvs if p.start <= c.start < p.end), default=p.start)
-    inside = window(busy, ready if first else p.start, p.end)
-    if not len(inside):
-        return p.start if first else p.end
-    return int(inside[0, 0]) if first else int(inside[-1, 1])
+def _first_busy(busy: np.ndarray, lo: int, hi: int, default: int) -> int:
+    """The first instant of ``busy`` (disjoint, sorted) inside [lo, hi), else ``default``."""
+    i = int(np.searchsorted(busy[:, 1], lo, side="right"))    # first interval ending after lo
+    if i < len(busy) and max(int(busy[i, 0]), lo) < min(int(busy[i, 1]), hi):
+        return max(int(busy[i, 0]), lo)
+    return default
+
+
+def _last_busy(busy: np.ndarray, lo: int, hi: int, default: int) -> int:
+    """The end of ``busy`` inside [lo, hi), else ``default``."""
+    j = int(np.searchsorted(busy[:, 0], hi, side="left")) - 1  # last interval starting before hi
+    if j >= 0 and max(int(busy[j, 0]), lo) < min(int(busy[j, 1]), hi):
+        return min(int(busy[j, 1]), hi)
+    return default
+
+
+def _ready(p: Pass, recv_starts: list, recv_ends: list) -> int:
+    """When the input of pass ``p`` was there: the last completion of the recvs it posted."""
+    i, j = bisect.bisect_left(recv_starts, p.start), bisect.bisect_left(recv_starts, p.end)
+    return max(recv_ends[i:j], default=p.start)
 
 
 def _pipeline_bubble(index: _Index, lane: RankLanes, step: int,
@@ -189,9 +198,10 @@ def _pipeline_bubble(index: _Index, lane: RankLanes, step: int,
     # it stops computing its last forward: waits at the head of a pass belong to the section
     # before it.
     recvs = index.recvs.get((lane.rank, step), [])
-    first_b = min((_busy_edge(busy, p, recvs, first=True) for p in mine if p.kind != "F"),
-                  default=hi)
-    last_f = max((_busy_edge(busy, p, recvs, first=False) for p in mine if p.kind == "F"),
+    starts, ends = [c.start for c in recvs], [c.end for c in recvs]
+    first_b = min((_first_busy(busy, _ready(p, starts, ends), p.end, p.start)
+                   for p in mine if p.kind != "F"), default=hi)
+    last_f = max((_last_busy(busy, p.start, p.end, p.end) for p in mine if p.kind == "F"),
                  default=first_b)
     cool = max(last_f, first_b)
     sections = [(lo, first_b), (first_b, cool), (cool, hi)]
@@ -260,7 +270,7 @@ def metrics_of(timeline: Timeline) -> dict:
     pass_s = _pass_compute(index, counted)
     theory = _theory(timeline.config, pass_s) if any(
         lane.passes for lane in timeline.ranks.values()) else None
-    replayed = replayed_bubbles(timeline, index.passes, index.sends, index.busy)
+    replayed = replayed_bubbles(timeline, index.passes, index.sends, index.compute)
     out = {}
     for rank, lane in timeline.ranks.items():
         steps = [_step_metrics(index, lane, s, replayed) for s in sorted(lane.steps)]

@@ -19,7 +19,7 @@ from tracer.labels import PHASES
 from tracer.ops import PSEUDO_OPS, group_ranks
 
 from .groups import op_groups
-from .timeline import RankLanes, RankRows, p2p_endpoints, rank_lanes
+from .timeline import DRAWN_OPS, RankLanes, RankRows, p2p_endpoints, rank_lanes
 
 
 @dataclass
@@ -53,19 +53,21 @@ def p2p_of_file(path: str, rank: int) -> list:
     return p2p_endpoints(RankRows(load_trace(path), rank))
 
 
-def analyse_rank_file(path: str, rank: int, send_ends: dict) -> RankAnalysis:
+def analyse_rank_file(path: str, rank: int, send_ends: dict,
+                      op_budget: int = DRAWN_OPS) -> RankAnalysis:
     """Load and analyse one rank's trace (raises tracer.TraceError if unreadable)."""
-    return analyse_rank(load_trace(path), rank, send_ends)
+    return analyse_rank(load_trace(path), rank, send_ends, op_budget)
 
 
-def analyse_rank(trace: Trace, rank: int, send_ends: dict) -> RankAnalysis:
+def analyse_rank(trace: Trace, rank: int, send_ends: dict,
+                 op_budget: int = DRAWN_OPS) -> RankAnalysis:
     """``send_ends``: the rank's send rows -> their matched receives' completions
-    (viz.timeline.match_p2p)."""
+    (viz.timeline.match_p2p); ``op_budget``: individual ops kept for drawing."""
     return RankAnalysis(
         rank=rank, path=trace.path, meta=trace.meta, warnings=list(trace.warnings),
         events=len(trace), steps=recorded_steps(trace), groups=op_groups(trace),
         op_counts=op_counts(trace), comm=comm_rows(trace),
-        lanes=rank_lanes(RankRows(trace, rank), send_ends), last_op=last_op(trace))
+        lanes=rank_lanes(RankRows(trace, rank), send_ends, op_budget), last_op=last_op(trace))
 
 
 @dataclass

@@ -11,18 +11,18 @@ prefix-sum lookups of its rank's compute, so a step replays in O(passes log n).
 """
 from __future__ import annotations
 
-import bisect
-from typing import Callable, Optional
+from typing import Optional
+
+import numpy as np
 
 from .timeline import Pass, Timeline
 
 
-def replayed_bubbles(timeline: Timeline, passes: dict, sends: dict,
-                     busy: Callable[[int, int, int], int]) -> dict:
+def replayed_bubbles(timeline: Timeline, passes: dict, sends: dict, compute: dict) -> dict:
     """(rank, step) -> replayed bubble fraction (None where passes do not form a schedule).
 
     ``passes``: (rank, step) -> passes in start order; ``sends``: (rank, step) -> sorted send
-    starts; ``busy(rank, lo, hi)``: the rank's compute inside [lo, hi)."""
+    starts; ``compute``: rank -> viz.intervals.Prefix of its compute."""
     out = {}
     done: dict = {}
     for rank, lane in timeline.ranks.items():
@@ -34,22 +34,22 @@ def replayed_bubbles(timeline: Timeline, passes: dict, sends: dict,
                 continue
             key = (group, step)
             if key not in done:
-                done[key] = _replay(group, step, passes, sends, busy)
+                done[key] = _replay(group, step, passes, sends, compute)
             out[(rank, step)] = done[key].get(rank) if done[key] is not None else None
     return out
 
 
-def _replay(group: tuple, step: int, passes: dict, sends: dict, busy) -> Optional[dict]:
+def _replay(group: tuple, step: int, passes: dict, sends: dict, compute: dict) -> Optional[dict]:
     """rank -> replayed bubble fraction of one group's step, or None if it cannot replay."""
     queues = {}
     for stage, rank in enumerate(group):
         mine = passes.get((rank, step), [])
         if any(p.microbatch is None for p in mine):
             return None
-        sent_at = sends.get((rank, step), [])
-        queues[rank] = [((p.kind, p.microbatch, _virtual_stage(p, stage, len(group))),
-                         busy(rank, p.start, p.end), _until_sent(busy, rank, p, sent_at))
-                        for p in mine]
+        work, until_sent = _pass_work(mine, np.asarray(sends.get((rank, step), []), np.int64),
+                                      compute[rank])
+        queues[rank] = [((p.kind, p.microbatch, _virtual_stage(p, stage, len(group))), w, u)
+                        for p, w, u in zip(mine, work, until_sent)]
     stages = 1 + max((key[2] for q in queues.values() for key, _, _ in q), default=0)
     stages = len(group) * -(-stages // len(group))     # whole chunks on every stage
     sent: dict = {}
@@ -77,12 +77,16 @@ def _replay(group: tuple, step: int, passes: dict, sends: dict, busy) -> Optiona
     return {rank: (span - sum(work for _, work, _ in queues[rank])) / span for rank in group}
 
 
-def _until_sent(busy, rank: int, p: Pass, sent_at: list) -> int:
-    """Compute of pass ``p`` up to its last send: when its output left for the next stage.
-    Whatever the rank does after that (host work, a tracer flush) delays it, not the receiver."""
-    i = bisect.bisect_right(sent_at, p.end)
-    last = sent_at[i - 1] if i and sent_at[i - 1] >= p.start else p.end
-    return busy(rank, p.start, last)
+def _pass_work(mine: list, sent_at: np.ndarray, compute) -> tuple:
+    """Each pass's compute, and its compute up to its last send: when its output left for the
+    next stage. Whatever the rank does after that (host work, a tracer flush) delays it, not
+    the receiver."""
+    lo = np.array([p.start for p in mine], np.int64)
+    hi = np.array([p.end for p in mine], np.int64)
+    last = np.searchsorted(sent_at, hi, side="right") - 1
+    sent = sent_at[np.maximum(last, 0)] if len(sent_at) else hi
+    until = np.where((last >= 0) & (sent >= lo), sent, hi) if len(sent_at) else hi
+    return compute.length(lo, hi).tolist(), compute.length(lo, until).tolist()
 
 
 def _virtual_stage(p: Pass, stage: int, stages: int) -> int:

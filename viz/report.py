@@ -117,5 +117,5 @@ def write_timeline(analysis: RunAnalysis, out_dir: str) -> dict:
     with open(os.path.join(out_dir, TIMELINE_FILES["svg"]), "w") as fh:
         fh.write(timeline_svg.render(analysis.timeline, analysis.metrics))
     with open(os.path.join(out_dir, TIMELINE_FILES["chrome_trace"]), "w") as fh:
-        fh.write(chrome_trace.render(analysis.timeline))
+        chrome_trace.write(analysis.timeline, fh)
     return TIMELINE_FILES

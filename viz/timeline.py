@@ -27,6 +27,9 @@ from .intervals import intervals, union
 # A gap between two ops of one thread longer than this is idle, not host overhead: Python,
 # autograd and the tracer take microseconds to a few ms between ops, even on a loaded machine.
 IDLE_GAP_NS = 50_000_000
+# Individual ops kept for drawing (the Chrome trace), over all ranks: whole steps, counted
+# steps first, until the budget is spent. Every measure uses all ops; the trace keeps them all.
+DRAWN_OPS = 400_000
 _WAIT_OPS = ("_c10d_functional.wait_tensor.default", "c10d_functional.wait_tensor.default")
 
 
@@ -100,6 +103,7 @@ class RankLanes:
     op_name: np.ndarray        # codes into op_names
     op_thread: np.ndarray
     op_names: list
+    hidden_ops: int            # compute ops not kept for drawing (DRAWN_OPS)
     annotations: list          # (start, end, label, depth) of non-pass annotations
     pipeline_group: tuple      # ranks this rank exchanges pipeline messages with (itself too)
     clock_error_ns: Optional[int]
@@ -190,8 +194,9 @@ def match_p2p(endpoints: dict) -> tuple:
     return links, send_ends
 
 
-def rank_lanes(rows: RankRows, send_ends: dict) -> RankLanes:
-    """One rank's lanes; ``send_ends``: send row -> its matched receive's completion."""
+def rank_lanes(rows: RankRows, send_ends: dict, op_budget: int = DRAWN_OPS) -> RankLanes:
+    """One rank's lanes; ``send_ends``: send row -> its matched receive's completion;
+    ``op_budget``: individual ops kept for drawing."""
     from .passes import annotation_spans, infer_passes
 
     comm = _comm_spans(rows, send_ends)
@@ -201,15 +206,39 @@ def rank_lanes(rows: RankRows, send_ends: dict) -> RankLanes:
     for c in comm:
         if c.kind in ("send", "recv") and c.group and not c.group.startswith("?"):
             group.update(_ops.group_ranks(c.group))
-    sel = rows.is_compute
+    drawn = _drawn_ops(rows, steps, closed, op_budget)
     return RankLanes(
         rank=rows.rank, compute=_compute_spans(rows, comm), comm=comm,
         comm_union=union(intervals([c.start for c in comm], [c.end for c in comm])),
-        passes=passes, steps=steps, closed_steps=closed, op_start=rows.t0[sel],
-        op_end=rows.t1[sel], op_name=rows.op[sel], op_thread=rows.thread[sel],
-        op_names=rows.op_names, annotations=others, pipeline_group=tuple(sorted(group)),
+        passes=passes, steps=steps, closed_steps=closed, op_start=rows.t0[drawn],
+        op_end=rows.t1[drawn], op_name=rows.op[drawn], op_thread=rows.thread[drawn],
+        op_names=rows.op_names, hidden_ops=int(rows.is_compute.sum() - drawn.sum()),
+        annotations=others, pipeline_group=tuple(sorted(group)),
         clock_error_ns=rows.trace.clock_error_ns,
         inferred_passes=[] if passes else infer_passes(rows, comm))
+
+
+def _drawn_ops(rows: RankRows, steps: dict, closed: frozenset, budget: int) -> np.ndarray:
+    """Which compute ops to keep for drawing: whole steps, the counted ones first (in order),
+    then the others, while they fit in ``budget``; a first step too big is cut at the budget."""
+    sel = rows.is_compute
+    if sel.sum() <= budget:
+        return sel
+    counts = np.bincount(rows.step[sel] - rows.step[sel].min()) if sel.any() else []
+    first = int(rows.step[sel].min()) if sel.any() else 0
+    counted = [s for s in sorted(steps) if s in closed and s != 0]
+    order = counted + [s for s in sorted(set(rows.step[sel].tolist())) if s not in counted]
+    keep, left = [], budget
+    for s in order:
+        n = int(counts[s - first]) if 0 <= s - first < len(counts) else 0
+        if n <= left:
+            keep.append(s)
+            left -= n
+    drawn = sel & np.isin(rows.step, keep)
+    if not keep and order:             # not even one step fits: its first ``budget`` ops
+        drawn = sel & (rows.step == order[0])
+        drawn[np.nonzero(drawn)[0][budget:]] = False
+    return drawn
 
 
 def _step_windows(rows: RankRows):

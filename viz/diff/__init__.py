@@ -22,6 +22,7 @@ import os
 from typing import Callable, Optional
 
 from ..analysis import RunAnalysis, analyse, recount
+from ..engine import Engine
 from ..render.diff_html import write_page
 from ..render.diff_svg import diff_svgs
 from ..render.diff_text import format_table
@@ -59,11 +60,11 @@ def _side(analysis: RunAnalysis, steps: frozenset) -> RunSide:
                    dict(analysis.config), tuple(sorted(steps)))
 
 
-def diff_runs(run_a: Run, run_b: Run, *,
-              warn: Optional[Callable[[str], None]] = None) -> DiffResult:
+def diff_runs(run_a: Run, run_b: Run, *, warn: Optional[Callable[[str], None]] = None,
+              engine: Optional[Engine] = None) -> DiffResult:
     """Compare run ``b`` against the baseline ``a`` (both opened with viz.run.open_run). Each
-    damaged or missing trace goes to ``warn`` as one line."""
-    a, b = analyse(run_a), analyse(run_b)
+    damaged or missing trace goes to ``warn`` as one line; per-rank work runs on ``engine``."""
+    a, b = analyse(run_a, engine), analyse(run_b, engine)
     for name, analysis in (("A", a), ("B", b)):
         for line in analysis.damage():
             if warn is not None:
@@ -73,7 +74,7 @@ def diff_runs(run_a: Run, run_b: Run, *,
     # setup of step 0, a longer run has more steps): compare the steps both recorded.
     common = steps_a & steps_b if steps_a != steps_b and steps_a & steps_b else None
     if common:
-        a, b = recount(a, common), recount(b, common)
+        a, b = recount(a, common, engine), recount(b, common, engine)
     roles_a, roles_b, method = assign_roles(a.config, a.world_size, a.ranks, b.config,
                                             b.world_size, b.ranks)
     # Groups are named by grid axes only when both runs have a grid, as roles are.

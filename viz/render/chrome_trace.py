@@ -8,6 +8,7 @@ from the first event of the run, on rank 0's clock. Only draws what viz.timeline
 """
 from __future__ import annotations
 
+import io
 import json
 
 from ..timeline import Timeline
@@ -34,8 +35,16 @@ def _lane_of(spans: list) -> list:
     return lanes
 
 
-def events(timeline: Timeline) -> list:
-    """The traceEvents list."""
+def render(timeline: Timeline) -> str:
+    """The Chrome trace JSON text."""
+    out = io.StringIO()
+    write(timeline, out)
+    return out.getvalue()
+
+
+def write(timeline: Timeline, fh) -> None:
+    """Write the Chrome trace JSON to ``fh``. Op slices are written as text, rank by rank: a run
+    can have hundreds of thousands of them (viz.timeline.DRAWN_OPS caps how many)."""
     firsts = [int(lane.op_start.min()) for lane in timeline.ranks.values() if len(lane.op_start)]
     firsts += [c.start for lane in timeline.ranks.values() for c in lane.comm[:1]]
     firsts += [p.start for lane in timeline.ranks.values() for p in lane.passes[:1]]
@@ -44,48 +53,18 @@ def events(timeline: Timeline) -> list:
     def us(t: int) -> float:
         return (t - base) / 1e3
 
-    out: list = []
+    out: list = []            # small events, as dicts
     where = {}   # (rank, trace row) -> (tid, start, end) of each comm slice, for flows
+    fh.write('{"traceEvents":[')
     for rank, lane in sorted(timeline.ranks.items()):
-        out.append({"ph": "M", "name": "process_name", "pid": rank,
-                    "args": {"name": f"rank {rank}"}})
-        out.append({"ph": "M", "name": "process_sort_index", "pid": rank,
-                    "args": {"sort_index": rank}})
-        out.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": _PASS_TID,
-                    "args": {"name": "passes & annotations"}})
-        for p in lane.passes:
-            name = f"{p.kind}{'' if p.microbatch is None else p.microbatch}" + \
-                (f".{p.chunk}" if p.chunk else "")
-            out.append({"ph": "X", "name": name, "cat": "pass", "pid": rank, "tid": _PASS_TID,
-                        "ts": us(p.start), "dur": (p.end - p.start) / 1e3,
-                        "args": {"microbatch": p.microbatch, "chunk": p.chunk, "step": p.step,
-                                 "source": p.source}})
-        for start, end, label, _depth in lane.annotations:
-            out.append({"ph": "X", "name": label, "cat": "annotation", "pid": rank,
-                        "tid": _PASS_TID, "ts": us(start), "dur": (end - start) / 1e3})
-        for thread in sorted(set(lane.op_thread.tolist())):
-            out.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": _OPS_TID + thread,
-                        "args": {"name": f"aten ops (thread {thread})"}})
-        names = lane.op_names
-        for start, end, code, thread in zip(lane.op_start.tolist(), lane.op_end.tolist(),
-                                            lane.op_name.tolist(), lane.op_thread.tolist()):
-            out.append({"ph": "X", "name": names[code], "cat": "compute", "pid": rank,
-                        "tid": _OPS_TID + thread, "ts": us(start), "dur": (end - start) / 1e3})
-        lanes = _lane_of(lane.comm)
-        for i in sorted(set(lanes)):
-            out.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": _COMM_TID + i,
-                        "args": {"name": f"comm {i}"}})
-        for c, i in zip(lane.comm, lanes):
-            tid = _COMM_TID + i
-            where[(rank, c.index)] = (tid, c.start, c.end)
-            out.append({"ph": "X", "name": c.kind, "cat": "comm", "pid": rank, "tid": tid,
-                        "ts": us(c.start), "dur": (c.end - c.start) / 1e3,
-                        "args": {"group": c.group, "peer": c.peer, "bytes": c.nbytes,
-                                 "step": c.step, "completed": c.completed,
-                                 "end_from_matched_recv": c.capped}})
-        for step, (start, _end) in sorted(lane.steps.items()):
-            out.append({"ph": "i", "s": "p", "name": f"step {step}", "cat": "step", "pid": rank,
-                        "tid": _PASS_TID, "ts": us(start)})
+        out += _process(rank, lane, us, where)
+        names = [json.dumps(n) for n in lane.op_names]
+        fh.write("".join(
+            f'{{"ph":"X","name":{names[code]},"cat":"compute","pid":{rank},'
+            f'"tid":{_OPS_TID + thread},"ts":{(start - base) / 1e3:.3f},'
+            f'"dur":{(end - start) / 1e3:.3f}}},'
+            for start, end, code, thread in zip(lane.op_start.tolist(), lane.op_end.tolist(),
+                                                lane.op_name.tolist(), lane.op_thread.tolist())))
     for n, link in enumerate(timeline.links):
         send, recv = where.get((link.src, link.src_index)), where.get((link.dst, link.dst_index))
         if send is None or recv is None:
@@ -95,11 +74,45 @@ def events(timeline: Timeline) -> list:
                     "tid": send[0], "ts": us(send[1])})
         out.append({"ph": "f", "bp": "e", "id": n, "name": "p2p", "cat": "p2p", "pid": link.dst,
                     "tid": recv[0], "ts": us(max(recv[1], recv[2] - 1))})
+    hidden = {str(r): lane.hidden_ops for r, lane in timeline.ranks.items() if lane.hidden_ops}
+    other = {"generator": "paratrace", "config": timeline.config,
+             "ops_not_drawn": hidden}
+    fh.write(",".join(json.dumps(e, separators=(",", ":")) for e in out))
+    fh.write(f'],"displayTimeUnit":"ms","otherData":{json.dumps(other, separators=(",", ":"))}}}')
+
+
+def _process(rank: int, lane, us, where: dict) -> list:
+    """The events of one rank but its op slices: names, passes, annotations, comm, steps."""
+    out = [{"ph": "M", "name": "process_name", "pid": rank, "args": {"name": f"rank {rank}"}},
+           {"ph": "M", "name": "process_sort_index", "pid": rank, "args": {"sort_index": rank}},
+           {"ph": "M", "name": "thread_name", "pid": rank, "tid": _PASS_TID,
+            "args": {"name": "passes & annotations"}}]
+    for p in lane.passes:
+        name = f"{p.kind}{'' if p.microbatch is None else p.microbatch}" + \
+            (f".{p.chunk}" if p.chunk else "")
+        out.append({"ph": "X", "name": name, "cat": "pass", "pid": rank, "tid": _PASS_TID,
+                    "ts": us(p.start), "dur": (p.end - p.start) / 1e3,
+                    "args": {"microbatch": p.microbatch, "chunk": p.chunk, "step": p.step,
+                             "source": p.source}})
+    for start, end, label, _depth in lane.annotations:
+        out.append({"ph": "X", "name": label, "cat": "annotation", "pid": rank,
+                    "tid": _PASS_TID, "ts": us(start), "dur": (end - start) / 1e3})
+    for thread in sorted(set(lane.op_thread.tolist())):
+        out.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": _OPS_TID + thread,
+                    "args": {"name": f"aten ops (thread {thread})"}})
+    lanes = _lane_of(lane.comm)
+    for i in sorted(set(lanes)):
+        out.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": _COMM_TID + i,
+                    "args": {"name": f"comm {i}"}})
+    for c, i in zip(lane.comm, lanes):
+        tid = _COMM_TID + i
+        where[(rank, c.index)] = (tid, c.start, c.end)
+        out.append({"ph": "X", "name": c.kind, "cat": "comm", "pid": rank, "tid": tid,
+                    "ts": us(c.start), "dur": (c.end - c.start) / 1e3,
+                    "args": {"group": c.group, "peer": c.peer, "bytes": c.nbytes,
+                             "step": c.step, "completed": c.completed,
+                             "end_from_matched_recv": c.capped}})
+    for step, (start, _end) in sorted(lane.steps.items()):
+        out.append({"ph": "i", "s": "p", "name": f"step {step}", "cat": "step", "pid": rank,
+                    "tid": _PASS_TID, "ts": us(start)})
     return out
-
-
-def render(timeline: Timeline) -> str:
-    """The Chrome trace JSON text."""
-    return json.dumps({"traceEvents": events(timeline), "displayTimeUnit": "ms",
-                       "otherData": {"generator": "paratrace", "config": timeline.config}},
-                      separators=(",", ":"))

@@ -13,7 +13,7 @@ from xml.sax.saxutils import escape, quoteattr
 
 import numpy as np
 
-from ..intervals import clip, gaps, length, union
+from ..intervals import gaps, length, union, window
 from ..timeline import Timeline
 from . import fmt_time
 
@@ -21,6 +21,9 @@ COLOURS = {"F": "#4c9f70", "B": "#d1495b", "W": "#8d6cab", "compute": "#3b6ea8",
            "comm": "#f39237", "idle": "#d0d0d0"}
 LEFT, PLOT, RIGHT = 86, 1000, 440
 PASS_H, LANE_H, ROW_GAP, TOP = 20, 9, 18, 58
+# Counted steps drawn: more would make every pass narrower than a pixel. The metrics beside
+# each rank cover every counted step; the title says which steps are drawn.
+SHOWN_STEPS = 4
 
 
 def _fmt_s(seconds: Optional[float]) -> str:
@@ -105,7 +108,7 @@ def _metrics_text(m) -> list:
 
 def render(timeline: Timeline, metrics: dict) -> str:
     """The SVG text of a timeline and its metrics (viz.timeline.metrics_of)."""
-    shown = {r: [s.step for s in m.steps if s.step in m.counted_steps]
+    shown = {r: [s.step for s in m.steps if s.step in m.counted_steps][:SHOWN_STEPS]
              for r, m in metrics.items()}
     windows = [timeline.ranks[r].steps[s] for r, steps in shown.items() for s in steps]
     lo = min((w[0] for w in windows), default=0)
@@ -121,14 +124,15 @@ def render(timeline: Timeline, metrics: dict) -> str:
         c.text(8, y + PASS_H / 2 + 4, f"rank {rank}", class_="rank")
         c.text(LEFT - 4, y + PASS_H + LANE_H - 1, "compute", text_anchor="end", class_="lane")
         c.text(LEFT - 4, y + PASS_H + 2 * LANE_H + 1, "comm", text_anchor="end", class_="lane")
-        busy = union(np.concatenate([lane.compute, lane.comm_union]))
+        busy = union(np.concatenate([window(lane.compute, lo, hi),
+                                     window(lane.comm_union, lo, hi)]))
         for s in shown[rank]:
             a, b = lane.steps[s]
             for g0, g1 in gaps(busy, a, b).tolist():
                 c.rect(g0, g1, y + PASS_H + 2, 2 * LANE_H, COLOURS["idle"],
                        f"rank {rank} idle {_fmt_s((g1 - g0) / 1e9)}", cls="idle")
         for p in lane.passes:
-            if p.step not in shown[rank]:
+            if p.step not in shown[rank] or p.end <= lo or p.start >= hi:
                 continue
             label = "" if p.microbatch is None else str(p.microbatch)
             if p.chunk:
@@ -138,13 +142,13 @@ def render(timeline: Timeline, metrics: dict) -> str:
             # The whole pass pale, the stretches it computed in full colour: waits inside a
             # pass (its input's recv) stay visible.
             c.rect(p.start, p.end, y, PASS_H, COLOURS[p.kind], tip, cls=f"pass wait {p.kind}")
-            for a, b in c.drawable(clip(lane.compute, p.start, p.end)).tolist():
+            for a, b in c.drawable(window(lane.compute, p.start, p.end)).tolist():
                 c.rect(a, b, y, PASS_H, COLOURS[p.kind], tip, cls=f"pass {p.kind}")
             c.label(p.start, p.end, y, PASS_H, label)
-        shown_compute = clip(lane.compute, lo, hi)
+        shown_compute = window(lane.compute, lo, hi)
         for a, b in c.drawable(shown_compute).tolist():
             c.rect(a, b, y + PASS_H + 2, LANE_H, COLOURS["compute"],
-                   f"rank {rank} computing {_fmt_s(length(clip(shown_compute, a, b)) / 1e9)}"
+                   f"rank {rank} computing {_fmt_s(length(window(shown_compute, a, b)) / 1e9)}"
                    f" in {_fmt_s((b - a) / 1e9)}", cls="compute")
         _comm_blocks(c, lane, rank, y + PASS_H + 2 + LANE_H + 1, lo, hi)
         for s in shown[rank]:
@@ -173,7 +177,7 @@ def render(timeline: Timeline, metrics: dict) -> str:
 def _comm_blocks(c: _Canvas, lane, rank: int, y: float, lo: int, hi: int) -> None:
     """One block per merged stretch of communication, its tooltip listing what ran in it."""
     starts = np.array([x.start for x in lane.comm], dtype=np.int64)
-    for a, b in c.drawable(clip(lane.comm_union, lo, hi)).tolist():
+    for a, b in c.drawable(window(lane.comm_union, lo, hi)).tolist():
         # every span lies inside one stretch of the union: find them by their starts
         inside = lane.comm[np.searchsorted(starts, a):np.searchsorted(starts, b)]
         kinds: dict = {}
@@ -203,6 +207,9 @@ def _title(timeline: Timeline, metrics: dict) -> str:
     parts = [f"{k} {cfg[k]}" for k in ("tp", "pp", "dp", "schedule", "microbatches",
                                        "virtual_stages") if cfg.get(k) not in (None, "")]
     steps = sorted({s for m in metrics.values() for s in m.counted_steps})
-    shown = "no steps" if not steps else f"step {steps[0]}" if len(steps) == 1 else \
-        f"steps {steps[0]}-{steps[-1]}"
+    drawn = steps[:SHOWN_STEPS]
+    shown = "no steps" if not steps else f"step {drawn[0]}" if len(drawn) == 1 else \
+        f"steps {drawn[0]}-{drawn[-1]}"
+    if len(drawn) < len(steps):
+        shown += f" of {len(steps)} counted (metrics cover all)"
     return "Timeline" + (f" ({', '.join(parts)})" if parts else "") + f", {shown}"

@@ -1,0 +1,101 @@
+"""Where the per-rank map of the analysis runs: in this process, in local worker processes
+(``trace-report --jobs N``), or on a Dask cluster (``trace-report --dask ADDRESS``).
+
+Each task is a top-level function of viz.rank applied to one rank's trace file; it returns a
+small result (the cross-rank part never needs a trace). A task that finds its trace unreadable
+returns the error's one-line text instead of raising, so one bad file leaves the other ranks'
+results intact. Dask workers must see the trace files at the same paths (a shared filesystem)
+and run the same paratrace. No scheduler is written here: concurrent.futures and
+dask.distributed do the scheduling.
+"""
+from __future__ import annotations
+
+import multiprocessing
+import os
+from concurrent.futures import ProcessPoolExecutor
+from typing import Callable, Optional
+
+from tracer import TraceError
+
+from .run import RunError
+
+# Below this much trace data a pool costs more (starting workers, importing viz) than it saves.
+POOL_MIN_BYTES = 16 << 20
+
+
+class EngineError(RunError):
+    """The engine could not run (a Dask scheduler out of reach, dask not installed)."""
+
+
+def guarded(fn: Callable, *args):
+    """Run one task: its result, or ``TraceError(text)`` when the trace was unreadable."""
+    try:
+        return fn(*args)
+    except TraceError as exc:
+        return TraceError(str(exc))
+
+
+class Engine:
+    """Maps tasks over ranks. ``jobs``: worker processes (1: this process); ``dask``: the
+    address of a Dask scheduler (tcp://host:port), which takes precedence."""
+
+    def __init__(self, jobs: Optional[int] = None, dask: Optional[str] = None):
+        self.jobs = max(1, jobs if jobs is not None else (os.cpu_count() or 1))
+        self.dask = dask
+        self._pool = None
+        self._client = None
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
+        if self._client is not None:
+            self._client.close()
+
+    def describe(self) -> str:
+        if self.dask:
+            return f"dask scheduler {self.dask}"
+        return f"{self.jobs} worker processes" if self.jobs > 1 else "this process"
+
+    def plan(self, files: dict) -> None:
+        """Run small runs in this process: a pool would cost more than it saves."""
+        if not self.dask and sum(_size(p) for p in files.values()) < POOL_MIN_BYTES:
+            self.jobs = 1
+
+    def map(self, fn: Callable, tasks: list) -> list:
+        """``[guarded(fn, *args) for args in tasks]``, wherever the engine runs them."""
+        if self.dask:
+            client = self._dask_client()
+            futures = client.map(guarded, [fn] * len(tasks), *zip(*tasks), pure=False)
+            return client.gather(futures)
+        if self.jobs == 1 or len(tasks) == 1:
+            return [guarded(fn, *args) for args in tasks]
+        if self._pool is None:
+            context = multiprocessing.get_context("forkserver")
+            context.set_forkserver_preload(["viz.rank"])
+            self._pool = ProcessPoolExecutor(max_workers=min(self.jobs, len(tasks)),
+                                             mp_context=context)
+        return list(self._pool.map(guarded, [fn] * len(tasks), *zip(*tasks)))
+
+    def _dask_client(self):
+        if self._client is None:
+            try:
+                from dask.distributed import Client
+            except ImportError:
+                raise EngineError("--dask needs dask.distributed: pip install "
+                                  "'paratrace[dask]'") from None
+            try:
+                self._client = Client(self.dask, timeout=30)
+            except (OSError, TimeoutError) as exc:
+                raise EngineError(f"--dask {self.dask}: no scheduler answered "
+                                  f"({str(exc).splitlines()[0] if str(exc) else exc})") from None
+        return self._client
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
