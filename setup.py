@@ -17,7 +17,8 @@ setup(
         "jinja2>=3",
         "numpy",
     ],
-    extras_require={"test": ["pytest>=7", "pytest-timeout>=2"]},
+    extras_require={"dask": ["dask[distributed]>=2023.1"],
+                    "test": ["pytest>=7", "pytest-timeout>=2", "dask[distributed]>=2023.1"]},
     entry_points={
         "console_scripts": [
             "trace-run=instrument.launch:main",

@@ -87,6 +87,14 @@ def _message(exc: Exception) -> str:
     return str(exc)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with its errors on one line (``PROG: error: ...; see PROG --help``), exit 2."""
+
+    def error(self, message: str):
+        print(f"{self.prog}: error: {message} (see {self.prog} --help)", file=sys.stderr)
+        sys.exit(EXIT_USAGE)
+
+
 def _positive(text: str) -> int:
     try:
         value = int(text)
@@ -108,7 +116,7 @@ def _engine_options(parser: argparse.ArgumentParser) -> None:
 
 
 def report_main(argv=None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="trace-report", description="Rebuild summary.json and the HTML report of a traced "
         "run from the traces on disk.")
     parser.add_argument("run_dir", help="a trace-run output directory (or a directory of "
@@ -126,7 +134,7 @@ def report_main(argv=None) -> int:
 
 
 def diff_main(argv=None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="trace-diff", description="What changed between two traced runs: ops, FLOPs, "
         "communication, time, bubbles; matched by module, op, phase and call-graph node.")
     parser.add_argument("run_a", help="the baseline run directory")

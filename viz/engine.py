@@ -21,6 +21,7 @@ from .run import RunError
 
 # Below this much trace data a pool costs more (starting workers, importing viz) than it saves.
 POOL_MIN_BYTES = 16 << 20
+DASK_TIMEOUT_S = 10
 
 
 class EngineError(RunError):
@@ -41,6 +42,7 @@ class Engine:
 
     def __init__(self, jobs: Optional[int] = None, dask: Optional[str] = None):
         self.jobs = max(1, jobs if jobs is not None else (os.cpu_count() or 1))
+        self.chosen = jobs is not None     # the user's number is kept, small run or not
         self.dask = dask
         self._pool = None
         self._client = None
@@ -60,8 +62,10 @@ class Engine:
         return f"{self.jobs} worker processes" if self.jobs > 1 else "this process"
 
     def plan(self, files: dict) -> None:
-        """Run small runs in this process: a pool would cost more than it saves."""
-        if not self.dask and sum(_size(p) for p in files.values()) < POOL_MIN_BYTES:
+        """Unless told how many, run small runs in this process: a pool would cost more than
+        it saves."""
+        if not (self.dask or self.chosen) and \
+                sum(_size(p) for p in files.values()) < POOL_MIN_BYTES:
             self.jobs = 1
 
     def map(self, fn: Callable, tasks: list) -> list:
@@ -87,7 +91,7 @@ class Engine:
                 raise EngineError("--dask needs dask.distributed: pip install "
                                   "'paratrace[dask]'") from None
             try:
-                self._client = Client(self.dask, timeout=30)
+                self._client = Client(self.dask, timeout=DASK_TIMEOUT_S)
             except (OSError, TimeoutError) as exc:
                 raise EngineError(f"--dask {self.dask}: no scheduler answered "
                                   f"({str(exc).splitlines()[0] if str(exc) else exc})") from None
