@@ -17,6 +17,7 @@ from typing import Optional
 
 from tracer import TraceError
 
+from .crossrank import CrossRank, cross_rank
 from .engine import Engine
 from .metrics import metrics_of
 from .rank import analyse_rank_file, count_rank_file, p2p_of_file
@@ -35,6 +36,7 @@ class RunAnalysis:
     unreadable: dict                  # rank -> why its trace could not be read
     timeline: Timeline
     metrics: dict                     # rank -> viz.metrics.RankMetrics
+    cross: CrossRank                  # collectives matched across ranks
     count_steps: Optional[frozenset] = None   # counts cover these steps only (trace-diff)
     config: dict = field(default_factory=dict)
 
@@ -115,7 +117,7 @@ def _reduce(run: Run, ranks: dict, unreadable: dict, links: list) -> RunAnalysis
                 + [int(r.meta.get("world_size", 1)) for r in ranks.values()])
     timeline = assemble({rank: r.lanes for rank, r in ranks.items()}, links, config)
     return RunAnalysis(run, world, ranks, unreadable, timeline, metrics_of(timeline),
-                       config=config)
+                       cross_rank(timeline), config=config)
 
 
 

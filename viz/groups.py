@@ -109,6 +109,16 @@ def split_stack(frames: Sequence[tuple]) -> tuple:
     return tuple(reversed(user)), boundary
 
 
+def site_of(trace, stack: int, fwd_stack: int = -1) -> Optional[Frame]:
+    """The innermost user frame an event is attributed to (the forward stack's for backward
+    events), or None without a stack."""
+    code = fwd_stack if fwd_stack >= 0 else stack
+    if code < 0:
+        return None
+    path, _ = split_stack(trace.stack(code))
+    return None if path[-1] is NO_STACK else path[-1]
+
+
 def _group_rows(columns: list) -> tuple:
     """Group rows by several int columns: (inverse index per row, first row of each group)."""
     key = np.zeros(len(columns[0]), dtype=np.int64)

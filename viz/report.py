@@ -30,7 +30,7 @@ from .render import chrome_trace, inline_svg, timeline_svg
 from .render.callgraph_svg import render_svg, to_dot
 from .render.html import PageWriter
 from .source import read_source
-from .views import ReportOptions, ReportViews, defined_functions, report_views
+from .views import GraphPage, ReportOptions, ReportViews, defined_functions, report_views
 
 TIMELINE_FILES = {"svg": "timeline.svg", "chrome_trace": "timeline.json"}
 
@@ -68,16 +68,17 @@ def build_report(analysis: RunAnalysis, summary: dict, out_dir: str, *,
 
 
 def _write_graph_pages(writer: PageWriter, views: ReportViews, graphs: list) -> dict:
-    """Draw every call-graph page (dot runs in parallel); returns function id -> zoom page."""
+    """Draw and write every call-graph page, dot running in parallel; each page is written as
+    soon as it is drawn, so a report of many graphs holds few SVGs in memory at once.
+    Returns function id -> zoom page."""
+    zoom_links = {fid: os.path.basename(p.rel) for fid, p in views.zooms.items()}
+    full = views.full
+
     def href(file, line):
         return f"../{views.source_pages[file]}#L{line}" if file in views.source_pages else None
 
-    sources = [to_dot(p.graph, title=p.title, paths=views.paths, href=href) for p in graphs]
-    with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:
-        svgs = list(pool.map(render_svg, sources))
-    zoom_links = {fid: os.path.basename(p.rel) for fid, p in views.zooms.items()}
-    full = views.full
-    for page, svg in zip(graphs, svgs):
+    def draw(page: GraphPage) -> None:
+        svg = render_svg(to_dot(page.graph, title=page.title, paths=views.paths, href=href))
         name = os.path.splitext(os.path.basename(page.rel))[0]
         writer.write_text(f"callgraphs/{name}.svg", svg)
         zoom_rows = [dict(name=full.node(fid).name, where=views.paths.get(full.node(fid).file, ""),
@@ -87,6 +88,10 @@ def _write_graph_pages(writer: PageWriter, views: ReportViews, graphs: list) -> 
         writer.write(page.rel, "callgraph.html", title=page.title, note=page.note,
                      svg=inline_svg(svg), svg_file=f"{name}.svg", zooms=zoom_rows,
                      graph=page.graph)
+
+    with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:
+        for _ in pool.map(draw, graphs):
+            pass
     return zoom_links
 
 

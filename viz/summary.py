@@ -41,7 +41,8 @@ def build_summary(analysis: RunAnalysis) -> dict:
             entry["last_op"] = mine.last_op
         ranks[str(rank)] = entry
     return {"schema": SCHEMA, "world_size": analysis.world_size, "config": analysis.config,
-            "command": analysis.run.info.get("command"), "ranks": ranks}
+            "command": analysis.run.info.get("command"), "ranks": ranks,
+            "cross_rank": analysis.cross.to_json()}
 
 
 def write_summary(summary: dict, out_dir: str) -> str:

@@ -63,6 +63,9 @@ class CommSpan:
     nbytes: int
     completed: bool            # False: never completed; ``end`` is the end of the recording
     capped: bool = False       # a send whose end was moved to its matched recv's completion
+    seq: Optional[int] = None  # per-group sequence number (matching across ranks)
+    dtype: Optional[str] = None
+    site: Optional[tuple] = None   # innermost user frame that issued it (viz.groups.Frame)
 
 
 @dataclass(frozen=True)
@@ -292,8 +295,14 @@ def _compute_spans(rows: RankRows, comm: list) -> np.ndarray:
 
 
 def _comm_spans(rows: RankRows, send_ends: dict) -> list:
+    from .groups import site_of
+
     last = int(max(rows.t1.max(initial=0), rows.t0.max(initial=0), rows.t_ret.max(initial=0)))
-    nbytes = rows.trace.col("bytes")
+    trace = rows.trace
+    nbytes, seq, dtype = trace.col("bytes"), trace.col("seq"), trace.col("dtype")
+    stack, fwd_stack = trace.col("stack"), trace.col("fwd_stack")
+    dtypes = trace.dictionary("dtype")
+    sites: dict = {}
     spans = []
     for i in np.nonzero(rows.is_comm)[0].tolist():
         start, end = int(rows.t0[i]), int(rows.t1[i])
@@ -306,9 +315,14 @@ def _comm_spans(rows: RankRows, send_ends: dict) -> list:
             # future); its data had arrived once the matching recv completed on the peer.
             end, capped = max(int(limit), int(max(rows.t_ret[i], start))), True
         peer = int(rows.peer[i])
+        key = (int(stack[i]), int(fwd_stack[i]))
+        if key not in sites:
+            sites[key] = site_of(trace, *key)
         spans.append(CommSpan(rows.rank, i, rows.kinds[rows.kind[i]], int(rows.step[i]), start,
                               end, peer if peer >= 0 else None, rows.group_of(i),
-                              max(int(nbytes[i]), 0), completed, capped))
+                              max(int(nbytes[i]), 0), completed, capped,
+                              int(seq[i]) if seq[i] >= 0 else None,
+                              dtypes[dtype[i]] if dtype[i] >= 0 else None, sites[key]))
     return sorted(spans, key=lambda c: c.start)
 
 

@@ -1,0 +1,253 @@
+"""Across ranks: every collective matched over its process group, who arrived last and how long
+the others waited, how long the transfer took and at what bandwidth, and where ranks disagree.
+
+Matching follows PyTorch's Flight Recorder: a collective is identified by (process group,
+per-group sequence number), which every member numbers alike. For each matched collective:
+
+- arrival skew: the last member's launch minus the first's; the last rank to arrive;
+- each member's wait: from its own launch to the last arrival (it could not finish earlier);
+- transfer: from the last arrival to the earliest completion among the members;
+- bandwidth as nccl-tests defines it: algbw = S / transfer, busbw = algbw x factor, with S the
+  collective's size (all_gather: the gathered output, n x what a rank hands in; otherwise what
+  a rank hands in) and factor 2(n-1)/n for all_reduce, (n-1)/n for all_gather, reduce_scatter,
+  all_to_all, gather and scatter, 1 for broadcast and reduce.
+
+Mismatches (Flight Recorder's classes): members that issued a different kind, size or dtype at
+the same (group, seq), and members that never issued it (missing ranks: the usual hang). Ranks
+without a readable trace are not compared. P2P is matched by (sender, receiver, per-pair order)
+in :func:`viz.timeline.match_p2p`; unmatched sends and receives are counted here.
+
+All times are on rank 0's clock (host clocks aligned by the recorder). A pure function of the
+timeline (:mod:`viz.timeline`), which carries each collective's group, sequence number, dtype
+and source line.
+"""
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Optional
+
+from tracer.ops import group_ranks
+
+from .timeline import Timeline
+
+P2P = ("send", "recv")
+_UNSIZED = ("barrier",)
+
+
+def bus_factor(kind: str, n: int) -> float:
+    """nccl-tests' bus-bandwidth factor of a collective over ``n`` ranks."""
+    if n < 2:
+        return 0.0
+    if kind == "all_reduce":
+        return 2 * (n - 1) / n
+    if kind in ("broadcast", "reduce"):
+        return 1.0
+    return (n - 1) / n
+
+
+def collective_size(kind: str, nbytes: int, n: int) -> int:
+    """S, the collective's size for bandwidth: all_gather's output, else a rank's input."""
+    return nbytes * n if kind == "all_gather" else nbytes
+
+
+@dataclass(frozen=True)
+class Matched:
+    """One collective, matched over its group."""
+
+    group: str
+    seq: int
+    kind: str
+    step: int
+    spans: dict                  # rank -> CommSpan
+    last_rank: int
+    first_arrival: int
+    last_arrival: int
+    end: int                     # earliest completion after the last arrival
+    size: int                    # S (bytes), for bandwidth
+    n: int                       # group size
+
+    @property
+    def skew_ns(self) -> int:
+        return self.last_arrival - self.first_arrival
+
+    @property
+    def transfer_ns(self) -> int:
+        return max(self.end - self.last_arrival, 0)
+
+    def wait_ns(self, rank: int) -> int:
+        return self.last_arrival - self.spans[rank].start
+
+    @property
+    def late_ns(self) -> int:
+        """How much later than every other member the last one arrived."""
+        others = [c.start for r, c in self.spans.items() if r != self.last_rank]
+        return self.last_arrival - max(others) if others else 0
+
+    @property
+    def algbw(self) -> Optional[float]:
+        """Bytes per second; None for a zero transfer or a size-less collective."""
+        return self.size / (self.transfer_ns / 1e9) if self.transfer_ns > 0 and self.size else None
+
+    @property
+    def site(self):
+        """The source line the last rank issued it from (the one everyone waited for)."""
+        return self.spans[self.last_rank].site
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """Members of a group that disagree about the collective at one sequence number."""
+
+    group: str
+    seq: int
+    what: str                    # "kind" | "size" | "dtype" | "missing"
+    sides: tuple                 # ((value, ranks, sites), ...): who issued what, from where
+
+    def to_json(self) -> dict:
+        return {"group": list(group_ranks(self.group)), "seq": self.seq, "what": self.what,
+                "sides": [{"value": value, "ranks": list(ranks),
+                           "sites": sorted({_where(s) for s in sites if s is not None})}
+                          for value, ranks, sites in self.sides],
+                "text": self.describe()}
+
+    def describe(self) -> str:
+        parts = []
+        for value, ranks, sites in self.sides:
+            where = ", ".join(sorted({_where(s) for s in sites if s is not None})) or "?"
+            who = f"rank{'s' if len(ranks) != 1 else ''} {','.join(map(str, ranks))}"
+            parts.append(f"{who}: {value} (at {where})" if value is not None
+                         else f"{who}: never issued it")
+        return (f"collective #{self.seq} of group [{self.group}]: ranks disagree on its "
+                f"{self.what}: " + "; ".join(parts))
+
+
+@dataclass
+class CrossRank:
+    """Everything matched across ranks."""
+
+    matched: list = field(default_factory=list)        # Matched, by first arrival
+    unmatched: int = 0           # calls whose group members could not all be found
+    unmatched_p2p: int = 0
+    mismatches: list = field(default_factory=list)     # Mismatch, by group and seq
+    wait_ns: dict = field(default_factory=dict)        # rank -> total wait
+    late_ns: dict = field(default_factory=dict)        # rank -> total time others waited on it
+    wait_by_step: dict = field(default_factory=dict)   # (rank, step) -> wait
+
+    def stragglers(self) -> list:
+        """(rank, late seconds), most late first: ranks the others waited for."""
+        return sorted(((r, ns / 1e9) for r, ns in self.late_ns.items() if ns > 0),
+                      key=lambda x: (-x[1], x[0]))
+
+    def to_json(self) -> dict:
+        """summary.json's ``cross_rank`` object."""
+        return {
+            "matched": len(self.matched), "unmatched": self.unmatched,
+            "unmatched_p2p": self.unmatched_p2p,
+            "mismatches": [m.to_json() for m in self.mismatches],
+            "stragglers": [{"rank": r, "late_s": s} for r, s in self.stragglers()],
+            "wait_s": {str(r): ns / 1e9 for r, ns in sorted(self.wait_ns.items())},
+            "collectives": self.table(),
+        }
+
+    def table(self) -> list:
+        """Per (kind, group): count, bytes (sum of S), median transfer, bandwidths."""
+        rows = defaultdict(list)
+        for m in self.matched:
+            if m.kind not in _UNSIZED:
+                rows[(m.kind, m.group)].append(m)
+        out = []
+        for (kind, group), calls in sorted(rows.items()):
+            total = sum(m.size for m in calls)
+            transfer = sum(m.transfer_ns for m in calls) / 1e9
+            algbw = total / transfer / 1e9 if transfer > 0 and total else None
+            out.append({"kind": kind, "group": list(group_ranks(group)), "count": len(calls),
+                        "bytes": total,
+                        "median_s": statistics.median(m.transfer_ns for m in calls) / 1e9,
+                        "algbw_GBps": algbw,
+                        "busbw_GBps": algbw * bus_factor(kind, calls[0].n) if algbw else None,
+                        "site": _where(_commonest(m.site for m in calls))})
+        return out
+
+
+def cross_rank(timeline: Timeline) -> CrossRank:
+    """Match every collective of ``timeline`` across its group (see the module docstring)."""
+    present = set(timeline.ranks)
+    calls: dict = defaultdict(dict)          # (group, seq) -> rank -> CommSpan
+    p2p = 0
+    for rank, lane in timeline.ranks.items():
+        for c in lane.comm:
+            if c.kind in P2P:
+                p2p += 1
+            elif c.seq is not None and c.group:
+                calls[(c.group, c.seq)][rank] = c
+    out = CrossRank(unmatched_p2p=p2p - 2 * len(timeline.links))
+    for (group, seq), spans in sorted(calls.items(), key=lambda kv: (kv[0][0], kv[0][1])):
+        members = group_ranks(group)
+        if len(members) == 1:
+            continue                 # a group of one has nothing to match
+        readable = [r for r in members if r in present]
+        problem = _disagreement(group, seq, spans, readable)
+        if problem is not None:
+            out.mismatches.append(problem)
+        if problem is not None or not members or len(readable) < len(members) \
+                or len(spans) < 2:
+            out.unmatched += len(spans)
+            continue
+        out.matched.append(_match(group, seq, spans))
+    out.matched.sort(key=lambda m: m.first_arrival)
+    for m in out.matched:
+        for rank in m.spans:
+            wait = m.wait_ns(rank)
+            out.wait_ns[rank] = out.wait_ns.get(rank, 0) + wait
+            key = (rank, m.step)
+            out.wait_by_step[key] = out.wait_by_step.get(key, 0) + wait
+        out.late_ns[m.last_rank] = out.late_ns.get(m.last_rank, 0) + m.late_ns
+    for rank in present:
+        out.wait_ns.setdefault(rank, 0)
+        out.late_ns.setdefault(rank, 0)
+    return out
+
+
+def _match(group: str, seq: int, spans: dict) -> Matched:
+    last_rank = max(spans, key=lambda r: (spans[r].start, r))
+    last = spans[last_rank].start
+    ends = [c.end for c in spans.values() if c.completed]
+    end = min(ends) if ends else max(c.end for c in spans.values())
+    any_span = spans[last_rank]
+    n = len(group_ranks(group))
+    return Matched(group, seq, any_span.kind, any_span.step, dict(sorted(spans.items())),
+                   last_rank, min(c.start for c in spans.values()), last, max(end, last),
+                   collective_size(any_span.kind, any_span.nbytes, n), n)
+
+
+def _disagreement(group: str, seq: int, spans: dict, readable: list) -> Optional[Mismatch]:
+    """The first way the members disagree at (group, seq), or None."""
+    for what, value in (("kind", lambda c: c.kind), ("dtype", lambda c: c.dtype),
+                        ("size", lambda c: c.nbytes)):
+        if what == "size" and any(c.kind in ("all_to_all", "barrier") for c in spans.values()):
+            continue      # all_to_all may split unevenly; a barrier carries nothing
+        values = defaultdict(list)
+        for rank, c in sorted(spans.items()):
+            values[value(c)].append(rank)
+        if len(values) > 1:
+            return Mismatch(group, seq, what, tuple(
+                (v, tuple(ranks), tuple(spans[r].site for r in ranks))
+                for v, ranks in sorted(values.items(), key=lambda kv: kv[1])))
+    missing = tuple(r for r in readable if r not in spans)
+    if missing:
+        issued = tuple(sorted(spans))
+        kind = spans[issued[0]].kind
+        return Mismatch(group, seq, "missing", (
+            (kind, issued, tuple(spans[r].site for r in issued)), (None, missing, ())))
+    return None
+
+
+def _commonest(items):
+    items = [i for i in items if i is not None]
+    return max(set(items), key=items.count) if items else None
+
+
+def _where(frame) -> str:
+    return f"{frame.file}:{frame.line}" if frame is not None else ""
