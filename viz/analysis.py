@@ -17,10 +17,11 @@ from typing import Optional
 
 from tracer import TraceError
 
+from .critical_path import critical_paths, path_intervals
 from .crossrank import CrossRank, cross_rank
 from .engine import Engine
 from .metrics import metrics_of
-from .rank import analyse_rank_file, count_rank_file, p2p_of_file
+from .rank import analyse_rank_file, count_rank_file, p2p_of_file, path_modules_file
 from .run import Run, RunError
 from .timeline import DRAWN_OPS, Timeline, assemble, match_p2p
 
@@ -37,6 +38,7 @@ class RunAnalysis:
     timeline: Timeline
     metrics: dict                     # rank -> viz.metrics.RankMetrics
     cross: CrossRank                  # collectives matched across ranks
+    paths: list                       # viz.critical_path.Path of each counted step
     count_steps: Optional[frozenset] = None   # counts cover these steps only (trace-diff)
     config: dict = field(default_factory=dict)
 
@@ -96,7 +98,21 @@ def analyse(run: Run, engine: Optional[Engine] = None) -> RunAnalysis:
     readable = sorted(endpoints)
     analysed, late = _split(readable, engine.map(analyse_rank_file, [
         (run.files[r], r, send_ends.get(r, {}), budget) for r in readable]))
-    return _reduce(run, analysed, {**unreadable, **late}, links)
+    analysis = _reduce(run, analysed, {**unreadable, **late}, links)
+    _path_modules(analysis, engine)
+    return analysis
+
+
+def _path_modules(analysis: RunAnalysis, engine: Engine) -> None:
+    """Module shares of the critical paths: one more pass over the traces the paths cross."""
+    on_path = path_intervals(analysis.paths)
+    order = sorted(on_path)
+    found, _ = _split(order, engine.map(path_modules_file, [
+        (analysis.ranks[r].path, r, on_path[r]) for r in order]))
+    for path in analysis.paths:
+        for rank_modules in found.values():
+            for module, ns in rank_modules.get(path.step, {}).items():
+                path.modules[module] = path.modules.get(module, 0) + ns
 
 
 def _split(ranks: list, results: list) -> tuple:
@@ -116,8 +132,9 @@ def _reduce(run: Run, ranks: dict, unreadable: dict, links: list) -> RunAnalysis
     world = max([run.world_size_hint]
                 + [int(r.meta.get("world_size", 1)) for r in ranks.values()])
     timeline = assemble({rank: r.lanes for rank, r in ranks.items()}, links, config)
-    return RunAnalysis(run, world, ranks, unreadable, timeline, metrics_of(timeline),
-                       cross_rank(timeline), config=config)
+    cross = cross_rank(timeline)
+    return RunAnalysis(run, world, ranks, unreadable, timeline, metrics_of(timeline), cross,
+                       critical_paths(timeline, cross), config=config)
 
 
 

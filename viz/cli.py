@@ -40,11 +40,30 @@ def build(run_dir: str, out_dir: Optional[str] = None, *,
     _check_writable(out_dir)
     with Engine(jobs, dask) as engine:
         analysis = analyse(run, engine)
-    for line in analysis.damage():
+    for line in problem_lines(analysis):
         (warn or _stderr("trace-report"))(line)
     summary = build_summary(analysis)
     write_summary(summary, out_dir)
     return build_report(analysis, summary, out_dir), analysis
+
+
+def problem_lines(analysis, most: int = 5) -> list:
+    """What a user must see first, one line each: ranks that disagree about a collective (the
+    usual cause of a hang), then damaged or missing traces."""
+    mismatches = [m for m in analysis.cross.mismatches if m.what != "unknown"]
+    lines = [f"mismatch: {m.describe()}" for m in mismatches[:most]]
+    if len(mismatches) > most:
+        lines.append(f"mismatch: {len(mismatches) - most} more (summary.json cross_rank)")
+    cut: dict = {}
+    for m in analysis.cross.mismatches:
+        if m.what == "unknown":
+            cut.setdefault(m.sides[1][1], []).append(m)
+    for ranks, found in cut.items():
+        who = f"rank{'s' if len(ranks) != 1 else ''} {','.join(map(str, ranks))}"
+        lines.append(f"{who}: the trace ends before {len(found)} collective(s) the other ranks "
+                     f"issued (from #{found[0].seq} of group [{found[0].group}]): the rank died "
+                     "within a flush of the recorder, so they are not compared")
+    return lines + analysis.damage()
 
 
 def _check_writable(path: str) -> None:

@@ -14,7 +14,9 @@ per-group sequence number), which every member numbers alike. For each matched c
 
 Mismatches (Flight Recorder's classes): members that issued a different kind, size or dtype at
 the same (group, seq), and members that never issued it (missing ranks: the usual hang). Ranks
-without a readable trace are not compared. P2P is matched by (sender, receiver, per-pair order)
+without a readable trace are not compared; a rank whose trace ends before the others launched
+the collective (killed within a flush of the recorder) may have issued it: that is said, not
+called missing. P2P is matched by (sender, receiver, per-pair order)
 in :func:`viz.timeline.match_p2p`; unmatched sends and receives are counted here.
 
 All times are on rank 0's clock (host clocks aligned by the recorder). A pure function of the
@@ -102,7 +104,7 @@ class Mismatch:
 
     group: str
     seq: int
-    what: str                    # "kind" | "size" | "dtype" | "missing"
+    what: str                    # "kind" | "size" | "dtype" | "missing" | "unknown"
     sides: tuple                 # ((value, ranks, sites), ...): who issued what, from where
 
     def to_json(self) -> dict:
@@ -113,14 +115,21 @@ class Mismatch:
                 "text": self.describe()}
 
     def describe(self) -> str:
+        head = f"collective #{self.seq} of group [{self.group}]"
+        if self.what in ("missing", "unknown"):
+            (kind, issued, sites), (_, absent, _) = self.sides
+            where = ", ".join(sorted({_where(s) for s in sites if s is not None})) or "?"
+            if self.what == "missing":
+                return (f"{head} ({kind}, issued by {_ranks(issued)} at {where}): "
+                        f"{_ranks(absent)} never issued it")
+            return (f"{head} ({kind}, issued by {_ranks(issued)} at {where}): "
+                    f"{_ranks(absent)}: the trace ends before it (the rank died within a flush "
+                    f"of the recorder); whether it was issued is unknown")
         parts = []
         for value, ranks, sites in self.sides:
             where = ", ".join(sorted({_where(s) for s in sites if s is not None})) or "?"
-            who = f"rank{'s' if len(ranks) != 1 else ''} {','.join(map(str, ranks))}"
-            parts.append(f"{who}: {value} (at {where})" if value is not None
-                         else f"{who}: never issued it")
-        return (f"collective #{self.seq} of group [{self.group}]: ranks disagree on its "
-                f"{self.what}: " + "; ".join(parts))
+            parts.append(f"{_ranks(ranks)}: {value} (at {where})")
+        return f"{head}: ranks disagree on its {self.what}: " + "; ".join(parts)
 
 
 @dataclass
@@ -187,7 +196,7 @@ def cross_rank(timeline: Timeline) -> CrossRank:
         members = group_ranks(group)
         if len(members) == 1:
             continue                 # a group of one has nothing to match
-        readable = [r for r in members if r in present]
+        readable = {r: timeline.ranks[r] for r in members if r in present}
         problem = _disagreement(group, seq, spans, readable)
         if problem is not None:
             out.mismatches.append(problem)
@@ -222,8 +231,9 @@ def _match(group: str, seq: int, spans: dict) -> Matched:
                    collective_size(any_span.kind, any_span.nbytes, n), n)
 
 
-def _disagreement(group: str, seq: int, spans: dict, readable: list) -> Optional[Mismatch]:
-    """The first way the members disagree at (group, seq), or None."""
+def _disagreement(group: str, seq: int, spans: dict, readable: dict) -> Optional[Mismatch]:
+    """The first way the members disagree at (group, seq), or None. ``readable``: rank ->
+    RankLanes of the members whose traces could be read."""
     for what, value in (("kind", lambda c: c.kind), ("dtype", lambda c: c.dtype),
                         ("size", lambda c: c.nbytes)):
         if what == "size" and any(c.kind in ("all_to_all", "barrier") for c in spans.values()):
@@ -235,13 +245,22 @@ def _disagreement(group: str, seq: int, spans: dict, readable: list) -> Optional
             return Mismatch(group, seq, what, tuple(
                 (v, tuple(ranks), tuple(spans[r].site for r in ranks))
                 for v, ranks in sorted(values.items(), key=lambda kv: kv[1])))
-    missing = tuple(r for r in readable if r not in spans)
+    absent = [r for r in readable if r not in spans]
+    if not absent:
+        return None
+    issued = tuple(sorted(spans))
+    kind, launched = spans[issued[0]].kind, min(c.start for c in spans.values())
+    cut = tuple(r for r in absent if not readable[r].closed
+                and readable[r].recorded_until < launched)
+    missing = tuple(r for r in absent if r not in cut)
+    side = (kind, issued, tuple(spans[r].site for r in issued))
     if missing:
-        issued = tuple(sorted(spans))
-        kind = spans[issued[0]].kind
-        return Mismatch(group, seq, "missing", (
-            (kind, issued, tuple(spans[r].site for r in issued)), (None, missing, ())))
-    return None
+        return Mismatch(group, seq, "missing", (side, (None, missing, ())))
+    return Mismatch(group, seq, "unknown", (side, (None, cut, ())))
+
+
+def _ranks(ranks) -> str:
+    return f"rank{'s' if len(ranks) != 1 else ''} {','.join(map(str, ranks))}"
 
 
 def _commonest(items):

@@ -123,9 +123,11 @@ def utc(ts: float) -> str:
 
 
 def problems(analysis: RunAnalysis) -> list:
-    """What went wrong, most important first: a hang (who never arrived), failed ranks, ranks
-    without a readable trace, damaged traces."""
-    out = []
+    """What went wrong, most important first: ranks that disagree about a collective (the
+    usual cause of a hang), a hang (who never arrived), failed ranks, ranks without a readable
+    trace, damaged traces."""
+    out = [dict(level="mismatch", title=f"Mismatch: {m.describe()}", details=[])
+           for m in analysis.cross.mismatches if m.what != "unknown"][:20]
     hang = analysis.run.info.get("hang")
     if hang:
         never = hang.get("never_arrived") or []

@@ -19,6 +19,7 @@ from tracer.labels import PHASES
 from tracer.ops import PSEUDO_OPS, group_ranks
 
 from .groups import op_groups
+from .intervals import Prefix
 from .timeline import DRAWN_OPS, RankLanes, RankRows, p2p_endpoints, rank_lanes
 
 
@@ -87,6 +88,30 @@ def count_rank_file(path: str, steps: frozenset) -> RankCounts:
     if not mask.all():
         trace = trace.select(mask)
     return RankCounts(recorded_steps(trace), op_groups(trace), op_counts(trace), comm_rows(trace))
+
+
+def path_modules_file(path: str, rank: int, intervals: list) -> dict:
+    """step -> {module: ns} of this rank's compute ops inside ``intervals`` ((step, start, end)
+    on rank 0's clock, disjoint): the module shares of the critical path on this rank. Host
+    time between ops on the path is ``(between ops)``."""
+    trace = load_trace(path)
+    rows = RankRows(trace, rank)
+    sel = np.nonzero(rows.is_compute)[0]
+    module = trace.col("module")[sel]
+    names = trace.dictionary("module")
+    out: dict = {}
+    for step in sorted({s for s, _, _ in intervals}):
+        mine = sorted((a, b) for s, a, b in intervals if s == step)
+        covered = Prefix(np.array(mine, dtype=np.int64).reshape(-1, 2))
+        inside = covered.length(rows.t0[sel], rows.t1[sel])
+        by_module = np.bincount(module + 1, weights=inside, minlength=len(names) + 1)
+        shares = {("(no module)" if i == 0 else names[i - 1]): int(ns)
+                  for i, ns in enumerate(by_module.tolist()) if ns > 0}
+        host = sum(b - a for a, b in mine) - sum(shares.values())
+        if host > 0:
+            shares["(between ops)"] = host
+        out[step] = shares
+    return out
 
 
 def recorded_steps(trace: Trace) -> list:

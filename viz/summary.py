@@ -42,7 +42,8 @@ def build_summary(analysis: RunAnalysis) -> dict:
         ranks[str(rank)] = entry
     return {"schema": SCHEMA, "world_size": analysis.world_size, "config": analysis.config,
             "command": analysis.run.info.get("command"), "ranks": ranks,
-            "cross_rank": analysis.cross.to_json()}
+            "cross_rank": dict(analysis.cross.to_json(),
+                               critical_path=[p.to_json() for p in analysis.paths])}
 
 
 def write_summary(summary: dict, out_dir: str) -> str:

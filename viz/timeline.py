@@ -111,6 +111,8 @@ class RankLanes:
     pipeline_group: tuple      # ranks this rank exchanges pipeline messages with (itself too)
     clock_error_ns: Optional[int]
     inferred_passes: list = field(default_factory=list)   # from the P2P order, when unnamed
+    recorded_until: int = 0    # the last event's time: what happened later is not in the trace
+    closed: bool = True        # the recorder closed the trace (the rank was not killed)
 
 
 @dataclass
@@ -218,7 +220,9 @@ def rank_lanes(rows: RankRows, send_ends: dict, op_budget: int = DRAWN_OPS) -> R
         op_names=rows.op_names, hidden_ops=int(rows.is_compute.sum() - drawn.sum()),
         annotations=others, pipeline_group=tuple(sorted(group)),
         clock_error_ns=rows.trace.clock_error_ns,
-        inferred_passes=[] if passes else infer_passes(rows, comm))
+        inferred_passes=[] if passes else infer_passes(rows, comm),
+        recorded_until=int(max(rows.t0.max(initial=0), rows.t1.max(initial=0))),
+        closed=rows.trace.status != "running")
 
 
 def _drawn_ops(rows: RankRows, steps: dict, closed: frozenset, budget: int) -> np.ndarray:

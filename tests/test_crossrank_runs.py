@@ -1,0 +1,54 @@
+"""Cross-rank findings on real runs (trace-run, gloo): who is named and what, never times."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+
+from conftest import CPU_ONLY
+from gpt_helpers import free_port
+
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+ENV = dict(os.environ, OMP_NUM_THREADS="1", **CPU_ONLY)
+
+
+def trace_run(out: Path, nproc: int, script: str, *options: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["trace-run", "--nproc-per-node", str(nproc), "--master-port",
+                           str(free_port()), "--out", str(out), *options, str(SCRIPTS / script)],
+                          env=ENV, capture_output=True, text=True, timeout=240)
+
+
+def line_of(script: str, text: str) -> int:
+    (n,) = [i for i, line in enumerate((SCRIPTS / script).read_text().splitlines(), 1)
+            if text in line]
+    return n
+
+
+def test_the_late_rank_is_named_the_straggler(tmp_path):
+    proc = trace_run(tmp_path, 3, "crossrank_late.py")
+    assert proc.returncode == 0, proc.stderr
+    cross = json.loads((tmp_path / "summary.json").read_text())["cross_rank"]
+    assert cross["matched"] == 4 and cross["unmatched"] == 0 and cross["mismatches"] == []
+    assert cross["stragglers"][0]["rank"] == 1
+    (row,) = cross["collectives"]
+    assert (row["kind"], row["group"], row["count"]) == ("all_reduce", [0, 1, 2], 4)
+    assert row["site"].endswith(f"crossrank_late.py:{line_of('crossrank_late.py', 'all_reduce(t)')}")
+
+
+def test_a_kind_mismatch_is_named_with_both_source_lines(tmp_path):
+    proc = trace_run(tmp_path, 2, "crossrank_mismatch.py", "--timeout", "8")
+    assert proc.returncode == 124, proc.stderr
+    reduce_line = line_of("crossrank_mismatch.py", "dist.all_reduce(t)")
+    broadcast_line = line_of("crossrank_mismatch.py", "dist.broadcast(t")
+    expected = (r"trace-run: mismatch: collective #2 of group \[0,1\]: ranks disagree on its "
+                rf"kind: rank 0: all_reduce \(at \S+crossrank_mismatch.py:{reduce_line}\); "
+                rf"rank 1: broadcast \(at \S+crossrank_mismatch.py:{broadcast_line}\)")
+    assert re.search(expected, proc.stderr), proc.stderr
+    summary = json.loads((tmp_path / "summary.json").read_text())["cross_rank"]
+    (m,) = summary["mismatches"]
+    assert (m["seq"], m["what"], m["group"]) == (2, "kind", [0, 1])
+    html = (tmp_path / "index.html").read_text()
+    first = re.search(r'<div class="banner (\w+)"><strong>(.*?)</strong>', html)
+    assert first.group(1) == "mismatch" and "ranks disagree on its kind" in first.group(2)

@@ -1,0 +1,186 @@
+"""The critical path of each step across ranks: the chain of compute, P2P and collective
+dependencies that set the step's time.
+
+Walk back from the end of the step on the rank that finished it last. While the rank was
+computing, the path stays on it. Where it resumed because something completed, the path follows
+what it waited for: a receive leads to its sender at the moment the send was posted (if the
+sender was the late one), a collective to its last-arriving member at its arrival. Where nothing
+completed, the rank was idle and the path says so. The walk ends at the rank's step start.
+
+Each step's path is a list of :class:`Segment` s, latest first, whose lengths add up to the
+step's time on the path; :meth:`Path.by_rank` and :meth:`Path.by_what` give the shares.
+Module shares need each op's module, which only the trace has: :mod:`viz.rank` computes them
+per rank for the segments that fall on it (:func:`module_time`). A pure function of the
+timeline and the cross-rank matching; multi-rank critical paths are open work in HTA and
+TraceLens.
+"""
+from __future__ import annotations
+
+import bisect
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .crossrank import P2P, CrossRank
+from .timeline import RankLanes, Timeline, counted_steps
+
+COMPUTE, WAIT, TRANSFER, COMM, IDLE = "compute", "wait", "transfer", "comm", "idle"
+_MAX_SEGMENTS = 100_000          # per step: a bound against a malformed trace, never reached
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A stretch of the path on one rank."""
+
+    rank: int
+    start: int
+    end: int
+    what: str                    # compute | transfer (data in flight to this rank) | comm | idle
+    detail: str = ""             # the communication it waited in, or where it jumped from
+
+    @property
+    def ns(self) -> int:
+        return self.end - self.start
+
+
+@dataclass
+class Path:
+    """One step's critical path, latest segment first."""
+
+    step: int
+    end_rank: int
+    segments: list = field(default_factory=list)
+    modules: dict = field(default_factory=dict)      # module path -> ns of compute on the path
+
+    @property
+    def ns(self) -> int:
+        return sum(s.ns for s in self.segments)
+
+    def by_rank(self) -> dict:
+        out: dict = defaultdict(int)
+        for s in self.segments:
+            out[s.rank] += s.ns
+        return dict(sorted(out.items()))
+
+    def by_what(self) -> dict:
+        out: dict = defaultdict(int)
+        for s in self.segments:
+            out[s.what] += s.ns
+        return dict(sorted(out.items()))
+
+    def to_json(self) -> dict:
+        total = self.ns or 1
+        return {"step": self.step, "end_rank": self.end_rank, "length_s": self.ns / 1e9,
+                "rank_share": {str(r): ns / total for r, ns in self.by_rank().items()},
+                "kind_share": {k: ns / total for k, ns in self.by_what().items()},
+                "module_share": {m: ns / total for m, ns in sorted(
+                    self.modules.items(), key=lambda kv: -kv[1])[:20]},
+                "segments": len(self.segments)}
+
+
+class _Rank:
+    """One rank's lanes as sorted arrays for the walk."""
+
+    def __init__(self, lane: RankLanes):
+        self.lane = lane
+        self.c_start, self.c_end = lane.compute[:, 0], lane.compute[:, 1]
+        comm = sorted(lane.comm, key=lambda c: c.end)
+        self.comm_by_end = comm
+        self.comm_ends = [c.end for c in comm]
+
+    def computing_since(self, t: int):
+        """Start of the compute interval covering the instant just before ``t``, or None."""
+        i = int(np.searchsorted(self.c_start, t, side="left")) - 1
+        if i >= 0 and self.c_end[i] >= t:
+            return int(self.c_start[i])
+        return None
+
+    def completed_at(self, t: int):
+        """A communication this rank saw complete at ``t`` (the latest-started), or None."""
+        lo, hi = bisect.bisect_left(self.comm_ends, t), bisect.bisect_right(self.comm_ends, t)
+        done = [c for c in self.comm_by_end[lo:hi] if c.start < t]
+        return max(done, key=lambda c: c.start) if done else None
+
+    def last_activity_before(self, t: int) -> int:
+        """The latest end of compute or communication before ``t`` (or -1)."""
+        i = int(np.searchsorted(self.c_end, t, side="left")) - 1
+        best = int(self.c_end[i]) if i >= 0 else -1
+        j = bisect.bisect_left(self.comm_ends, t) - 1
+        return max(best, self.comm_ends[j] if j >= 0 else -1)
+
+
+def critical_paths(timeline: Timeline, cross: CrossRank) -> list:
+    """The critical path of every step that some rank counted (viz.timeline.counted_steps)."""
+    ranks = {r: _Rank(lane) for r, lane in timeline.ranks.items()}
+    sender = {(link.dst, link.dst_index): (link.src, link.src_index) for link in timeline.links}
+    send_span = {(c.rank, c.index): c for lane in timeline.ranks.values() for c in lane.comm
+                 if c.kind == "send"}
+    matched = {(r, c.index): m for m in cross.matched for r, c in m.spans.items()}
+    steps = sorted({s for lane in timeline.ranks.values() for s in counted_steps(lane)})
+    out = []
+    for step in steps:
+        ends = {r: lane.steps[step][1] for r, lane in timeline.ranks.items() if step in lane.steps}
+        if not ends:
+            continue
+        last = max(ends, key=lambda r: (ends[r], -r))
+        path = Path(step, last)
+        _walk(path, ranks, timeline, last, ends[last], sender, send_span, matched)
+        out.append(path)
+    return out
+
+
+def _walk(path: Path, ranks: dict, timeline: Timeline, rank: int, t: int, sender: dict,
+          send_span: dict, matched: dict) -> None:
+    step = path.step
+    segs = path.segments
+    seen = set()          # (rank, t) already jumped to: zero-length jumps never cycle
+    while len(segs) < _MAX_SEGMENTS:
+        lo = timeline.ranks[rank].steps.get(step, (t, t))[0]
+        if t <= lo:
+            return
+        here = ranks[rank]
+        since = here.computing_since(t)
+        if since is not None:
+            segs.append(Segment(rank, max(since, lo), t, COMPUTE))
+            t = max(since, lo)
+            continue
+        c = here.completed_at(t)
+        if c is None:
+            before = max(here.last_activity_before(t), lo)
+            segs.append(Segment(rank, before, t, IDLE))
+            t = before
+            continue
+        src = sender.get((rank, c.index)) if c.kind == "recv" else None
+        m = matched.get((rank, c.index)) if c.kind not in P2P else None
+        if src is not None and max(c.start, lo) <= send_span[src].start <= t \
+                and (src[0], send_span[src].start) not in seen:
+            posted = send_span[src].start        # the sender was the late one
+            _add(segs, Segment(rank, posted, t, TRANSFER, f"recv from rank {src[0]}"))
+            rank, t = src[0], posted
+            seen.add((rank, t))
+        elif m is not None and m.last_rank != rank and max(c.start, lo) <= m.last_arrival <= t \
+                and (m.last_rank, m.last_arrival) not in seen:
+            _add(segs, Segment(rank, m.last_arrival, t, TRANSFER,
+                               f"{c.kind} waiting for rank {m.last_rank}"))
+            rank, t = m.last_rank, m.last_arrival
+            seen.add((rank, t))
+        else:
+            start = max(c.start, lo)
+            segs.append(Segment(rank, start, t, COMM, c.kind))
+            t = start
+
+
+def _add(segs: list, segment: Segment) -> None:
+    if segment.ns > 0:
+        segs.append(segment)
+
+
+def path_intervals(paths: list) -> dict:
+    """rank -> [(step, start, end)] of the compute segments on the paths."""
+    out: dict = defaultdict(list)
+    for p in paths:
+        for s in p.segments:
+            if s.what == COMPUTE:
+                out[s.rank].append((p.step, s.start, s.end))
+    return dict(out)
