@@ -51,6 +51,9 @@ OP_ROW = ("t0", "t1", "op", "phase", "module", "stack", "fwd_stack", "annotation
           "thread", "shapes")
 MAX_QUEUE = 200_000          # events held in memory before the hot path flushes itself
 MAX_NODES = 1 << 18          # forward autograd nodes remembered (this and the last window)
+# NOTE: each batch costs about half a millisecond and 2 KB however few its rows; steps shorter
+# than this share a flush (their rows still go in batches that end at a step boundary)
+STEP_FLUSH_GAP = 0.05        # seconds: least time between flushes that step boundaries ask for
 
 
 class Session:
@@ -93,6 +96,7 @@ class Session:
         self._mode: Optional[RecordingMode] = None
         self._undo: list = []              # functions that remove hooks and patches
         self._stop = threading.Event()
+        self._wake = threading.Event()     # set: the flusher writes now
         self._flusher: Optional[threading.Thread] = None
         self._last_event_ns = 0
         self.status = "running"
@@ -160,6 +164,7 @@ class Session:
         if self._writer is None:
             return
         self._stop.set()
+        self._wake.set()
         if self._flusher is not None and self._flusher is not threading.current_thread():
             self._flusher.join(timeout=10)
         for undo in reversed(self._undo):
@@ -358,6 +363,7 @@ class Session:
             marker = make_row(t0=t, t1=t, op=self._op_ids(ops.OP_STEP), phase=PHASE_OTHER,
                               step=self.step_index, thread=self._thread())
             self._queue.append(marker)
+        self._wake.set()     # the finished step goes to disk now, not at the next interval
 
     def _window(self, step: int) -> bool:
         return self._in_window is None or self._in_window(step)
@@ -377,7 +383,16 @@ class Session:
 
     # ------------------------------------------------------------------ flushing & status
     def _flush_loop(self) -> None:
-        while not self._stop.wait(self.options.flush_interval):
+        interval = self.options.flush_interval
+        gap = min(interval, STEP_FLUSH_GAP)
+        last = time.monotonic()
+        while not self._stop.is_set():
+            if self._wake.wait(interval):          # a step ended: flush, but not too often
+                self._stop.wait(max(0.0, last + gap - time.monotonic()))
+            self._wake.clear()
+            if self._stop.is_set():
+                break                   # close() writes the rest
+            last = time.monotonic()
             try:
                 self._flush()
                 self._write_status()
@@ -395,7 +410,14 @@ class Session:
             meta, self._meta_updates = self._meta_updates, {}
             if not rows and not meta:
                 return
-            self._writer.write(rows, self._dicts.values(), meta or None)
+            dictionaries = self._dicts.values()
+            # NOTE: the rows of finished steps go in a batch of their own: a file cut short in
+            # its last batch (a crash while writing, a truncated copy) keeps every finished step
+            split = _last_step_marker(rows, self._op_ids(ops.OP_STEP))
+            if split > 0:
+                self._writer.write(rows[:split], dictionaries)
+                rows = rows[split:]
+            self._writer.write(rows, dictionaries, meta or None)
 
     def _write_status(self, final: bool = False) -> None:
         status.write_status(
@@ -405,6 +427,15 @@ class Session:
             last_collective=self._comm.last, inflight=self._comm.inflight(),
             failed_collectives=self._comm.failed, error=self.error, trace=self.path,
             final=final)
+
+
+def _last_step_marker(rows: list, step_op: int) -> int:
+    """Position of the last step marker in ``rows``, or -1."""
+    op = COL.op
+    for i in range(len(rows) - 1, -1, -1):
+        if rows[i][op] == step_op:
+            return i
+    return -1
 
 
 def _rank_and_world():
