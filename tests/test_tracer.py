@@ -3,6 +3,7 @@ the trace file's behaviour on truncation, garbage, newer versions and a SIGKILL.
 from __future__ import annotations
 
 import inspect
+import json
 import os
 import signal
 import subprocess
@@ -337,3 +338,16 @@ def test_a_cut_in_the_last_batch_keeps_every_finished_step(tmp_path):
     finished = [e for e in whole.records() if e["step"] < 3]
     assert {e["step"] for e in finished} == {0, 1, 2}
     assert [e for e in trace.records() if e["step"] < 3] == finished
+
+
+def test_the_status_file_says_what_record_config_set(tmp_path):
+    with tracer.trace(tmp_path, clock_sync=False):
+        tracer.record_config(steps=3, tp=2)
+        torch.ones(1).add(1)
+        tracer.record_config(tp=4)
+    status = json.loads((tmp_path / "rank-0.status.json").read_text())
+    assert status["config"] == {"steps": 3, "tp": 4}
+    assert set(status) == {"rank", "pid", "now_ns", "status", "step", "last_event_ns", "events",
+                           "last_collective", "inflight", "failed_collectives", "error", "trace",
+                           "final", "config"}
+    assert status["final"] and status["status"] == "ok" and status["events"] >= 1

@@ -87,6 +87,7 @@ class Session:
         self._in_optimizer = 0
         self._recording = self._window(0)
         self._paused = 0
+        self.config: dict = {}             # everything record_config set
         # process and files
         self.rank, self.world_size = _rank_and_world()
         self._pg_seen = False
@@ -377,6 +378,7 @@ class Session:
             self._step_pending = True   # applied at the next op outside an optimizer step
 
     def record_config(self, values: dict) -> None:
+        self.config.update(values)
         config = dict(self._meta_updates.get("config") or {})
         config.update(values)
         self._meta_updates["config"] = config
@@ -426,7 +428,7 @@ class Session:
             events=self._writer.events if self._writer else None,
             last_collective=self._comm.last, inflight=self._comm.inflight(),
             failed_collectives=self._comm.failed, error=self.error, trace=self.path,
-            final=final)
+            final=final, config=self.config)
 
 
 def _last_step_marker(rows: list, step_op: int) -> int:
