@@ -86,7 +86,9 @@ def test_truncated_trace_keeps_its_intact_batches_and_exits_0(run):
     assert 0 < kept < STEPS * (OPS_PER_STEP + 2)
     proc = console("trace-report", str(run))
     assert proc.returncode == 0, proc.stderr
-    (line,) = lines(proc)
+    cut, line = lines(proc)
+    # the collectives of the lost tail cannot be matched with rank 1's: said, not miscalled
+    assert cut.startswith("trace-report: rank 0: the trace ends before 2 collective(s)")
     assert line.startswith(f"trace-report: {path}: truncated or corrupt after {kept:,} events")
     assert f"those {kept:,} events are used" in line and "Traceback" not in proc.stderr
     ranks = summary(run)["ranks"]
@@ -100,7 +102,7 @@ def test_garbage_and_truncated_traces_are_both_named_and_exit_1(run):
     path.write_bytes(path.read_bytes()[:-300])
     proc = console("trace-report", str(run))
     assert proc.returncode == 1, proc.stderr
-    got = lines(proc)
+    got = [line for line in lines(proc) if "the trace ends before" not in line]
     assert len(got) == 2, got
     assert any(f"{path}: truncated or corrupt after" in line for line in got)
     assert any(f"{trace_file(run, 1)}: not a paratrace trace file" in line

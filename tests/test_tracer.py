@@ -3,6 +3,7 @@ the trace file's behaviour on truncation, garbage, newer versions and a SIGKILL.
 from __future__ import annotations
 
 import inspect
+import json
 import os
 import signal
 import subprocess
@@ -297,3 +298,56 @@ def test_stack_capture_with_its_caches_equals_a_fresh_walk():
         interner = StackInterner(depth=depth)
         for _ in range(30):
             descend(interner, depth, rng.randint(0, 9))
+
+
+def _record_batches(path) -> list:
+    """(start, end) byte offsets of each record batch message of a trace file."""
+    spans = []
+    with pa.OSFile(str(path)) as source:
+        reader = pa.ipc.MessageReader.open_stream(source)
+        while True:
+            start = source.tell()
+            try:
+                message = reader.read_next_message()
+            except StopIteration:
+                break
+            if message.type == "record batch":
+                spans.append((start, source.tell()))
+    return spans
+
+
+def test_a_cut_in_the_last_batch_keeps_every_finished_step(tmp_path):
+    torch.manual_seed(0)
+    net = Net()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    with tracer.trace(tmp_path / "run", clock_sync=False):      # the default flush interval
+        for _ in range(3):
+            net(torch.randn(2, 8)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+        with torch.no_grad():
+            net(torch.randn(2, 8))                               # step 3, never finished
+    path = tmp_path / "run" / "rank-0.arrow"
+    whole = tracer.load(path)
+    start, end = _record_batches(path)[-1]
+    cut = tmp_path / "cut.arrow"
+    cut.write_bytes(path.read_bytes()[: (start + end) // 2])
+    trace = tracer.load(cut)
+    assert not trace.complete and trace.warnings
+    assert len(trace) < len(whole)                     # the cut did lose the last batch's rows
+    finished = [e for e in whole.records() if e["step"] < 3]
+    assert {e["step"] for e in finished} == {0, 1, 2}
+    assert [e for e in trace.records() if e["step"] < 3] == finished
+
+
+def test_the_status_file_says_what_record_config_set(tmp_path):
+    with tracer.trace(tmp_path, clock_sync=False):
+        tracer.record_config(steps=3, tp=2)
+        torch.ones(1).add(1)
+        tracer.record_config(tp=4)
+    status = json.loads((tmp_path / "rank-0.status.json").read_text())
+    assert status["config"] == {"steps": 3, "tp": 4}
+    assert set(status) == {"rank", "pid", "now_ns", "status", "step", "last_event_ns", "events",
+                           "last_collective", "inflight", "failed_collectives", "error", "trace",
+                           "final", "config"}
+    assert status["final"] and status["status"] == "ok" and status["events"] >= 1

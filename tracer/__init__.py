@@ -18,6 +18,7 @@ import contextlib
 
 from . import _active
 from .format import FORMAT_VERSION, TraceError
+from .options import TraceOptions
 from .reader import Trace, load
 
 __all__ = ["trace", "annotate", "step", "record_config", "load", "active", "Trace", "TraceError",
@@ -45,13 +46,14 @@ def trace(out_dir: str, *, steps=None, stack_depth: int = 32, library_frames: bo
         record_shapes / record_stacks / record_modules: turn the costlier context off.
         user_paths: directories whose files count as user code even under site-packages.
         clock_sync: estimate the offset to rank 0's clock at start and end (collective).
-        flush_interval: seconds between flushes to disk (a killed rank loses at most this).
+        flush_interval: seconds between flushes to disk (a killed rank loses at most this);
+            every step boundary flushes too.
     """
     from .session import Session     # torch is imported only to record, not to read
-    return Session(out_dir, steps=steps, stack_depth=stack_depth,
-                   library_frames=library_frames, record_shapes=record_shapes,
-                   record_stacks=record_stacks, record_modules=record_modules,
-                   user_paths=user_paths, clock_sync=clock_sync, flush_interval=flush_interval)
+    return Session(out_dir, TraceOptions(
+        steps=steps, stack_depth=stack_depth, library_frames=library_frames,
+        record_shapes=record_shapes, record_stacks=record_stacks, record_modules=record_modules,
+        user_paths=user_paths, clock_sync=clock_sync, flush_interval=flush_interval))
 
 
 def annotate(label: str, **attrs):

@@ -75,3 +75,31 @@ def estimate_offset(timeout_s: float = 30.0, rounds: int = ROUNDS) -> Optional[C
         return ClockEstimate(t3, t2 - (t1 + t3) // 2, (t3 - t1) // 2, "ping-pong")
     except Exception:   # a rank that died or never came: alignment stays unknown, not fatal
         return None
+
+
+class ClockAlignment:
+    """Runs :func:`estimate_offset` once when the process group appears and once before it goes
+    (or at the end of recording), and says what to add to the trace's metadata."""
+
+    def __init__(self, enabled: bool, timeout_s: float):
+        self.enabled = enabled
+        self.timeout_s = timeout_s
+        self._started = False
+        self._ended = False
+
+    def at_start(self, run) -> dict:
+        """``run(fn, *args)`` calls fn with recording paused (the estimate's own messages are
+        not the user's). Returns the metadata update: ``clock_start``, or nothing."""
+        if not self.enabled or self._started:
+            return {}
+        self._started = True
+        estimate = run(estimate_offset, self.timeout_s)
+        return {"clock_start": estimate.to_json() if estimate else None}
+
+    def at_end(self, run) -> dict:
+        """Metadata update ``clock_end``, once, and only after a start estimate."""
+        if not self.enabled or self._ended or not self._started:
+            return {}
+        self._ended = True
+        estimate = run(estimate_offset, self.timeout_s)
+        return {"clock_end": estimate.to_json() if estimate else None}

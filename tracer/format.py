@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections import namedtuple
 from typing import Optional
 
 import numpy as np
@@ -32,7 +33,9 @@ def _dict(index_type):
     return pa.dictionary(index_type, pa.string())
 
 
-# (name, arrow type). The hot path builds rows in exactly this order (see session.py).
+# (name, arrow type). Rows are tuples in this order. The hot path builds its rows positionally
+# (session.OP_ROW and comm.COMM_ROW name their fields; a test checks them against this); every
+# other row is built by name with make_row().
 COLUMNS = (
     ("t0", pa.int64()),              # start, ns, this rank's monotonic clock
     ("t1", pa.int64()),              # end; for communication the completion (null: never seen)
@@ -59,6 +62,20 @@ COLUMN_NAMES = tuple(name for name, _ in COLUMNS)
 NCOLS = len(COLUMNS)
 DICT_COLUMNS = tuple(name for name, typ in COLUMNS if pa.types.is_dictionary(typ))
 SCHEMA = pa.schema([pa.field(name, typ) for name, typ in COLUMNS])
+# Each column's index in a row, by name: ``row[COL.cid]``.
+COL = namedtuple("ColumnIndex", COLUMN_NAMES)(*range(NCOLS))
+_INDEX = COL._asdict()
+
+
+def make_row(**values) -> tuple:
+    """A full row from column values given by name; the columns not given are null."""
+    row = [None] * NCOLS
+    for name, value in values.items():
+        try:
+            row[_INDEX[name]] = value
+        except KeyError:
+            raise TypeError(f"make_row: no trace column named {name!r}") from None
+    return tuple(row)
 
 
 class TraceError(Exception):

@@ -1,7 +1,8 @@
-"""Recording options that are parsed before anything heavy is imported (trace-run checks them
-before it launches a worker). Torch-free."""
+"""Recording options: the :class:`TraceOptions` record and the ``--steps`` parser, usable before
+anything heavy is imported (trace-run checks them before it launches a worker). Torch-free."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 
@@ -27,3 +28,36 @@ def parse_steps(spec) -> Optional[Callable[[int], bool]]:
         if ranges[-1][0] < 0 or (ranges[-1][1] is not None and ranges[-1][1] < ranges[-1][0]):
             raise ValueError(f"bad step selection {spec!r}: ranges must be ascending, >= 0")
     return lambda step: any(lo <= step and (hi is None or step <= hi) for lo, hi in ranges)
+
+
+@dataclass(frozen=True)
+class TraceOptions:
+    """What :func:`tracer.trace` was asked to record (see its docstring for each option)."""
+
+    steps: Optional[str] = None
+    stack_depth: int = 32
+    library_frames: bool = False
+    record_shapes: bool = True
+    record_stacks: bool = True
+    record_modules: bool = True
+    user_paths: tuple = ()
+    clock_sync: bool = True
+    clock_timeout: float = 20.0
+    flush_interval: float = 0.25
+    auto_step: bool = True
+
+    def __post_init__(self):
+        parse_steps(self.steps)          # a bad selection fails here, before recording starts
+        if self.steps is not None:
+            object.__setattr__(self, "steps", str(self.steps))
+        object.__setattr__(self, "user_paths", tuple(self.user_paths))
+
+    def in_window(self) -> Optional[Callable[[int], bool]]:
+        """Predicate on the step index; None: every step is recorded."""
+        return parse_steps(self.steps)
+
+    def meta(self) -> dict:
+        """The ``options`` object of the trace's metadata (docs/trace-format.md)."""
+        return dict(steps=self.steps, stack_depth=self.stack_depth,
+                    library_frames=self.library_frames, record_shapes=self.record_shapes,
+                    record_stacks=self.record_stacks, record_modules=self.record_modules)

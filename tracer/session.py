@@ -1,32 +1,38 @@
 """The recording session: owns everything recorded for one process and streams it to disk.
 
-The dispatch mode (``_mode.py``) only hands each op to :meth:`Session.on_op`; everything else
-lives here: step windows, phase, module and stack context, annotations, communication
-bookkeeping (process group ranks, bytes, completion times), the background flusher, the live
-status file the watchdog reads, and clock alignment around the process group's life.
+The private dispatch mode (``_mode.py``) hands each op to :meth:`Session.on_op`, the hot path.
+The session keeps the lifecycle (start, the process group's arrival, close), the step windows
+and the flusher that writes queued rows; the rest lives in focused modules: communication
+bookkeeping (comm.py), the patches of torch.distributed (process_group.py), annotation ranges
+(annotations.py), stacks (stacks.py), module paths (modules.py), shape signatures (shapes.py),
+the status file (status.py) and clock alignment (clock.py).
 """
 from __future__ import annotations
 
 import collections
 import importlib
-import json
 import os
 import socket
 import sys
 import threading
 import time
-import weakref
 from typing import Optional
 
 import torch
 import torch.distributed as dist
 
-from . import _active, clock, ops, rundir
+from . import _active, ops, rundir, status
 from ._mode import RecordingMode
-from .format import DICT_COLUMNS, FORMAT_VERSION, TraceWriter, rename
-from .labels import PHASE_BACKWARD, PHASE_FORWARD, PHASE_OTHER, phase_of_attrs
-from .options import parse_steps
+from .annotations import AnnotationStack, Range
+from .clock import ClockAlignment
+from .comm import CommTracker
+from .dictionaries import Dictionaries
+from .format import COL, FORMAT_VERSION, TraceWriter, make_row, rename
+from .labels import PHASE_BACKWARD, PHASE_FORWARD, PHASE_OTHER
 from .modules import ModuleTracker
+from .options import TraceOptions
+from .process_group import patch_process_group
+from .shapes import ShapeSignatures
 from .stacks import StackInterner
 
 _now = time.perf_counter_ns
@@ -39,58 +45,38 @@ except AttributeError:  # pragma: no cover - very old torch: no backward attribu
     def _sequence_nr():
         return 0
 
-# Row layout: indices into format.COLUMNS.
-T1, KIND, CID = 1, 11, 18
+# The columns of the row the hot path builds positionally, in order (a prefix of
+# format.COLUMNS; a collective's row continues with comm.COMM_ROW). A test holds them equal.
+OP_ROW = ("t0", "t1", "op", "phase", "module", "stack", "fwd_stack", "annotation", "step",
+          "thread", "shapes")
 MAX_QUEUE = 200_000          # events held in memory before the hot path flushes itself
 MAX_NODES = 1 << 18          # forward autograd nodes remembered (this and the last window)
-
-class Interner:
-    """Strings -> small ids; ``values`` only grows (the writer relies on it for deltas)."""
-
-    __slots__ = ("ids", "values")
-
-    def __init__(self):
-        self.ids: dict = {}
-        self.values: list = []
-
-    def __call__(self, text: str) -> int:
-        i = self.ids.get(text)
-        if i is None:
-            i = self.ids[text] = len(self.values)
-            self.values.append(text)
-        return i
+# NOTE: each batch costs about half a millisecond and 2 KB however few its rows; steps shorter
+# than this share a flush (their rows still go in batches that end at a step boundary)
+STEP_FLUSH_GAP = 0.05        # seconds: least time between flushes that step boundaries ask for
 
 
 class Session:
     """Records this process into ``out_dir/rank-<R>.arrow``. Use through :func:`tracer.trace`."""
 
-    def __init__(self, out_dir: str, *, steps=None, stack_depth: int = 32,
-                 library_frames: bool = False, record_shapes: bool = True,
-                 record_stacks: bool = True, record_modules: bool = True,
-                 flush_interval: float = 0.25, user_paths=(), clock_sync: bool = True,
-                 clock_timeout: float = 20.0, auto_step: bool = True):
+    def __init__(self, out_dir: str, options: Optional[TraceOptions] = None, **option_values):
         self.out_dir = os.path.abspath(out_dir)
-        self.options = dict(steps=None if steps is None else str(steps), stack_depth=stack_depth,
-                            library_frames=library_frames, record_shapes=record_shapes,
-                            record_stacks=record_stacks, record_modules=record_modules)
-        self._in_window = parse_steps(steps)
-        self._record_shapes = record_shapes
-        self._record_stacks = record_stacks
-        self._record_modules = record_modules
-        self._flush_interval = flush_interval
-        self._clock_sync = clock_sync
-        self._clock_timeout = clock_timeout
-        self._auto_step = auto_step
-        # stack and fwd_stack share the StackInterner (its values go out for both columns)
-        self._interners = {name: Interner() for name in DICT_COLUMNS
-                           if name not in ("stack", "fwd_stack")}
-        self._stacks = StackInterner(stack_depth, library_frames, user_paths)
-        self._op_ids = self._interners["op"]
-        self._modules = ModuleTracker(self._interners["module"])
+        self.options = options if options is not None else TraceOptions(**option_values)
+        opts = self.options
+        self._in_window = opts.in_window()
+        self._record_shapes = opts.record_shapes
+        self._record_stacks = opts.record_stacks
+        self._stacks = StackInterner(opts.stack_depth, opts.library_frames, opts.user_paths)
+        self._dicts = Dictionaries(self._stacks)
+        self._op_ids = self._dicts.op
+        self._modules = ModuleTracker(self._dicts.module)
+        self._shapes = ShapeSignatures(self._dicts.shapes)
+        self._annotations = AnnotationStack(self._dicts.annotation)
         self._queue: collections.deque = collections.deque()
-        self._specs: dict = {}
-        self._threads: dict = {}
-        self._shape_ids: dict = {}
+        self._comm = CommTracker(self._dicts, self._queue.append)
+        self._clock = ClockAlignment(opts.clock_sync, opts.clock_timeout)
+        self._specs: dict = {}             # op overload -> (op id, CommSpec, special)
+        self._threads: dict = {}           # thread ident -> small thread number
         # forward autograd node sequence number -> (stack id, module id), this step and the last
         self._fwd_of_node: dict = {}
         self._fwd_prev: dict = {}
@@ -101,33 +87,17 @@ class Session:
         self._in_optimizer = 0
         self._recording = self._window(0)
         self._paused = 0
-        self._annotations: list = []       # [(label, attrs, phase hint)]
-        self._annotation_id = None
-        self._phase_hint = None
-        self._rf_open: list = []           # open record_function ranges: (entry, t0)
-        # communication
-        self._groups: dict = {}            # group key -> (group id, ranks)
-        self._group_seq: dict = {}
-        self._next_cid = 0
-        self._pending: dict = {}           # cid -> row, collectives launched but not completed
-        self._flushed_pending: set = set()
-        self._funcol: dict = {}            # id(output) -> (weakref, row)
-        self._last_comm: Optional[dict] = None
-        self._comm_lock = threading.Lock()
-        self._write_lock = threading.RLock()
-        self._works: dict = {}             # id(Work) -> (Work, row) until waited or completed
-        self._failed_comms: list = []      # collectives that ended in an error (described)
+        self.config: dict = {}             # everything record_config set
         # process and files
         self.rank, self.world_size = _rank_and_world()
         self._pg_seen = False
-        self._clock_start_done = False
-        self._clock_end_done = False
         self._meta_updates: dict = {}
+        self._write_lock = threading.RLock()
         self._writer: Optional[TraceWriter] = None
         self._mode: Optional[RecordingMode] = None
-        self._hooks: list = []
-        self._patched: list = []
+        self._undo: list = []              # functions that remove hooks and patches
         self._stop = threading.Event()
+        self._wake = threading.Event()     # set: the flusher writes now
         self._flusher: Optional[threading.Thread] = None
         self._last_event_ns = 0
         self.status = "running"
@@ -149,7 +119,7 @@ class Session:
         meta = {
             "format_version": FORMAT_VERSION, "rank": self.rank, "world_size": self.world_size,
             "pid": os.getpid(), "host": socket.gethostname(), "start_ns": _now(),
-            "start_unix": time.time(), "argv": list(sys.argv), "options": self.options,
+            "start_unix": time.time(), "argv": list(sys.argv), "options": self.options.meta(),
             "torch": torch.__version__, "python": sys.version.split()[0],
             "local_rank": _env_int("LOCAL_RANK"), "node_rank": _env_int("GROUP_RANK"),
         }
@@ -157,10 +127,14 @@ class Session:
         # pay that before recording so it does not distort the first step's timeline.
         importlib.import_module("torch._dynamo")
         self._writer = TraceWriter(self.path, meta)
-        self._flush_empty()
+        # an empty first batch makes the file valid at once: a rank killed before its first
+        # flush leaves a readable trace with no events rather than an empty file
+        self._writer.write([], self._dicts.values(), None)
         _active.ACTIVE = self
-        self._modules_install()
-        self._patch_process_group()
+        self._install_hooks()
+        self._undo.append(patch_process_group(on_init=self._on_pg_init,
+                                              on_destroy=self._on_pg_destroy,
+                                              on_work_waited=self._comm.work_waited))
         self._mode = RecordingMode(self.on_op)
         self._mode.__enter__()
         self._flusher = threading.Thread(target=self._flush_loop, name="paratrace-flusher",
@@ -177,7 +151,7 @@ class Session:
         if exc_type is None or (exc_type is SystemExit and exc.code in (0, None)):
             self.status = "ok"
             if dist.is_available() and dist.is_initialized():
-                self._clock_end()
+                self._meta_updates.update(self._clock.at_end(self._paused_call))
         elif issubclass(exc_type, KeyboardInterrupt):
             self.status, self.error = "interrupted", "KeyboardInterrupt"
         else:
@@ -191,27 +165,69 @@ class Session:
         if self._writer is None:
             return
         self._stop.set()
+        self._wake.set()
         if self._flusher is not None and self._flusher is not threading.current_thread():
             self._flusher.join(timeout=10)
-        for undo in self._hooks:
+        for undo in reversed(self._undo):
             undo()
-        self._hooks.clear()
-        self._unpatch_process_group()
+        self._undo.clear()
         self._meta_updates.update({
             "status": self.status, "error": self.error, "end_ns": _now(),
             "end_unix": time.time(), "last_step": self.step_index,
-            "last_collective": self._last_comm,
-            "inflight": [self._describe(r) for r in list(self._pending.values())],
-            "failed_collectives": self._failed_comms,
+            "last_collective": self._comm.last, "inflight": self._comm.inflight(),
+            "failed_collectives": self._comm.failed,
         })
-        self._flush(final=True)
+        self._flush()
         self._stacks.release()
         self._write_status(final=True)
         self._writer.close()
         self._writer = None
 
+    def _install_hooks(self) -> None:
+        from torch.optim.optimizer import (register_optimizer_step_post_hook,
+                                           register_optimizer_step_pre_hook)
+        if self.options.record_modules:
+            self._modules.install()
+            self._undo.append(self._modules.remove)
+        for handle in (register_optimizer_step_pre_hook(self._optimizer_pre),
+                       register_optimizer_step_post_hook(self._optimizer_post)):
+            self._undo.append(handle.remove)
+
+    def _on_pg_init(self) -> None:
+        if self._pg_seen or not (dist.is_available() and dist.is_initialized()):
+            return
+        self._pg_seen = True
+        rank, world = dist.get_rank(), dist.get_world_size()
+        with self._write_lock:
+            if rank != self.rank and self._writer is not None:
+                old_status = self.status_path
+                self.rank = rank
+                rename(self._writer, self.path)
+                if os.path.exists(old_status):
+                    os.remove(old_status)
+            self.rank, self.world_size = rank, world
+        self._meta_updates.update({"rank": rank, "world_size": world,
+                                   "backend": str(dist.get_backend())})
+        self._meta_updates.update(self._clock.at_start(self._paused_call))
+
+    def _on_pg_destroy(self) -> None:
+        if self._writer is not None and dist.is_initialized():
+            self._meta_updates.update(self._clock.at_end(self._paused_call))
+
+    def _paused_call(self, fn, *args):
+        self._paused += 1
+        try:
+            return fn(*args)
+        finally:
+            self._paused -= 1
+
     # ------------------------------------------------------------------ hot path
     def on_op(self, func, args, kwargs):
+        """Run one dispatched op and queue its row (OP_ROW, then COMM_ROW for collectives).
+
+        The hot path: every aten op of the run comes through here, so it reads cached specs,
+        builds one tuple, and leaves everything else to the flusher.
+        """
         if self._step_pending and not self._in_optimizer:
             self._advance_step()
         entry = self._specs.get(func)
@@ -225,8 +241,8 @@ class Session:
             return self._special_op(special, func, args, kwargs, op_id)
         if comm is not None and not self._pg_seen:
             self._on_pg_init()
-        if self._funcol:
-            self._await_async_args(args)
+        if self._comm.funcol:
+            self._comm.await_async_args(args)
         t0 = _now()
         out = func(*args, **kwargs)
         t1 = _now()
@@ -249,8 +265,8 @@ class Session:
                     self._fwd_prev, self._fwd_of_node = self._fwd_of_node, {}
             if self._in_optimizer:
                 phase = PHASE_OTHER
-            elif self._phase_hint is not None:
-                phase = self._phase_hint
+            elif self._annotations.phase_hint is not None:
+                phase = self._annotations.phase_hint
             elif module is not None or _grad_enabled():
                 phase = PHASE_FORWARD
             else:
@@ -266,10 +282,10 @@ class Session:
             stack = self._stacks.capture(sys._getframe(1)) if self._record_stacks else None
         thread = self._thread()
         shapes = self._shapes(args) if self._record_shapes else None
-        row = (t0, t1, op_id, phase, module, stack, fwd_stack, self._annotation_id,
-               self.step_index, thread, shapes)
+        row = (t0, t1, op_id, phase, module, stack, fwd_stack, self._annotations.current,
+               self.step_index, thread, shapes)      # OP_ROW
         if comm is not None:
-            row = self._comm_row(comm, args, out, row)
+            row = self._comm.launch(comm, args, out, row)
         self._queue.append(row)
         self._last_event_ns = t1
         if len(self._queue) > MAX_QUEUE:
@@ -283,223 +299,55 @@ class Session:
             thread = self._threads[ident] = len(self._threads)
         return thread
 
-    def _shapes(self, args):
-        key = []
-        for a in args:
-            if isinstance(a, torch.Tensor):
-                key.append((a.dtype, a.shape))
-            elif isinstance(a, (list, tuple)) and a and isinstance(a[0], torch.Tensor):
-                key.append(tuple((t.dtype, t.shape) for t in a if isinstance(t, torch.Tensor)))
-        key = tuple(key)
-        sid = self._shape_ids.get(key)
-        if sid is None:
-            sid = self._shape_ids[key] = self._interners["shapes"](_shape_text(key))
-        return sid
-
-    # ------------------------------------------------------------------ communication
-    def _group(self, comm, args):
-        arg = args[comm.group_arg] if comm.group_arg is not None and comm.group_arg < len(args) \
-            else None
-        key = arg if isinstance(arg, str) else getattr(arg, "_paratrace_key", None)
-        if comm.api == "c10d" and arg is not None:
-            pg = torch._C._distributed_c10d.ProcessGroup.unbox(arg) \
-                if isinstance(arg, torch.ScriptObject) else arg
-            key = pg.group_name
-        else:
-            pg = None
-        cached = self._groups.get(key)
-        if cached is None:
-            ranks = ()
-            try:
-                if pg is None and isinstance(arg, str):
-                    from torch.distributed.distributed_c10d import _resolve_process_group
-                    pg = _resolve_process_group(arg)
-                if pg is not None:
-                    ranks = tuple(dist.get_process_group_ranks(pg))
-            except Exception:
-                ranks = ()
-            gid = self._interners["group"](",".join(map(str, ranks)) if ranks else f"?{key}")
-            cached = self._groups[key] = (gid, ranks)
-        return cached
-
-    def _comm_row(self, comm, args, out, base):
-        gid, ranks = self._group(comm, args)
-        peer = None
-        if comm.peer_arg is not None and comm.peer_arg < len(args):
-            local = args[comm.peer_arg]
-            if isinstance(local, int):
-                peer = ranks[local] if 0 <= local < len(ranks) else local
-        nbytes, dtype = 0, None
-        if comm.input_arg is not None and comm.input_arg < len(args):
-            nbytes, dtype = _tensor_bytes(args[comm.input_arg])
-        async_op = None
-        if comm.async_arg is not None:
-            # NOTE: the dispatcher drops trailing arguments left at their default (async_op
-            # defaults to True in the c10d schemas), so a missing flag means the default
-            async_op = bool(args[comm.async_arg]) if comm.async_arg < len(args) \
-                else comm.async_default
-        elif comm.api == "functional":
-            async_op = True
-        seq = self._group_seq.get(gid, 0)
-        self._group_seq[gid] = seq + 1
-        cid = self._next_cid
-        self._next_cid += 1
-        row = list(base)
-        t_ret = row[T1]
-        row[T1] = None
-        row += [self._interners["kind"](comm.kind), gid, peer, nbytes,
-                None if dtype is None else self._interners["dtype"](dtype), async_op, seq, cid,
-                t_ret]
-        self._pending[cid] = row
-        self._last_comm = {"kind": comm.kind, "group": list(ranks), "seq": seq, "peer": peer,
-                           "bytes": nbytes, "t0": row[0], "step": row[8]}
-        if comm.api == "c10d":
-            work = out[-1] if isinstance(out, (tuple, list)) else out
-            self._track_work(work, row)
-        else:
-            try:
-                self._funcol[id(out)] = (weakref.ref(out), row)
-            except TypeError:
-                self._complete(row, t_ret)
-        return row
-
-    def _track_work(self, work, row) -> None:
-        """Completion of a c10d collective: its future's callback, else the end of its wait()."""
-        try:
-            if isinstance(work, torch.ScriptObject):
-                work = torch._C._distributed_c10d.Work.unbox(work)
-        except Exception:
-            self._complete(row, row[-1])
-            return
-        # NOTE: gloo's send/recv works have no future, and waiting on them from a second thread
-        # deadlocks; their completion is taken at the end of the caller's own wait() (patched).
-        self._works[id(work)] = (work, row)
-        try:
-            fut = work.get_future()
-        except Exception:
-            return
-        fut.add_done_callback(lambda f, row=row, key=id(work): self._future_done(f, row, key))
-
-    def _future_done(self, fut, row, key) -> None:
-        t = _now()
-        self._works.pop(key, None)
-        try:
-            fut.value()
-        except Exception as exc:   # e.g. a peer died: the collective never completed
-            self._comm_failed(row, exc)
-            return
-        self._complete(row, t)
-
-    def _comm_failed(self, row, exc) -> None:
-        """A collective that ended in an error keeps no end time; the error goes to the meta."""
-        with self._comm_lock:
-            if self._pending.pop(row[CID], None) is None:
-                return
-            self._flushed_pending.discard(row[CID])
-            failure = self._describe(row)
-            first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-            failure["error"] = f"{type(exc).__name__}: {first_line}"[:500]
-            self._failed_comms.append(failure)
-
-    def _work_waited(self, work) -> None:
-        item = self._works.pop(id(work), None)
-        if item is not None and item[0] is work:
-            self._complete(item[1], _now())
-
-    def _complete(self, row, t) -> None:
-        with self._comm_lock:
-            cid = row[CID]
-            if self._pending.pop(cid, None) is None:
-                return
-            if cid in self._flushed_pending:
-                self._flushed_pending.discard(cid)
-                done = [t, t, self._op_ids(ops.OP_COMPLETE), row[3], None, None, None, None,
-                        row[8], row[9], None] + [None] * 7 + [cid, None]
-                self._queue.append(tuple(done))
-            else:
-                row[T1] = t
-
-    def _await_async_args(self, args) -> None:
-        """An op about to consume an AsyncCollectiveTensor waits for it first: time that wait."""
-        for a in args:
-            if type(a).__name__ != "AsyncCollectiveTensor":
-                continue
-            row = self._funcol_take(a)
-            if row is not None:
-                a.trigger_wait()
-                self._complete(row, _now())
-
-    def _funcol_take(self, tensor):
-        """The pending functional collective whose output ``tensor`` is (or wraps), or None."""
-        target = getattr(tensor, "elem", tensor) \
-            if type(tensor).__name__ == "AsyncCollectiveTensor" else tensor
-        item = self._funcol.get(id(target))
-        if item is None or item[0]() is not target:
-            return None
-        del self._funcol[id(target)]
-        return item[1]
-
     def _special_op(self, special, func, args, kwargs, op_id):
+        """Waits of functional collectives and record_function ranges."""
         if special == ops.WAIT:
             t0 = _now()
             out = func(*args, **kwargs)
             t1 = _now()
-            pending = self._funcol_take(args[0] if args else kwargs.get("tensor"))
+            pending = self._comm.funcol_take(args[0] if args else kwargs.get("tensor"))
             cid = None
             if pending is not None:
-                cid = pending[CID]
-                self._complete(pending, t1)
+                cid = pending[COL.cid]
+                self._comm.complete(pending, t1)
             stack = self._stacks.capture(sys._getframe(1)) if self._record_stacks else None
             module = self._modules.current
-            row = (t0, t1, op_id, PHASE_BACKWARD if _current_node() is not None else
-                   (self._phase_hint if self._phase_hint is not None else PHASE_FORWARD),
-                   None if module < 0 else module, stack, None, self._annotation_id,
-                   self.step_index, self._thread(), None) + (None,) * 7 + (cid, None)
-            self._queue.append(row)
+            hint = self._annotations.phase_hint
+            phase = PHASE_BACKWARD if _current_node() is not None else \
+                (hint if hint is not None else PHASE_FORWARD)
+            self._queue.append(make_row(
+                t0=t0, t1=t1, op=op_id, phase=phase, module=None if module < 0 else module,
+                stack=stack, annotation=self._annotations.current, step=self.step_index,
+                thread=self._thread(), cid=cid))
             return out
         out = func(*args, **kwargs)
         if special == ops.RF_ENTER:
             name = args[0] if args else kwargs.get("name", "?")
-            entry = self._push_annotation(str(name), {"source": "record_function"})
-            self._rf_open.append((entry, _now()))
-        elif special == ops.RF_EXIT and self._rf_open:
-            # NOTE: the handle's Python wrapper differs between enter and exit, so ranges are
-            # matched LIFO, as `with record_function(...)` nests them.
-            self._pop_annotation(*self._rf_open.pop())
+            entry = self._annotations.push(str(name), {"source": "record_function"})
+            self._annotations.open_record_function(entry, _now())
+        elif special == ops.RF_EXIT:
+            opened = self._annotations.close_record_function()
+            if opened is not None:
+                self.close_range(*opened)
         return out
 
     # ------------------------------------------------------------------ annotations & steps
-    def _push_annotation(self, label: str, attrs: dict):
-        hint = phase_of_attrs(label, attrs)
-        entry = (label, attrs, hint)
-        self._annotations.append(entry)
-        self._refresh_annotation()
-        return entry
+    def annotate(self, label: str, attrs: dict) -> Range:
+        return Range(self, label, attrs)
 
-    def _pop_annotation(self, entry, t0: int) -> None:
+    def open_range(self, label: str, attrs: dict) -> tuple:
+        return self._annotations.push(label, attrs)
+
+    def close_range(self, entry: tuple, t0: int) -> None:
+        """Record the range (with itself in its annotation) and close it."""
         if self._recording and not self._paused:
-            row = (t0, _now(), self._op_ids(ops.OP_ANNOTATION), self._phase_hint
-                   if self._phase_hint is not None else PHASE_OTHER, None, None, None,
-                   self._annotation_id, self.step_index, self._thread(), None)
-            self._queue.append(row)
-        for i in range(len(self._annotations) - 1, -1, -1):
-            if self._annotations[i] is entry:
-                del self._annotations[i]
-                break
-        self._refresh_annotation()
-
-    def _refresh_annotation(self) -> None:
-        if not self._annotations:
-            self._annotation_id, self._phase_hint = None, None
-            return
-        payload = [dict({"label": label}, **attrs) for label, attrs, _ in self._annotations]
-        self._annotation_id = self._interners["annotation"](
-            json.dumps(payload, separators=(",", ":"), default=str))
-        self._phase_hint = next((h for _, _, h in reversed(self._annotations) if h is not None),
-                                None)
-
-    def annotate(self, label: str, attrs: dict) -> "_Range":
-        return _Range(self, label, attrs)
+            hint = self._annotations.phase_hint
+            self._queue.append(make_row(
+                t0=t0, t1=_now(), op=self._op_ids(ops.OP_ANNOTATION),
+                phase=hint if hint is not None else PHASE_OTHER,
+                annotation=self._annotations.current, step=self.step_index,
+                thread=self._thread()))
+        self._annotations.pop(entry)
 
     def step(self) -> None:
         self._explicit_steps = True
@@ -513,8 +361,10 @@ class Session:
         self._recording = self._window(self.step_index)
         if self._recording:
             t = _now()
-            self._queue.append((t, t, self._op_ids(ops.OP_STEP), PHASE_OTHER, None, None, None,
-                                None, self.step_index, self._thread(), None))
+            marker = make_row(t0=t, t1=t, op=self._op_ids(ops.OP_STEP), phase=PHASE_OTHER,
+                              step=self.step_index, thread=self._thread())
+            self._queue.append(marker)
+        self._wake.set()     # the finished step goes to disk now, not at the next interval
 
     def _window(self, step: int) -> bool:
         return self._in_window is None or self._in_window(step)
@@ -524,180 +374,70 @@ class Session:
 
     def _optimizer_post(self, optimizer, args, kwargs) -> None:
         self._in_optimizer = max(0, self._in_optimizer - 1)
-        if self._auto_step and not self._explicit_steps:
+        if self.options.auto_step and not self._explicit_steps:
             self._step_pending = True   # applied at the next op outside an optimizer step
 
     def record_config(self, values: dict) -> None:
+        self.config.update(values)
         config = dict(self._meta_updates.get("config") or {})
         config.update(values)
         self._meta_updates["config"] = config
 
-    # ------------------------------------------------------------------ hooks & process group
-    def _modules_install(self) -> None:
-        from torch.optim.optimizer import (register_optimizer_step_post_hook,
-                                           register_optimizer_step_pre_hook)
-        if self._record_modules:
-            self._modules.install()
-            self._hooks.append(self._modules.remove)
-        for handle in (register_optimizer_step_pre_hook(self._optimizer_pre),
-                       register_optimizer_step_post_hook(self._optimizer_post)):
-            self._hooks.append(handle.remove)
-
-    def _patch_process_group(self) -> None:
-        if not dist.is_available():
-            return
-        import torch.distributed.distributed_c10d as c10d
-        session = self
-        original_init, original_destroy = c10d.init_process_group, c10d.destroy_process_group
-
-        def init_process_group(*args, **kwargs):
-            result = original_init(*args, **kwargs)
-            session._on_pg_init()
-            return result
-
-        def destroy_process_group(group=None):
-            if group is None or group is c10d.GroupMember.WORLD:
-                session._on_pg_destroy()
-            return original_destroy(group)
-
-        work_type = torch._C._distributed_c10d.Work
-        original_wait = work_type.wait
-
-        def wait(work, *args, **kwargs):
-            result = original_wait(work, *args, **kwargs)
-            if session._works:
-                session._work_waited(work)
-            return result
-
-        work_type.wait = wait
-        self._patched.append((work_type, "wait", original_wait))
-        for module in (c10d, dist):
-            for name, new, old in (("init_process_group", init_process_group, original_init),
-                                   ("destroy_process_group", destroy_process_group,
-                                    original_destroy)):
-                if getattr(module, name, None) is old:
-                    setattr(module, name, new)
-                    self._patched.append((module, name, old))
-
-    def _unpatch_process_group(self) -> None:
-        for module, name, old in self._patched:
-            setattr(module, name, old)
-        self._patched.clear()
-
-    def _on_pg_init(self) -> None:
-        if self._pg_seen or not (dist.is_available() and dist.is_initialized()):
-            return
-        self._pg_seen = True
-        rank, world = dist.get_rank(), dist.get_world_size()
-        with self._write_lock:
-            if rank != self.rank and self._writer is not None:
-                old_status = self.status_path
-                self.rank = rank
-                rename(self._writer, self.path)
-                if os.path.exists(old_status):
-                    os.remove(old_status)
-            self.rank, self.world_size = rank, world
-        self._meta_updates.update({"rank": rank, "world_size": world,
-                                   "backend": str(dist.get_backend())})
-        if self._clock_sync and not self._clock_start_done:
-            self._clock_start_done = True
-            estimate = self._paused_call(clock.estimate_offset, self._clock_timeout)
-            self._meta_updates["clock_start"] = estimate.to_json() if estimate else None
-
-    def _on_pg_destroy(self) -> None:
-        if self._writer is not None and dist.is_initialized():
-            self._clock_end()
-
-    def _clock_end(self) -> None:
-        if self._clock_sync and not self._clock_end_done and self._clock_start_done:
-            self._clock_end_done = True
-            estimate = self._paused_call(clock.estimate_offset, self._clock_timeout)
-            self._meta_updates["clock_end"] = estimate.to_json() if estimate else None
-
-    def _paused_call(self, fn, *args):
-        self._paused += 1
-        try:
-            return fn(*args)
-        finally:
-            self._paused -= 1
-
     # ------------------------------------------------------------------ flushing & status
     def _flush_loop(self) -> None:
-        while not self._stop.wait(self._flush_interval):
+        interval = self.options.flush_interval
+        gap = min(interval, STEP_FLUSH_GAP)
+        last = time.monotonic()
+        while not self._stop.is_set():
+            if self._wake.wait(interval):          # a step ended: flush, but not too often
+                self._stop.wait(max(0.0, last + gap - time.monotonic()))
+            self._wake.clear()
+            if self._stop.is_set():
+                break                   # close() writes the rest
+            last = time.monotonic()
             try:
                 self._flush()
                 self._write_status()
             except Exception as exc:  # never let the flusher kill the run; report at close
                 self.error = self.error or f"paratrace flusher: {exc}"
 
-    def _flush(self, final: bool = False) -> None:
+    def _flush(self) -> None:
         with self._write_lock:
             if self._writer is None:
                 return
             queue = self._queue
             rows = [queue.popleft() for _ in range(len(queue))]
-            with self._comm_lock:
-                for i, row in enumerate(rows):
-                    if type(row) is list:
-                        if row[T1] is None:
-                            self._flushed_pending.add(row[CID])
-                        rows[i] = tuple(row)
+            with self._comm.lock:
+                self._comm.freeze(rows)
             meta, self._meta_updates = self._meta_updates, {}
             if not rows and not meta:
                 return
-            self._writer.write(rows, self._dictionaries(), meta or None)
-
-    def _flush_empty(self) -> None:
-        # an empty first batch makes the file valid at once: a rank killed before its first
-        # flush leaves a readable trace with no events rather than an empty file
-        self._writer.write([], self._dictionaries(), None)
-
-    def _dictionaries(self) -> dict:
-        dictionaries = {name: interner.values for name, interner in self._interners.items()}
-        dictionaries["stack"] = dictionaries["fwd_stack"] = self._stacks.values
-        return dictionaries
-
-    def _describe(self, row) -> dict:
-        kinds = self._interners["kind"].values
-        groups = self._interners["group"].values
-        return {"kind": kinds[row[KIND]], "group": groups[row[KIND + 1]], "seq": row[17],
-                "peer": row[13], "bytes": row[14], "t0": row[0], "step": row[8]}
+            dictionaries = self._dicts.values()
+            # NOTE: the rows of finished steps go in a batch of their own: a file cut short in
+            # its last batch (a crash while writing, a truncated copy) keeps every finished step
+            split = _last_step_marker(rows, self._op_ids(ops.OP_STEP))
+            if split > 0:
+                self._writer.write(rows[:split], dictionaries)
+                rows = rows[split:]
+            self._writer.write(rows, dictionaries, meta or None)
 
     def _write_status(self, final: bool = False) -> None:
-        status = {
-            "rank": self.rank, "pid": os.getpid(), "now_ns": _now(), "status": self.status,
-            "step": self.step_index, "last_event_ns": self._last_event_ns,
-            "events": self._writer.events if self._writer else None,
-            "last_collective": self._last_comm,
-            "inflight": [self._describe(r) for r in list(self._pending.values())],
-            "failed_collectives": list(self._failed_comms), "error": self.error,
-            "trace": self.path, "final": final,
-        }
-        tmp = self.status_path + ".tmp"
-        try:
-            with open(tmp, "w") as fh:
-                json.dump(status, fh)
-            os.replace(tmp, self.status_path)
-        except OSError:
-            pass
+        status.write_status(
+            self.status_path, rank=self.rank, status=self.status, step=self.step_index,
+            last_event_ns=self._last_event_ns,
+            events=self._writer.events if self._writer else None,
+            last_collective=self._comm.last, inflight=self._comm.inflight(),
+            failed_collectives=self._comm.failed, error=self.error, trace=self.path,
+            final=final, config=self.config)
 
 
-class _Range:
-    """One annotation range; a context manager and a decorator."""
-
-    __slots__ = ("session", "label", "attrs", "entry", "t0")
-
-    def __init__(self, session, label, attrs):
-        self.session, self.label, self.attrs = session, label, attrs
-
-    def __enter__(self):
-        self.t0 = _now()
-        self.entry = self.session._push_annotation(self.label, self.attrs)
-        return self
-
-    def __exit__(self, *exc):
-        self.session._pop_annotation(self.entry, self.t0)
-        return False
+def _last_step_marker(rows: list, step_op: int) -> int:
+    """Position of the last step marker in ``rows``, or -1."""
+    op = COL.op
+    for i in range(len(rows) - 1, -1, -1):
+        if rows[i][op] == step_op:
+            return i
+    return -1
 
 
 def _rank_and_world():
@@ -711,31 +451,3 @@ def _env_int(name: str) -> Optional[int]:
         return int(os.environ[name])
     except (KeyError, ValueError):
         return None
-
-
-def _tensor_bytes(value):
-    """Total bytes and dtype name of a tensor or (nested) list of tensors."""
-    if isinstance(value, torch.Tensor):
-        return value.numel() * value.element_size(), ops.dtype_name(value.dtype)
-    total, dtype = 0, None
-    if isinstance(value, (list, tuple)):
-        for item in value:
-            nbytes, dt = _tensor_bytes(item)
-            total += nbytes
-            dtype = dtype or dt
-    return total, dtype
-
-
-def _shape_text(key) -> str:
-    def one(item):
-        dtype, shape = item
-        return f"{ops.dtype_name(dtype)}[{','.join(map(str, shape))}]"
-    parts = []
-    for item in key:
-        if item and isinstance(item[0], tuple):
-            parts.append("[" + ",".join(one(t) for t in item) + "]")
-        elif item:
-            parts.append(one(item))
-        else:
-            parts.append("[]")
-    return " ".join(parts)

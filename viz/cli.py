@@ -61,8 +61,8 @@ def problem_lines(analysis, most: int = 5) -> list:
     for ranks, found in cut.items():
         who = f"rank{'s' if len(ranks) != 1 else ''} {','.join(map(str, ranks))}"
         lines.append(f"{who}: the trace ends before {len(found)} collective(s) the other ranks "
-                     f"issued (from #{found[0].seq} of group [{found[0].group}]): the rank died "
-                     "within a flush of the recorder, so they are not compared")
+                     f"issued (from #{found[0].seq} of group [{found[0].group}]): the rank was "
+                     "killed or its trace cut short, so they are not compared")
     return lines + analysis.damage()
 
 

@@ -1,0 +1,60 @@
+"""The recorder's patches of torch.distributed, kept apart so the recorder never grows
+monkey-patching: ``init_process_group`` (rank, world size and clock alignment become known),
+``destroy_process_group`` (the last chance to align clocks) and ``Work.wait`` (the completion of
+works that have no future, such as gloo's send/recv)."""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+
+def patch_process_group(*, on_init: Callable[[], None], on_destroy: Callable[[], None],
+                        on_work_waited: Callable[[object], None]) -> Callable[[], None]:
+    """Install the patches; returns the function that removes them.
+
+    ``on_init`` runs after a process group was created, ``on_destroy`` before the default group
+    is destroyed, ``on_work_waited(work)`` after every ``Work.wait()`` returned.
+    """
+    if not dist.is_available():
+        return lambda: None
+    import torch.distributed.distributed_c10d as c10d
+    patched = []
+    original_init, original_destroy = c10d.init_process_group, c10d.destroy_process_group
+
+    def init_process_group(*args, **kwargs):
+        result = original_init(*args, **kwargs)
+        on_init()
+        return result
+
+    def destroy_process_group(group=None):
+        if group is None or group is c10d.GroupMember.WORLD:
+            on_destroy()
+        return original_destroy(group)
+
+    work_type = torch._C._distributed_c10d.Work
+    original_wait = work_type.wait
+
+    def wait(work, *args, **kwargs):
+        result = original_wait(work, *args, **kwargs)
+        on_work_waited(work)
+        return result
+
+    work_type.wait = wait
+    patched.append((work_type, "wait", original_wait))
+    # NOTE: torch.distributed re-exports both functions: patch each binding that is the original
+    for module in (c10d, dist):
+        for name, new, old in (("init_process_group", init_process_group, original_init),
+                               ("destroy_process_group", destroy_process_group,
+                                original_destroy)):
+            if getattr(module, name, None) is old:
+                setattr(module, name, new)
+                patched.append((module, name, old))
+
+    def unpatch() -> None:
+        for owner, name, old in patched:
+            setattr(owner, name, old)
+        patched.clear()
+
+    return unpatch
