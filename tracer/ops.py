@@ -44,7 +44,8 @@ _PEER_ARGS = ("dstRank", "srcRank", "root_rank", "dst", "src", "root")
 OP_COMPLETE = "paratrace::complete"     # completion of a collective flushed before it finished
 OP_ANNOTATION = "paratrace::annotation"  # one tracer.annotate / record_function range
 OP_STEP = "paratrace::step"              # a step boundary
-PSEUDO_OPS = (OP_COMPLETE, OP_ANNOTATION, OP_STEP)
+OP_PG_INIT = "paratrace::init_process_group"   # torch.distributed.init_process_group's call
+PSEUDO_OPS = (OP_COMPLETE, OP_ANNOTATION, OP_STEP, OP_PG_INIT)
 
 RF_ENTER = "rf_enter"
 RF_EXIT = "rf_exit"

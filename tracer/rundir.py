@@ -5,6 +5,7 @@ the watchdog read them.
     DIR/node.json                   multi-node: what this node learned at start (gather)
     DIR/summary.json, index.html    the report (viz)
     DIR/traces/rank-<R>.arrow       one trace per rank (tracer.format)
+    DIR/traces/rank-<R>.device.arrow   its GPU activity, on CUDA (tracer.device_format)
     DIR/traces/rank-<R>.status.json the recorder's live status (tracer.status)
     DIR/traces/rank-<R>.stack.txt   Python stacks dumped on a hang (instrument.bootstrap)
 
@@ -23,8 +24,8 @@ NODE_RECORD = "node.json"
 SUMMARY = "summary.json"
 INDEX = "index.html"
 
-TRACE_EXT, STATUS_EXT, STACK_EXT = "arrow", "status.json", "stack.txt"
-RANK_FILE = re.compile(r"^rank-(\d+)\.(arrow|status\.json|stack\.txt)$")
+TRACE_EXT, DEVICE_EXT, STATUS_EXT, STACK_EXT = "arrow", "device.arrow", "status.json", "stack.txt"
+RANK_FILE = re.compile(r"^rank-(\d+)\.(arrow|device\.arrow|status\.json|stack\.txt)$")
 
 
 def rank_file(rank: int, ext: str = TRACE_EXT) -> str:
@@ -34,6 +35,10 @@ def rank_file(rank: int, ext: str = TRACE_EXT) -> str:
 
 def trace_file(traces_dir: str, rank: int) -> str:
     return os.path.join(traces_dir, rank_file(rank, TRACE_EXT))
+
+
+def device_file(traces_dir: str, rank: int) -> str:
+    return os.path.join(traces_dir, rank_file(rank, DEVICE_EXT))
 
 
 def status_file(traces_dir: str, rank: int) -> str:

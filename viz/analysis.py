@@ -83,9 +83,12 @@ class RunAnalysis:
         return lines
 
 
-def analyse(run: Run, engine: Optional[Engine] = None) -> RunAnalysis:
+def analyse(run: Run, engine: Optional[Engine] = None, kineto: Optional[dict] = None
+            ) -> RunAnalysis:
     """Analyse every rank of ``run`` (see the module docstring) on ``engine`` (default: this
-    process). Raises RunError when no trace is readable."""
+    process); ``kineto``: rank -> torch.profiler exports to merge into its GPU activity.
+    Raises RunError when no trace is readable."""
+    kineto = kineto or {}
     engine = engine or Engine(jobs=1)
     engine.plan(run.files)
     ranks = sorted(run.files)
@@ -97,7 +100,8 @@ def analyse(run: Run, engine: Optional[Engine] = None) -> RunAnalysis:
     budget = max(DRAWN_OPS // len(run.files), 1_000)
     readable = sorted(endpoints)
     analysed, late = _split(readable, engine.map(analyse_rank_file, [
-        (run.files[r], r, send_ends.get(r, {}), budget) for r in readable]))
+        (run.files[r], r, send_ends.get(r, {}), budget, tuple(kineto.get(r, ())))
+        for r in readable]))
     analysis = _reduce(run, analysed, {**unreadable, **late}, links)
     _path_modules(analysis, engine)
     return analysis

@@ -25,11 +25,12 @@ def _stderr(prog: str) -> Callable[[str], None]:
 
 def build(run_dir: str, out_dir: Optional[str] = None, *,
           warn: Optional[Callable[[str], None]] = None, jobs: Optional[int] = None,
-          dask: Optional[str] = None) -> tuple:
+          dask: Optional[str] = None, kineto: tuple = ()) -> tuple:
     """Analyse the run in ``run_dir`` and write summary.json and the report into ``out_dir``
     (default: ``run_dir``). Returns (index.html's path, the analysis). Each damaged or missing
     trace goes to ``warn`` as one line; the per-rank work runs in ``jobs`` processes (default:
-    one per core) or on the Dask scheduler at ``dask``. Raises viz.run.RunError."""
+    one per core) or on the Dask scheduler at ``dask``; ``kineto``: torch.profiler exports
+    (``[R=]FILE``) to merge. Raises viz.run.RunError or tracer.kineto.KinetoError."""
     from .analysis import analyse
     from .engine import Engine
     from .report import build_report
@@ -38,8 +39,9 @@ def build(run_dir: str, out_dir: Optional[str] = None, *,
     run = open_run(run_dir)
     out_dir = out_dir or run_dir
     _check_writable(out_dir)
+    exports = kineto_ranks(kineto, run)
     with Engine(jobs, dask) as engine:
-        analysis = analyse(run, engine)
+        analysis = analyse(run, engine, exports)
     for line in problem_lines(analysis):
         (warn or _stderr("trace-report"))(line)
     summary = build_summary(analysis)
@@ -66,6 +68,32 @@ def problem_lines(analysis, most: int = 5) -> list:
     return lines + analysis.damage()
 
 
+def kineto_ranks(entries, run) -> dict:
+    """rank -> exports, from ``[R=]FILE`` entries: the rank given, else the export's
+    distributedInfo.rank, else the only rank of a one-rank run."""
+    from tracer.kineto import rank_of_export
+
+    from .run import RunError
+    out: dict = {}
+    for entry in entries:
+        head, sep, tail = entry.partition("=")
+        path, rank = (tail, int(head)) if sep and head.isdigit() else (entry, None)
+        if not os.path.isfile(path):
+            raise RunError(f"--kineto {path}: no such file")
+        if rank is None:
+            rank = rank_of_export(path)
+        if rank is None:
+            if len(run.files) != 1:
+                raise RunError(f"--kineto {path}: the export does not say its rank "
+                               f"(distributedInfo.rank) and the run has {len(run.files)} "
+                               f"ranks: give it as R={path}")
+            rank = next(iter(run.files))
+        if rank not in run.files:
+            raise RunError(f"--kineto {path}: rank {rank} has no trace in {run.dir}")
+        out.setdefault(rank, []).append(path)
+    return out
+
+
 def _check_writable(path: str) -> None:
     from .run import RunError
     try:
@@ -85,9 +113,10 @@ def _fail(prog: str, message: str) -> int:
 def _errors() -> tuple:
     """The exceptions that mean bad input (one-line messages), not bugs."""
     from tracer import TraceError
+    from tracer.kineto import KinetoError
 
     from .run import RunError        # RenderError (graphviz missing or failing) is a RunError
-    return RunError, TraceError, OSError
+    return RunError, TraceError, KinetoError, OSError
 
 
 def _print(text: str) -> None:
@@ -141,11 +170,14 @@ def report_main(argv=None) -> int:
     parser.add_argument("run_dir", help="a trace-run output directory (or a directory of "
                         "rank-<R>.arrow files)")
     parser.add_argument("--out", help="where to write the report (default: RUN_DIR)")
+    parser.add_argument("--kineto", nargs="+", default=[], metavar="[R=]FILE",
+                        help="torch.profiler Chrome-trace exports (.json or .json.gz) to merge "
+                        "as GPU time: rank R's, or the rank its distributedInfo names")
     _engine_options(parser)
     args = parser.parse_args(argv)
     try:
         index, analysis = build(args.run_dir, args.out, warn=_stderr(parser.prog),
-                                jobs=args.jobs, dask=args.dask)
+                                jobs=args.jobs, dask=args.dask, kineto=args.kineto)
     except _errors() as exc:
         return _fail(parser.prog, _message(exc))
     _print(index)

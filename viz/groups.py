@@ -133,8 +133,9 @@ def _group_rows(columns: list) -> tuple:
     return inverse.reshape(-1), first
 
 
-def op_groups(trace) -> list:
-    """One rank's ops and collectives aggregated into :class:`OpGroup` s (pseudo-ops dropped)."""
+def op_groups(trace, durations: Optional[np.ndarray] = None) -> list:
+    """One rank's ops and collectives aggregated into :class:`OpGroup` s (pseudo-ops dropped).
+    Each event weighs its host interval, or ``durations[row]`` when given (device time)."""
     if len(trace) == 0:
         return []
     op_names = trace.dictionary("op")
@@ -145,8 +146,11 @@ def op_groups(trace) -> list:
     keys = ("stack", "fwd_stack", "op", "phase", "shapes", "module")
     cols = {name: trace.col(name)[rows] for name in keys}
     inverse, first = _group_rows([cols[name] for name in keys])
-    t0, t1 = trace.col("t0")[rows], trace.col("t1")[rows]
-    duration = np.where(t1 >= 0, t1 - t0, 0).clip(min=0)
+    if durations is not None:
+        duration = np.asarray(durations)[rows].clip(min=0)
+    else:
+        t0, t1 = trace.col("t0")[rows], trace.col("t1")[rows]
+        duration = np.where(t1 >= 0, t1 - t0, 0).clip(min=0)
     nbytes = trace.col("bytes")[rows].clip(min=0)
     counts = np.bincount(inverse)
     times = np.bincount(inverse, weights=duration)

@@ -8,16 +8,22 @@ the other, or in worker processes, with one trace in memory at a time. Cross-ran
 """
 from __future__ import annotations
 
+import os
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import Optional
 
 import numpy as np
 
-from tracer import Trace
+from tracer import Trace, rundir
 from tracer import load as load_trace
+from tracer.device_format import read_device
+from tracer.kineto import DeviceRecords, load_chrome_trace
 from tracer.labels import PHASES
 from tracer.ops import PSEUDO_OPS, group_ranks
 
+from .device import attribute
+from .device_lanes import on_device
 from .groups import op_groups
 from .intervals import Prefix
 from .timeline import DRAWN_OPS, RankLanes, RankRows, p2p_endpoints, rank_lanes
@@ -38,6 +44,7 @@ class RankAnalysis:
     comm: list                    # summary.json's comm rows: kind, phase, group, count, bytes
     lanes: RankLanes
     last_op: dict = field(default_factory=dict)   # what the rank did last (failed ranks)
+    device: Optional[dict] = None # GPU activity: summary.json's device object
 
     @property
     def status(self) -> str:
@@ -54,21 +61,49 @@ def p2p_of_file(path: str, rank: int) -> list:
     return p2p_endpoints(RankRows(load_trace(path), rank))
 
 
-def analyse_rank_file(path: str, rank: int, send_ends: dict,
-                      op_budget: int = DRAWN_OPS) -> RankAnalysis:
-    """Load and analyse one rank's trace (raises tracer.TraceError if unreadable)."""
-    return analyse_rank(load_trace(path), rank, send_ends, op_budget)
+def analyse_rank_file(path: str, rank: int, send_ends: dict, op_budget: int = DRAWN_OPS,
+                      kineto: tuple = ()) -> RankAnalysis:
+    """Load and analyse one rank's trace with its GPU activity: the device file beside it and
+    any torch.profiler exports given (raises tracer.TraceError if unreadable)."""
+    trace = load_trace(path)
+    records, warnings = device_records(path, rank, kineto)
+    analysis = analyse_rank(trace, rank, send_ends, op_budget, records)
+    analysis.warnings += warnings
+    return analysis
 
 
-def analyse_rank(trace: Trace, rank: int, send_ends: dict,
-                 op_budget: int = DRAWN_OPS) -> RankAnalysis:
+def device_records(path: str, rank: int, kineto: tuple = ()) -> tuple:
+    """(DeviceRecords or None, warnings): the rank's device file beside its trace ``path``,
+    and the torch.profiler exports given for it."""
+    records, warnings = None, []
+    device = rundir.device_file(os.path.dirname(path), rank)
+    if os.path.exists(device):
+        records, _, problem = read_device(device)
+        if problem:
+            warnings.append(f"{device}: {problem}; those are used")
+    for export in kineto:           # a bad export raises KinetoError: bad input, not a bad rank
+        more = load_chrome_trace(export)
+        records = more if records is None else records.concat(more)
+    return records, warnings
+
+
+def analyse_rank(trace: Trace, rank: int, send_ends: dict, op_budget: int = DRAWN_OPS,
+                 records: Optional[DeviceRecords] = None) -> RankAnalysis:
     """``send_ends``: the rank's send rows -> their matched receives' completions
-    (viz.timeline.match_p2p); ``op_budget``: individual ops kept for drawing."""
+    (viz.timeline.match_p2p); ``op_budget``: individual ops kept for drawing; ``records``: its
+    GPU activity, which puts every time on the device clock."""
+    dev = attribute(trace, records) if records is not None and len(records) else None
+    rows = RankRows(trace, rank)
+    # NOTE: on the device a send ends with its NCCL kernel: no receive completion to borrow
+    lanes = rank_lanes(rows, send_ends if dev is None else {}, op_budget)
+    if dev is not None:
+        lanes = on_device(lanes, rows, dev)
     return RankAnalysis(
         rank=rank, path=trace.path, meta=trace.meta, warnings=list(trace.warnings),
-        events=len(trace), steps=recorded_steps(trace), groups=op_groups(trace),
-        op_counts=op_counts(trace), comm=comm_rows(trace),
-        lanes=rank_lanes(RankRows(trace, rank), send_ends, op_budget), last_op=last_op(trace))
+        events=len(trace), steps=recorded_steps(trace),
+        groups=op_groups(trace, None if dev is None else dev.row_ns),
+        op_counts=op_counts(trace), comm=comm_rows(trace), lanes=lanes, last_op=last_op(trace),
+        device=None if dev is None else dev.summary(trace.dictionary("op"), trace.col("op")))
 
 
 @dataclass

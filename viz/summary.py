@@ -27,9 +27,12 @@ def build_summary(analysis: RunAnalysis) -> dict:
         mine = analysis.ranks.get(rank)
         if mine is not None:
             metrics = analysis.metrics.get(rank)
+            time = metrics.to_json() if metrics else {k: None for k in TIME_KEYS}
+            time["clock"] = mine.lanes.clock
             entry.update(events=mine.events, op_counts=mine.op_counts, comm=mine.comm,
-                         time=metrics.to_json() if metrics else {k: None for k in TIME_KEYS},
-                         clock_error_ns=mine.lanes.clock_error_ns, steps=mine.steps)
+                         time=time, clock_error_ns=mine.lanes.clock_error_ns, steps=mine.steps)
+            if mine.device is not None:
+                entry["device"] = mine.device
             if mine.warnings:
                 entry["warnings"] = mine.warnings
         else:

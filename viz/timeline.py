@@ -113,6 +113,23 @@ class RankLanes:
     inferred_passes: list = field(default_factory=list)   # from the P2P order, when unnamed
     recorded_until: int = 0    # the last event's time: what happened later is not in the trace
     closed: bool = True        # the recorder closed the trace (the rank was not killed)
+    clock: str = "host"        # "device": compute, comm, passes and steps are GPU time
+    host_compute: Optional[np.ndarray] = None   # on the device clock: what the host did
+    device: Optional["DeviceLane"] = None       # on the device clock: the GPU activities
+
+
+@dataclass
+class DeviceLane:
+    """A rank's GPU activities on rank 0's clock, for drawing (streams) and flows (launches)."""
+
+    start: np.ndarray
+    end: np.ndarray
+    stream: np.ndarray
+    name: np.ndarray           # codes into names
+    names: list
+    launch: np.ndarray         # when the host launched each (rank 0's clock), -1 unknown
+    comm: np.ndarray           # bool: part of a collective (NCCL kernel or its copies)
+    hidden: int = 0            # activities not kept for drawing
 
 
 @dataclass

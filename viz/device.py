@@ -1,0 +1,207 @@
+"""Device time: each GPU activity placed on the host clock and attributed to the event that
+launched it.
+
+On a GPU the host only launches: an aten op's host interval says when it was queued, not when
+it ran. CUPTI's records (:mod:`tracer.kineto`) say when each kernel, memcpy and memset ran, and
+which runtime or driver call launched it (the correlation id). Attribution:
+
+1. CUPTI times are Unix nanoseconds; the trace's clock pairs (``clock_pairs``, or its start
+   time for traces written before them) map them onto the rank's own clock.
+2. A launch belongs to the recorded event (aten op, collective, ``init_process_group``) whose
+   host interval holds it, on the launching thread when the trace says which host thread is
+   which (``threads``), else on any.
+3. Launches inside process-group setup of a trace that recorded no event for it (the window
+   from the trace's start to its first clock alignment) go to ``c10d.init_process_group``.
+4. A launch between two events on its thread (host work no aten op covers: ``torch.tensor``'s
+   host-to-device copy, NCCL's copies after a collective returned) goes to the nearer of the
+   two, and is counted apart.
+
+Each activity follows its launch. The result, :class:`DeviceTime`, gives every row of the trace
+its device time (call-graph weights, module and op times), the activities on the rank's clock
+(lanes per stream, compute and communication on the device) and the summary counts.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+from tracer import ops as _ops
+from tracer.kineto import KINDS, DeviceRecords
+
+SETUP = -2                    # attributed to process-group setup (no row records it)
+UNATTRIBUTED = -1
+SETUP_OP = "c10d.init_process_group"
+NCCL_PREFIXES = ("ncclDevKernel", "ncclKernel", "void ncclDevKernel", "void ncclKernel")
+
+
+@dataclass
+class DeviceTime:
+    """One rank's GPU activity, attributed. Times are on the rank's own host clock (ns)."""
+
+    start: np.ndarray             # activity start / end
+    end: np.ndarray
+    stream: np.ndarray
+    device: np.ndarray
+    kind: np.ndarray              # codes of tracer.kineto.KINDS
+    name: np.ndarray              # codes into names
+    names: list
+    row: np.ndarray               # trace row of the launching event, SETUP or UNATTRIBUTED
+    how: np.ndarray               # 0 inside an event, 1 setup, 2 between events, -1 none
+    launch: np.ndarray            # when its launch call started (-1: no launch record)
+    row_ns: np.ndarray            # per trace row: device time of the activities it launched
+
+    def __len__(self) -> int:
+        return len(self.start)
+
+    @property
+    def is_nccl(self) -> np.ndarray:
+        nccl = np.array([n.startswith(NCCL_PREFIXES) for n in self.names] + [False])
+        return nccl[self.name]
+
+    def summary(self, op_names: list, op_codes: np.ndarray) -> dict:
+        """summary.json's ``device`` object of the rank."""
+        attributed = self.row != UNATTRIBUTED
+        by_op: dict = {}
+        dur = (self.end - self.start).astype(np.float64)
+        rows = self.row[attributed & (self.row >= 0)]
+        if len(rows):
+            per_code = np.bincount(op_codes[rows], weights=dur[attributed & (self.row >= 0)],
+                                   minlength=len(op_names))
+            by_op = {op_names[i]: s / 1e9 for i, s in enumerate(per_code.tolist()) if s > 0}
+        setup = float(dur[self.row == SETUP].sum())
+        if setup > 0:
+            by_op[SETUP_OP] = by_op.get(SETUP_OP, 0.0) + setup / 1e9
+        return {"activities": int(len(self)), "attributed": int(attributed.sum()),
+                "attributed_by": {"inside_an_event": int((self.how == 0).sum()),
+                                  "process_group_setup": int((self.how == 1).sum()),
+                                  "between_events": int((self.how == 2).sum())},
+                "busy_s": busy_ns(self.start, self.end) / 1e9,
+                "by_op": dict(sorted(by_op.items(), key=lambda kv: -kv[1]))}
+
+
+def busy_ns(start: np.ndarray, end: np.ndarray) -> int:
+    """Length of the union of intervals."""
+    if not len(start):
+        return 0
+    order = np.argsort(start, kind="stable")
+    s, e = start[order], end[order]
+    reach = np.maximum.accumulate(e)
+    new = np.ones(len(s), bool)
+    new[1:] = s[1:] > reach[:-1]
+    first = np.nonzero(new)[0]
+    last = np.append(first[1:] - 1, len(s) - 1)
+    return int((reach[last] - s[first]).sum())
+
+
+def to_local(trace, unix_ns: np.ndarray) -> np.ndarray:
+    """Unix ns -> the rank's own clock, through its clock pairs: the offset between the two
+    clocks drifts linearly from the first pair to the last (one pair: a constant offset)."""
+    pairs = trace.meta.get("clock_pairs") or []
+    if not pairs and trace.meta.get("start_unix") is not None:
+        pairs = [{"perf_ns": int(trace.meta["start_ns"]),
+                  "unix_ns": int(round(float(trace.meta["start_unix"]) * 1e9))}]
+    if not pairs:
+        raise ValueError(f"{trace.path}: no clock pairs: device times cannot be placed")
+    u = np.asarray(unix_ns, dtype=np.int64)
+    first, last = pairs[0], pairs[-1]
+    off0 = first["unix_ns"] - first["perf_ns"]
+    off1 = last["unix_ns"] - last["perf_ns"]
+    span = last["unix_ns"] - first["unix_ns"]
+    if span <= 0:
+        return u - off0
+    drift = (off1 - off0) * ((u - first["unix_ns"]).astype(np.float64) / span)
+    return u - off0 - np.round(drift).astype(np.int64)
+
+
+def attribute(trace, records: DeviceRecords) -> Optional[DeviceTime]:
+    """Attribute ``records`` (one rank's) to the rows of ``trace``; None without activity."""
+    activity = ~records.is_launch
+    if not activity.any():
+        return None
+    launches = records.is_launch
+    local_launch = to_local(trace, records.start[launches])
+    launch_row, launch_how = _launch_rows(trace, local_launch, records.tid[launches])
+    by_corr = dict(zip(records.corr[launches].tolist(), zip(
+        launch_row.tolist(), launch_how.tolist(), local_launch.tolist())))
+    found = [by_corr.get(c, (UNATTRIBUTED, -1, -1)) for c in records.corr[activity].tolist()]
+    row = np.array([f[0] for f in found], dtype=np.int64)
+    how = np.array([f[1] for f in found], dtype=np.int64)
+    launch = np.array([f[2] for f in found], dtype=np.int64)
+    start = to_local(trace, records.start[activity])
+    end = to_local(trace, records.end[activity])
+    row_ns = np.zeros(len(trace), dtype=np.int64)
+    real = row >= 0
+    np.add.at(row_ns, row[real], (end - start)[real])
+    return DeviceTime(start, end, records.stream[activity], records.device[activity],
+                      records.kind[activity], records.name[activity], records.names, row, how,
+                      launch, row_ns)
+
+
+def _launch_rows(trace, t: np.ndarray, tid: np.ndarray) -> tuple:
+    """(row, how) of each launch time (rank clock) and Kineto thread id."""
+    op = trace.col("op")
+    pseudo = [trace.code("op", n) for n in _ops.PSEUDO_OPS if n != _ops.OP_PG_INIT]
+    events = np.nonzero(~np.isin(op, pseudo))[0]
+    t0, t1, t_ret = trace.col("t0"), trace.col("t1"), trace.col("t_ret")
+    # a collective launches during its call (t0 to its return), not until its completion
+    end = np.where(t_ret >= 0, t_ret, np.where(t1 >= 0, t1, t0))
+    thread = trace.col("thread")
+    idents = {int(k): int(v) & 0xFFFFFFFF for k, v in (trace.meta.get("threads") or {}).items()}
+    row = np.full(len(t), UNATTRIBUTED, dtype=np.int64)
+    how = np.full(len(t), -1, dtype=np.int64)
+    groups = [(events, np.ones(len(t), bool))]
+    if idents:     # same-thread attribution first, then any thread for the rest
+        groups = [(events[thread[events] == k], tid == ident) for k, ident in idents.items()] \
+            + groups
+    for rows, which in groups:
+        todo = which & (row == UNATTRIBUTED)
+        if not todo.any() or not len(rows):
+            continue
+        rows = rows[np.argsort(t0[rows], kind="stable")]
+        starts, ends = t0[rows], np.maximum.accumulate(end[rows])
+        j = np.searchsorted(starts, t[todo], side="right") - 1
+        inside = (j >= 0) & (ends[np.maximum(j, 0)] >= t[todo])
+        # the innermost event holding t: the latest-started whose own end is past t
+        k = np.where(inside, j, -1)
+        for n in np.nonzero(inside)[0].tolist():
+            while k[n] >= 0 and end[rows[k[n]]] < t[todo][n]:
+                k[n] -= 1
+        chosen = np.where(k >= 0, rows[np.maximum(k, 0)], UNATTRIBUTED)
+        idx = np.nonzero(todo)[0]
+        row[idx] = chosen
+        how[idx] = np.where(chosen >= 0, 0, -1)
+    _setup(trace, t, row, how)
+    _between(events, t0, end, t, row, how)
+    return row, how
+
+
+def _setup(trace, t: np.ndarray, row: np.ndarray, how: np.ndarray) -> None:
+    """Launches in process-group setup, for traces that recorded no event for it: from the
+    trace's start to its first clock alignment (taken as init_process_group returns)."""
+    start, aligned = trace.meta.get("start_ns"), (trace.meta.get("clock_start") or {}).get("at_ns")
+    if start is None or aligned is None or trace.code("op", _ops.OP_PG_INIT) >= 0:
+        return
+    mask = (row == UNATTRIBUTED) & (t >= start) & (t <= aligned)
+    row[mask], how[mask] = SETUP, 1
+
+
+def _between(events: np.ndarray, t0, end, t: np.ndarray, row, how) -> None:
+    """Launches between two events go to the nearer one."""
+    todo = np.nonzero(row == UNATTRIBUTED)[0]
+    if not len(todo) or not len(events):
+        return
+    rows = events[np.argsort(t0[events], kind="stable")]
+    starts, ends = t0[rows], end[rows]
+    j = np.searchsorted(starts, t[todo], side="right") - 1
+    for n, k in zip(todo.tolist(), j.tolist()):
+        if k < 0 or k + 1 >= len(rows):
+            continue                 # before the first event or after the last: not between
+        before, after = t[n] - ends[k], starts[k + 1] - t[n]
+        row[n] = rows[k] if before <= after else rows[k + 1]
+        how[n] = 2
+
+
+def kind_names(kind: np.ndarray) -> list:
+    return [KINDS[k] for k in kind.tolist()]

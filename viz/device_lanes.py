@@ -1,0 +1,109 @@
+"""One rank's lanes on the device clock: what the GPU did, where CUPTI says it did it.
+
+:func:`on_device` turns a rank's host lanes (:func:`viz.timeline.rank_lanes`) and its
+attributed GPU activity (:mod:`viz.device`) into lanes every metric reads the same way:
+
+- compute: the union of the activities that are not communication;
+- communication: each collective or P2P op spans its NCCL kernels and the copies issued inside
+  it (host launch to completion when it launched nothing on the GPU, as with gloo);
+- passes: each F/B/W pass spans the GPU work its ops launched;
+- steps: step s starts when its first GPU work starts (its host boundary when it has none);
+- the host's own compute is kept (``host_compute``) for drawing beside the device.
+
+Overlap, exposed communication, idle time and bubbles (:mod:`viz.metrics`) then come out in
+device time. All times on rank 0's clock.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from .device import SETUP, DeviceTime
+from .intervals import intervals, union
+from .timeline import DeviceLane, Pass, RankLanes, RankRows
+
+DRAWN_ACTIVITIES = 100_000      # per rank: GPU activities kept for the Chrome trace
+
+
+def on_device(lanes: RankLanes, rows: RankRows, dev: DeviceTime) -> RankLanes:
+    """The lanes of ``rows``' rank in device time (see the module docstring)."""
+    offset = rows.trace.clock_offset
+    start = dev.start + offset(dev.start)
+    end = dev.end + offset(dev.end)
+    launch = np.where(dev.launch >= 0, dev.launch + offset(np.maximum(dev.launch, 0)), -1)
+    comm_rows = np.zeros(len(rows.t0) + 1, bool)
+    comm_rows[[c.index for c in lanes.comm]] = True
+    row = np.where(dev.row >= 0, dev.row, len(rows.t0))
+    is_comm = comm_rows[row] | dev.is_nccl
+    spans = _comm_spans(lanes.comm, row, start, end)
+    step_of = np.where(dev.row >= 0, rows.step[np.maximum(dev.row, 0)], 0)
+    step_of = np.where(dev.row == SETUP, 0, step_of)
+    steps = _step_windows(lanes.steps, step_of, start, end)
+    keep = _drawn(len(start))
+    return dataclasses.replace(
+        lanes, clock="device", host_compute=lanes.compute,
+        compute=union(intervals(start[~is_comm], end[~is_comm])), comm=spans,
+        comm_union=union(intervals([c.start for c in spans], [c.end for c in spans])),
+        passes=_passes(lanes.passes, rows, dev.row, start, end),
+        inferred_passes=_passes(lanes.inferred_passes, rows, dev.row, start, end),
+        steps=steps,
+        device=DeviceLane(start[keep], end[keep], dev.stream[keep], dev.name[keep], dev.names,
+                          launch[keep], is_comm[keep], hidden=int(len(start) - keep.sum())))
+
+
+def _comm_spans(comm: list, row: np.ndarray, start: np.ndarray, end: np.ndarray) -> list:
+    """Each collective over the GPU work it launched (its host span when it launched none)."""
+    order = np.argsort(row, kind="stable")
+    rows, first = np.unique(row[order], return_index=True)
+    last = np.append(first[1:], len(order))
+    lo = {int(r): int(start[order[a:b]].min()) for r, a, b in zip(rows, first, last)}
+    hi = {int(r): int(end[order[a:b]].max()) for r, a, b in zip(rows, first, last)}
+    out = []
+    for c in comm:
+        if c.index in lo:
+            c = dataclasses.replace(c, start=lo[c.index], end=hi[c.index], capped=False)
+        out.append(c)
+    return sorted(out, key=lambda c: c.start)
+
+
+def _step_windows(host: dict, step_of: np.ndarray, start: np.ndarray, end: np.ndarray) -> dict:
+    """Step s from the start of its first GPU work to the next step's start; the last step to
+    the end of its GPU work (host bounds where a step launched nothing)."""
+    first = {s: int(start[step_of == s].min()) for s in host if (step_of == s).any()}
+    last = {s: int(end[step_of == s].max()) for s in host if (step_of == s).any()}
+    keys = sorted(host)
+    out = {}
+    for i, s in enumerate(keys):
+        lo = first.get(s, host[s][0])
+        hi = first.get(keys[i + 1], host[keys[i + 1]][0]) if i + 1 < len(keys) \
+            else max(last.get(s, host[s][1]), lo)
+        if hi > lo:
+            out[s] = (lo, hi)
+    return out
+
+
+def _passes(passes: list, rows: RankRows, row: np.ndarray, start: np.ndarray,
+            end: np.ndarray) -> list:
+    """Each pass over the GPU work its ops launched (the ops whose host start lies in it)."""
+    if not passes:
+        return []
+    launched = row >= 0
+    host_t = rows.t0[row[launched]]
+    order = np.argsort(host_t, kind="stable")
+    host_t = host_t[order]
+    a, b = start[launched][order], end[launched][order]
+    out = []
+    for p in passes:
+        i, j = np.searchsorted(host_t, [p.start, p.end], side="left")
+        if j > i:
+            p = Pass(p.rank, p.step, p.kind, p.microbatch, p.chunk, int(a[i:j].min()),
+                     int(b[i:j].max()), p.source)
+        out.append(p)
+    return sorted(out, key=lambda p: p.start)
+
+
+def _drawn(n: int) -> np.ndarray:
+    keep = np.zeros(n, bool)
+    keep[:DRAWN_ACTIVITIES] = True
+    return keep
