@@ -160,3 +160,29 @@ def test_nccl_overlap_and_exposed_communication_on_the_device_clock(tmp_path):
     (span,) = analysis.timeline.ranks[0].comm
     assert (span.start - r.t(0), span.end - r.t(0)) == (20 * U, 90 * U)
     assert Path(path).exists()
+
+
+def test_chrome_trace_has_gpu_streams_and_launch_flows(fixture_run, tmp_path):
+    from viz.report import write_timeline
+    analysis = analyse(open_run(str(fixture_run)), kineto={0: (str(KINETO),)})
+    files = write_timeline(analysis, str(tmp_path))
+    data = json.loads((tmp_path / files["chrome_trace"]).read_text())
+    events = data["traceEvents"]
+    streams = {e["args"]["name"] for e in events if e["name"] == "thread_name"
+               and e["args"]["name"].startswith("GPU stream")}
+    assert streams == {"GPU stream 7", "GPU stream 14"}   # compute, and NCCL setup's
+    gpu = [e for e in events if e.get("cat") in ("gpu", "gpu_comm")]
+    assert len(gpu) == 1666
+    slices: dict = {}
+    for e in events:
+        if e["ph"] == "X":
+            slices.setdefault((e["pid"], e["tid"]), []).append((e["ts"], e["ts"] + e["dur"]))
+    starts = {e["id"]: e for e in events if e["ph"] == "s" and e["cat"] == "launch"}
+    ends = {e["id"]: e for e in events if e["ph"] == "f" and e["cat"] == "launch"}
+    assert len(starts) == len(ends) > 1000
+    for flow_id, s in starts.items():           # each arrow leaves an op, lands on its kernel
+        f = ends[flow_id]
+        assert any(a <= s["ts"] <= b for a, b in slices[(s["pid"], s["tid"])])
+        assert any(a <= f["ts"] <= b for a, b in slices[(f["pid"], f["tid"])])
+        assert s["ts"] <= f["ts"] + 1e-3
+    assert data["otherData"]["clock"] == {"0": "device"}

@@ -32,6 +32,7 @@ def on_device(lanes: RankLanes, rows: RankRows, dev: DeviceTime) -> RankLanes:
     start = dev.start + offset(dev.start)
     end = dev.end + offset(dev.end)
     launch = np.where(dev.launch >= 0, dev.launch + offset(np.maximum(dev.launch, 0)), -1)
+    thread = np.where(dev.row >= 0, rows.thread[np.maximum(dev.row, 0)], -1)
     comm_rows = np.zeros(len(rows.t0) + 1, bool)
     comm_rows[[c.index for c in lanes.comm]] = True
     row = np.where(dev.row >= 0, dev.row, len(rows.t0))
@@ -49,7 +50,8 @@ def on_device(lanes: RankLanes, rows: RankRows, dev: DeviceTime) -> RankLanes:
         inferred_passes=_passes(lanes.inferred_passes, rows, dev.row, start, end),
         steps=steps,
         device=DeviceLane(start[keep], end[keep], dev.stream[keep], dev.name[keep], dev.names,
-                          launch[keep], is_comm[keep], hidden=int(len(start) - keep.sum())))
+                          launch[keep], thread[keep], is_comm[keep],
+                          hidden=int(len(start) - keep.sum())))
 
 
 def _comm_spans(comm: list, row: np.ndarray, start: np.ndarray, end: np.ndarray) -> list:

@@ -128,6 +128,7 @@ class DeviceLane:
     name: np.ndarray           # codes into names
     names: list
     launch: np.ndarray         # when the host launched each (rank 0's clock), -1 unknown
+    thread: np.ndarray         # the launching event's recording thread, -1 unknown
     comm: np.ndarray           # bool: part of a collective (NCCL kernel or its copies)
     hidden: int = 0            # activities not kept for drawing
 

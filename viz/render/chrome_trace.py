@@ -8,6 +8,7 @@ from the first event of the run, on rank 0's clock. Only draws what viz.timeline
 """
 from __future__ import annotations
 
+import bisect
 import io
 import json
 
@@ -16,6 +17,7 @@ from ..timeline import Timeline
 _PASS_TID = 0
 _OPS_TID = 1          # + recording thread number
 _COMM_TID = 1000      # + comm lane
+_GPU_TID = 2000       # + CUDA stream
 
 
 def _lane_of(spans: list) -> list:
@@ -74,11 +76,47 @@ def write(timeline: Timeline, fh) -> None:
                     "tid": send[0], "ts": us(send[1])})
         out.append({"ph": "f", "bp": "e", "id": n, "name": "p2p", "cat": "p2p", "pid": link.dst,
                     "tid": recv[0], "ts": us(max(recv[1], recv[2] - 1))})
+    flows = len(timeline.links)
+    for rank, lane in sorted(timeline.ranks.items()):
+        if lane.device is not None:
+            flows = _gpu(rank, lane, us, out, fh, base, flows)
     hidden = {str(r): lane.hidden_ops for r, lane in timeline.ranks.items() if lane.hidden_ops}
-    other = {"generator": "paratrace", "config": timeline.config,
-             "ops_not_drawn": hidden}
+    other = {"generator": "paratrace", "config": timeline.config, "ops_not_drawn": hidden,
+             "clock": {str(r): lane.clock for r, lane in timeline.ranks.items()},
+             "gpu_activities_not_drawn": {str(r): lane.device.hidden
+                                          for r, lane in timeline.ranks.items()
+                                          if lane.device is not None and lane.device.hidden}}
     fh.write(",".join(json.dumps(e, separators=(",", ":")) for e in out))
     fh.write(f'],"displayTimeUnit":"ms","otherData":{json.dumps(other, separators=(",", ":"))}}}')
+
+
+def _gpu(rank: int, lane, us, out: list, fh, base: int, flow_id: int) -> int:
+    """GPU tracks of one rank, a thread per CUDA stream, and a flow arrow from each launch to
+    its activity when the launching op is drawn. Returns the next flow id."""
+    dev = lane.device
+    for stream in sorted(set(dev.stream.tolist())):
+        out.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": _GPU_TID + stream,
+                    "args": {"name": f"GPU stream {stream}"}})
+    names = [json.dumps(n) for n in dev.names]
+    fh.write("".join(
+        f'{{"ph":"X","name":{names[code]},"cat":"{"gpu_comm" if comm else "gpu"}","pid":{rank},'
+        f'"tid":{_GPU_TID + stream},"ts":{(a - base) / 1e3:.3f},"dur":{(b - a) / 1e3:.3f}}},'
+        for a, b, stream, code, comm in zip(dev.start.tolist(), dev.end.tolist(),
+                                            dev.stream.tolist(), dev.name.tolist(),
+                                            dev.comm.tolist())))
+    drawn = sorted(zip(lane.op_start.tolist(), lane.op_end.tolist(), lane.op_thread.tolist()))
+    starts = [d[0] for d in drawn]
+    for a, launch, thread, stream in zip(dev.start.tolist(), dev.launch.tolist(),
+                                         dev.thread.tolist(), dev.stream.tolist()):
+        i = bisect.bisect_right(starts, launch) - 1
+        if launch < 0 or i < 0 or drawn[i][1] < launch or drawn[i][2] != thread:
+            continue
+        out.append({"ph": "s", "id": flow_id, "name": "launch", "cat": "launch", "pid": rank,
+                    "tid": _OPS_TID + thread, "ts": us(launch)})
+        out.append({"ph": "f", "bp": "e", "id": flow_id, "name": "launch", "cat": "launch",
+                    "pid": rank, "tid": _GPU_TID + stream, "ts": us(a)})
+        flow_id += 1
+    return flow_id
 
 
 def _process(rank: int, lane, us, where: dict) -> list:
