@@ -23,7 +23,8 @@ from .engine import Engine
 from .metrics import metrics_of
 from .rank import analyse_rank_file, count_rank_file, p2p_of_file, path_modules_file
 from .run import Run, RunError
-from .timeline import DRAWN_OPS, Timeline, assemble, match_p2p
+from .lanes import Timeline
+from .timeline import DRAWN_OPS, assemble, match_p2p
 
 
 @dataclass

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .crossrank import P2P, CrossRank
-from .timeline import RankLanes, Timeline, counted_steps
+from .lanes import RankLanes, Timeline, counted_steps
 
 COMPUTE, WAIT, TRANSFER, COMM, IDLE = "compute", "wait", "transfer", "comm", "idle"
 _MAX_SEGMENTS = 100_000          # per step: a bound against a malformed trace, never reached

@@ -32,7 +32,7 @@ from typing import Optional
 
 from tracer.ops import group_ranks
 
-from .timeline import Timeline
+from .lanes import Timeline
 
 P2P = ("send", "recv")
 _UNSIZED = ("barrier",)

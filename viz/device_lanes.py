@@ -21,7 +21,8 @@ import numpy as np
 
 from .device import SETUP, DeviceTime
 from .intervals import intervals, union
-from .timeline import DeviceLane, Pass, RankLanes, RankRows
+from .lanes import DeviceLane, Pass, RankLanes
+from .timeline import RankRows
 
 DRAWN_ACTIVITIES = 100_000      # per rank: GPU activities kept for the Chrome trace
 

@@ -17,7 +17,7 @@ import numpy as np
 
 from .intervals import Prefix, intersect, intervals, length, union, window
 from .replay import replayed_bubbles
-from .timeline import Pass, RankLanes, Timeline, counted_steps
+from .lanes import Pass, RankLanes, Timeline, counted_steps
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ import numpy as np
 
 from tracer.labels import PHASE_BACKWARD, PHASE_FORWARD, pass_of
 
-from .timeline import Pass
+from .lanes import Pass
 
 
 def annotation_spans(rows) -> tuple:

@@ -26,7 +26,8 @@ from .device import attribute
 from .device_lanes import on_device
 from .groups import op_groups
 from .intervals import Prefix
-from .timeline import DRAWN_OPS, RankLanes, RankRows, p2p_endpoints, rank_lanes
+from .lanes import RankLanes
+from .timeline import DRAWN_OPS, RankRows, p2p_endpoints, rank_lanes
 
 
 @dataclass

@@ -15,7 +15,7 @@ from typing import Optional
 
 import numpy as np
 
-from .timeline import Pass, Timeline
+from .lanes import Pass, Timeline
 
 
 def replayed_bubbles(timeline: Timeline, passes: dict, sends: dict, compute: dict) -> dict:

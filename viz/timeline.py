@@ -15,14 +15,13 @@ nanoseconds on rank 0's clock (``Trace.global_times``).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Optional
-
 import numpy as np
 
 from tracer import ops as _ops
 
 from .intervals import intervals, union
+from .lanes import CommSpan, P2PEnd, P2PLink, RankLanes, Timeline, counted_steps
+from .passes import annotation_spans, infer_passes
 
 # A gap between two ops of one thread longer than this is idle, not host overhead: Python,
 # autograd and the tracer take microseconds to a few ms between ops, even on a loaded machine.
@@ -31,124 +30,6 @@ IDLE_GAP_NS = 50_000_000
 # steps first, until the budget is spent. Every measure uses all ops; the trace keeps them all.
 DRAWN_OPS = 400_000
 _WAIT_OPS = ("_c10d_functional.wait_tensor.default", "c10d_functional.wait_tensor.default")
-
-
-# ---------------------------------------------------------------------------- records
-@dataclass(frozen=True)
-class Pass:
-    """One F, B or W pass of one micro-batch through one model chunk on one rank."""
-
-    rank: int
-    step: int
-    kind: str                  # "F" | "B" | "W"
-    microbatch: Optional[int]
-    chunk: int
-    start: int
-    end: int
-    source: str                # "annotation" | "record_function" | "inferred"
-
-
-@dataclass(frozen=True)
-class CommSpan:
-    """One collective or P2P operation: launch to (effective) completion."""
-
-    rank: int
-    index: int                 # row in the rank's trace
-    kind: str
-    step: int
-    start: int
-    end: int
-    peer: Optional[int]
-    group: str
-    nbytes: int
-    completed: bool            # False: never completed; ``end`` is the end of the recording
-    capped: bool = False       # a send whose end was moved to its matched recv's completion
-    seq: Optional[int] = None  # per-group sequence number (matching across ranks)
-    dtype: Optional[str] = None
-    site: Optional[tuple] = None   # innermost user frame that issued it (viz.groups.Frame)
-
-
-@dataclass(frozen=True)
-class P2PEnd:
-    """One send or receive of a rank, as :func:`match_p2p` needs it."""
-
-    group: str
-    src: int
-    dst: int
-    is_recv: bool
-    index: int                 # row in its rank's trace
-    end: int                   # completion on rank 0's clock, -1 if never completed
-
-
-@dataclass(frozen=True)
-class P2PLink:
-    """A send matched with the receive that consumed it (for flows and send completion)."""
-
-    src: int
-    src_index: int             # CommSpan.index on the sender
-    dst: int
-    dst_index: int
-
-
-@dataclass
-class RankLanes:
-    """Everything drawn and measured for one rank. Interval arrays are (n, 2) int64, disjoint."""
-
-    rank: int
-    compute: np.ndarray        # busy computing: aten ops plus host time between them
-    comm: list                 # CommSpan, in launch order
-    comm_union: np.ndarray
-    passes: list               # Pass, in start order
-    steps: dict                # step -> (start, end), steps with a non-empty window
-    closed_steps: frozenset    # steps whose end is the next step's boundary marker
-    op_start: np.ndarray       # individual compute ops (for the Chrome trace)
-    op_end: np.ndarray
-    op_name: np.ndarray        # codes into op_names
-    op_thread: np.ndarray
-    op_names: list
-    hidden_ops: int            # compute ops not kept for drawing (DRAWN_OPS)
-    annotations: list          # (start, end, label, depth) of non-pass annotations
-    pipeline_group: tuple      # ranks this rank exchanges pipeline messages with (itself too)
-    clock_error_ns: Optional[int]
-    inferred_passes: list = field(default_factory=list)   # from the P2P order, when unnamed
-    recorded_until: int = 0    # the last event's time: what happened later is not in the trace
-    closed: bool = True        # the recorder closed the trace (the rank was not killed)
-    clock: str = "host"        # "device": compute, comm, passes and steps are GPU time
-    host_compute: Optional[np.ndarray] = None   # on the device clock: what the host did
-    device: Optional["DeviceLane"] = None       # on the device clock: the GPU activities
-
-
-@dataclass
-class DeviceLane:
-    """A rank's GPU activities on rank 0's clock, for drawing (streams) and flows (launches)."""
-
-    start: np.ndarray
-    end: np.ndarray
-    stream: np.ndarray
-    name: np.ndarray           # codes into names
-    names: list
-    launch: np.ndarray         # when the host launched each (rank 0's clock), -1 unknown
-    thread: np.ndarray         # the launching event's recording thread, -1 unknown
-    comm: np.ndarray           # bool: part of a collective (NCCL kernel or its copies)
-    hidden: int = 0            # activities not kept for drawing
-
-
-@dataclass
-class Timeline:
-    """Every rank's lanes on one clock."""
-
-    ranks: dict                # rank -> RankLanes
-    links: list                # P2PLink
-    config: dict
-    origin: int                # earliest time of any counted step (drawing origin)
-
-
-def counted_steps(lane: RankLanes) -> list:
-    """Steps the totals sum: the complete ones (closed by the next step's boundary) except step
-    0, which runs from the start of the recording and carries one-off setup (model
-    construction, allocator warm-up). With none such, every step counts."""
-    keys = sorted(lane.steps)
-    return [s for s in keys if s in lane.closed_steps and s != 0] or keys
 
 
 # ---------------------------------------------------------------------------- one rank
@@ -220,8 +101,6 @@ def match_p2p(endpoints: dict) -> tuple:
 def rank_lanes(rows: RankRows, send_ends: dict, op_budget: int = DRAWN_OPS) -> RankLanes:
     """One rank's lanes; ``send_ends``: send row -> its matched receive's completion;
     ``op_budget``: individual ops kept for drawing."""
-    from .passes import annotation_spans, infer_passes
-
     comm = _comm_spans(rows, send_ends)
     steps, closed = _step_windows(rows)
     passes, others = annotation_spans(rows)

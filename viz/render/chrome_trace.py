@@ -12,7 +12,7 @@ import bisect
 import io
 import json
 
-from ..timeline import Timeline
+from ..lanes import Timeline
 
 _PASS_TID = 0
 _OPS_TID = 1          # + recording thread number

@@ -1,0 +1,107 @@
+"""The code's shape, checked: imports flow one way (no cycles; reading traces and analysing
+them never imports torch or the recorder's hot path), modules stay focused."""
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import networkx as nx
+
+REPO = Path(__file__).resolve().parent.parent
+PACKAGES = ("tracer", "instrument", "viz", "sample_runs")
+MAX_MODULE_LINES = 450
+MAX_FUNCTION_LINES = 80
+# Documented exceptions: the recorder's hot path is one function on purpose (every call
+# costs on every op).
+LONG_FUNCTIONS = {("tracer/session.py", "on_op")}
+
+
+def modules() -> dict:
+    """module name -> path, for every module of the packages."""
+    out = {}
+    for package in PACKAGES:
+        for path in sorted((REPO / package).rglob("*.py")):
+            parts = path.relative_to(REPO).with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            out[name] = path
+    return out
+
+
+def imports(name: str, path: Path, known: dict) -> set:
+    """The package modules ``name`` imports (at any depth of its body)."""
+    tree = ast.parse(path.read_text())
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.split(".")
+                parent = parent[:len(parent) - node.level + 1]
+                base = ".".join(parent + ([base] if base else []))
+            targets = [base] + [f"{base}.{a.name}" for a in node.names]
+        else:
+            continue
+        for target in targets:
+            while target and target not in known:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                found.add(target)
+    return found
+
+
+def import_graph() -> nx.DiGraph:
+    known = modules()
+    graph = nx.DiGraph()
+    for name, path in known.items():
+        graph.add_node(name)
+        for target in imports(name, path, known):
+            graph.add_edge(name, target)
+    return graph
+
+
+def test_no_import_cycles():
+    graph = import_graph()
+    # a package's __init__ re-exporting its modules is not a cycle of the modules themselves
+    graph.remove_edges_from([(a, b) for a, b in list(graph.edges)
+                             if b.startswith(a + ".") and (REPO / a.replace(".", "/")).is_dir()])
+    cycles = list(nx.simple_cycles(graph))
+    assert not cycles, f"import cycles: {cycles[:5]}"
+
+
+def test_the_flow_is_one_way():
+    """tracer is the ground; viz and sample_runs sit on it; instrument on top."""
+    graph = import_graph()
+    layer = {"tracer": 0, "viz": 1, "sample_runs": 1, "instrument": 2}
+    wrong = [(a, b) for a, b in graph.edges
+             if layer[b.split(".")[0]] > layer[a.split(".")[0]]]
+    assert not wrong, f"imports against the flow: {wrong}"
+
+
+def test_reading_and_analysing_never_import_torch():
+    code = ("import sys, viz.cli, viz.analysis, viz.report, viz.summary, viz.diff, tracer; "
+            "tracer.load; assert 'torch' not in sys.modules, sorted(m for m in sys.modules "
+            "if m.startswith('torch'))[:5]")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_modules_and_functions_stay_focused():
+    long_modules, long_functions = [], []
+    for name, path in modules().items():
+        text = path.read_text()
+        rel = str(path.relative_to(REPO))
+        if len(text.splitlines()) > MAX_MODULE_LINES:
+            long_modules.append((rel, len(text.splitlines())))
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                if n > MAX_FUNCTION_LINES and (rel, node.name) not in LONG_FUNCTIONS:
+                    long_functions.append((rel, node.name, n))
+    assert not long_modules, f"modules over {MAX_MODULE_LINES} lines: {long_modules}"
+    assert not long_functions, f"functions over {MAX_FUNCTION_LINES} lines: {long_functions}"

@@ -1,0 +1,121 @@
+"""GPU activity while recording: CUPTI's kernels, memcpys, memsets and their launches, through
+torch's own Kineto binding (torch.profiler with the CUDA activity only).
+
+Measured on an H100 (shared/fixtures/gpu-h100): CUPTI activity tracing adds nothing measurable
+to a traced run, while a CUDA event pair around every op triples the step time. So the
+recorder asks CUPTI, not the CUDA runtime, when each op's work ran.
+
+The profiler runs while the session records. At step boundaries (at most every
+``window_s`` seconds) and when recording stops, the window's records are saved with Kineto's
+own Chrome-trace export and restarted; the flusher thread parses the export
+(:mod:`tracer.kineto`) and appends it to ``rank-<R>.device.arrow`` (:mod:`tracer.device_format`),
+so a crash loses at most the window under way. Stopping a window waits for the GPU (the
+profiler synchronizes), once per window. When torch.profiler is already running in the
+process (the user profiles), the recorder says so once and keeps to host time.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from typing import Optional
+
+from . import rundir
+from .device_format import DeviceWriter
+from .kineto import KinetoError, load_chrome_trace
+
+WINDOW_S = 1.0
+
+
+def cuda_in_use() -> bool:
+    """Whether this process can record GPU activity: CUDA is there and torch.profiler is not
+    already running."""
+    try:
+        import torch
+    except ImportError:   # pragma: no cover - the recorder needs torch
+        return False
+    return torch.cuda.is_available()
+
+
+class DeviceRecorder:
+    """CUPTI records of one rank, a window at a time (see the module docstring)."""
+
+    def __init__(self, traces_dir: str, rank: int, window_s: float = WINDOW_S):
+        self.traces_dir = traces_dir
+        self.rank = rank
+        self.window_s = window_s
+        self.pairs: list = []           # clock pairs (perf_ns, unix_ns), one per window edge
+        self.error: Optional[str] = None
+        self._profiler = None
+        self._started = 0.0
+        self._windows = 0
+        self._pending: list = []        # saved exports not yet written
+        self._lock = threading.Lock()
+        self._writer: Optional[DeviceWriter] = None
+
+    def start(self) -> bool:
+        """Start a window; False (said once on stderr) if the user's profiler holds CUPTI."""
+        import torch
+        from torch.profiler import ProfilerActivity, profile
+        if torch.autograd._profiler_enabled():
+            if self.error is None:
+                self.error = "torch.profiler is already running in this process"
+                print(f"paratrace: rank {self.rank}: torch.profiler already holds CUPTI; "
+                      "recording host time only (trace-report --kineto merges your profile)",
+                      file=sys.stderr, flush=True)
+            return False
+        self._profiler = profile(activities=[ProfilerActivity.CUDA])
+        self._profiler.start()
+        self._started = time.monotonic()
+        self._pair()
+        return True
+
+    def due(self) -> bool:
+        return self._profiler is not None and time.monotonic() - self._started >= self.window_s
+
+    def cut(self, restart: bool = True) -> None:
+        """End the window under way (it syncs the GPU), save its export for the flusher, and
+        start the next one unless ``restart`` is False."""
+        if self._profiler is None:
+            return
+        profiler, self._profiler = self._profiler, None
+        profiler.stop()
+        self._pair()
+        path = os.path.join(self.traces_dir,
+                            f".{rundir.rank_file(self.rank, f'window-{self._windows}.json')}")
+        self._windows += 1
+        profiler.export_chrome_trace(path)
+        with self._lock:
+            self._pending.append(path)
+        if restart:
+            self.start()
+
+    def write_pending(self) -> None:
+        """Parse the saved windows and append them to the device file (the flusher's job)."""
+        with self._lock:
+            pending, self._pending = self._pending, []
+        for path in pending:
+            try:
+                records = load_chrome_trace(path)
+            except KinetoError as exc:
+                self.error = self.error or f"a device window was unreadable ({exc})"
+                continue
+            finally:
+                if os.path.exists(path):
+                    os.remove(path)
+            if self._writer is None:
+                self._writer = DeviceWriter(rundir.device_file(self.traces_dir, self.rank),
+                                            {"rank": self.rank, "source": "cupti"})
+            self._writer.write(records, {"window": len(self.pairs) // 2,
+                                         "devices": records.meta.get("devices")})
+
+    def close(self) -> None:
+        self.cut(restart=False)
+        self.write_pending()
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+    def _pair(self) -> None:
+        self.pairs.append({"perf_ns": time.perf_counter_ns(), "unix_ns": time.time_ns()})
