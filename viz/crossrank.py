@@ -35,6 +35,7 @@ from tracer.ops import group_ranks
 from .lanes import Timeline
 
 P2P = ("send", "recv")
+MAX_LISTED = 100               # mismatches listed in summary.json (all are counted)
 _UNSIZED = ("barrier",)
 
 
@@ -154,7 +155,8 @@ class CrossRank:
         return {
             "matched": len(self.matched), "unmatched": self.unmatched,
             "unmatched_p2p": self.unmatched_p2p,
-            "mismatches": [m.to_json() for m in self.mismatches],
+            "mismatch_count": len(self.mismatches),
+            "mismatches": [m.to_json() for m in self.mismatches[:MAX_LISTED]],
             "stragglers": [{"rank": r, "late_s": s} for r, s in self.stragglers()],
             "wait_s": {str(r): ns / 1e9 for r, ns in sorted(self.wait_ns.items())},
             "collectives": self.table(),

@@ -41,10 +41,11 @@ def infer_passes(rows, comm: list) -> list:
     a step gets micro-batch k: exact for GPipe and 1F1B, not for interleaved schedules.
 
     Runs of equal (kind, step) are found with numpy; Python only walks the runs."""
-    if not any(c.kind in ("send", "recv") for c in comm):
-        return []
+    if not any(c.kind in ("send", "recv") and c.peer is not None for c in comm):
+        return []             # no pipeline: nothing to infer passes from
     p2p = [i for i, k in enumerate(rows.kinds) if k in ("send", "recv")]
-    order = np.nonzero(rows.is_compute | (rows.is_comm & np.isin(rows.kind, p2p)))[0]
+    order = np.nonzero(rows.is_compute | (rows.is_comm & np.isin(rows.kind, p2p)
+                                          & (rows.peer >= 0)))[0]
     ends = np.where(rows.is_comm, rows.t_ret, rows.t1)
     order = order[np.lexsort((ends[order], rows.t0[order]))]
     phase = rows.trace.col("phase")[order]

@@ -13,7 +13,7 @@ from xml.sax.saxutils import escape, quoteattr
 
 import numpy as np
 
-from ..intervals import gaps, length, union, window
+from ..intervals import gaps, intervals, length, union, window
 from ..lanes import Timeline
 from . import fmt_time
 
@@ -24,6 +24,7 @@ PASS_H, LANE_H, ROW_GAP, TOP = 20, 9, 18, 58
 # Counted steps drawn: more would make every pass narrower than a pixel. The metrics beside
 # each rank cover every counted step; the title says which steps are drawn.
 SHOWN_STEPS = 4
+MAX_PASSES = 5_000      # passes drawn one by one per rank; more are drawn merged by kind
 
 
 def _fmt_s(seconds: Optional[float]) -> str:
@@ -128,12 +129,15 @@ def render(timeline: Timeline, metrics: dict) -> str:
                                      window(lane.comm_union, lo, hi)]))
         for s in shown[rank]:
             a, b = lane.steps[s]
-            for g0, g1 in gaps(busy, a, b).tolist():
+            for g0, g1 in c.drawable(gaps(busy, a, b)).tolist():
                 c.rect(g0, g1, y + PASS_H + 2, 2 * LANE_H, COLOURS["idle"],
                        f"rank {rank} idle {_fmt_s((g1 - g0) / 1e9)}", cls="idle")
-        for p in lane.passes:
-            if p.step not in shown[rank] or p.end <= lo or p.start >= hi:
-                continue
+        passes = [p for p in lane.passes
+                  if p.step in shown[rank] and p.end > lo and p.start < hi]
+        if len(passes) > MAX_PASSES:           # too many to tell apart: one band per kind
+            _merged_passes(c, passes, rank, y)
+            passes = []
+        for p in passes:
             label = "" if p.microbatch is None else str(p.microbatch)
             if p.chunk:
                 label += f".{p.chunk}"
@@ -172,6 +176,16 @@ def render(timeline: Timeline, metrics: dict) -> str:
             f'<rect width="100%" height="100%" fill="white"/>'
             f'<text x="8" y="18" font-size="13" font-weight="bold">{escape(title)}</text>')
     return head + "".join(c.parts) + "</svg>\n"
+
+
+def _merged_passes(c: "_Canvas", passes: list, rank: int, y: float) -> None:
+    for kind in sorted({p.kind for p in passes}):
+        mine = [p for p in passes if p.kind == kind]
+        for a, b in c.drawable(union(intervals([p.start for p in mine],
+                                               [p.end for p in mine]))).tolist():
+            c.rect(a, b, y, PASS_H, COLOURS[kind],
+                   f"rank {rank} {kind} passes ({len(mine)} in the steps drawn, merged)",
+                   cls=f"pass {kind}")
 
 
 def _comm_blocks(c: _Canvas, lane, rank: int, y: float, lo: int, hi: int) -> None:
