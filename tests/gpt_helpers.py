@@ -57,6 +57,23 @@ def train_and_dump(nproc: int, args: list[str], tmp_path: Path, name: str) -> di
     return out
 
 
+def traced_records(out: Path, nproc: int, flags: list[str]) -> list[list[dict]]:
+    """Train under the tracer into ``out`` (``flags`` after the tiny sizes: hidden 32, 4 heads,
+    seq 16, micro-batch 2, one step); returns each rank's records."""
+    import tracer
+
+    argv = [str(out), "--hidden", "32", "--heads", "4", "--seq-len", "16",
+            "--micro-batch-size", "2", "--steps", "1", *flags]
+    proc = launch(nproc, argv, script="tests/gpt_helpers.py")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return [tracer.load(str(out / f"rank-{r}.arrow")).records() for r in range(nproc)]
+
+
+def labels(record: dict) -> list[str]:
+    """The labels of a record's annotations, outermost first."""
+    return [a["label"] for a in record["annotation"]]
+
+
 def _traced_main() -> None:
     import tracer
     from sample_runs.train import main
