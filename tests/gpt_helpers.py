@@ -50,23 +50,32 @@ def train_and_dump(nproc: int, args: list[str], tmp_path: Path, name: str) -> di
     dump = tmp_path / f"{name}.json"
     proc = launch(nproc, [*TINY, *args, "--dump", str(dump), "--dump-grads"])
     assert proc.returncode == 0, f"{name} failed:\n{proc.stdout}\n{proc.stderr[-4000:]}"
-    out = json.loads(dump.read_text())
-    with np.load(out["grads"]) as grads:
-        out["grads"] = {key: grads[key] for key in grads.files}
+    out = read_dump(dump)
     out["stdout"] = proc.stdout
     return out
 
 
-def traced_records(out: Path, nproc: int, flags: list[str]) -> list[list[dict]]:
-    """Train under the tracer into ``out`` (``flags`` after the tiny sizes: hidden 32, 4 heads,
-    seq 16, micro-batch 2, one step); returns each rank's records."""
+def read_dump(path: Path) -> dict:
+    """A --dump JSON with its --dump-grads arrays loaded into "grads"."""
+    out = json.loads(Path(path).read_text())
+    if out["grads"] is not None:
+        with np.load(out["grads"]) as grads:
+            out["grads"] = {key: grads[key] for key in grads.files}
+    return out
+
+
+def traced_run(out: Path, nproc: int, flags: list[str]) -> dict:
+    """Train one step under the tracer into ``out`` (``flags`` after the tiny sizes of TINY),
+    dumping losses and step-1 gradients; returns {"records": each rank's records, "dump"}."""
     import tracer
 
-    argv = [str(out), "--hidden", "32", "--heads", "4", "--seq-len", "16",
-            "--micro-batch-size", "2", "--steps", "1", *flags]
+    dump = out / "dump.json"
+    argv = [str(out), *TINY, "--steps", "1", *flags, "--dump", str(dump), "--dump-grads"]
     proc = launch(nproc, argv, script="tests/gpt_helpers.py")
     assert proc.returncode == 0, proc.stderr[-4000:]
-    return [tracer.load(str(out / f"rank-{r}.arrow")).records() for r in range(nproc)]
+    return {"records": [tracer.load(str(out / f"rank-{r}.arrow")).records()
+                        for r in range(nproc)],
+            "dump": read_dump(dump)}
 
 
 def labels(record: dict) -> list[str]:

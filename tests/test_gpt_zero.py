@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from gpt_helpers import labels, traced_records, train_and_dump
+from gpt_helpers import labels, traced_run, train_and_dump
 from sample_runs.model import GPTChunk, GPTConfig
 from sample_runs.parallel.data_parallel import partition_buckets
 from sample_runs.parallel.process_groups import Group, single_process_groups
@@ -20,12 +20,11 @@ from sample_runs.parallel.zero_communications import FlatLayout
 from sample_runs.train import main
 
 FLOAT = 4
+LAYERS = 2
 
-# (name, ranks, flags): DP layouts halve the micro-batches so the global batch is the reference's
+# Three steps (the reduction in step 1, the sharded update and gather in steps 2 and 3) of
+# layouts of 4 ranks: (name, ranks, flags), DP halving the micro-batches of the reference.
 LAYOUTS = [
-    ("zero1-dp2", 2, ["--tp", "1", "--pp", "1", "--zero", "1", "--microbatches", "2"]),
-    ("zero2-dp2", 2, ["--tp", "1", "--pp", "1", "--zero", "2", "--microbatches", "2"]),
-    ("zero3-dp2", 2, ["--tp", "1", "--pp", "1", "--zero", "3", "--microbatches", "2"]),
     # SP parameters: their TP all-reduce acts on the shards
     ("zero1-tp2-sp-dp2", 4, ["--tp", "2", "--sp", "--pp", "1", "--zero", "1",
                              "--microbatches", "2"]),
@@ -34,17 +33,15 @@ LAYOUTS = [
                                 "--microbatches", "2"]),
     ("zero3-pp2-dp2", 4, ["--tp", "1", "--pp", "2", "--zero", "3", "--microbatches", "2"]),
 ]
-REFERENCE = ("single", 1, ["--tp", "1", "--pp", "1", "--microbatches", "4"])
+REFERENCES = [("single-m4", 1, ["--tp", "1", "--pp", "1", "--microbatches", "4"]),
+              ("single-m2", 1, ["--tp", "1", "--pp", "1", "--microbatches", "2"])]
 
-# One traced iteration each, 2 layers, one micro-batch per rank (the ZeRO paper's 1.5x counts
-# one forward and one backward per iteration); same buckets for plain DP and ZeRO-1.
-TRACED = {
-    "dp": ["--tp", "1", "--pp", "1", "--layers", "2", "--microbatches", "1",
-           "--bucket-size", "8192"],
-    "zero1": ["--tp", "1", "--pp", "1", "--layers", "2", "--microbatches", "1",
-              "--bucket-size", "8192", "--zero", "1"],
-    "zero3": ["--tp", "1", "--pp", "1", "--layers", "2", "--microbatches", "1", "--zero", "3"],
-}
+# One traced iteration each on 2 ranks, one micro-batch per rank (the ZeRO paper's 1.5x counts
+# one forward and one backward per iteration); the same buckets for plain DP and ZeRO-1/2.
+TRACED = {name: ["--tp", "1", "--pp", "1", "--microbatches", "1", "--bucket-size", "8192",
+                 "--layers", str(LAYERS), *flags]
+          for name, flags in [("dp", []), ("zero1", ["--zero", "1"]), ("zero2", ["--zero", "2"]),
+                              ("zero3", ["--zero", "3"])]}
 
 
 @pytest.fixture(scope="module")
@@ -52,14 +49,15 @@ def runs(tmp_path_factory):
     """Every run, two launches at a time; values are futures."""
     tmp = tmp_path_factory.mktemp("zero")
     with ThreadPoolExecutor(max_workers=2) as pool:
-        out = {name: pool.submit(traced_records, tmp / name, 2, flags)
+        out = {name: pool.submit(traced_run, tmp / name, 2, flags)
                for name, flags in TRACED.items()}
-        out.update({name: pool.submit(train_and_dump, ranks, flags, tmp, name)
-                    for name, ranks, flags in [REFERENCE, *LAYOUTS]})
+        out.update({name: pool.submit(train_and_dump, ranks, [*flags, "--layers", str(LAYERS)],
+                                      tmp, name)
+                    for name, ranks, flags in [*REFERENCES, *LAYOUTS]})
         return out
 
 
-def model_numel(layers: int) -> int:
+def model_numel(layers: int = LAYERS) -> int:
     """Parameters of the single-process model (tiny sizes), counted without any ZeRO code."""
     cfg = GPTConfig(layers=layers, hidden=32, heads=4, seq_len=16, vocab=256)
     tp = TensorParallel(group=single_process_groups().tp)
@@ -67,11 +65,8 @@ def model_numel(layers: int) -> int:
     return sum(p.numel() for p in chunk.parameters())
 
 
-@pytest.mark.parametrize("name,ranks,flags", LAYOUTS, ids=[layout[0] for layout in LAYOUTS])
-def test_zero_matches_single_process(name, ranks, flags, runs):
-    run, reference = runs[name].result(), runs["single"].result()
-    # three steps: the gradient reduction (step 1) and the sharded update + gather (steps 2, 3)
-    np.testing.assert_allclose(run["losses"], reference["losses"], rtol=1e-5)
+def assert_same_numbers(run: dict, reference: dict, steps: int) -> None:
+    np.testing.assert_allclose(run["losses"], reference["losses"][:steps], rtol=1e-5)
     assert run["grads"].keys() == reference["grads"].keys()
     for key, ref in reference["grads"].items():
         scale = np.abs(ref).max()
@@ -79,13 +74,24 @@ def test_zero_matches_single_process(name, ranks, flags, runs):
                                    err_msg=key)
 
 
+@pytest.mark.parametrize("name,ranks,flags", LAYOUTS, ids=[layout[0] for layout in LAYOUTS])
+def test_zero_matches_single_process(name, ranks, flags, runs):
+    assert_same_numbers(runs[name].result(), runs["single-m4"].result(), steps=3)
+
+
+@pytest.mark.parametrize("name", list(TRACED))
+def test_traced_step_matches_single_process(name, runs):
+    assert_same_numbers(runs[name].result()["dump"], runs["single-m2"].result(), steps=1)
+
+
 def test_memory_each_stage_keeps(runs):
     """Elements held by the reporting rank after step 1's optimizer step (d = 2)."""
-    P = model_numel(4)
-    single = runs["single"].result()["memory"]
+    P = model_numel()
+    single = runs["single-m2"].result()["memory"]
     assert single == {"model_params": P, "model_grads": P, "param_shards": 0, "grad_shards": 0,
                       "optimizer_state": 2 * P}
-    zero1, zero2, zero3 = (runs[f"zero{i}-dp2"].result()["memory"] for i in (1, 2, 3))
+    assert runs["dp"].result()["dump"]["memory"] == single
+    zero1, zero2, zero3 = (runs[f"zero{i}"].result()["dump"]["memory"] for i in (1, 2, 3))
     # ZeRO-1: optimizer state / d; the full local gradients stay (Megatron's gradient buffer)
     assert zero1 == {"model_params": P, "model_grads": P, "param_shards": P // 2,
                      "grad_shards": P // 2, "optimizer_state": P}
@@ -100,39 +106,44 @@ def _grad_sync(records, kind):
 
 
 def _param_gathers(records, outer):
-    return [r for r in records if r["kind"] == "all_gather" and labels(r)[0] == outer
+    return [r for r in records if r["kind"] == "all_gather" and labels(r)[:1] == [outer]
             and labels(r)[-1] == "param-gather"]
 
 
-def test_zero1_replaces_each_all_reduce_by_reduce_scatter_and_all_gather(runs):
-    d, P = 2, model_numel(2)
-    for dp, zero in zip(runs["dp"].result(), runs["zero1"].result()):
-        buckets = [r["bytes"] for r in _grad_sync(dp, "all_reduce")]
-        assert sum(buckets) == P * FLOAT and len(buckets) >= 3
-        assert not [r for r in dp if r["kind"] in ("reduce_scatter", "all_gather")]
-        # per bucket, in the same order: a reduce-scatter of the bucket, launched from the
-        # gradient hooks inside the backward pass...
-        scatters = _grad_sync(zero, "reduce_scatter")
-        assert [r["bytes"] for r in scatters] == buckets
-        assert all(labels(r) == ["B", "grad-sync"] and r["phase"] == "backward"
-                   and r["group"] == (0, 1) for r in scatters)
-        # ...and an all-gather of its 1/d shard inside the optimizer step
-        gathers = _param_gathers(zero, "optimizer")
-        assert [r["bytes"] for r in gathers] == [b // d for b in buckets]
-        assert all(r["phase"] == "other" and r["step"] == 0 for r in gathers)
-        assert not _grad_sync(zero, "all_reduce")
-        # the same traffic as plain DP: ring all-reduce 2(d-1)/d P = reduce-scatter (d-1)/d P
-        # + all-gather of (d-1) shards of P/d
-        moved_dp = sum(2 * (d - 1) / d * b for b in buckets)
-        moved_zero = sum((d - 1) / d * r["bytes"] for r in scatters) + \
-            sum((d - 1) * r["bytes"] for r in gathers)
-        assert moved_zero == moved_dp
+def test_zero1_and_2_replace_each_all_reduce_by_reduce_scatter_and_all_gather(runs):
+    d, P = 2, model_numel()
+    for name in ("zero1", "zero2"):
+        for dp, zero in zip(runs["dp"].result()["records"], runs[name].result()["records"]):
+            _check_same_traffic_as_dp(dp, zero, d, P)
+
+
+def _check_same_traffic_as_dp(dp: list[dict], zero: list[dict], d: int, P: int) -> None:
+    buckets = [r["bytes"] for r in _grad_sync(dp, "all_reduce")]
+    assert sum(buckets) == P * FLOAT and len(buckets) >= 3
+    assert not _grad_sync(dp, "reduce_scatter") and not _param_gathers(dp, "optimizer")
+    # per bucket, in the same order: a reduce-scatter of the bucket, launched from the
+    # gradient hooks inside the backward pass...
+    scatters = _grad_sync(zero, "reduce_scatter")
+    assert [r["bytes"] for r in scatters] == buckets
+    assert all(labels(r) == ["B", "grad-sync"] and r["phase"] == "backward"
+               and r["group"] == (0, 1) for r in scatters)
+    # ...and an all-gather of its 1/d shard inside the optimizer step
+    gathers = _param_gathers(zero, "optimizer")
+    assert [r["bytes"] for r in gathers] == [b // d for b in buckets]
+    assert all(r["phase"] == "other" and r["step"] == 0 for r in gathers)
+    assert not _grad_sync(zero, "all_reduce")
+    # the same traffic as plain DP: ring all-reduce 2(d-1)/d P = reduce-scatter (d-1)/d P
+    # + all-gather of (d-1) shards of P/d
+    moved_dp = sum(2 * (d - 1) / d * b for b in buckets)
+    moved_zero = sum((d - 1) / d * r["bytes"] for r in scatters) + \
+        sum((d - 1) * r["bytes"] for r in gathers)
+    assert moved_zero == moved_dp
 
 
 def test_zero3_gathers_before_forward_and_backward(runs):
-    d, P, layers = 2, model_numel(2), 2
-    dp_buckets = [r["bytes"] for r in _grad_sync(runs["dp"].result()[0], "all_reduce")]
-    for records in runs["zero3"].result():
+    d, P, layers = 2, model_numel(), LAYERS
+    dp_buckets = [r["bytes"] for r in _grad_sync(runs["dp"].result()["records"][0], "all_reduce")]
+    for records in runs["zero3"].result()["records"]:
         forward, backward = _param_gathers(records, "F"), _param_gathers(records, "B")
         scatters = _grad_sync(records, "reduce_scatter")
         # one unit per block and the root (embeddings, final LayerNorm, head)
