@@ -186,15 +186,16 @@ def _check_zero(a: argparse.Namespace) -> None:
            f"--zero {a.zero} with --moe-experts is not supported (expert weights would need "
            "their own sharding over the expert-data-parallel group)")
     _check(a.zero < 3 or a.schedule != "zb-h1",
-           "--zero 3 with --schedule zb-h1 is not supported: ZeRO-3 frees a layer's parameters "
-           "when its gradients are done, and zb-h1 defers them to W passes")
+           "--zero 3 with --schedule zb-h1 is not supported: ZeRO-3 frees and reduce-scatters "
+           "a layer when autograd has accumulated its gradients, and zb-h1 accumulates the "
+           "weight gradients later, in W passes")
 
 
 def _check_experts(a: argparse.Namespace) -> None:
+    _check(a.moe_experts >= 0, f"--moe-experts must be >= 0, got {a.moe_experts}")
     if a.moe_experts == 0:
         _check(a.ep == 1, f"--ep {a.ep} needs --moe-experts")
         return
-    _check(a.moe_experts >= 1, f"--moe-experts must be >= 0, got {a.moe_experts}")
     _check(a.topk <= a.moe_experts,
            f"--topk {a.topk} is more than --moe-experts {a.moe_experts}")
     _check(a.capacity_factor > 0, f"--capacity-factor must be > 0, got {a.capacity_factor}")

@@ -91,7 +91,8 @@ def _tied_copies(chunks: list[GPTChunk]) -> list[nn.Parameter]:
 
 def build_optimizer(*, cfg: RunConfig, groups: ParallelGroups, chunks: list[GPTChunk],
                     store: Optional[WeightGradStore]
-                    ) -> tuple[list[BucketedGradReducer], Optional[Sharding], torch.optim.Optimizer]:
+                    ) -> tuple[list[BucketedGradReducer], Optional[Sharding],
+                               torch.optim.Optimizer]:
     """Gradient reduction and optimizer: plain DP buckets (dense weights over DP x CP, expert
     weights over expert-DP) and AdamW, or ZeRO-1/2/3 sharding over DP x CP and AdamW on the
     shards."""

@@ -190,8 +190,10 @@ def test_buckets_and_shards_partition_every_element():
 
 
 @pytest.mark.parametrize("flags,words", [
-    (["--tp", "1", "--pp", "2", "--zero", "3", "--schedule", "zb-h1"], "--zero 3 with --schedule zb-h1"),
-    (["--tp", "1", "--pp", "1", "--zero", "1", "--moe-experts", "4"], "--zero 1 with --moe-experts"),
+    (["--tp", "1", "--pp", "2", "--zero", "3", "--schedule", "zb-h1"],
+     "--zero 3 with --schedule zb-h1"),
+    (["--tp", "1", "--pp", "1", "--zero", "1", "--moe-experts", "4"],
+     "--zero 1 with --moe-experts"),
     (["--tp", "1", "--pp", "1", "--zero", "4"], "invalid choice"),
 ])
 def test_impossible_zero_layouts_exit_2_with_one_line(flags, words, monkeypatch, capsys):

@@ -15,7 +15,7 @@ mixed precision it would be the fp32 master copy, which plain DP also keeps in f
 """
 from __future__ import annotations
 
-from typing import Iterable, Optional, Union
+from typing import TYPE_CHECKING, Iterable, Optional, Union
 
 import torch
 import torch.distributed as dist
@@ -27,6 +27,9 @@ from sample_runs.parallel.process_groups import Group
 from sample_runs.parallel.tp_communications import wait
 from sample_runs.parallel.zero_communications import (
     FlatLayout, start_all_gather, start_reduce_scatter)
+
+if TYPE_CHECKING:
+    from sample_runs.parallel.zero3 import ShardedParameters
 
 
 class ShardedGradReducer(GradBuckets):
