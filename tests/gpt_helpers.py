@@ -66,16 +66,17 @@ def read_dump(path: Path) -> dict:
 
 def traced_run(out: Path, nproc: int, flags: list[str]) -> dict:
     """Train one step under the tracer into ``out`` (``flags`` after the tiny sizes of TINY),
-    dumping losses and step-1 gradients; returns {"records": each rank's records, "dump"}."""
+    dumping losses and step-1 gradients; returns {"records": each rank's records, "dump",
+    "config": the configuration rank 0 recorded}."""
     import tracer
 
     dump = out / "dump.json"
     argv = [str(out), *TINY, "--steps", "1", *flags, "--dump", str(dump), "--dump-grads"]
     proc = launch(nproc, argv, script="tests/gpt_helpers.py")
     assert proc.returncode == 0, proc.stderr[-4000:]
-    return {"records": [tracer.load(str(out / f"rank-{r}.arrow")).records()
-                        for r in range(nproc)],
-            "dump": read_dump(dump)}
+    traces = [tracer.load(str(out / f"rank-{r}.arrow")) for r in range(nproc)]
+    return {"records": [t.records() for t in traces], "dump": read_dump(dump),
+            "config": traces[0].config}
 
 
 def labels(record: dict) -> list[str]:

@@ -162,6 +162,11 @@ def test_ring_transfers_per_layer_and_overlap(runs):
                 assert lonely == mine[-4:]
 
 
+def test_cp_size_is_in_the_recorded_config(runs):
+    config = runs["traced-cp2-dp2"].result()["config"]
+    assert (config["cp"], config["dp"], config["tp"], config["pp"]) == (2, 2, 1, 1)
+
+
 def test_gradients_reduced_over_dp_x_cp(runs):
     cfg = GPTConfig(layers=L, hidden=H, heads=4, seq_len=S, vocab=256)
     chunk = GPTChunk(cfg, layers=range(L), first=True, last=True,

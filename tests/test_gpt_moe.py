@@ -153,6 +153,12 @@ def test_all_to_all_per_layer_and_microbatch(runs):
             assert ops == ["all_to_all", "baddbmm", "baddbmm", "all_to_all"]
 
 
+def test_moe_sizes_are_in_the_recorded_config(runs):
+    config = runs["traced-dp4-ep2"].result()["config"]
+    assert (config["moe_experts"], config["ep"], config["topk"], config["dp"],
+            config["capacity_factor"]) == (E, 2, K, 4, FACTOR)
+
+
 def test_expert_weights_reduced_over_expert_dp_only(runs):
     dense, experts = _numels()
     sync = lambda records: [r for r in records if r["kind"] == "all_reduce"

@@ -140,6 +140,13 @@ def _check_same_traffic_as_dp(dp: list[dict], zero: list[dict], d: int, P: int) 
     assert moved_zero == moved_dp
 
 
+def test_zero_stage_is_in_the_recorded_config(runs):
+    for stage in range(4):
+        name = f"zero{stage}" if stage else "dp"
+        config = runs[name].result()["config"]
+        assert (config["zero"], config["dp"], config["cp"]) == (stage, 2, 1)
+
+
 def test_zero3_gathers_before_forward_and_backward(runs):
     d, P, layers = 2, model_numel(), LAYERS
     dp_buckets = [r["bytes"] for r in _grad_sync(runs["dp"].result()["records"][0], "all_reduce")]
