@@ -43,13 +43,16 @@ TRACED = {
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("cp")
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        out = {name: pool.submit(traced_run, tmp / name, nproc, [*flags, "--layers", str(L)])
-               for name, (nproc, flags) in TRACED.items()}
-        out.update({name: pool.submit(train_and_dump, ranks, [*flags, "--layers", str(L)], tmp,
-                                      name)
-                    for name, ranks, flags in [REFERENCE, *LAYOUTS]})
-        return out
+    # NOTE: each test waits for its own runs only, so no single test (nor the fixture's
+    # setup) carries the whole file's launches against a per-test timeout
+    pool = ThreadPoolExecutor(max_workers=2)
+    # in the order the tests below use them
+    out = {name: pool.submit(train_and_dump, ranks, [*flags, "--layers", str(L)], tmp, name)
+           for name, ranks, flags in [REFERENCE, *LAYOUTS]}
+    out.update({name: pool.submit(traced_run, tmp / name, nproc, [*flags, "--layers", str(L)])
+                for name, (nproc, flags) in TRACED.items()})
+    yield out
+    pool.shutdown(wait=True)
 
 
 def assert_same_numbers(run: dict, reference: dict) -> None:

@@ -48,13 +48,16 @@ TRACED = {name: ["--tp", "1", "--pp", "1", "--microbatches", "1", "--bucket-size
 def runs(tmp_path_factory):
     """Every run, two launches at a time; values are futures."""
     tmp = tmp_path_factory.mktemp("zero")
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        out = {name: pool.submit(traced_run, tmp / name, 2, flags)
-               for name, flags in TRACED.items()}
-        out.update({name: pool.submit(train_and_dump, ranks, [*flags, "--layers", str(LAYERS)],
-                                      tmp, name)
-                    for name, ranks, flags in [*REFERENCES, *LAYOUTS]})
-        return out
+    # NOTE: each test waits for its own runs only, so no single test (nor the fixture's
+    # setup) carries the whole file's launches against a per-test timeout
+    pool = ThreadPoolExecutor(max_workers=2)
+    # in the order the tests below use them
+    out = {name: pool.submit(train_and_dump, ranks, [*flags, "--layers", str(LAYERS)], tmp, name)
+           for name, ranks, flags in [REFERENCES[0], *LAYOUTS, REFERENCES[1]]}
+    out.update({name: pool.submit(traced_run, tmp / name, 2, flags)
+                for name, flags in TRACED.items()})
+    yield out
+    pool.shutdown(wait=True)
 
 
 def model_numel(layers: int = LAYERS) -> int:
