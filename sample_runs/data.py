@@ -41,3 +41,11 @@ def microbatches(corpus: torch.Tensor, *, step: int, seed: int, seq_len: int,
         batches.append(MicroBatch(tokens=window[:, :-1].to(device),
                                   targets=window[:, 1:].t().contiguous().to(device)))
     return batches
+
+
+def context_parallel_split(batches: list[MicroBatch], positions: torch.Tensor) -> list[MicroBatch]:
+    """This CP rank's tokens of each micro-batch: the sequence positions it holds (its two
+    load-balanced chunks, context_parallel.load_balanced_positions). (b, s/c) and (s/c, b)."""
+    positions = positions.to(batches[0].tokens.device) if batches else positions
+    return [MicroBatch(tokens=mb.tokens[:, positions], targets=mb.targets[positions])
+            for mb in batches]

@@ -4,7 +4,9 @@ Embeddings, pre-LN blocks with causal self-attention and a GELU MLP, a final Lay
 LM head tied to the word embedding. A pipeline stage holds a GPTChunk: a contiguous range of
 blocks, plus the embedding on the first chunk and the head and loss on the last. Every
 parameter is sliced from a full tensor drawn from a generator seeded by (seed, full name), so
-every parallel layout starts from the single-process weights. Activations are [s, b, h].
+every parallel layout starts from the single-process weights. Activations are [s, b, h]
+([s/c, b, h] with context parallelism: this rank's load-balanced chunks of the sequence).
+With ``moe_experts`` > 0 every block's MLP is a mixture of experts (expert_parallel.py).
 """
 from __future__ import annotations
 
@@ -18,6 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sample_runs.parallel.context_parallel import ContextParallel, ring_attention
+from sample_runs.parallel.expert_parallel import ExpertParallel, MixtureOfExperts
 from sample_runs.parallel.tensor_parallel import (
     ColumnParallelLinear, RowParallelLinear, ShardInfo, TensorParallel, VocabParallelEmbedding,
     column_parallel_linear, sharded_parameter, vocab_parallel_cross_entropy)
@@ -32,6 +36,10 @@ class GPTConfig:
     seq_len: int = 64
     vocab: int = 256
     dropout: float = 0.0
+    moe_experts: int = 0  # 0: dense MLPs
+    moe_topk: int = 2
+    capacity_factor: float = 1.25
+    aux_loss_coeff: float = 0.01
 
 
 def full_weight(name: str, shape: tuple[int, ...], *, seed: int, std: float) -> torch.Tensor:
@@ -62,9 +70,11 @@ class LayerNorm(nn.Module):
 
 
 class CausalSelfAttention(nn.Module):
-    """Heads split over TP ranks: column-parallel fused QKV, row-parallel output projection."""
+    """Heads split over TP ranks: column-parallel fused QKV, row-parallel output projection.
+    With context parallelism, ring attention over the keys/values of the other CP ranks."""
 
-    def __init__(self, cfg: GPTConfig, name: str, tp: TensorParallel, seed: int):
+    def __init__(self, cfg: GPTConfig, name: str, tp: TensorParallel, seed: int,
+                 cp: Optional[ContextParallel] = None):
         super().__init__()
         h = cfg.hidden
         proj_std = 0.02 / math.sqrt(2 * cfg.layers)  # GPT-2's scaled residual init
@@ -76,12 +86,16 @@ class CausalSelfAttention(nn.Module):
             f"{name}.proj", tp)
         self.local_heads = cfg.heads // tp.group.size
         self.head_dim = h // cfg.heads
+        self.cp = cp
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (s[/t], b, h)
         qkv = self.qkv(x)  # (s, b, 3h/t)
         s, b, _ = qkv.shape
         q, k, v = qkv.view(s, b, 3, self.local_heads, self.head_dim).permute(2, 1, 3, 0, 4)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (b, nh/t, s, hs)
+        if self.cp is None:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (b, nh/t, s, hs)
+        else:  # s is s/c here
+            y = ring_attention(q, k, v, self.cp)  # (b, nh/t, s/c, hs)
         y = y.permute(2, 0, 1, 3).reshape(s, b, self.local_heads * self.head_dim)  # (s, b, h/t)
         return self.proj(y)  # (s[/t], b, h)
 
@@ -104,16 +118,33 @@ class MLP(nn.Module):
         return self.fc2(F.gelu(self.fc1(x)))  # (s, b, 4h/t) inside
 
 
+def moe_mlp(cfg: GPTConfig, name: str, ep: ExpertParallel, seed: int) -> MixtureOfExperts:
+    """The MLP of a block as ``cfg.moe_experts`` experts of the MLP's shape and init."""
+    h, experts = cfg.hidden, cfg.moe_experts
+    proj_std = 0.02 / math.sqrt(2 * cfg.layers)
+    return MixtureOfExperts(
+        name=name, ep=ep,
+        router=full_weight(f"{name}.router.weight", (experts, h), seed=seed, std=0.02),
+        fc1=(full_weight(f"{name}.experts.fc1.weight", (experts, 4 * h, h), seed=seed, std=0.02),
+             torch.zeros(experts, 4 * h)),
+        fc2=(full_weight(f"{name}.experts.fc2.weight", (experts, h, 4 * h), seed=seed,
+                         std=proj_std), torch.zeros(experts, h)))
+
+
 class Block(nn.Module):
     """Pre-LN transformer block: x + attn(ln1(x)), then x + mlp(ln2(x))."""
 
-    def __init__(self, cfg: GPTConfig, index: int, tp: TensorParallel, seed: int):
+    def __init__(self, cfg: GPTConfig, index: int, tp: TensorParallel, seed: int,
+                 cp: Optional[ContextParallel] = None, ep: Optional[ExpertParallel] = None):
         super().__init__()
         name = f"blocks.{index}"
         self.ln1 = LayerNorm(f"{name}.ln1", cfg.hidden, tp)
-        self.attn = CausalSelfAttention(cfg, f"{name}.attn", tp, seed)
+        self.attn = CausalSelfAttention(cfg, f"{name}.attn", tp, seed, cp)
         self.ln2 = LayerNorm(f"{name}.ln2", cfg.hidden, tp)
-        self.mlp = MLP(cfg, f"{name}.mlp", tp, seed)
+        if cfg.moe_experts:
+            self.mlp = moe_mlp(cfg, f"{name}.mlp", ep, seed)
+        else:
+            self.mlp = MLP(cfg, f"{name}.mlp", tp, seed)
         self.dropout = cfg.dropout
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (s[/t], b, h)
@@ -123,11 +154,14 @@ class Block(nn.Module):
 
 class Embedding(nn.Module):
     """Vocab-parallel word embedding plus learned positions. Under SP the result is split
-    onto sequence shards (as Megatron does with absolute position embeddings)."""
+    onto sequence shards (as Megatron does with absolute position embeddings). With context
+    parallelism the token ids are this CP rank's and take the positions of its chunks."""
 
-    def __init__(self, cfg: GPTConfig, tp: TensorParallel, seed: int):
+    def __init__(self, cfg: GPTConfig, tp: TensorParallel, seed: int,
+                 cp: Optional[ContextParallel] = None):
         super().__init__()
         self.tp = tp
+        self.cp_positions = None if cp is None else cp.positions()  # (s/c,)
         self.wte = VocabParallelEmbedding(
             full_weight("wte.weight", (cfg.vocab, cfg.hidden), seed=seed, std=0.02), "wte", tp)
         self.wpe = sharded_parameter(
@@ -136,7 +170,10 @@ class Embedding(nn.Module):
         self.dropout = cfg.dropout
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:  # (b, s)
-        x = self.wte(ids) + self.wpe[: ids.shape[1]]  # (b, s, h)
+        if self.cp_positions is None:
+            x = self.wte(ids) + self.wpe[: ids.shape[1]]  # (b, s, h)
+        else:
+            x = self.wte(ids) + self.wpe[self.cp_positions.to(ids.device)]  # (b, s/c, h)
         x = x.transpose(0, 1).contiguous()  # (s, b, h)
         if self.tp.sequence_parallel:
             x = scatter_to_sequence_parallel_region(x, self.tp.group)  # (s/t, b, h)
@@ -175,12 +212,13 @@ class GPTChunk(nn.Module):
     the mean loss against targets (s, b); others map (s[/t], b, h) to the same shape."""
 
     def __init__(self, cfg: GPTConfig, *, layers: range, first: bool, last: bool,
-                 tp: TensorParallel, seed: int):
+                 tp: TensorParallel, seed: int, cp: Optional[ContextParallel] = None,
+                 ep: Optional[ExpertParallel] = None):
         super().__init__()
-        self.embedding = Embedding(cfg, tp, seed) if first else None
+        self.embedding = Embedding(cfg, tp, seed, cp) if first else None
         # NOTE: keyed by the global layer index, so module paths (GPTChunk.blocks.5.attn) name
         # the same layer on every stage and chunk, in traces and diffs
-        self.blocks = nn.ModuleDict({str(i): Block(cfg, i, tp, seed) for i in layers})
+        self.blocks = nn.ModuleDict({str(i): Block(cfg, i, tp, seed, cp, ep) for i in layers})
         tied = self.embedding.wte.weight if first else None
         self.head = LMHead(cfg, tp, seed, tied) if last else None
 

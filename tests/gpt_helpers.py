@@ -50,11 +50,38 @@ def train_and_dump(nproc: int, args: list[str], tmp_path: Path, name: str) -> di
     dump = tmp_path / f"{name}.json"
     proc = launch(nproc, [*TINY, *args, "--dump", str(dump), "--dump-grads"])
     assert proc.returncode == 0, f"{name} failed:\n{proc.stdout}\n{proc.stderr[-4000:]}"
-    out = json.loads(dump.read_text())
-    with np.load(out["grads"]) as grads:
-        out["grads"] = {key: grads[key] for key in grads.files}
+    out = read_dump(dump)
     out["stdout"] = proc.stdout
     return out
+
+
+def read_dump(path: Path) -> dict:
+    """A --dump JSON with its --dump-grads arrays loaded into "grads"."""
+    out = json.loads(Path(path).read_text())
+    if out["grads"] is not None:
+        with np.load(out["grads"]) as grads:
+            out["grads"] = {key: grads[key] for key in grads.files}
+    return out
+
+
+def traced_run(out: Path, nproc: int, flags: list[str]) -> dict:
+    """Train one step under the tracer into ``out`` (``flags`` after the tiny sizes of TINY),
+    dumping losses and step-1 gradients; returns {"records": each rank's records, "dump",
+    "config": the configuration rank 0 recorded}."""
+    import tracer
+
+    dump = out / "dump.json"
+    argv = [str(out), *TINY, "--steps", "1", *flags, "--dump", str(dump), "--dump-grads"]
+    proc = launch(nproc, argv, script="tests/gpt_helpers.py")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    traces = [tracer.load(str(out / f"rank-{r}.arrow")) for r in range(nproc)]
+    return {"records": [t.records() for t in traces], "dump": read_dump(dump),
+            "config": traces[0].config}
+
+
+def labels(record: dict) -> list[str]:
+    """The labels of a record's annotations, outermost first."""
+    return [a["label"] for a in record["annotation"]]
 
 
 def _traced_main() -> None:

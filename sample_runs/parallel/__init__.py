@@ -1,4 +1,6 @@
 """Parallelism schemes of the reference GPT, one file per scheme with its communication file
-beside it (picotron's layout): tensor_parallel + tp_communications, pipeline_parallel +
-pp_communications + pp_schedules, data_parallel; process_groups builds every group from one grid.
+beside it (picotron's layout): tensor_parallel + tp_communications, context_parallel +
+cp_communications, pipeline_parallel + pp_communications + pp_schedules, data_parallel, zero +
+zero3 + zero_communications, expert_parallel + ep_communications; process_groups builds every
+group from one grid.
 """

@@ -1,7 +1,15 @@
-"""Process groups of a tp x dp x pp run, all cut from one rank grid.
+"""Process groups of a tp x cp x dp x pp run (expert parallelism carved out of DP), all cut
+from one rank grid.
 
-Megatron's rank order makes TP the fastest-varying index: global = tp + t*(dp + d*pp), so the
-grid is ``arange(world).view(pp, dp, tp)`` and a TP group is a row of it.
+Megatron's rank order makes TP the fastest-varying index, then CP, then DP, then PP:
+``global = tp + t*(cp + c*(dp + d*pp))``. The grid is ``arange(world).view(pp, d*c, tp)``: a
+TP group is a row of it, and its middle axis ``j = cp + c*dp`` runs over the data-and-context
+ranks of one (stage, TP rank), the group over which gradients are reduced (Megatron's DP x CP
+group). Without CP (c = 1) the middle axis is plain DP.
+
+Expert parallelism (MoE) is carved out of DP as in Megatron: ``dp = ep_rank + e*expert_dp_rank``,
+so an EP group is e consecutive DP ranks (its members route tokens to each other's experts) and
+the expert-data-parallel group joins the DP ranks holding the same experts. EP needs c = 1 here.
 """
 from __future__ import annotations
 
@@ -30,6 +38,9 @@ class Group:
 class ParallelGroups:
     """Every group this rank belongs to.
 
+    ``dp_cp`` reduces gradients and averages the loss (DP x CP; the same group as ``dp``
+    without CP); ``cp`` passes keys and values around the attention ring; ``ep`` exchanges
+    tokens between experts and ``expert_dp`` reduces expert gradients (``dp`` without EP).
     ``pp`` carries activations and ``pp_grad`` gradients between pipeline stages; two groups
     over the same ranks so that each directed channel carries one kind of message in one order
     (NCCL ignores P2P tags; see pp_communications).
@@ -43,10 +54,15 @@ class ParallelGroups:
     embedding: Optional[Group]
     world_rank: int
     world_size: int
+    cp: Group
+    dp_cp: Group
+    ep: Group
+    expert_dp: Group
 
 
 def rank_grid(*, tp: int, dp: int, pp: int) -> torch.Tensor:
-    """Global rank of (pp, dp, tp) coordinates: grid[p, d, t] = t + tp*(d + dp*p)."""
+    """Global rank of (pp, dp, tp) coordinates: grid[p, d, t] = t + tp*(d + dp*p). With CP,
+    pass dp = d*c: the middle index is then cp + c*dp."""
     return torch.arange(tp * dp * pp).view(pp, dp, tp)
 
 
@@ -61,23 +77,44 @@ def _make(ranks_lists: list[list[int]], me: int) -> Optional[Group]:
     return mine
 
 
-def build_groups(*, tp: int, dp: int, pp: int) -> ParallelGroups:
+def _solo(me: int) -> Group:
+    return Group(handle=None, rank=0, ranks=(me,))
+
+
+def build_groups(*, tp: int, dp: int, pp: int, cp: int = 1, ep: int = 1) -> ParallelGroups:
     """Build all groups; call once on every rank after init_process_group."""
     me, world = dist.get_rank(), dist.get_world_size()
-    grid = rank_grid(tp=tp, dp=dp, pp=pp)
-    tp_lists = [grid[p, d, :].tolist() for p in range(pp) for d in range(dp)]
+    data = dp * cp  # the middle axis: cp + c*dp
+    grid = rank_grid(tp=tp, dp=data, pp=pp)
+    tp_lists = [grid[p, d, :].tolist() for p in range(pp) for d in range(data)]
     dp_lists = [grid[p, :, t].tolist() for p in range(pp) for t in range(tp)]
-    pp_lists = [grid[:, d, t].tolist() for d in range(dp) for t in range(tp)]
-    groups = dict(tp=_make(tp_lists, me), dp=_make(dp_lists, me), pp=_make(pp_lists, me),
+    pp_lists = [grid[:, d, t].tolist() for d in range(data) for t in range(tp)]
+    groups = dict(tp=_make(tp_lists, me), dp_cp=_make(dp_lists, me), pp=_make(pp_lists, me),
                   pp_grad=_make(pp_lists, me))
     embedding = None
     if pp > 1:
         embedding = _make([[ranks[0], ranks[-1]] for ranks in pp_lists], me)
+    groups.update(dp=groups["dp_cp"], cp=_solo(me))
+    if cp > 1:
+        cp_lists = [grid[p, d * cp:(d + 1) * cp, t].tolist()
+                    for p in range(pp) for d in range(dp) for t in range(tp)]
+        pure_dp_lists = [grid[p, c::cp, t].tolist()
+                         for p in range(pp) for c in range(cp) for t in range(tp)]
+        groups.update(cp=_make(cp_lists, me), dp=_make(pure_dp_lists, me))
+    groups.update(ep=_solo(me), expert_dp=groups["dp"])
+    if ep > 1:
+        assert cp == 1, "expert parallelism is carved out of DP only when cp == 1"
+        ep_lists = [grid[p, e * ep:(e + 1) * ep, t].tolist()
+                    for p in range(pp) for e in range(dp // ep) for t in range(tp)]
+        expert_dp_lists = [grid[p, i::ep, t].tolist()
+                           for p in range(pp) for i in range(ep) for t in range(tp)]
+        groups.update(ep=_make(ep_lists, me), expert_dp=_make(expert_dp_lists, me))
     return ParallelGroups(**groups, embedding=embedding, world_rank=me, world_size=world)
 
 
 def single_process_groups() -> ParallelGroups:
     """Groups of a run without torch.distributed: everything has one member."""
-    solo = Group(handle=None, rank=0, ranks=(0,))
+    solo = _solo(0)
     return ParallelGroups(tp=solo, dp=solo, pp=solo, pp_grad=solo, embedding=None,
-                          world_rank=0, world_size=1)
+                          world_rank=0, world_size=1, cp=solo, dp_cp=solo, ep=solo,
+                          expert_dp=solo)

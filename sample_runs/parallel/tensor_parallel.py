@@ -38,7 +38,8 @@ class ShardInfo:
     ``dim`` is the dimension split over TP ranks (None: replicated). A dimension that stacks
     ``groups`` blocks (the fused [q; k; v] weight) is split block by block, so each rank gets
     whole heads of q, k and v. ``sequence_parallel`` marks a replicated parameter applied to a
-    sequence shard, whose gradient must be summed over the TP group.
+    sequence shard, whose gradient must be summed over the TP group. ``expert_parallel`` marks
+    expert weights, split along ``dim`` over the EP group instead of TP (expert_parallel.py).
     """
 
     name: str
@@ -46,6 +47,7 @@ class ShardInfo:
     dim: Optional[int] = None
     groups: int = 1
     sequence_parallel: bool = False
+    expert_parallel: bool = False
 
     def shard(self, full: torch.Tensor, rank: int, size: int) -> torch.Tensor:
         if self.dim is None or size == 1:
