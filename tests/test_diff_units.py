@@ -10,6 +10,7 @@ from viz.diff.graph import ADDED, CHANGED, REMOVED, UNCHANGED, build_diff_graph,
 from viz.diff.profile import Profile, merge
 from viz.diff.result import ALL_RANKS, Delta, DiffResult, RunSide, compare
 from viz.diff.roles import assign_roles, grid_role, group_label, match_roles
+from viz.grid import Grid
 from viz.groups import Frame, OpGroup
 from viz.render.diff_svg import to_dot
 from viz.render.diff_text import fmt_rel
@@ -17,11 +18,16 @@ from viz.render.diff_text import fmt_rel
 
 def test_grid_roles_follow_megatron_order():
     # t=2, d=2, p=4: global = tp + 2*(dp + 2*pp)
-    assert grid_role(0, 2, 2, 4).key == ("stage", "first", 0, 0)
-    assert grid_role(3, 2, 2, 4).key == ("stage", "first", 1, 1)
-    assert grid_role(5, 2, 2, 4).key == ("stage", "middle 1", 1, 0)
-    assert grid_role(14, 2, 2, 4).key == ("stage", "last", 0, 1)
-    assert grid_role(14, 2, 2, 4).label == "stage last (3 of 4) · tp 0 · dp 1"
+    grid = Grid(tp=2, dp=2, pp=4)
+    assert grid_role(0, grid).key == ("stage", "first", 0, 0, 0)
+    assert grid_role(3, grid).key == ("stage", "first", 1, 0, 1)
+    assert grid_role(5, grid).key == ("stage", "middle 1", 1, 0, 0)
+    assert grid_role(14, grid).key == ("stage", "last", 0, 0, 1)
+    assert grid_role(14, grid).label == "stage last (3 of 4) · tp 0 · dp 1"
+    # with context parallelism: global = tp + t*(cp + c*(dp + d*pp))
+    cp = Grid(tp=2, cp=2, dp=1, pp=2)
+    assert grid_role(6, cp).label == "stage last (1 of 2) · tp 0 · cp 1 · dp 0"
+    assert cp.pipeline(6) == (2, 6) and group_label([0, 2], cp) == "cp group of 2"
 
 
 def test_two_stages_match_the_end_stages_of_four():
@@ -44,7 +50,7 @@ def test_without_a_matching_config_ranks_match_by_index():
 
 
 def test_groups_are_named_by_the_grid_axes_they_span():
-    grid = (2, 2, 4)    # t, d, p: global = tp + 2*(dp + 2*pp)
+    grid = Grid(tp=2, dp=2, pp=4)    # global = tp + 2*(dp + 2*pp)
     assert group_label([0, 1], grid) == "tp group of 2"
     assert group_label([0, 2], grid) == "dp group of 2"
     assert group_label([1, 5, 9, 13], grid) == "pp group of 4"

@@ -136,7 +136,7 @@ def _reduce(run: Run, ranks: dict, unreadable: dict, links: list) -> RunAnalysis
     config = next((r.config for _, r in sorted(ranks.items()) if r.config), {})
     world = max([run.world_size_hint]
                 + [int(r.meta.get("world_size", 1)) for r in ranks.values()])
-    timeline = assemble({rank: r.lanes for rank, r in ranks.items()}, links, config)
+    timeline = assemble({rank: r.lanes for rank, r in ranks.items()}, links, config, world)
     cross = cross_rank(timeline)
     return RunAnalysis(run, world, ranks, unreadable, timeline, metrics_of(timeline), cross,
                        critical_paths(timeline, cross), config=config)

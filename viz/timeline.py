@@ -9,7 +9,7 @@ on its own (in a worker process, one trace in memory at a time):
 3. :func:`rank_lanes` builds one rank's :class:`RankLanes` given those send ends;
 4. :func:`assemble` puts the lanes together into a :class:`Timeline`.
 
-:func:`build_timeline` does all of it in one process. Definitions and worked examples are in
+:mod:`viz.analysis` runs them, rank by rank. Definitions and worked examples are in
 docs/metrics.md; the metrics themselves are :mod:`viz.metrics`. All times are integer
 nanoseconds on rank 0's clock (``Trace.global_times``).
 """
@@ -19,6 +19,7 @@ import numpy as np
 
 from tracer import ops as _ops
 
+from .grid import grid_of
 from .intervals import intervals, union
 from .lanes import CommSpan, P2PEnd, P2PLink, RankLanes, Timeline, counted_steps
 from .passes import annotation_spans, infer_passes
@@ -228,21 +229,20 @@ def _comm_spans(rows: RankRows, send_ends: dict) -> list:
 
 
 # ---------------------------------------------------------------------------- all ranks
-def assemble(lanes: dict, links: list, config: dict) -> Timeline:
+def assemble(lanes: dict, links: list, config: dict, world: int = 0) -> Timeline:
     """The timeline of every rank's lanes. When no rank's passes are named (annotations,
-    pipelining labels), passes inferred from each rank's P2P order stand in."""
+    pipelining labels), passes inferred from each rank's P2P order stand in. When the run
+    recorded its rank grid, a rank's pipeline is its grid's (context parallelism's ring and
+    expert parallelism are P2P too, but not a pipeline); else the ranks it sent to or received
+    from."""
     if not any(lane.passes for lane in lanes.values()):
         for lane in lanes.values():
             lane.passes = lane.inferred_passes
+    grid = grid_of(config, world or max(lanes, default=0) + 1)
+    if grid is not None:
+        for rank, lane in lanes.items():
+            lane.pipeline_group = grid.pipeline(rank) if grid.pp > 1 else (rank,)
     counted = [w for lane in lanes.values() for s, w in lane.steps.items()
                if s in counted_steps(lane)]
     origin = min((w[0] for w in counted), default=0)
     return Timeline(dict(sorted(lanes.items())), links, config, origin)
-
-
-def build_timeline(traces: dict, config: dict) -> Timeline:
-    """Lay every trace (rank -> Trace) on rank 0's clock, in this process."""
-    rows = {rank: RankRows(trace, rank) for rank, trace in sorted(traces.items())}
-    links, send_ends = match_p2p({rank: p2p_endpoints(r) for rank, r in rows.items()})
-    return assemble({rank: rank_lanes(r, send_ends.get(rank, {})) for rank, r in rows.items()},
-                    links, config)

@@ -31,7 +31,8 @@ from ..source import display_paths
 from .graph import build_diff_graph, prune_diff
 from .profile import merge, rank_profile
 from .result import ALL_RANKS, DiffResult, RunSide, ScopeDiff, compare
-from .roles import assign_roles, grid_of, group_label, match_roles
+from ..grid import grid_of
+from .roles import assign_roles, group_label, match_roles
 
 SCHEMA = "paratrace.diff/1"
 MAX_GRAPHS = 8        # diff call graphs drawn: all ranks, then roles that changed first

@@ -3,8 +3,8 @@
 Two runs with different layouts (TP 2 against TP 4, 2 stages against 4) have different world
 sizes, so rank numbers say nothing across them. A rank's *role* does: its pipeline stage, its TP
 rank and its DP rank. With the run configuration the reference GPT records (``tp``, ``pp``,
-``dp``; without ``dp``, the world size over tp*pp) and Megatron's rank grid
-(``global = tp_rank + t*(dp_rank + d*pp_rank)``), every rank has one. Stages are named by
+``cp``, ``dp``; without ``dp``, the rest of the world) and Megatron's rank grid, every rank
+has one. Stages are named by
 position (first, middle k, last), so the first and last stages of a 2-stage run match those of
 a 4-stage run; a single stage (pp 1) is matched with the first stage.
 
@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from ..grid import AXES, Grid, grid_of
+
 
 @dataclass(frozen=True)
 class Role:
@@ -24,19 +26,6 @@ class Role:
 
     key: tuple
     label: str
-
-
-def grid_of(config: dict, world_size: int) -> Optional[tuple]:
-    """(tp, dp, pp) sizes if the config describes this world, else None."""
-    try:
-        t, p = int(config.get("tp") or 0), int(config.get("pp") or 0)
-        # A script that records only tp and pp leaves the rest of the world to DP.
-        d = int(config.get("dp") or (world_size // (t * p) if t > 0 and p > 0 else 0))
-    except (TypeError, ValueError):
-        return None
-    if t < 1 or p < 1 or d < 1 or t * d * p != world_size:
-        return None
-    return t, d, p
 
 
 def _stage_name(stage: int, stages: int) -> str:
@@ -47,16 +36,16 @@ def _stage_name(stage: int, stages: int) -> str:
     return f"middle {stage}"
 
 
-def grid_role(rank: int, t: int, d: int, p: int) -> Role:
-    """The role of global ``rank`` in a (tp t, dp d, pp p) Megatron grid."""
-    tp_rank, dp_rank, stage = rank % t, (rank // t) % d, rank // (t * d)
-    name = _stage_name(stage, p)
-    label = f"stage {name} ({stage} of {p}) · tp {tp_rank} · dp {dp_rank}" if p > 1 else \
-        f"tp {tp_rank} · dp {dp_rank}"
-    return Role(("stage", name, tp_rank, dp_rank), label)
+def grid_role(rank: int, grid: Grid) -> Role:
+    """The role of global ``rank`` in a Megatron grid (viz.grid)."""
+    tp_rank, cp_rank, dp_rank, stage = grid.coords(rank)
+    name = _stage_name(stage, grid.pp)
+    where = f"tp {tp_rank} · " + (f"cp {cp_rank} · " if grid.cp > 1 else "") + f"dp {dp_rank}"
+    label = f"stage {name} ({stage} of {grid.pp}) · {where}" if grid.pp > 1 else where
+    return Role(("stage", name, tp_rank, cp_rank, dp_rank), label)
 
 
-def group_label(members, grid: Optional[tuple]) -> str:
+def group_label(members, grid: Optional[Grid]) -> str:
     """What a process group spans, comparable across layouts: ``tp group of 2``, ``pp group of
     4``, ``tp+dp group of 8`` (the grid axes along which its members differ; the first and last
     stages' tied-embedding group is a ``pp`` group), or ``group of N`` without a grid."""
@@ -66,10 +55,8 @@ def group_label(members, grid: Optional[tuple]) -> str:
     size = f"group of {len(members)}"
     if grid is None:
         return size
-    t, d, _ = grid
-    coords = [(r % t, (r // t) % d, r // (t * d)) for r in members]
-    axes = [name for i, name in enumerate(("tp", "dp", "pp"))
-            if len({c[i] for c in coords}) > 1]
+    coords = [grid.coords(r) for r in members]
+    axes = [name for i, name in enumerate(AXES) if len({c[i] for c in coords}) > 1]
     return f"{'+'.join(axes)} {size}" if axes else size
 
 
@@ -78,10 +65,10 @@ def assign_roles(config_a: dict, world_a: int, ranks_a, config_b: dict, world_b:
     """(rank -> Role for run A, rank -> Role for run B, how roles were assigned)."""
     grid_a, grid_b = grid_of(config_a, world_a), grid_of(config_b, world_b)
     if grid_a and grid_b:
-        return ({r: grid_role(r, *grid_a) for r in ranks_a},
-                {r: grid_role(r, *grid_b) for r in ranks_b},
-                "grid: pipeline stage (first / middle k / last), TP rank, DP rank from the "
-                "recorded configuration (Megatron order: global = tp + t*(dp + d*pp))")
+        return ({r: grid_role(r, grid_a) for r in ranks_a},
+                {r: grid_role(r, grid_b) for r in ranks_b},
+                "grid: pipeline stage (first / middle k / last), TP, CP and DP rank from the "
+                "recorded configuration (Megatron order: global = tp + t*(cp + c*(dp + d*pp)))")
     same = {r: Role(("rank", r), f"rank {r}") for r in set(ranks_a) | set(ranks_b)}
     return ({r: same[r] for r in ranks_a}, {r: same[r] for r in ranks_b},
             "same-index ranks: the runs do not both record a tp/pp/dp configuration matching "
