@@ -183,6 +183,15 @@ def test_tp2_vs_sp_all_reduce_becomes_all_gather_and_reduce_scatter_in_each_laye
                              "reduce_scatter": (0, 4 * per_mb)} for i in range(LAYERS)}
         # The linears still multiply the whole sequence (gathered first): same matmul FLOPs.
         assert scope.a.flops["matmul"] == scope.b.flops["matmul"] > 0
+    # in plain words, over both ranks: without SP (2L+4)M forward and (2L+1)M backward
+    # all-reduces per step; with SP the embedding's and the cross entropy's 4M stay, plus one
+    # grad-sync all-reduce of the sequence-parallel parameters a step
+    total = 2 * ((2 * LAYERS + 4) + (2 * LAYERS + 1)) * M * STEPS
+    kept = 2 * (4 * M + 1) * STEPS
+    (sentence,) = result.in_words
+    assert sentence.startswith(f"{total - kept} of the {total} all-reduces over the tp group "
+                               "of 2 became all-gather + reduce-scatter (")
+    assert "GPTChunk.blocks.*.attn.proj" in sentence
 
 
 def p2p(scope: diff.ScopeDiff) -> dict:

@@ -10,6 +10,7 @@ from viz.diff.graph import ADDED, CHANGED, REMOVED, UNCHANGED, build_diff_graph,
 from viz.diff.profile import Profile, merge
 from viz.diff.result import ALL_RANKS, Delta, DiffResult, RunSide, compare
 from viz.diff.roles import assign_roles, grid_role, group_label, match_roles
+from viz.diff.words import describe
 from viz.grid import Grid
 from viz.groups import Frame, OpGroup
 from viz.render.diff_svg import to_dot
@@ -176,3 +177,39 @@ def test_page_escapes_recorded_text_and_stays_offline(tmp_path):
     data = json.loads((tmp_path / "out" / "diff.json").read_text())
     assert data["roles"][0]["ops"] == [{"module": evil, "op": "aten.mm.default",
                                         "phase": "forward", "a": 2, "b": 3}]
+
+
+def comm_profile(rank, comm, module_comm=()):
+    """A profile with communication only: comm is {(kind, phase, group): (count, bytes)}."""
+    p = Profile((rank,))
+    for key, (count, nbytes) in comm.items():
+        p.comm[key] += count
+        p.comm_bytes[key] += nbytes
+    for key, count in module_comm:
+        p.module_comm[key] += count
+    return p
+
+
+def test_communication_changes_in_plain_words():
+    dp = "dp group of 4"
+    plain = comm_profile(0, {("all_reduce", "backward", dp): (6, 6 * 4096)})
+    zero = comm_profile(0, {("reduce_scatter", "backward", dp): (6, 6 * 4096),
+                            ("all_gather", "other", dp): (6, 6 * 1024)})
+    assert describe(compare(ALL_RANKS, plain, zero)) == [
+        "the all-reduce over the dp group of 4 became all-gather + reduce-scatter "
+        "(the same traffic)"]
+    ring = comm_profile(0, {("all_reduce", "backward", "cp+dp group of 8"): (6, 6 * 4096),
+                            ("send", "forward", "cp group of 2"): (4, 4096),
+                            ("recv", "forward", "cp group of 2"): (4, 4096)},
+                        [(("GPTChunk.blocks.0.attn", "send", "forward"), 2),
+                         (("GPTChunk.blocks.1.attn", "send", "forward"), 2)])
+    assert describe(compare(ALL_RANKS, plain, ring)) == [
+        "the all-reduces moved from the dp group of 4 to the cp+dp group of 8 (6)",
+        "a ring of P2P appears over the cp group of 2 in GPTChunk.blocks.*.attn (4 sends)"]
+    moe = comm_profile(0, {("all_reduce", "backward", dp): (4, 4 * 2048),
+                           ("all_to_all", "forward", dp): (8, 8 * 512)},
+                       [(("GPTChunk.blocks.1.mlp.experts", "all_to_all", "forward"), 8)])
+    assert describe(compare(ALL_RANKS, plain, moe)) == [
+        "all-to-alls appear over the dp group of 4 in GPTChunk.blocks.*.mlp.experts (8)",
+        "2 of the 6 all-reduces over the dp group of 4 disappear"]
+    assert describe(compare(ALL_RANKS, plain, plain)) == []

@@ -33,6 +33,7 @@ from .profile import merge, rank_profile
 from .result import ALL_RANKS, DiffResult, RunSide, ScopeDiff, compare
 from ..grid import grid_of
 from .roles import assign_roles, group_label, match_roles
+from .words import describe
 
 SCHEMA = "paratrace.diff/1"
 MAX_GRAPHS = 8        # diff call graphs drawn: all ranks, then roles that changed first
@@ -106,7 +107,8 @@ def diff_runs(run_a: Run, run_b: Run, *, warn: Optional[Callable[[str], None]] =
     return DiffResult(_side(a, steps_a), _side(b, steps_b), method, changes, roles, only_a,
                       only_b, totals, graphs, _warnings(a, b, steps_a, steps_b, common),
                       tuple(sorted(common or steps_a | steps_b)),
-                      unreadable=[("A", r) for r in a.missing] + [("B", r) for r in b.missing])
+                      unreadable=[("A", r) for r in a.missing] + [("B", r) for r in b.missing],
+                      in_words=describe(totals))
 
 
 def _warnings(a: RunAnalysis, b: RunAnalysis, steps_a: frozenset, steps_b: frozenset,
@@ -150,6 +152,7 @@ def to_json(result: DiffResult, svgs: Optional[dict] = None) -> dict:
     return {
         "schema": SCHEMA, "a": side(result.a), "b": side(result.b),
         "structural_change": result.structural_change, "verdict": result.verdict(),
+        "in_words": result.in_words,
         "role_method": result.role_method, "compared_steps": list(result.compared_steps),
         "config_changes": [{"key": k, "a": va, "b": vb} for k, va, vb in result.config_changes],
         "only_a": [{"role": label, "rank": r} for label, r in result.only_a],

@@ -83,6 +83,8 @@ def format_table(result: DiffResult, top: int) -> str:
                  + (f", only in B: {len(result.only_b)}" if result.only_b else ""))
     lines += [f"warning: {w}" for w in result.warnings]
     lines += ["", result.verdict(), ""]
+    if result.in_words:
+        lines += ["In words:"] + [f"  - {sentence}" for sentence in result.in_words] + [""]
     every = largest_changes(result)
     rows = every[:max(top, 0)]
     if rows:
