@@ -124,7 +124,7 @@ def launch(config, argv: list, traces_dir: str, target: Target, *,
         outcome.ranks = {str(r): {"status": "ok", "exit_code": 0, "error": None}
                          for r in returns}
     except ChildFailedError as exc:
-        outcome.add_failures(exc)
+        outcome.add_failures(exc, traces_dir)
     except SignalException as exc:
         outcome.interrupted, outcome.exit_code = True, 128 + int(exc.sigval)
     except KeyboardInterrupt:

@@ -40,12 +40,15 @@ class Outcome:
     hang: Optional[dict] = None
     error: Optional[str] = None                    # the launch itself failed (rendezvous...)
 
-    def add_failures(self, failed) -> None:
+    def add_failures(self, failed, traces_dir: str) -> None:
         """torch's ChildFailedError: every failed rank, the first one and the exit status."""
-        self.first_failure, first = failed.get_first_failure()
-        self.exit_code = exit_status(first.exitcode)
+        first = first_to_stop(list(failed.failures), traces_dir)
+        if first is None:
+            first, _ = failed.get_first_failure()
+        self.first_failure = first
+        self.exit_code = exit_status(failed.failures[first].exitcode)
         for rank, failure in failed.failures.items():
-            self.ranks[str(rank)] = failed_rank(rank, failure, self.first_failure)
+            self.ranks[str(rank)] = failed_rank(rank, failure, first)
 
     def add_hang(self, hang: dict, exit_code: int) -> None:
         """The watchdog ended the run: blame the ranks it named; the others were ended."""
@@ -62,6 +65,25 @@ class Outcome:
                 cause = "waiting"
             info.update(error=f"hang: ended by --timeout {hang['timeout_s']:g} ({cause})",
                         terminated=int(rank) not in culprits)
+
+
+def first_to_stop(ranks: list, traces_dir: str) -> Optional[int]:
+    """Of these failed ranks, the one whose tracer last wrote its status file first: the root
+    cause, as the others stopped because of it. None unless every one has a status file.
+
+    NOTE: torch's own first failure compares whole seconds, taken from the error file of a rank
+    that raised but from the moment the agent noticed a rank killed by a signal: a peer that
+    raised "connection closed" a moment after a SIGKILL can come out first. A status file is
+    rewritten every 0.25 s while a rank lives and once more when its trace closes, so its
+    modification time is the rank's last sign of life.
+    """
+    stopped = {}
+    for rank in ranks:
+        try:
+            stopped[rank] = os.path.getmtime(rundir.status_file(traces_dir, rank))
+        except OSError:
+            return None
+    return min(stopped, key=stopped.get) if stopped else None
 
 
 def exit_status(code: int) -> int:

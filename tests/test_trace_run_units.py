@@ -4,6 +4,7 @@ test_trace_run.py, test_trace_run_faults.py and test_trace_run_nodes.py."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -202,3 +203,29 @@ def test_a_trace_run_claims_to_collect_if_given_node_rank_0_else_on_the_rendezvo
     # the static rendezvous takes --node-rank as the group rank: node 0 collects, as before
     static = NS(rdzv_backend="static", rdzv_endpoint="127.0.0.1:29500")
     assert launch.collector_claim(unnamed, static) == gather.CLAIM_NODE_RANK_0
+
+
+def test_the_first_failure_is_the_rank_that_stopped_first_not_torchs_whole_second(tmp_path):
+    # rank 0 was SIGKILLed; rank 1 raised "connection closed" a moment later, then was ended;
+    # torch compared whole seconds (rank 1's error file against the moment it noticed rank 0)
+    # and named rank 1
+    from types import SimpleNamespace as NS
+    failures = {0: NS(exitcode=-9, message="Signal 9 (SIGKILL) received by PID 7"),
+                1: NS(exitcode=-15, message="RuntimeError: Connection closed by peer")}
+    failed = NS(failures=failures, get_first_failure=lambda: (1, failures[1]))
+    for rank, mtime in ((0, 1000.0), (1, 1000.3)):       # the status files' last writes
+        path = tmp_path / f"rank-{rank}.status.json"
+        path.write_text("{}")
+        os.utime(path, (mtime, mtime))
+    outcome = run_record.Outcome()
+    outcome.add_failures(failed, str(tmp_path))
+    assert outcome.first_failure == 0 and outcome.exit_code == 128 + 9
+    assert outcome.ranks["0"] == {"status": "failed", "exit_code": -9, "terminated": False,
+                                  "error": "Signal 9 (SIGKILL) received by PID 7"}
+    assert outcome.ranks["1"]["terminated"] is True
+    assert outcome.ranks["1"]["error"].startswith("ended by the launcher after rank 0 failed")
+    # a rank without a status file (it died before its tracer started): torch's answer stands
+    (tmp_path / "rank-1.status.json").unlink()
+    outcome = run_record.Outcome()
+    outcome.add_failures(failed, str(tmp_path))
+    assert outcome.first_failure == 1
