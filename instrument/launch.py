@@ -140,8 +140,8 @@ def launch(config, argv: list, traces_dir: str, target: Target, *,
 
 def describe_launch(config, target: Target) -> str:
     """``N ranks (what they run)`` for the launching line."""
-    what = shlex.join([os.path.basename(target.script) if target.script else
-                       f"-m {target.module}", *target.args])
+    run = [os.path.basename(target.script)] if target.script else ["-m", target.module]
+    what = shlex.join([*run, *target.args])
     what = what if len(what) <= 72 else what[:69] + "..."
     ranks = f"{config.nproc_per_node} rank{'s' if config.nproc_per_node != 1 else ''}"
     if config.max_nodes == 1:
