@@ -60,8 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
     own.add_argument("--no-report", action="store_true",
                      help="only record: skip summary.json and the HTML report")
     own.add_argument("--timeout", type=float, metavar="SECONDS", default=None,
-                     help="end the run when no rank makes progress for this long (a hung "
-                     "collective) and report each rank's last collective and stack")
+                     help="end the run when no rank makes progress for this long while one "
+                     "waits in a collective, or a rank records nothing this long after another "
+                     "finished; report each rank's last collective and stack (exit 124)")
     parser._optionals.title = "torchrun options"
     for action in parser._actions:
         if action.dest == "training_script":
