@@ -4,7 +4,8 @@ torch's agent starts ``python -u -m instrument.bootstrap [own options] -- SCRIPT
 once per rank. Before the user's code runs this module:
 
 - turns SIGTERM (what the agent sends every worker when one rank fails or on Ctrl-C) into an
-  exception, so the tracer closes cleanly and flushes the rank's trace;
+  exception while the tracer records, so it closes cleanly and flushes the rank's trace (once
+  the trace is closed, SIGTERM ends the process at once, as by default);
 - registers a faulthandler dump of every thread's Python stack on SIGUSR1 into
   ``traces/rank-<R>.stack.txt`` (the watchdog sends it when the run hangs: faulthandler writes
   from C, so it works even while the main thread is blocked inside a collective);
@@ -113,12 +114,17 @@ def main(argv: Optional[list] = None) -> None:
         script = os.path.abspath(opts.script)
         sys.argv = [opts.script, *opts.args]
         sys.path[0] = os.path.dirname(script)   # what `python script.py` puts first
-    with tracer.trace(traces_dir, steps=opts.steps, stack_depth=opts.stack_depth,
-                      library_frames=opts.include_library_frames):
-        if opts.module is not None:
-            runpy.run_module(opts.module, run_name="__main__", alter_sys=True)
-        else:
-            runpy.run_path(script, run_name="__main__")
+    try:
+        with tracer.trace(traces_dir, steps=opts.steps, stack_depth=opts.stack_depth,
+                          library_frames=opts.include_library_frames):
+            if opts.module is not None:
+                runpy.run_module(opts.module, run_name="__main__", alter_sys=True)
+            else:
+                runpy.run_path(script, run_name="__main__")
+    finally:
+        # The trace is closed: nothing is left to flush, so a SIGTERM from here on just ends
+        # the process (raised now, it would land in an atexit handler as a traceback).
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 if __name__ == "__main__":

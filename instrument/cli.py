@@ -60,8 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
     own.add_argument("--no-report", action="store_true",
                      help="only record: skip summary.json and the HTML report")
     own.add_argument("--timeout", type=float, metavar="SECONDS", default=None,
-                     help="end the run when no rank makes progress for this long (a hung "
-                     "collective) and report each rank's last collective and stack")
+                     help="end the run when no rank makes progress for this long while one "
+                     "waits in a collective, or a rank records nothing this long after another "
+                     "finished; report each rank's last collective and stack (exit 124)")
     parser._optionals.title = "torchrun options"
     for action in parser._actions:
         if action.dest == "training_script":
@@ -72,6 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
             action.metavar, action.help = "ARGS", "the script's own arguments, passed unchanged"
         elif action.dest == "nproc_per_node" and "PET_NPROC_PER_NODE" not in os.environ:
             action.default = None     # unset: 1, or DEFAULT_WORLD_SIZE for the reference GPT
+        elif action.dest == "node_rank" and "PET_NODE_RANK" not in os.environ:
+            action.default = None     # unset: 0, but only a given --node-rank 0 collects
 
     def error(message: str):
         print(f"trace-run: error: {message} (usage: {USAGE}; see trace-run --help)",
@@ -132,25 +135,6 @@ def prepare_out(out: Optional[str]) -> str:
     return out
 
 
-def launch_config(args: argparse.Namespace):
-    """torchrun's LaunchConfig, with the same defaulting as ``torch.distributed.run.run``."""
-    if args.standalone:
-        args.rdzv_backend, args.rdzv_endpoint = "c10d", "localhost:0"
-        args.rdzv_id = str(uuid.uuid4())
-    elif args.rdzv_backend == "static" and not args.rdzv_endpoint and args.master_port is None:
-        if torchrun.parse_min_max_nnodes(args.nnodes)[1] == 1:
-            # one node and no port given: let the rendezvous pick a free port
-            args.rdzv_backend, args.rdzv_endpoint = "c10d", "localhost:0"
-            args.rdzv_id = str(uuid.uuid4())
-    if args.master_port is None:
-        args.master_port = 29500
-    try:
-        config, _, _ = torchrun.config_from_args(args)
-    except (ValueError, AssertionError, RuntimeError) as exc:
-        raise UsageError(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
-    return config
-
-
 def worker_args(args: argparse.Namespace, out: str, target: Target) -> list:
     """Arguments of ``python`` for each worker: the bootstrap, its options, then the target."""
     own = ["--out", out, "--stack-depth", str(args.stack_depth)]
@@ -162,9 +146,14 @@ def worker_args(args: argparse.Namespace, out: str, target: Target) -> list:
     return ["-u", "-m", "instrument.bootstrap", *own, "--", *run, *target.args]
 
 
-def check_steps(spec: Optional[str]) -> None:
+def check_own_options(args: argparse.Namespace) -> None:
+    """trace-run's own options (torchrun's are checked by instrument.preflight)."""
     from tracer.options import parse_steps
+    if args.stack_depth < 1:
+        raise UsageError(f"--stack-depth must be at least 1 (got {args.stack_depth})")
+    if args.timeout is not None and not args.timeout > 0:
+        raise UsageError(f"--timeout must be a positive number of seconds (got {args.timeout:g})")
     try:
-        parse_steps(spec)
+        parse_steps(args.steps)
     except ValueError as exc:
         raise UsageError(f"--steps: {exc}") from None

@@ -1,17 +1,21 @@
-"""Multi-node gathering: every node's trace files end up in the DIR of the node holding rank 0.
+"""Multi-node gathering: every node's trace files end up in the DIR of one node, the collector.
 
 Nodes share no disk, and a worker may die (SIGKILL) or destroy its process group before the end,
 so the transfer is not done by workers over the training process group. Instead:
 
-1. Each trace-run process listens on a TCP port (:class:`Collector`) and passes its address and
-   a random token to its workers (``PARATRACE_COLLECTOR=host:port#token``); uploads without the
-   token are refused, and the token only travels through the agent's store.
+1. Each trace-run process listens on a TCP port (:class:`Collector`) and passes its address, a
+   random token and its claim to collect to its workers (``PARATRACE_COLLECTOR=host:port#token``,
+   ``PARATRACE_CLAIM``); uploads without the token are refused, and the token only travels
+   through the agent's store.
 2. At start, local rank 0 of every node meets the others in the torch elastic agent's store
-   (``MASTER_ADDR:MASTER_PORT``, up for sure while the workers start): the node with group rank
-   0 (which holds global rank 0) publishes its trace-run's address, the others read it
-   (:func:`announce`). Each writes what it learned to ``DIR/node.json``.
+   (``MASTER_ADDR:MASTER_PORT``, up for sure while the workers start): each publishes its
+   trace-run's address and claim, reads everybody's, and all agree on one collector
+   (:func:`choose_collector`): the trace-run given ``--node-rank 0``; without ``--node-rank``,
+   the one on the rendezvous endpoint's host; the lowest group rank among equal claims. torch
+   assigns group ranks itself (c10d ignores ``--node-rank``), so the collector need not hold
+   global rank 0. Each writes what it learned to ``DIR/node.json`` (:func:`announce`).
 3. After the run, each other node's trace-run sends all files of its ``DIR/traces`` (including
-   partial traces of killed ranks) and its ranks' exit statuses to that address
+   partial traces of killed ranks) and its ranks' exit statuses to the collector
    (:func:`send`); the collecting trace-run writes them into its own ``DIR/traces``.
 
 Wire format (no pickle): one JSON header line ``{"schema": "paratrace.gather/1", "token",
@@ -37,6 +41,9 @@ from tracer import rundir
 
 SCHEMA = "paratrace.gather/1"
 ENV_COLLECTOR = "PARATRACE_COLLECTOR"
+ENV_CLAIM = "PARATRACE_CLAIM"
+# How strongly a trace-run claims to collect: given --node-rank 0 > on the rendezvous host > none
+CLAIM_NODE_RANK_0, CLAIM_RENDEZVOUS_HOST, CLAIM_NONE = 2, 1, 0
 _MAX_HEADER = 1 << 20
 _CHUNK = 1 << 20
 
@@ -119,11 +126,12 @@ class Collector:
             raise GatherError(f"upload from {peer}: wrong token (not a node of this run)")
         files = header.get("files") or []
         for item in files:
-            if not rundir.parse_rank_file(str(item.get("name"))) is not None or int(item.get("size", -1)) < 0:
+            if not isinstance(item, dict) or not isinstance(item.get("size"), int) or \
+                    item["size"] < 0 or rundir.parse_rank_file(str(item.get("name"))) is None:
                 raise GatherError(f"upload from {peer}: refused file entry {item!r}")
         os.makedirs(self.traces_dir, exist_ok=True)
         # known before any file lands, so the local run never mistakes them for its own ranks
-        self.incoming.update(int(item["name"].split("-")[1].split(".")[0]) for item in files)
+        self.incoming.update(rundir.parse_rank_file(item["name"]) for item in files)
         wfile.write(b'{"ok": true}\n')
         wfile.flush()
         for item in files:
@@ -142,7 +150,7 @@ class Collector:
 
 
 def announce(out_dir: str, timeout: float = 120.0) -> None:
-    """In a worker: learn (or publish) the collector's address; local rank 0 writes node.json.
+    """In a worker: meet the other nodes, agree on the collector; local rank 0 writes node.json.
 
     Does nothing on single-node runs or outside torchrun.
     """
@@ -151,22 +159,32 @@ def announce(out_dir: str, timeout: float = 120.0) -> None:
         return
     from torch.distributed import TCPStore
 
-    group_rank = int(env["GROUP_RANK"])
-    key = (f"paratrace/{env.get('TORCHELASTIC_RUN_ID', '')}/"
-           f"{env.get('TORCHELASTIC_RESTART_COUNT', '0')}/collector")
+    group_rank, nodes = int(env["GROUP_RANK"]), int(env["GROUP_WORLD_SIZE"])
+    prefix = (f"paratrace/{env.get('TORCHELASTIC_RUN_ID', '')}/"
+              f"{env.get('TORCHELASTIC_RESTART_COUNT', '0')}/node")
     store = TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False,
                      timeout=timedelta(seconds=timeout))
-    if group_rank == 0:
-        collector = env.get(ENV_COLLECTOR, "")
-        store.set(key, collector)
-    else:
-        collector = store.get(key).decode()
-    node = {"group_rank": group_rank, "group_world_size": int(env["GROUP_WORLD_SIZE"]),
-            "collector": collector}
+    mine = {"group_rank": group_rank, "collector": env.get(ENV_COLLECTOR, ""),
+            "claim": int(env.get(ENV_CLAIM, CLAIM_NONE))}
+    store.set(f"{prefix}/{group_rank}", json.dumps(mine))
+    keys = [f"{prefix}/{n}" for n in range(nodes)]
+    store.wait(keys, timedelta(seconds=timeout))
+    everyone = [json.loads(store.get(key)) for key in keys]
+    chosen = choose_collector(everyone)
+    node = {"group_rank": group_rank, "group_world_size": nodes,
+            "collector": chosen["collector"], "collector_node": chosen["group_rank"],
+            "collects": chosen["group_rank"] == group_rank, "claim": mine["claim"],
+            "rival_claims": sum(n["claim"] == chosen["claim"] for n in everyone) - 1}
     tmp = os.path.join(out_dir, rundir.NODE_RECORD + ".tmp")
     with open(tmp, "w") as fh:
         json.dump(node, fh)
     os.replace(tmp, os.path.join(out_dir, rundir.NODE_RECORD))
+
+
+def choose_collector(nodes: list) -> dict:
+    """The node that collects: the strongest claim, then the lowest group rank. Every node runs
+    this on the same list, so all agree."""
+    return min(nodes, key=lambda n: (-int(n.get("claim", CLAIM_NONE)), int(n["group_rank"])))
 
 
 def read_node(out_dir: str) -> Optional[dict]:

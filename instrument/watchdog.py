@@ -1,27 +1,37 @@
-"""The hang watchdog of ``trace-run --timeout S``.
+"""The hang watchdog of ``trace-run --timeout S``: when a run hangs, and what to do about it.
 
-It reads the tracer's live status files (``traces/rank-<R>.status.json``, rewritten every
+It judges from the tracer's live status files (``traces/rank-<R>.status.json``, rewritten every
 ~0.25 s by each rank's flusher thread, even while the rank's main thread is blocked in a
-collective). When no rank has made progress (new events, a new step, a status change) for S
-seconds while at least one rank waits in a collective, it asks every rank for its Python stacks (SIGUSR1, dumped by faulthandler into
-``rank-<R>.stack.txt``), works out which ranks never arrived at the collective the others are
-stuck in, and ends the workers (SIGTERM, then SIGKILL: a rank blocked in C++ never runs a Python
-signal handler). Its traces stay readable: the tracer flushed them up to the hang.
+collective). :class:`HangDetector` calls two situations a hang:
+
+- **a hung collective**: no rank has made progress (new events, a new step, a status change) for
+  S seconds while at least one rank waits in a collective;
+- **a rank left behind**: some rank has finished (its trace closed ``ok``), and a rank whose
+  process still runs has recorded nothing for S seconds since (it hangs outside any collective,
+  or closed its trace but never exits). torch's agent would wait for it for ever.
+
+A slow start (imports, rendezvous, the tracer's clock sync) is neither: nobody waits in a
+collective yet and nobody has finished. On a hang, :func:`hang_report` asks every live rank for
+its Python stacks (SIGUSR1, dumped by faulthandler into ``rank-<R>.stack.txt``) and works out
+which ranks never arrived at the collective the others are stuck in; :func:`end_workers` ends
+them (SIGTERM, then SIGKILL: a rank blocked in C++ never runs a Python signal handler). Their
+traces stay readable: the tracer flushed them up to the hang.
 """
 from __future__ import annotations
 
 import json
 import os
 import signal
-import threading
 import time
-from dataclasses import dataclass
-from typing import Callable, Optional
+from dataclasses import dataclass, field
+from typing import Optional
 
 import tracer
 from tracer import rundir
 
 _P2P = ("send", "recv")
+COLLECTIVE, LEFT_BEHIND, EXIT = "collective", "left_behind", "exit"
+EXIT_GRACE_S = 30.0       # a closed trace, a live process: torch's own shutdown grace
 
 
 @dataclass(frozen=True)
@@ -50,7 +60,11 @@ class Collective:
 def read_statuses(traces_dir: str) -> dict:
     """rank -> the rank's latest status dict (unreadable files are skipped)."""
     statuses = {}
-    for rank, path in rundir.rank_files(traces_dir, rundir.STATUS_EXT).items():
+    try:
+        paths = rundir.rank_files(traces_dir, rundir.STATUS_EXT)
+    except OSError:          # not created yet, or removed under us
+        return statuses
+    for rank, path in paths.items():
         try:
             with open(path) as fh:
                 statuses[rank] = json.load(fh)
@@ -112,7 +126,129 @@ def never_arrived(statuses: dict, launched: dict, absent_arrived: bool = False) 
     return sorted(missing)
 
 
-def _is_child(pid: int) -> bool:
+@dataclass
+class Verdict:
+    """A hang: which rule saw it (``kind``), the ranks to blame for a rank left behind or a rank
+    that does not exit (``lingering``), and the ranks whose trace had closed ``ok``."""
+
+    kind: str
+    lingering: list = field(default_factory=list)
+    finished: list = field(default_factory=list)
+
+
+def progress_signature(status: dict) -> tuple:
+    """What changes whenever a rank makes progress (``now_ns`` changes at every rewrite)."""
+    return (status.get("status"), status.get("events"), status.get("last_event_ns"),
+            status.get("step"), len(status.get("inflight") or []), status.get("final"))
+
+
+class HangDetector:
+    """Decides from successive snapshots of the status files whether the run hangs (see the
+    module docstring). Pure: the caller passes the time and which ranks' processes are alive."""
+
+    def __init__(self, timeout_s: float, exit_grace_s: float = EXIT_GRACE_S):
+        self.timeout_s = timeout_s
+        self.exit_grace_s = max(timeout_s, exit_grace_s)
+        self._signature: Optional[dict] = None
+        self._quiet_since = 0.0                   # no rank changed since
+        self._changed: dict = {}                  # rank -> (signature, when it last changed)
+        self._finished_at: dict = {}              # rank -> when its trace was first seen ok
+
+    def observe(self, statuses: dict, alive: set, now: float) -> Optional[Verdict]:
+        """``statuses``: rank -> status dict; ``alive``: ranks whose process still runs."""
+        signature = {r: progress_signature(s) for r, s in statuses.items()}
+        if signature != self._signature:
+            self._signature, self._quiet_since = signature, now
+        for rank, sig in signature.items():
+            if self._changed.get(rank, (None,))[0] != sig:
+                self._changed[rank] = (sig, now)
+            if statuses[rank].get("final") and statuses[rank].get("status") == "ok":
+                self._finished_at.setdefault(rank, now)
+        finished = sorted(self._finished_at)
+        running = {r: s for r, s in statuses.items() if not s.get("final")}
+        # NOTE: a rank in a collective is what makes silence a hang; a slow start changes no
+        # status file either, but then nobody waits yet.
+        if any(s.get("inflight") for s in running.values()) and \
+                now - self._quiet_since >= self.timeout_s:
+            return Verdict(COLLECTIVE, finished=finished)
+        behind = [r for r in sorted(alive & set(running)) if self._left_behind(r, now)]
+        if behind:
+            return Verdict(LEFT_BEHIND, lingering=behind, finished=finished)
+        stuck = [r for r in sorted(alive & set(self._finished_at))
+                 if now - self._finished_at[r] >= self.exit_grace_s]
+        if stuck:
+            return Verdict(EXIT, lingering=stuck, finished=finished)
+        return None
+
+    def _left_behind(self, rank: int, now: float) -> bool:
+        """Silent for the timeout since the later of its last change and the first time another
+        rank was seen finished."""
+        if not self._finished_at:
+            return False
+        since = max(self._changed[rank][1], min(self._finished_at.values()))
+        return now - since >= self.timeout_s
+
+
+def describe(verdict: Verdict, hang: dict) -> str:
+    """The one line trace-run prints when the watchdog ends a run."""
+    timeout = f"{hang['timeout_s']:g}s"
+    if verdict.kind == COLLECTIVE:
+        late = _join(hang["never_arrived"]) or "unknown"
+        return (f"no rank made progress for {timeout}: rank(s) {late} never arrived at the "
+                "collective the others wait in; ending the workers")
+    if verdict.kind == LEFT_BEHIND:
+        return (f"rank(s) {_join(verdict.lingering)} recorded nothing for {timeout} after rank(s) "
+                f"{_join(verdict.finished)} finished; ending the workers")
+    return (f"rank(s) {_join(verdict.lingering)} closed the trace but did not exit for "
+            f"{hang['exit_grace_s']:g}s; ending them")
+
+
+def hang_report(traces_dir: str, verdict: Verdict, detector: HangDetector, *,
+                multi_node: bool = False) -> dict:
+    """``run.json["hang"]``: each rank's state and Python stack (dumped now, on SIGUSR1)."""
+    statuses = read_statuses(traces_dir)
+    for rank, s in statuses.items():
+        if is_child(s.get("pid") or -1):
+            _signal(s["pid"], signal.SIGUSR1)
+    time.sleep(1.0)     # faulthandler writes at once; leave time for every rank
+    statuses = read_statuses(traces_dir)
+    launched = {r: launched_seqs(traces_dir, r) for r in statuses}
+    ranks = {}
+    for r, s in sorted(statuses.items()):
+        try:
+            with open(rundir.stack_file(traces_dir, r)) as fh:
+                stack = fh.read()
+        except OSError:
+            stack = ""
+        ranks[str(r)] = {"status": s.get("status"), "final": bool(s.get("final")),
+                         "step": s.get("step"), "last_collective": s.get("last_collective"),
+                         "inflight": s.get("inflight") or [], "stack": stack}
+    never = never_arrived(statuses, launched, multi_node) if verdict.kind == COLLECTIVE else []
+    return {"timeout_s": detector.timeout_s, "exit_grace_s": detector.exit_grace_s,
+            "kind": verdict.kind, "never_arrived": never, "lingering": verdict.lingering,
+            "ranks": ranks}
+
+
+def end_workers(traces_dir: str) -> None:
+    """End this node's live workers that are still recording; a worker whose trace is closed is
+    ended only when none is recording (otherwise torch's agent ends it, and it may exit first)."""
+    # NOTE: ranks waiting in a collective go first: ending a peer first would make their
+    # collective fail, which the tracer would record as its completion. Killed while still
+    # waiting, the collective stays in flight (t1 null) in the trace, as it really was.
+    statuses = [s for s in read_statuses(traces_dir).values() if is_child(s.get("pid") or -1)]
+    recording = [s for s in statuses if not s.get("final")]
+    waiting = [s["pid"] for s in recording if s.get("inflight")]
+    others = [s["pid"] for s in (recording or statuses) if s["pid"] not in waiting]
+    _terminate(waiting, grace_s=1.0)
+    _terminate(others, grace_s=3.0)
+
+
+def alive_ranks(statuses: dict) -> set:
+    """Ranks whose worker process (the status file's pid) still runs."""
+    return {r for r, s in statuses.items() if is_child(s.get("pid") or -1)}
+
+
+def is_child(pid: int) -> bool:
     """A live worker of ours (the agent runs in this process): never signal a stale pid."""
     try:
         with open(f"/proc/{pid}/stat") as fh:
@@ -122,89 +258,16 @@ def _is_child(pid: int) -> bool:
     return int(ppid) == os.getpid() and state != "Z"
 
 
-class Watchdog:
-    """Background thread: detects a run without progress and ends it (see module docstring)."""
-
-    def __init__(self, traces_dir: str, timeout_s: float, *, poll_s: float = 0.5,
-                 multi_node: bool = False, on_hang: Optional[Callable[[dict], None]] = None):
-        self.traces_dir = traces_dir
-        self.multi_node = multi_node
-        self.timeout_s = timeout_s
-        self.poll_s = poll_s
-        self.on_hang = on_hang
-        self.hang: Optional[dict] = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="paratrace-watchdog", daemon=True)
-
-    def start(self) -> "Watchdog":
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=30)
-
-    def _run(self) -> None:
-        last_signature, last_change = None, time.monotonic()
-        while not self._stop.wait(self.poll_s):
-            statuses = read_statuses(self.traces_dir)
-            signature = {r: (s.get("status"), s.get("events"), s.get("last_event_ns"),
-                             s.get("step"), len(s.get("inflight") or []))
-                         for r, s in statuses.items()}
-            if signature != last_signature:
-                last_signature, last_change = signature, time.monotonic()
-                continue
-            running = {r: s for r, s in statuses.items() if not s.get("final")}
-            # NOTE: only a rank waiting in a collective makes a hang; a slow start (imports,
-            # the tracer's clock sync) changes no status file either.
-            waiting = any(s.get("inflight") for s in running.values())
-            if waiting and time.monotonic() - last_change >= self.timeout_s:
-                self.hang = self._report(statuses, running)
-                if self.on_hang is not None:
-                    self.on_hang(self.hang)
-                self._end(running)
-                return
-
-    def _report(self, statuses: dict, running: dict) -> dict:
-        pids = {r: s.get("pid") for r, s in running.items() if _is_child(s.get("pid") or -1)}
-        for pid in pids.values():
-            os.kill(pid, signal.SIGUSR1)
-        time.sleep(1.0)     # faulthandler writes at once; leave time for every rank
-        launched = {r: launched_seqs(self.traces_dir, r) for r in statuses}
-        ranks = {}
-        for r, s in sorted(statuses.items()):
-            try:
-                with open(rundir.stack_file(self.traces_dir, r)) as fh:
-                    stack = fh.read()
-            except OSError:
-                stack = ""
-            ranks[str(r)] = {"status": s.get("status"), "step": s.get("step"),
-                             "last_collective": s.get("last_collective"),
-                             "inflight": s.get("inflight") or [], "stack": stack}
-        return {"timeout_s": self.timeout_s,
-                "never_arrived": never_arrived(statuses, launched, self.multi_node),
-                "ranks": ranks}
-
-    def _end(self, running: dict) -> None:
-        # NOTE: ranks waiting in a collective go first: ending a peer first would make their
-        # collective fail, which the tracer would record as its completion. Killed while still
-        # waiting, the collective stays in flight (t1 null) in the trace, as it really was.
-        waiting = [s.get("pid") for s in running.values() if s.get("inflight")]
-        others = [s.get("pid") for s in running.values() if not s.get("inflight")]
-        _terminate([p for p in waiting if _is_child(p or -1)], grace_s=1.0)
-        _terminate([p for p in others if _is_child(p or -1)], grace_s=3.0)
-
-
 def _terminate(pids: list, grace_s: float) -> None:
     """SIGTERM (the bootstrap turns it into an exception that closes the trace), then SIGKILL
     for ranks blocked in C++, which never run a Python signal handler."""
     for pid in pids:
         _signal(pid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and any(_is_child(p) for p in pids):
+    while time.monotonic() < deadline and any(is_child(p) for p in pids):
         time.sleep(0.1)
     for pid in pids:
-        if _is_child(pid):
+        if is_child(pid):
             _signal(pid, signal.SIGKILL)
 
 
@@ -213,3 +276,7 @@ def _signal(pid: int, sig: int) -> None:
         os.kill(pid, sig)
     except ProcessLookupError:
         pass
+
+
+def _join(ranks: list) -> str:
+    return ", ".join(map(str, ranks))

@@ -1,7 +1,10 @@
 """Plain c10d training on gloo, unaware of paratrace: DDP-style manual gradient all-reduce.
 
 Flags: --steps N; --raise-on RANK (that rank raises at step 1); --kill RANK (SIGKILLs itself at
-step 1); --hang RANK (skips the step-1 all-reduce, then sleeps); --sleep S (pause per step).
+step 1); --hang RANK (skips the step-1 all-reduce, then sleeps); --linger RANK (after the last
+step and destroy_process_group, that rank loops on time.sleep while the others exit); --late
+RANK (that rank sleeps --late-by S seconds before init_process_group); --sleep S (pause per
+step).
 """
 import argparse
 import os
@@ -16,10 +19,15 @@ parser.add_argument("--steps", type=int, default=3)
 parser.add_argument("--raise-on", type=int, default=None)
 parser.add_argument("--kill", type=int, default=None)
 parser.add_argument("--hang", type=int, default=None)
+parser.add_argument("--linger", type=int, default=None)
+parser.add_argument("--late", type=int, default=None)
+parser.add_argument("--late-by", type=float, default=6.0)
 parser.add_argument("--sleep", type=float, default=0.0)
 args = parser.parse_args()
 
 assert __name__ == "__main__"
+if int(os.environ["RANK"]) == args.late:
+    time.sleep(args.late_by)
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
 torch.manual_seed(0)
@@ -43,3 +51,5 @@ for step in range(args.steps):
     time.sleep(args.sleep)
     print(f"rank {rank} step {step} loss {loss.item():.4f}", flush=True)
 dist.destroy_process_group()
+while rank == args.linger:
+    time.sleep(0.5)

@@ -1,0 +1,201 @@
+"""``DIR/run.json``: how a trace-run went, rank by rank (schema in docs/trace-run.md).
+
+:class:`Outcome` is what torch's agent and the watchdog said about the launch; :func:`new_record`
+turns it, with the tracer's status files, into the record; :func:`merge_uploads` adds what other
+nodes sent; :func:`root_cause` picks the rank that failed first across nodes; :func:`write` and
+:func:`read` are its only writer and reader.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Optional
+
+import tracer
+from tracer import rundir
+
+from .watchdog import read_statuses
+
+SCHEMA = "paratrace.run/1"
+# Exit codes of workers ended from outside (SIGTERM/SIGINT/SIGKILL by the agent or watchdog).
+_HANG_CAUSES = {"collective": "never arrived at the collective the others waited in",
+                "left_behind": "recorded nothing after the other ranks finished",
+                "exit": "closed its trace but did not exit"}
+_ENDED = {-signal.SIGTERM, -signal.SIGINT, -signal.SIGKILL, 128 + signal.SIGTERM,
+          128 + signal.SIGINT}
+
+
+@dataclass
+class Outcome:
+    """How the launch ended, from torch's agent and the watchdog."""
+
+    exit_code: int = 0
+    interrupted: bool = False
+    ranks: dict = field(default_factory=dict)      # "R" -> {"status", "exit_code", "error"}
+    first_failure: Optional[int] = None
+    hang: Optional[dict] = None
+    error: Optional[str] = None                    # the launch itself failed (rendezvous...)
+
+    def add_failures(self, failed, traces_dir: str) -> None:
+        """torch's ChildFailedError: every failed rank, the first one and the exit status."""
+        first = first_to_stop(list(failed.failures), traces_dir)
+        if first is None:
+            first, _ = failed.get_first_failure()
+        self.first_failure = first
+        self.exit_code = exit_status(failed.failures[first].exitcode)
+        for rank, failure in failed.failures.items():
+            self.ranks[str(rank)] = failed_rank(rank, failure, first)
+
+    def add_hang(self, hang: dict, exit_code: int) -> None:
+        """The watchdog ended the run: blame the ranks it named; the others were ended."""
+        self.hang, self.exit_code = hang, exit_code
+        culprits = hang["never_arrived"] or hang.get("lingering") or []
+        self.first_failure = culprits[0] if culprits else None
+        for rank, info in self.ranks.items():
+            seen = hang["ranks"].get(rank, {})
+            if int(rank) in culprits:
+                cause = _HANG_CAUSES[hang.get("kind", "collective")]
+            elif seen.get("final") and seen.get("status") == "ok":
+                cause = "had finished, ended while exiting"
+            else:
+                cause = "waiting"
+            info.update(error=f"hang: ended by --timeout {hang['timeout_s']:g} ({cause})",
+                        terminated=int(rank) not in culprits)
+
+
+def first_to_stop(ranks: list, traces_dir: str) -> Optional[int]:
+    """Of these failed ranks, the one whose tracer last wrote its status file first: the root
+    cause, as the others stopped because of it. None unless every one has a status file.
+
+    NOTE: torch's own first failure compares whole seconds, taken from the error file of a rank
+    that raised but from the moment the agent noticed a rank killed by a signal: a peer that
+    raised "connection closed" a moment after a SIGKILL can come out first. A status file is
+    rewritten every 0.25 s while a rank lives and once more when its trace closes, so its
+    modification time is the rank's last sign of life.
+    """
+    stopped = {}
+    for rank in ranks:
+        try:
+            stopped[rank] = os.path.getmtime(rundir.status_file(traces_dir, rank))
+        except OSError:
+            return None
+    return min(stopped, key=stopped.get) if stopped else None
+
+
+def exit_status(code: int) -> int:
+    """A worker's exit code as a shell would report it (killed by signal N: 128 + N)."""
+    return 128 - code if code < 0 else (code or 1)
+
+
+def failed_rank(rank: int, failure, first: int) -> dict:
+    """run.json entry of a rank torch's agent reported failed; ``terminated``: a bystander the
+    launcher ended because rank ``first`` failed."""
+    message = failure.message
+    if isinstance(message, dict):          # torch's error file: {"message": ..., "extraInfo"}
+        message = message.get("message")
+    if not message or str(message).startswith("To enable traceback"):
+        message = f"exit code {failure.exitcode}"
+    terminated = rank != first and failure.exitcode in _ENDED
+    if terminated:
+        message = f"ended by the launcher after rank {first} failed ({message})"
+    return {"status": "failed", "exit_code": failure.exitcode, "error": str(message),
+            "terminated": terminated}
+
+
+def local_ranks(outcome: Outcome, traces_dir: str, remote: set) -> dict:
+    """Every rank this node ran: the agent's results plus ranks that wrote a status file
+    (``remote``: ranks other nodes uploaded into the same directory)."""
+    ranks = {rank: dict(info) for rank, info in outcome.ranks.items()}
+    for rank, status in read_statuses(traces_dir).items():
+        if rank in remote and str(rank) not in ranks:
+            continue
+        entry = ranks.setdefault(str(rank), {"status": None, "exit_code": None, "error": None})
+        entry["last_collective"] = status.get("last_collective")
+        entry["tracer_status"] = status.get("status")
+        if entry["status"] is None:
+            # not reported by the agent: the run ended early (hang, Ctrl-C, launch error)
+            entry["status"] = "ok" if status.get("status") == "ok" else "failed"
+            if entry["status"] == "failed":
+                entry["error"] = "interrupted" if outcome.interrupted else (
+                    "ended by the watchdog (hang)" if outcome.hang else outcome.error)
+    return _by_rank(ranks)
+
+
+def new_record(*, command: list, target, node: dict, world_size: int, started: float,
+               outcome: Outcome, ranks: dict) -> dict:
+    """The record of this node's part of the run."""
+    return {
+        "schema": SCHEMA, "command": command,
+        "target": {"script": target.script and os.path.abspath(target.script),
+                   "module": target.module, "args": target.args},
+        "nnodes": node["group_world_size"], "node_rank": node["group_rank"],
+        "world_size": world_size, "started_unix": started, "ended_unix": time.time(),
+        "exit_code": outcome.exit_code, "interrupted": outcome.interrupted,
+        "first_failure": outcome.first_failure, "launch_error": outcome.error,
+        "ranks": ranks, "hang": outcome.hang, "nodes": {},
+    }
+
+
+def merge_uploads(record: dict, uploads: dict, node: dict, host: str) -> None:
+    """The collecting node's record: its own ranks plus every other node's upload."""
+    own = sorted(map(int, record["ranks"]))
+    for upload in uploads.values():
+        record["ranks"].update(upload.ranks)
+        record["nodes"][str(upload.node_rank)] = {"host": upload.peer, "files": upload.files,
+                                                  "ranks": sorted(map(int, upload.ranks))}
+    record["ranks"] = _by_rank(record["ranks"])
+    record["nodes"][str(node["group_rank"])] = {"host": host, "ranks": own}
+    record["nodes_missing"] = [n for n in range(node["group_world_size"])
+                               if str(n) not in record["nodes"]]
+
+
+def root_cause(ranks: dict, traces_dir: str, fallback: Optional[int]) -> Optional[int]:
+    """Across nodes, the failed rank whose tracer closed first (its trace's ``end_unix``).
+
+    Each node's agent only knows its own ranks: when a rank on node 1 raises, node 0's ranks
+    fail a moment later with "connection closed by peer", and node 0's first failure is that.
+    """
+    ended = {}
+    for rank, info in ranks.items():
+        if info.get("status") != "failed" or info.get("terminated"):
+            continue
+        try:
+            end = tracer.load(rundir.trace_file(traces_dir, rank)).meta.get("end_unix")
+        except tracer.TraceError:
+            continue
+        if end is not None:
+            ended[int(rank)] = end
+    return min(ended, key=ended.get) if ended else fallback
+
+
+def write(out: str, record: dict) -> str:
+    """Write ``DIR/run.json`` atomically (a reader never sees half a record); returns its path.
+    Raises OSError."""
+    path = os.path.join(out, rundir.RUN_RECORD)
+    fd, tmp = tempfile.mkstemp(dir=out, prefix=rundir.RUN_RECORD + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(record, fh, indent=1)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+    return path
+
+
+def read(out: str) -> dict:
+    """``DIR/run.json``; raises OSError or ValueError (not JSON, or not a run record)."""
+    with open(os.path.join(out, rundir.RUN_RECORD)) as fh:
+        record = json.load(fh)
+    if not isinstance(record, dict) or record.get("schema") != SCHEMA:
+        raise ValueError(f"{os.path.join(out, rundir.RUN_RECORD)}: not a {SCHEMA} record")
+    return record
+
+
+def _by_rank(ranks: dict) -> dict:
+    return dict(sorted(ranks.items(), key=lambda kv: int(kv[0])))
