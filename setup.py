@@ -19,7 +19,8 @@ setup(
         "rich>=12",
     ],
     extras_require={"dask": ["dask[distributed]>=2023.1"],
-                    "test": ["pytest>=7", "pytest-timeout>=2", "dask[distributed]>=2023.1"]},
+                    "test": ["pytest>=7", "pytest-timeout>=2", "dask[distributed]>=2023.1",
+                             "duckdb>=1.0", "polars>=1.0"]},
     entry_points={
         "console_scripts": [
             "trace-run=instrument.launch:main",
