@@ -5,7 +5,8 @@ reference GPT (test_report_browser's: TP=2 x PP=2, 4 ranks, two steps); the page
 directory ``"runs/tp2pp2"`` is replaced by that run's. Then each query's result, DuckDB's and
 Polars', is checked: top ops per module against the report's op groups recounted over the same
 steps, collectives per group and phase against summary.json's comm rows, the two-rank join
-against summary.json's count of collectives the two ranks share.
+against summary.json's count of collectives the two ranks share. duckdb and polars come with
+the test extras (pip install -e '.[test]'); without them the page's first block fails.
 """
 from __future__ import annotations
 
@@ -16,12 +17,9 @@ from pathlib import Path
 
 import pytest
 
-duckdb = pytest.importorskip("duckdb", reason="pip install 'paratrace[test]'")
-polars = pytest.importorskip("polars", reason="pip install 'paratrace[test]'")
-
-from test_report_browser import two_step_run  # noqa: E402
-from viz.analysis import analyse, recount  # noqa: E402
-from viz.run import open_run  # noqa: E402
+from test_report_browser import two_step_run
+from viz.analysis import analyse, recount
+from viz.run import open_run
 
 PAGE = Path(__file__).resolve().parent.parent / "docs" / "sql.md"
 PLACEHOLDER = '"runs/tp2pp2"'
