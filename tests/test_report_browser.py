@@ -1,13 +1,9 @@
-"""The report as a person uses it, driven through real headless Chromium (DevTools protocol).
-
-The run: the reference GPT (TP=2 without SP x PP=2, 4 ranks) for two optimizer steps, so the
-recording holds setup and step 0, one counted training step, and an unfinished tail. Checks: the
-front page shows the timeline picture, a line per rank with summary.json's numbers, the top ops
-and collectives with links to their source lines; the call graphs show the counted step and
-setup has its own graph whose ops add up with it to the whole recording; real mouse drags and
-wheel turns and real key presses change the SVG's viewBox the way they should (pan, zoom, fit);
-the search box finds a node and centres on it; no page logs to the console; screenshots are not
-blank; every link of the new pages resolves; text from a trace is escaped on the front page.
+"""A real browser for the report's tests: headless Chromium driven over the DevTools protocol
+(--remote-debugging-pipe: no driver package), with real mouse, wheel and key events, page
+evaluation, screenshots and every console message and exception; and the run those tests
+share: the reference GPT (TP=2 without SP x PP=2, 4 ranks) traced for two optimizer steps, so
+the recording holds setup and step 0, one counted training step and an unfinished tail.
+test_report_front.py, test_report_panzoom.py and test_report_sql.py use them.
 """
 from __future__ import annotations
 
@@ -23,24 +19,24 @@ import shutil
 import subprocess
 import tempfile
 import threading
-from collections import Counter
 from pathlib import Path
 
 import pytest
 
 import gpt_helpers
 from test_callgraph import ARGS
-from test_report import CHROMIUM, blank, parse
+from test_report import CHROMIUM
 from viz.cli import build
 
 REPO = Path(__file__).resolve().parent.parent
-TWO_STEPS = [a if a != "1" or ARGS[i - 1] != "--steps" else "2" for i, a in enumerate(ARGS)]
+TWO_STEPS = list(ARGS)                 # test_callgraph's run, for two steps instead of one
+TWO_STEPS[ARGS.index("--steps") + 1] = "2"
 
 
 @functools.lru_cache(maxsize=None)
 def two_step_run() -> str:
     """Trace the reference GPT for two steps once per test session; returns the run dir (its
-    report built by trace-report's code path into it). test_report_sql.py reuses it."""
+    report built by trace-report's code path into it)."""
     out = tempfile.mkdtemp(prefix="paratrace-two-steps-")
     atexit.register(shutil.rmtree, out, True)
     proc = gpt_helpers.launch(4, [os.path.join(out, "traces"), *TWO_STEPS],
@@ -48,11 +44,6 @@ def two_step_run() -> str:
     assert proc.returncode == 0, f"traced run failed:\n{proc.stdout}\n{proc.stderr[-4000:]}"
     build(out)
     return out
-
-
-@pytest.fixture(scope="module")
-def report() -> Path:
-    return Path(two_step_run())
 
 
 # ------------------------------------------------------------------------------ browser
@@ -255,257 +246,3 @@ def test_the_browser_driver_sees_console_errors(browser, tmp_path):
     assert any("boom" in line for line in browser.console)
     assert any("no_such_function" in line for line in browser.console)
     browser.console.clear()
-
-
-def rows_of(browser: Browser, selector: str) -> list:
-    """The text of every data row of the first table matching ``selector``."""
-    return browser.js(f"Array.from(document.querySelector({json.dumps(selector)}).rows)"
-                      ".slice(1).map(tr => Array.from(tr.cells).map(c => c.textContent.trim()))")
-
-
-def counted_steps(summary: dict) -> set:
-    return {s for r in summary["ranks"].values() for s in r["time"]["counted_steps"]}
-
-
-def top_by_time(run_dir: str, steps: set, comm: bool) -> list:
-    """Ops (or collectives by kind and phase) by summed duration over ``steps``, all ranks,
-    straight from the trace columns: what the front page's tables must say."""
-    from tracer import load
-    from tracer.labels import PHASES
-    from tracer.ops import PSEUDO_OPS
-    totals: Counter = Counter()
-    calls: Counter = Counter()
-    for path in sorted(Path(run_dir, "traces").glob("rank-*.arrow")):
-        t = load(str(path))
-        ops, kinds = t.dictionary("op"), t.dictionary("kind")
-        for op, kind, phase, step, t0, t1 in zip(
-                t.col("op").tolist(), t.col("kind").tolist(), t.col("phase").tolist(),
-                t.col("step").tolist(), t.col("t0").tolist(), t.col("t1").tolist()):
-            if step not in steps or ops[op] in PSEUDO_OPS or (kind >= 0) != comm:
-                continue
-            key = f"{kinds[kind]} ({PHASES[phase]})" if comm else ops[op]
-            totals[key] += max(t1 - t0, 0) if t1 >= 0 else 0
-            calls[key] += 1
-    return [(key, calls[key], ns) for key, ns in totals.most_common(5)]
-
-
-def test_front_page_answers_what_happened(report, browser, tmp_path):
-    from viz.render import fmt_count, fmt_time, short_op
-    summary = json.loads((report / "summary.json").read_text())
-    steps = counted_steps(summary)
-    assert steps == {1}, steps              # step 0 (setup) and the unfinished tail left out
-    browser.console.clear()
-    browser.open((report / "index.html").as_uri())
-    assert browser.console == [], browser.console
-    assert not blank(browser.screenshot(tmp_path / "index.png"))
-    # the timeline picture comes first, inline, linked to its own page
-    first = browser.js("[...document.querySelectorAll('main h2')].map(h => h.id)")
-    assert first[:2] == ["timeline", "steps"], first
-    assert browser.js("document.querySelector('main a.preview').getAttribute('href')") == \
-        "timeline.html"
-    texts = browser.js("[...document.querySelectorAll('a.preview svg text')]"
-                       ".map(t => t.textContent)")
-    assert [f"rank {r}" for r in range(4)] == [t for t in texts if t.startswith("rank ")]
-    assert browser.js("document.querySelector('a.preview svg').getBoundingClientRect().width")\
-        > 900                                           # drawn across the page, not a thumbnail
-    # one line per rank with summary.json's numbers, per counted step
-    rows = rows_of(browser, "table.headline")
-    assert [r[0] for r in rows] == ["0", "1", "2", "3"]
-    for row in rows:
-        time = summary["ranks"][row[0]]["time"]
-        n = len(time["counted_steps"])
-        assert row[1] == "ok"
-        assert row[2] == fmt_time(time["wall_s"] / n * 1e9)
-        assert row[4] == fmt_time(time["compute_s"] / n * 1e9)
-        assert row[5] == fmt_time(time["exposed_comm_s"] / n * 1e9)
-        assert row[6] == f"{100 * time['overlap_fraction']:.0f} %"
-        assert row[7] == (f"{100 * time['pipeline']['bubble_fraction']:.0f} % "
-                          f"({100 * time['theoretical_bubble_fraction']:.0f} %)")
-        assert row[8] == "host"
-    bars = browser.js("[...document.querySelectorAll('table.headline .bar')].map(b => "
-                      "[...b.children].reduce((s, c) => s + c.getBoundingClientRect().width, 0)"
-                      " / b.getBoundingClientRect().width)")
-    assert len(bars) == 4 and all(0.98 < b < 1.02 for b in bars), bars
-    # the top ops and collectives, as the traces' own columns count them
-    for index, comm in ((1, False), (2, True)):
-        shown = rows_of(browser, f".tops section:nth-child({index}) table")
-        want = top_by_time(str(report), steps, comm)
-        assert [r[0] for r in shown] == [k if comm else short_op(k) for k, _, _ in want]
-        assert [r[1] for r in shown] == [fmt_count(n) for _, n, _ in want]
-        assert [r[3 if comm else 2] for r in shown] == [fmt_time(ns) for _, _, ns in want]
-    # each with a link to the source line that issued most of its time
-    links = browser.js("[...document.querySelectorAll('.tops td a')].map(a => "
-                       "a.getAttribute('href'))")
-    assert len(links) == 10, links
-    for link in links:
-        page, line = link.split("#")
-        html = (report / page).read_text()
-        assert re.search(rf'<tr id="{line}" class="hot">', html), link
-
-
-def test_call_graphs_open_on_the_training_step(report):
-    summary = json.loads((report / "summary.json").read_text())
-    whole = sum(sum(r["op_counts"].values()) for r in summary["ranks"].values())
-
-    def ops_in(svg: str) -> int:
-        title = re.search(r"ranks \S+ · ([0-9,]+) ops", (report / "callgraphs" / svg)
-                          .read_text())
-        return int(title.group(1).replace(",", ""))
-
-    training, setup = ops_in("all.svg"), ops_in("setup.svg")
-    assert 0 < training < whole and training + setup == whole
-    page = (report / "callgraphs" / "all.html").read_text()
-    assert "<h1>Call graph: all ranks merged, step 1</h1>" in page
-    assert 'href="setup.html"' in page
-    setup_page = (report / "callgraphs" / "setup.html").read_text()
-    assert "setup and uncounted steps, steps 0, 2" in setup_page
-    # building the model is setup: its __init__ is in the setup graph, not the step's
-    assert "GPTChunk.__init__" in (report / "callgraphs" / "setup.svg").read_text()
-    assert "GPTChunk.__init__" not in (report / "callgraphs" / "all.svg").read_text()
-    # per-rank graphs show the step too; each rank's ops add up to its events in step 1
-    from tracer import load
-    from tracer.ops import PSEUDO_OPS
-    for rank in range(4):
-        t = load(str(report / "traces" / f"rank-{rank}.arrow"))
-        ops = t.dictionary("op")
-        want = sum(1 for op, step in zip(t.col("op").tolist(), t.col("step").tolist())
-                   if step == 1 and ops[op] not in PSEUDO_OPS)
-        assert ops_in(f"rank-{rank}.svg") == want
-    index = parse(report / "index.html").links
-    assert "callgraphs/setup.html" in index and "timeline.html" in index
-
-
-def test_drag_wheel_and_keys_pan_and_zoom_the_call_graph(report, browser):
-    browser.open((report / "callgraphs" / "all.html").as_uri())
-    url = browser.js("location.href")
-    cx, cy, bw, bh = box_centre(browser)
-    x, y, w, h = view_box(browser)
-    assert abs(w / h - bw / bh) < 0.01          # the view keeps the box's shape: no letterbox
-    scale = bw / w                              # px per user unit
-    # drag: the picture follows the pointer
-    browser.drag(cx, cy, cx - 200, cy - 100)
-    x1, y1, w1, h1 = view_box(browser)
-    assert (w1, h1) == (w, h)
-    assert abs((x1 - x) * scale - 200) < 2 and abs((y1 - y) * scale - 100) < 2
-    assert browser.js("location.href") == url   # a drag over a node does not follow its link
-    # wheel: zoom in at the pointer, the point under it stays put
-    px, py = cx + 150, cy - 80
-    before = (x1 + (px - (cx - bw / 2)) / scale, y1 + (py - (cy - bh / 2)) / scale)
-    browser.wheel(px, py, -300)
-    x2, y2, w2, h2 = view_box(browser)
-    assert w2 < w1 * 0.8
-    scale2 = bw / w2
-    after = (x2 + (px - (cx - bw / 2)) / scale2, y2 + (py - (cy - bh / 2)) / scale2)
-    assert abs(after[0] - before[0]) < 1 and abs(after[1] - before[1]) < 1
-    # keys: - and + zoom by 1.25 about the centre, arrows pan, 0 fits the whole graph
-    browser.key("-")
-    assert abs(view_box(browser)[2] - w2 * 1.25) < 0.05
-    browser.key("+")
-    assert abs(view_box(browser)[2] - w2) < 0.05
-    browser.key("ArrowRight")
-    x3 = view_box(browser)[0]
-    assert abs((x3 - x2) - 0.15 * w2) < 0.05
-    browser.key("0")
-    assert fitted(view_box(browser), report / "callgraphs" / "all.svg")
-    assert browser.console == [], browser.console
-
-
-def test_search_centres_on_a_function_and_an_op(report, browser):
-    browser.open((report / "callgraphs" / "all.html").as_uri())
-    browser.key("/")                            # focuses the search box
-    assert browser.js("document.activeElement.type") == "search"
-    browser.type("RowParallelLinear.forward")
-    browser.key("Enter")
-    found = browser.js("[...document.querySelectorAll('g.node.found')].map(g => "
-                       "g.querySelector('text').textContent)")
-    assert found == ["RowParallelLinear.forward"]
-    cx, cy, _, _ = box_centre(browser)
-    centre = browser.js("(() => { const r = document.querySelector('g.node.found')"
-                        ".getBoundingClientRect(); return [r.left + r.width / 2, "
-                        "r.top + r.height / 2]; })()")
-    assert abs(centre[0] - cx) < 3 and abs(centre[1] - cy) < 3, (centre, cx, cy)
-    assert browser.js("document.querySelector('.svgstatus').textContent")\
-        .startswith("1 of 1: RowParallelLinear.forward")
-    # an op name finds the leaves that issued it; Enter goes on to the next one
-    browser.js("(() => { const s = document.querySelector('.svgtools input');"
-               " s.value = ''; s.focus(); })()")
-    browser.type("all_reduce")
-    status = browser.js("document.querySelector('.svgstatus').textContent")
-    count = int(status.split()[0])
-    assert count >= 2 and browser.js("document.querySelectorAll('g.node.match').length") == count
-    browser.key("Enter")
-    browser.key("Enter")
-    assert browser.js("document.querySelector('.svgstatus').textContent").startswith("2 of ")
-    browser.js("(() => { const s = document.querySelector('.svgtools input');"
-               " s.value = ''; s.focus(); })()")
-    browser.type("no_such_function_anywhere")
-    assert browser.js("document.querySelector('.svgstatus').textContent") == "no match"
-    assert browser.console == [], browser.console
-
-
-def test_timeline_and_diff_pages_pan_and_zoom(report, browser, tmp_path):
-    from viz import diff
-    from viz.run import open_run
-    result = diff.diff_runs(open_run(str(report)), open_run(str(report)))
-    diff.write_diff(result, str(tmp_path / "diff"))
-    for page, svg in ((report / "timeline.html", report / "timeline.svg"),
-                      (tmp_path / "diff" / "diff.html", tmp_path / "diff" / "diff-callgraph.svg")):
-        browser.console.clear()
-        browser.open(page.as_uri())
-        views = browser.js("document.querySelectorAll('div.svgview.live').length")
-        assert views >= 1, page
-        x, y, w, h = view_box(browser)
-        if page.name == "timeline.html":
-            assert fitted([x, y, w, h], svg)       # a timeline opens whole
-        cx, cy, _, _ = box_centre(browser)
-        browser.wheel(cx, cy, -200)
-        assert view_box(browser)[2] < w * 0.8, page
-        browser.drag(cx, cy, cx + 50, cy)
-        browser.key("0")
-        assert fitted(view_box(browser), svg), page
-        assert browser.console == [], (page, browser.console)
-        assert not blank(browser.screenshot(tmp_path / "page.png")), page
-
-
-def test_every_page_of_a_report_with_setup_loads_cleanly(report, browser, tmp_path):
-    for page in ("callgraphs/setup.html", "timeline.html", "modules.html"):
-        browser.console.clear()
-        browser.open((report / page).as_uri())
-        assert browser.console == [], (page, browser.console)
-        assert not blank(browser.screenshot(tmp_path / "page.png")), page
-    from test_report import check_links
-    assert check_links(report) > 500
-
-
-def test_trace_text_is_escaped_on_the_front_page_and_in_search(tmp_path, browser):
-    """Op names, function names and files from a trace reach the front page's tables, the
-    call graphs and the search box's list; none of them may run."""
-    from tracer.synthetic import SyntheticRank
-    evil = '<img src=x onerror="window.pwned=1">'
-    stack = [("evil</td><script>window.pwned=2</script>.py", 3, "f", evil)]
-    ranks = []
-    for rank in range(2):
-        r = SyntheticRank(rank, 2)
-        for step in range(3):
-            base = 100 * step
-            r.op(base, base + 10, name=f"aten.{evil}.default", stack=stack)
-            r.comm("all_reduce", base + 10, base + 11, base + 20, group=(0, 1), stack=stack)
-            r.next_step(base + 50)
-        ranks.append(r)
-        r.write(tmp_path / "run" / "traces")
-    index = Path(build(str(tmp_path / "run"), str(tmp_path / "out"))[0])
-    html = index.read_text()
-    assert "<script>window" not in html and "<img src=x" not in html
-    assert "&lt;img src=x" in html
-    for page in (index, tmp_path / "out" / "callgraphs" / "all.html"):
-        browser.console.clear()
-        browser.open(page.as_uri())
-        options = browser.js("[...document.querySelectorAll('datalist option')]"
-                             ".map(o => o.value)")
-        if page.name == "all.html":
-            assert evil in options                    # the name, as text
-            browser.js("document.querySelector('.svgtools input').focus()")
-            browser.type("onerror")
-            browser.key("Enter")
-        assert browser.js("window.pwned === undefined"), page
-        assert browser.console == [], (page, browser.console)

@@ -64,7 +64,7 @@ def build_report(analysis: RunAnalysis, summary: dict, out_dir: str, *,
     graphs = views.graphs + ([views.setup] if views.setup else []) + \
         list(views.zooms.values()) + list(views.module_zooms.values())
     zoom_links = _write_graph_pages(writer, views, graphs, progress)
-    with progress.phase("writing pages", len(views.source_pages) + len(analysis.ranks) + 3):
+    with progress.phase("writing pages", len(views.source_pages) + len(analysis.ranks) + 2):
         writer.write("modules.html", "modules.html", title="Module view", rows=views.tree,
                      links={path: f"callgraphs/{os.path.basename(p.rel)}"
                             for path, p in views.module_zooms.items()}, world=world,
