@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 from typing import Optional
 
 from .analysis import RunAnalysis
-from .groups import Weights, total_of
+from .groups import NO_STACK, Weights, total_of
 from .render import fmt_bytes, fmt_count, fmt_time, short_op
 
 
@@ -146,11 +146,16 @@ def top_ops(groups: list, *, comm: bool, paths: dict, href, n: int = 5) -> list:
     rows = []
     for key, w in top:
         (file, line, qualname), _ = max(lines[key].items(), key=lambda kv: (kv[1], kv[0]))
-        rows.append(dict(name=f"{key[0]} ({key[1]})" if comm else short_op(key),
-                         full=" in ".join(key) if comm else key, w=w,
-                         share=100 * w.time_ns / whole, path=f"{paths.get(file, file)}:{line}",
-                         where=f"{os.path.basename(file)}:{line}", href=href(file, line),
-                         qualname=qualname, lines=len(lines[key])))
+        row = dict(name=f"{key[0]} ({key[1]})" if comm else short_op(key),
+                   full=" in ".join(key) if comm else key, w=w, share=100 * w.time_ns / whole,
+                   path=f"{paths.get(file, file)}:{line}", where=f"{os.path.basename(file)}:{line}",
+                   href=href(file, line), qualname=qualname, lines=len(lines[key]))
+        if file == NO_STACK.file:
+            row.update(path="", where=NO_STACK.qualname, href=None, qualname="")
+        more = row["lines"] - 1
+        row["detail"] = ", ".join(filter(None, [row["qualname"], more and (
+            f"+{more} more line{'s' if more > 1 else ''}")]))
+        rows.append(row)
     return rows
 
 

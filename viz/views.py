@@ -150,10 +150,10 @@ def report_views(analysis: RunAnalysis, options: ReportOptions = ReportOptions()
                         _pruned(trained, options),
                         "Ops and time are summed over ranks; a purple node is reached by some "
                         "ranks only.")]
-    for rank in sorted(groups):
+    for rank in sorted(whole):     # every readable rank has its page, recounted or not
         graphs.append(GraphPage(f"callgraphs/rank-{rank}.html", f"Call graph: rank {rank}, "
-                                f"{steps}",
-                                _pruned(build_callgraph(groups[rank], world=world), options)))
+                                f"{steps}", _pruned(build_callgraph(groups.get(rank, []),
+                                                                    world=world), options)))
     setup = None
     if training is not None and split.other:
         rest = [g for rank in sorted(whole)
