@@ -16,9 +16,11 @@ setup(
         "graphviz>=0.20",
         "jinja2>=3",
         "numpy",
+        "rich>=12",
     ],
     extras_require={"dask": ["dask[distributed]>=2023.1"],
-                    "test": ["pytest>=7", "pytest-timeout>=2", "dask[distributed]>=2023.1"]},
+                    "test": ["pytest>=7", "pytest-timeout>=2", "dask[distributed]>=2023.1",
+                             "duckdb>=1.0", "polars>=1.0"]},
     entry_points={
         "console_scripts": [
             "trace-run=instrument.launch:main",

@@ -6,7 +6,8 @@ Errors are one line on stderr and exit status 2. Every damaged or missing trace 
 stderr, one line each, and the report is built from what was readable; the exit status is then
 1 when a rank's trace could not be read at all, 0 when damaged traces were partly recovered
 (docs/report.md). Arguments are parsed before anything heavy is imported, so a wrong option
-answers at once.
+answers at once. On a terminal, a progress display on stderr shows how far the work got
+(:mod:`viz.render.progress`); elsewhere nothing extra is printed.
 """
 from __future__ import annotations
 
@@ -25,28 +26,57 @@ def _stderr(prog: str) -> Callable[[str], None]:
 
 def build(run_dir: str, out_dir: Optional[str] = None, *,
           warn: Optional[Callable[[str], None]] = None, jobs: Optional[int] = None,
-          dask: Optional[str] = None, kineto: tuple = ()) -> tuple:
+          dask: Optional[str] = None, kineto: tuple = (), progress=None) -> tuple:
     """Analyse the run in ``run_dir`` and write summary.json and the report into ``out_dir``
     (default: ``run_dir``). Returns (index.html's path, the analysis). Each damaged or missing
     trace goes to ``warn`` as one line; the per-rank work runs in ``jobs`` processes (default:
     one per core) or on the Dask scheduler at ``dask``; ``kineto``: torch.profiler exports
-    (``[R=]FILE``) to merge. Raises viz.run.RunError or tracer.kineto.KinetoError."""
+    (``[R=]FILE``) to merge; ``progress`` (viz.render.progress.Progress, default: none shown)
+    follows the work. Raises viz.run.RunError or tracer.kineto.KinetoError."""
     from .analysis import analyse
     from .engine import Engine
+    from .render.progress import Progress
     from .report import build_report
     from .run import open_run
     from .summary import build_summary, write_summary
+    progress = progress or Progress()
     run = open_run(run_dir)
     out_dir = out_dir or run_dir
     _check_writable(out_dir)
     exports = kineto_ranks(kineto, run)
     with Engine(jobs, dask) as engine:
-        analysis = analyse(run, engine, exports)
-    for line in problem_lines(analysis):
-        (warn or _stderr("trace-report"))(line)
-    summary = build_summary(analysis)
-    write_summary(summary, out_dir)
-    return build_report(analysis, summary, out_dir), analysis
+        engine = _Counted(engine, progress)
+        with progress.phase(f"reading {len(run.files)} traces"):
+            analysis = analyse(run, engine, exports)
+        for line in problem_lines(analysis):
+            (warn or _stderr("trace-report"))(line)
+        summary = build_summary(analysis)
+        write_summary(summary, out_dir)
+        index = build_report(analysis, summary, out_dir, engine=engine, progress=progress)
+    return index, analysis
+
+
+class _Counted:
+    """An Engine whose tasks count as steps of the current progress phase."""
+
+    def __init__(self, engine, progress):
+        self._engine, self._progress = engine, progress
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+    def map(self, fn: Callable, tasks: list) -> list:
+        self._progress.expect(len(tasks))
+        if self._engine.jobs == 1 and not self._engine.dask:
+            # one task at a time in this process: the bar moves after each rank
+            out = []
+            for task in tasks:
+                out.extend(self._engine.map(fn, [task]))
+                self._progress.advance()
+            return out
+        out = self._engine.map(fn, tasks)
+        self._progress.advance(len(tasks))
+        return out
 
 
 def problem_lines(analysis, most: int = 5) -> list:
@@ -175,9 +205,12 @@ def report_main(argv=None) -> int:
                         "as GPU time: rank R's, or the rank its distributedInfo names")
     _engine_options(parser)
     args = parser.parse_args(argv)
+    from .render.progress import for_stderr
     try:
-        index, analysis = build(args.run_dir, args.out, warn=_stderr(parser.prog),
-                                jobs=args.jobs, dask=args.dask, kineto=args.kineto)
+        with for_stderr() as progress:
+            index, analysis = build(args.run_dir, args.out, warn=_stderr(parser.prog),
+                                    jobs=args.jobs, dask=args.dask, kineto=args.kineto,
+                                    progress=progress)
     except _errors() as exc:
         return _fail(parser.prog, _message(exc))
     _print(index)
@@ -194,6 +227,7 @@ def diff_main(argv=None) -> int:
     parser.add_argument("--top", type=int, default=15, help="rows in the terminal table")
     _engine_options(parser)
     args = parser.parse_args(argv)
+    from .render.progress import for_stderr
     from .run import open_run
     try:
         a, b = open_run(args.run_a), open_run(args.run_b)
@@ -201,11 +235,15 @@ def diff_main(argv=None) -> int:
             _check_writable(args.out)
         from . import diff
         from .engine import Engine
-        with Engine(args.jobs, args.dask) as engine:
-            result = diff.diff_runs(a, b, warn=_stderr(parser.prog), engine=engine)
+        with for_stderr() as progress, Engine(args.jobs, args.dask) as engine:
+            with progress.phase(f"reading {len(a.files) + len(b.files)} traces"):
+                result = diff.diff_runs(a, b, warn=_stderr(parser.prog),
+                                        engine=_Counted(engine, progress))
         _print(diff.format_table(result, top=args.top))
         if args.out:
-            _print(diff.write_diff(result, args.out))
+            with for_stderr() as progress, progress.phase("drawing the diff call graphs"):
+                page = diff.write_diff(result, args.out)
+            _print(page)
     except _errors() as exc:
         return _fail(parser.prog, _message(exc))
     return EXIT_UNREADABLE if result.unreadable else 0

@@ -1,16 +1,18 @@
 """What the report's pages show, as rows and texts for the templates: problems first, the run's
-facts, a row per rank, each rank's metadata, op and collective tables, and source lines with
-what they issued. Built from a :class:`viz.analysis.RunAnalysis` and the summary dict; no I/O.
+facts, the front page's headline per rank and its top ops and collectives, a row per rank, each
+rank's metadata, op and collective tables, and source lines with what they issued. Built from a
+:class:`viz.analysis.RunAnalysis` and the summary dict; no I/O.
 """
 from __future__ import annotations
 
+import os
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Optional
 
 from .analysis import RunAnalysis
-from .groups import Weights, total_of
+from .groups import NO_STACK, Weights, total_of
 from .render import fmt_bytes, fmt_count, fmt_time, short_op
 
 
@@ -83,6 +85,80 @@ def _time_texts(time: dict) -> dict:
                 bubble=percent("bubble_fraction"))
 
 
+def headline_rows(analysis: RunAnalysis, summary: dict) -> list:
+    """The front page's line per rank, from summary.json's ``time`` block: the mean counted
+    step's time, compute and exposed communication, the overlap, the bubble beside the theory
+    for the schedule, and the clock the metrics were measured on (``host`` unless summary.json
+    says otherwise). ``bar``: compute, exposed communication and the rest as shares of the step,
+    for the stacked bar."""
+    rows = []
+    for rank in range(analysis.world_size):
+        entry = (summary.get("ranks") or {}).get(str(rank)) or {}
+        time = entry.get("time") or {}
+        steps = len(time.get("counted_steps") or ()) or 1
+        wall = _number(time.get("wall_s"))
+        compute, exposed = _number(time.get("compute_s")), _number(time.get("exposed_comm_s"))
+        pipeline = time.get("pipeline") or {}
+        bubble = _number(pipeline.get("bubble_fraction"))
+        row = dict(rank=rank, status=analysis.status(rank), clock=time.get("clock") or "host",
+                   step=_seconds(wall, steps), compute=_seconds(compute, steps),
+                   exposed=_seconds(exposed, steps),
+                   overlap=_percent(time.get("overlap_fraction")),
+                   bubble=_percent(bubble if bubble is not None else time.get("bubble_fraction")),
+                   bubble_kind="pipeline" if bubble is not None else "no compute",
+                   theory=_percent(time.get("theoretical_bubble_fraction")), bar=[])
+        if wall:
+            c, e = min(compute or 0, wall) / wall, min(exposed or 0, wall) / wall
+            row["bar"] = [("compute", 100 * c), ("comm", 100 * min(e, 1 - c)),
+                          ("idle", 100 * max(0.0, 1 - c - e))]
+        rows.append(row)
+    return rows
+
+
+def _number(value) -> Optional[float]:
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+def _seconds(value: Optional[float], steps: int) -> str:
+    return "" if value is None else fmt_time(value / steps * 1e9)
+
+
+def _percent(value) -> str:
+    return f"{100 * value:.0f} %" if isinstance(value, (int, float)) else ""
+
+
+def top_ops(groups: list, *, comm: bool, paths: dict, href, n: int = 5) -> list:
+    """The ``n`` compute ops (``comm=False``, by op) or collectives (``comm=True``, by kind and
+    phase) that took the most time in ``groups``, each with the source line that issued most of
+    that time (the innermost user frame; for a backward op, the forward line that created it),
+    its display path (``paths``) and source-page link (``href(file, line)``, or None), and how
+    many lines issued it."""
+    totals, lines = defaultdict(Weights), defaultdict(lambda: defaultdict(float))
+    for g in groups:
+        if bool(g.kind) != comm:
+            continue
+        key = (g.kind, g.phase) if comm else g.op
+        totals[key].add(g.weights())
+        site = g.path[-1]
+        lines[key][(site.file, site.line, site.qualname)] += g.time_ns
+    whole = sum(w.time_ns for w in totals.values()) or 1.0
+    top = sorted(totals.items(), key=lambda kv: (-kv[1].time_ns, str(kv[0])))[:n]
+    rows = []
+    for key, w in top:
+        (file, line, qualname), _ = max(lines[key].items(), key=lambda kv: (kv[1], kv[0]))
+        row = dict(name=f"{key[0]} ({key[1]})" if comm else short_op(key),
+                   full=" in ".join(key) if comm else key, w=w, share=100 * w.time_ns / whole,
+                   path=f"{paths.get(file, file)}:{line}", where=f"{os.path.basename(file)}:{line}",
+                   href=href(file, line), qualname=qualname, lines=len(lines[key]))
+        if file == NO_STACK.file:
+            row.update(path="", where=NO_STACK.qualname, href=None, qualname="")
+        more = row["lines"] - 1
+        row["detail"] = ", ".join(filter(None, [row["qualname"], more and (
+            f"+{more} more line{'s' if more > 1 else ''}")]))
+        rows.append(row)
+    return rows
+
+
 def op_rows(groups: list) -> list:
     """(op, phase) -> what they account for, most calls first."""
     counts = defaultdict(Weights)
@@ -130,17 +206,12 @@ def problems(analysis: RunAnalysis) -> list:
            for m in analysis.cross.mismatches if m.what != "unknown"][:20]
     hang = analysis.run.info.get("hang")
     if hang:
-        never = hang.get("never_arrived") or []
         details = []
         for rank, info in sorted((hang.get("ranks") or {}).items(), key=lambda kv: int(kv[0])):
             details.append(dict(rank=rank, status=info.get("status"), step=info.get("step"),
                                 last=info.get("last_collective"),
                                 inflight=info.get("inflight"), stack=info.get("stack")))
-        out.append(dict(level="hang", title=(
-            f"Hang: rank{'s' if len(never) != 1 else ''} "
-            f"{', '.join(str(r) for r in never) or '?'} never arrived"
-            + (f" (watchdog timeout {hang.get('timeout_s')} s)" if hang.get("timeout_s") else "")),
-            details=details))
+        out.append(dict(level="hang", title=_hang_title(hang), details=details))
     for rank in range(analysis.world_size):
         status = analysis.status(rank)
         if status == "failed":
@@ -154,6 +225,46 @@ def problems(analysis: RunAnalysis) -> list:
         for warning in mine.warnings:
             out.append(dict(level="warning", title=f"rank {rank}: {warning}", details=[]))
     return out
+
+
+def _hang_title(hang: dict) -> str:
+    """The hang as trace-run's watchdog saw it: ranks that never arrived at the collective the
+    others waited in, ranks left behind after their peers finished, or ranks that closed their
+    trace but never exited."""
+    never, behind = hang.get("never_arrived") or [], hang.get("lingering") or []
+    timeout = f" (watchdog timeout {hang.get('timeout_s')} s)" if hang.get("timeout_s") else ""
+    kind = hang.get("kind")
+    if kind == "left_behind" and behind:
+        return (f"Hang: rank{'s' if len(behind) != 1 else ''} {', '.join(map(str, behind))} "
+                f"recorded nothing after the others finished{timeout}")
+    if kind == "exit" and behind:
+        return (f"Hang: rank{'s' if len(behind) != 1 else ''} {', '.join(map(str, behind))} "
+                f"closed the trace but did not exit{timeout}")
+    return (f"Hang: rank{'s' if len(never) != 1 else ''} "
+            f"{', '.join(str(r) for r in never) or '?'} never arrived{timeout}")
+
+
+_LEDE_KEYS = (("tp", "tp {}"), ("sp", "sp"), ("pp", "pp {}"), ("dp", "dp {}"),
+              ("schedule", "{}"), ("microbatches", "{} micro-batches"),
+              ("virtual_stages", "{} virtual stages"))
+
+
+def lede(analysis: RunAnalysis) -> list:
+    """The run in a few words for the front page: ranks, then the parallel configuration
+    (``tracer.record_config``'s usual keys, those present; sizes of 1 and false flags left
+    out)."""
+    parts = [f"{analysis.world_size} rank{'s' if analysis.world_size != 1 else ''}"]
+    for key, text in _LEDE_KEYS:
+        value = analysis.config.get(key)
+        if isinstance(value, bool):
+            if value:
+                parts.append(text.format(value))
+            continue
+        if value in (None, "") or (isinstance(value, int) and value <= 1
+                                   and key != "microbatches"):
+            continue
+        parts.append(text.format(value))
+    return parts
 
 
 def run_facts(analysis: RunAnalysis) -> dict:

@@ -2,9 +2,13 @@
 
 ``build_report(analysis, summary, out_dir)`` writes into ``out_dir``::
 
-    index.html                 the run, problems first (hung / failed / missing ranks), a table
-                               of ranks, links to everything below
-    callgraphs/all.html        call graph of all ranks merged (+ all.svg)
+    index.html                 the run at a glance: problems first (hung / failed / missing
+                               ranks), the timeline picture, a line per rank (step time,
+                               compute, exposed communication, overlap, bubble), the top ops
+                               and collectives, then the run's facts and links to everything
+    timeline.html              the timeline picture to pan and zoom
+    callgraphs/all.html        call graph of all ranks merged, training steps (+ all.svg)
+    callgraphs/setup.html      call graph of the other steps: setup, step 0, unfinished
     callgraphs/rank-R.html     call graph of one rank (+ rank-R.svg)
     callgraphs/fn-N.html       a function zoomed in (every path starting there)
     callgraphs/mod-N.html      the ops of one nn.Module subtree
@@ -12,6 +16,7 @@
     ranks/rank-R.html          one rank: status, error, metadata, ops, collectives, modules
     source/<file>.html         a source file, each line with the ops and collectives it issued
     timeline.svg, timeline.json   the timeline picture and its Chrome trace (Perfetto)
+    svgview.js                 pan, zoom and search of the pictures, shared by every page
 
 and links ``summary.json`` (:mod:`viz.summary`, written beside it). The analyses come in
 computed (:mod:`viz.analysis`, :mod:`viz.views`, :mod:`viz.pages`); this module draws them and
@@ -21,58 +26,91 @@ from __future__ import annotations
 
 import os
 from concurrent.futures import ThreadPoolExecutor
+from typing import Optional
 
 from tracer import rundir
 
 from . import pages
-from .analysis import RunAnalysis
+from .analysis import RunAnalysis, recount
+from .engine import Engine
 from .render import chrome_trace, inline_svg, timeline_svg
 from .render.callgraph_svg import render_svg, to_dot
 from .render.html import PageWriter
+from .render.progress import Progress
 from .source import read_source
-from .views import GraphPage, ReportOptions, ReportViews, defined_functions, report_views
+from .views import (GraphPage, ReportOptions, ReportViews, defined_functions, report_views,
+                    step_split)
 
 TIMELINE_FILES = {"svg": "timeline.svg", "chrome_trace": "timeline.json"}
+TOP = 5             # ops and collectives on the front page
 
 
 def build_report(analysis: RunAnalysis, summary: dict, out_dir: str, *,
-                 options: ReportOptions = ReportOptions()) -> str:
-    """Write index.html and every page it links into ``out_dir``; return index.html's path."""
+                 options: ReportOptions = ReportOptions(), engine: Optional[Engine] = None,
+                 progress: Optional[Progress] = None) -> str:
+    """Write index.html and every page it links into ``out_dir``; return index.html's path.
+    The call graphs' training steps are recounted from the traces on ``engine`` (default: this
+    process) when some recorded steps are not counted; ``progress`` shows how far it got."""
+    progress = progress or Progress()
     os.makedirs(out_dir, exist_ok=True)
     writer = PageWriter(out_dir)
-    views = report_views(analysis, options)
+    split = step_split(analysis)
+    training = None
+    if split.other:
+        with progress.phase("counting the training steps"):
+            training = recount(analysis, frozenset(split.counted), engine)
+    with progress.phase("building the call graphs"):
+        views = report_views(analysis, options, training=training)
     world = tuple(range(analysis.world_size))
-    graphs = views.graphs + list(views.zooms.values()) + list(views.module_zooms.values())
-    zoom_links = _write_graph_pages(writer, views, graphs)
-    writer.write("modules.html", "modules.html", title="Module view", rows=views.tree,
-                 links={path: f"callgraphs/{os.path.basename(p.rel)}"
-                        for path, p in views.module_zooms.items()}, world=world)
-    _write_source_pages(writer, analysis, views, zoom_links)
-    rank_rows = pages.rank_rows(analysis, summary)
-    for row in rank_rows:
-        mine = analysis.ranks.get(row["rank"])
-        if mine is not None:
-            writer.write(f"ranks/rank-{row['rank']}.html", "rank.html",
-                         title=f"Rank {row['rank']}", row=row, meta=pages.meta_rows(mine.meta),
-                         warnings=mine.warnings, ops=pages.op_rows(mine.groups),
-                         comm=pages.comm_rows(mine.groups),
-                         modules=views.rank_trees[row["rank"]], world=world)
-    return writer.write("index.html", "index.html", title="paratrace report",
-                        problems=pages.problems(analysis), run=pages.run_facts(analysis),
-                        ranks=rank_rows, graphs=views.graphs, zooms=list(views.zooms.values()),
-                        module_zooms=list(views.module_zooms.values()),
-                        sources=sorted((views.paths.get(f, f), rel)
-                                       for f, rel in views.source_pages.items()),
-                        summary_json=rundir.SUMMARY,
-                        timeline=dict(write_timeline(analysis, out_dir)))
+    graphs = views.graphs + ([views.setup] if views.setup else []) + \
+        list(views.zooms.values()) + list(views.module_zooms.values())
+    zoom_links = _write_graph_pages(writer, views, graphs, progress)
+    with progress.phase("writing pages", len(views.source_pages) + len(analysis.ranks) + 2):
+        writer.write("modules.html", "modules.html", title="Module view", rows=views.tree,
+                     links={path: f"callgraphs/{os.path.basename(p.rel)}"
+                            for path, p in views.module_zooms.items()}, world=world,
+                     steps=views.split.text(views.split.counted))
+        progress.advance()
+        _write_source_pages(writer, analysis, views, zoom_links, progress)
+        rank_rows = pages.rank_rows(analysis, summary)
+        for row in rank_rows:
+            mine = analysis.ranks.get(row["rank"])
+            if mine is not None:
+                writer.write(f"ranks/rank-{row['rank']}.html", "rank.html",
+                             title=f"Rank {row['rank']}", row=row,
+                             meta=pages.meta_rows(mine.meta), warnings=mine.warnings,
+                             ops=pages.op_rows(mine.groups), comm=pages.comm_rows(mine.groups),
+                             modules=views.rank_trees[row["rank"]], world=world)
+                progress.advance()
+        timeline = inline_svg(_write_timeline_files(analysis, out_dir))
+        writer.write("timeline.html", "timeline.html", title="Timeline", svg=timeline,
+                     files=TIMELINE_FILES)
+        progress.advance()
+        return writer.write(
+            "index.html", "index.html", title="paratrace report",
+            problems=pages.problems(analysis), run=pages.run_facts(analysis),
+            lede=pages.lede(analysis), split=views.split,
+            headline=pages.headline_rows(analysis, summary), ranks=rank_rows,
+            top_ops=_top(views, comm=False), top_comm=_top(views, comm=True),
+            graphs=views.graphs, setup=views.setup, zooms=list(views.zooms.values()),
+            module_zooms=list(views.module_zooms.values()),
+            sources=sorted((views.paths.get(f, f), rel) for f, rel in views.source_pages.items()),
+            summary_json=rundir.SUMMARY, timeline=timeline, timeline_files=TIMELINE_FILES)
 
 
-def _write_graph_pages(writer: PageWriter, views: ReportViews, graphs: list) -> dict:
+def _top(views: ReportViews, *, comm: bool) -> list:
+    def href(file, line):
+        return f"{views.source_pages[file]}#L{line}" if file in views.source_pages else None
+    return pages.top_ops(views.training, comm=comm, paths=views.paths, href=href, n=TOP)
+
+
+def _write_graph_pages(writer: PageWriter, views: ReportViews, graphs: list,
+                       progress: Progress) -> dict:
     """Draw and write every call-graph page, dot running in parallel; each page is written as
     soon as it is drawn, so a report of many graphs holds few SVGs in memory at once.
     Returns function id -> zoom page."""
     zoom_links = {fid: os.path.basename(p.rel) for fid, p in views.zooms.items()}
-    full = views.full
+    trained = views.trained
 
     def href(file, line):
         return f"../{views.source_pages[file]}#L{line}" if file in views.source_pages else None
@@ -81,22 +119,40 @@ def _write_graph_pages(writer: PageWriter, views: ReportViews, graphs: list) -> 
         svg = render_svg(to_dot(page.graph, title=page.title, paths=views.paths, href=href))
         name = os.path.splitext(os.path.basename(page.rel))[0]
         writer.write_text(f"callgraphs/{name}.svg", svg)
-        zoom_rows = [dict(name=full.node(fid).name, where=views.paths.get(full.node(fid).file, ""),
-                          href=zoom_links[fid], w=full.node(fid).total)
-                     for fid in views.zooms if fid in page.graph.graph
-                     and views.zooms[fid].rel != page.rel]
+        zoom_rows = [] if page is views.setup else [
+            dict(name=trained.node(fid).name, where=views.paths.get(trained.node(fid).file, ""),
+                 href=zoom_links[fid], w=trained.node(fid).total)
+            for fid in views.zooms if fid in page.graph.graph
+            and views.zooms[fid].rel != page.rel]
         writer.write(page.rel, "callgraph.html", title=page.title, note=page.note,
                      svg=inline_svg(svg), svg_file=f"{name}.svg", zooms=zoom_rows,
-                     graph=page.graph)
+                     graph=page.graph, steps=_steps_note(views, page))
+        progress.advance()
 
-    with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:
+    with progress.phase("drawing call graphs", len(graphs)), \
+            ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:
         for _ in pool.map(draw, graphs):
             pass
     return zoom_links
 
 
+def _steps_note(views: ReportViews, page) -> dict:
+    """Which steps a graph covers, and where the others are drawn."""
+    split = views.split
+    if page is views.setup:
+        return dict(text=f"{split.text(split.other)}: the steps the time metrics leave out",
+                    other="all.html",
+                    other_text=f"the training steps ({split.text(split.counted)})")
+    if views.setup is None:
+        return dict(text=f"{split.text(split.counted)} (every recorded step)", other=None,
+                    other_text="")
+    return dict(text=f"{split.text(split.counted)}, the steps the time metrics count",
+                other="setup.html", other_text=f"setup and uncounted steps "
+                f"({split.text(split.other)})")
+
+
 def _write_source_pages(writer: PageWriter, analysis: RunAnalysis, views: ReportViews,
-                        zoom_links: dict) -> None:
+                        zoom_links: dict, progress: Progress) -> None:
     defined = defined_functions(views, zoom_links)
     started = min((r.meta.get("start_unix") or 0) for r in analysis.ranks.values())
     for file, rel in views.source_pages.items():
@@ -105,6 +161,7 @@ def _write_source_pages(writer: PageWriter, analysis: RunAnalysis, views: Report
                      available=text is not None, stale=_changed_since(file, started),
                      lines=pages.line_views(text, views.lines.get(file, {})),
                      functions=sorted(defined.get(file, []), key=lambda d: d["line"]))
+        progress.advance()
 
 
 def _changed_since(file: str, unix_time: float) -> bool:
@@ -118,9 +175,16 @@ def _changed_since(file: str, unix_time: float) -> bool:
 def write_timeline(analysis: RunAnalysis, out_dir: str) -> dict:
     """Write ``timeline.svg`` and ``timeline.json`` (Chrome trace) into ``out_dir``; returns
     their paths relative to it."""
+    _write_timeline_files(analysis, out_dir)
+    return TIMELINE_FILES
+
+
+def _write_timeline_files(analysis: RunAnalysis, out_dir: str) -> str:
+    """Write the timeline's files; returns the SVG text (the front page shows it too)."""
     os.makedirs(out_dir, exist_ok=True)
+    svg = timeline_svg.render(analysis.timeline, analysis.metrics)
     with open(os.path.join(out_dir, TIMELINE_FILES["svg"]), "w") as fh:
-        fh.write(timeline_svg.render(analysis.timeline, analysis.metrics))
+        fh.write(svg)
     with open(os.path.join(out_dir, TIMELINE_FILES["chrome_trace"]), "w") as fh:
         chrome_trace.write(analysis.timeline, fh)
-    return TIMELINE_FILES
+    return svg

@@ -1,12 +1,19 @@
 """What the report shows, computed from a :class:`viz.analysis.RunAnalysis`: the call graphs
 (all ranks merged, each rank, functions and modules zoomed in), pruned for reading, the module
 trees, and what each source line issued. Pure analyses; :mod:`viz.report` draws them.
+
+Call graphs and the module view show the *training steps*: the steps the time metrics count
+(:func:`viz.timeline.counted_steps`: step 0, which carries the model's construction and other
+setup, and an unfinished last step are left out). What the other steps did gets one merged graph
+of its own (:func:`step_split`, :func:`groups_outside`). Source pages and the ranks' own pages
+cover the whole recording.
 """
 from __future__ import annotations
 
 import re
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Optional
 
 from .analysis import RunAnalysis
 from .callgraph import (FUNCTION, HIDDEN, CallGraph, build_callgraph, importance, prune,
@@ -39,43 +46,133 @@ class GraphPage:
     note: str = ""
 
 
+@dataclass(frozen=True)
+class StepSplit:
+    """Which recorded steps the call graphs show (``counted``) and which go to the setup graph
+    (``other``: empty when every step counts)."""
+
+    counted: tuple
+    other: tuple
+
+    def text(self, steps: tuple) -> str:
+        """``step 1``, ``steps 1-9``, ``steps 0, 10``."""
+        if not steps:
+            return "no steps"
+        runs = _runs(steps)
+        return ("step " if len(steps) == 1 else "steps ") + ", ".join(runs)
+
+
+def _runs(steps: tuple) -> list:
+    out, start = [], None
+    for i, s in enumerate(steps):
+        if start is None:
+            start = s
+        if i + 1 == len(steps) or steps[i + 1] != s + 1:
+            out.append(str(start) if start == s else f"{start}-{s}")
+            start = None
+    return out
+
+
+def step_split(analysis: RunAnalysis) -> StepSplit:
+    """The training steps (counted by any rank's time metrics) and the other recorded steps."""
+    recorded = {s for mine in analysis.ranks.values() for s in mine.steps}
+    counted = {s for m in analysis.metrics.values() for s in m.counted_steps} & recorded
+    counted = counted or recorded
+    return StepSplit(tuple(sorted(counted)), tuple(sorted(recorded - counted)))
+
+
+_GROUP_KEY = ("rank", "path", "boundary", "via", "op", "phase", "kind", "shapes", "module")
+
+
+def groups_outside(whole: list, part: list) -> list:
+    """The op groups of ``whole`` (a rank's whole recording) less ``part`` (the same rank
+    recounted over some of its steps, :func:`viz.analysis.recount`): what the other steps did.
+    Several groups can share an attribution (stacks that differ in library frames only), so
+    both sides are summed by attribution first."""
+    def summed(groups):
+        out = {}
+        for g in groups:
+            key = tuple(getattr(g, k) for k in _GROUP_KEY)
+            have = out.get(key)
+            out[key] = g if have is None else replace(
+                have, count=have.count + g.count, time_ns=have.time_ns + g.time_ns,
+                bytes=have.bytes + g.bytes, flops=have.flops + g.flops)
+        return out
+
+    taken = summed(part)
+    out = []
+    for key, g in summed(whole).items():
+        p = taken.get(key)
+        if p is not None:
+            if g.count <= p.count:
+                continue
+            g = replace(g, count=g.count - p.count, time_ns=max(g.time_ns - p.time_ns, 0.0),
+                        bytes=max(g.bytes - p.bytes, 0), flops=max(g.flops - p.flops, 0))
+        out.append(g)
+    return out
+
+
 @dataclass
 class ReportViews:
     """Everything the report draws besides the timeline."""
 
-    full: CallGraph           # merged call graph of all ranks, unpruned
-    graphs: list              # GraphPage: all ranks merged, then one per rank
-    zooms: dict               # function node id -> GraphPage
-    module_zooms: dict        # module path -> GraphPage
-    tree: list                # viz.modules.ModuleRow of all ranks
-    rank_trees: dict          # rank -> its ModuleRows
-    lines: dict               # file -> line -> viz.callgraph.LineOps
+    full: CallGraph           # merged call graph of all ranks, whole recording, unpruned
+    trained: CallGraph        # merged call graph of all ranks, training steps, unpruned
+    graphs: list              # GraphPage: training steps, all ranks merged, then one per rank
+    setup: Optional[GraphPage]  # the other steps (setup, step 0, unfinished), all ranks merged
+    zooms: dict               # function node id -> GraphPage (training steps)
+    module_zooms: dict        # module path -> GraphPage (training steps)
+    tree: list                # viz.modules.ModuleRow of all ranks (training steps)
+    rank_trees: dict          # rank -> its ModuleRows (whole recording)
+    lines: dict               # file -> line -> viz.callgraph.LineOps (whole recording)
     paths: dict               # recorded file -> short display path
     source_pages: dict        # recorded file -> source/<slug>.html
+    split: StepSplit
+    training: list            # OpGroups of the training steps, all ranks
 
 
-def report_views(analysis: RunAnalysis, options: ReportOptions = ReportOptions()) -> ReportViews:
+def report_views(analysis: RunAnalysis, options: ReportOptions = ReportOptions(), *,
+                 training: Optional[RunAnalysis] = None) -> ReportViews:
+    """``training``: ``analysis`` recounted over :func:`step_split`'s counted steps (None:
+    every recorded step counts, the analysis is the training steps)."""
     world = tuple(range(analysis.world_size))
-    groups = {rank: r.groups for rank, r in analysis.ranks.items()}
+    split = step_split(analysis)
+    whole = {rank: r.groups for rank, r in analysis.ranks.items()}
+    groups = {rank: r.groups for rank, r in (training or analysis).ranks.items()}
+    everything = [g for rank in sorted(whole) for g in whole[rank]]
     merged = [g for rank in sorted(groups) for g in groups[rank]]
-    files = {f.file for g in merged for f in g.path}
-    files |= {g.boundary.file for g in merged if g.boundary}
-    full = build_callgraph(merged, world=world)
-    graphs = [GraphPage("callgraphs/all.html", "Call graph: all ranks merged",
-                        _pruned(full, options),
+    files = {f.file for g in everything for f in g.path}
+    files |= {g.boundary.file for g in everything if g.boundary}
+    full = build_callgraph(everything, world=world)
+    steps = split.text(split.counted)
+    trained = full if training is None else build_callgraph(merged, world=world)
+    graphs = [GraphPage("callgraphs/all.html", f"Call graph: all ranks merged, {steps}",
+                        _pruned(trained, options),
                         "Ops and time are summed over ranks; a purple node is reached by some "
                         "ranks only.")]
-    for rank in sorted(groups):
-        graphs.append(GraphPage(f"callgraphs/rank-{rank}.html", f"Call graph: rank {rank}",
-                                _pruned(build_callgraph(groups[rank], world=world), options)))
+    for rank in sorted(whole):     # every readable rank has its page, recounted or not
+        graphs.append(GraphPage(f"callgraphs/rank-{rank}.html", f"Call graph: rank {rank}, "
+                                f"{steps}", _pruned(build_callgraph(groups.get(rank, []),
+                                                                    world=world), options)))
+    setup = None
+    if training is not None and split.other:
+        rest = [g for rank in sorted(whole)
+                for g in groups_outside(whole[rank], groups.get(rank, []))]
+        setup = GraphPage("callgraphs/setup.html", "Call graph: setup and uncounted steps, "
+                          f"{split.text(split.other)}",
+                          _pruned(build_callgraph(rest, world=world), options),
+                          "Step 0 runs from the start of the recording: building the model, "
+                          "then the first iteration; a last step cut short by the end of the "
+                          "recording is here too. Ops and time are summed over ranks.")
     tree = module_tree(merged)
     return ReportViews(
-        full=full, graphs=graphs, zooms=_function_zooms(full, graphs[0].graph, merged, world,
-                                                        options),
+        full=full, trained=trained, graphs=graphs, setup=setup,
+        zooms=_function_zooms(trained, graphs[0].graph, merged, world, options),
         module_zooms=_module_zooms(tree, merged, world, options), tree=tree,
-        rank_trees={rank: module_tree(g) for rank, g in groups.items()},
-        lines=source_lines(merged), paths=display_paths(files),
-        source_pages=_slugs({f.file for g in merged for f in g.path if f is not NO_STACK}))
+        rank_trees={rank: module_tree(g) for rank, g in whole.items()},
+        lines=source_lines(everything), paths=display_paths(files),
+        source_pages=_slugs({f.file for g in everything for f in g.path if f is not NO_STACK}),
+        split=split, training=merged)
 
 
 def _pruned(graph: CallGraph, options: ReportOptions) -> CallGraph:

@@ -1,13 +1,16 @@
 """HTML pages from jinja2 templates (viz/templates), autoescaped and fully offline.
 
-Every page extends ``base.html`` (inline CSS, no script, no external URL). Templates get the
-number formats of :mod:`viz.render` as filters and ``root``, the relative path from the page
-back to the report's top directory, so links work wherever the report is copied.
+Every page extends ``base.html`` (inline CSS, no external URL) and loads one shared script,
+``svgview.js`` (pan, zoom and search of the pictures), which the writer copies once into the
+directory it writes. Templates get the number formats of :mod:`viz.render` as filters and
+``root``, the relative path from the page back to the directory's top, so links work wherever
+the report is copied.
 """
 from __future__ import annotations
 
 import json
 import os
+import shutil
 
 import jinja2
 
@@ -15,6 +18,7 @@ from . import fmt_bytes, fmt_count, fmt_flops, fmt_ranks, fmt_time
 
 _TEMPLATES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                           "templates")
+SCRIPT = "svgview.js"      # every page's script, next to index.html (or diff.html)
 
 
 def _brief(value) -> str:
@@ -41,11 +45,17 @@ class PageWriter:
     def __init__(self, out_dir: str):
         self.out_dir = out_dir
         self.env = environment()
+        self._script_written = False
 
     def write(self, rel_path: str, template: str, **context) -> str:
         """Render ``template`` to ``out_dir/rel_path``; returns the absolute path."""
+        if not self._script_written:
+            os.makedirs(self.out_dir, exist_ok=True)
+            shutil.copyfile(os.path.join(_TEMPLATES, SCRIPT), os.path.join(self.out_dir, SCRIPT))
+            self._script_written = True
         depth = rel_path.count("/")
-        html = self.env.get_template(template).render(root="../" * depth, **context)
+        html = self.env.get_template(template).render(root="../" * depth, script=SCRIPT,
+                                                      **context)
         return self.write_text(rel_path, html)
 
     def write_text(self, rel_path: str, text: str) -> str:

@@ -117,7 +117,7 @@ def render(timeline: Timeline, metrics: dict) -> str:
     c = _Canvas(lo, hi)
     row_h = PASS_H + 2 * LANE_H + 8
     ranks = sorted(timeline.ranks)
-    height = TOP + len(ranks) * (row_h + ROW_GAP) + 70
+    height = TOP + len(ranks) * (row_h + ROW_GAP) + 30     # the legend's row
     y = TOP
     _axis(c, TOP - 12, TOP + len(ranks) * (row_h + ROW_GAP) - ROW_GAP)
     for rank in ranks:

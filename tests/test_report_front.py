@@ -1,0 +1,194 @@
+"""The report's front page and call graphs as a person sees them, in real headless Chromium.
+
+On test_report_browser's two-step run: the front page leads with the timeline picture and a line
+per rank carrying summary.json's numbers, and its top ops and collectives equal a count made
+straight from the trace columns, each linked to a highlighted source line; the call graphs show
+the counted step and the setup graph the rest, adding up to the whole recording; every new page
+loads without a console message, renders something, and every link resolves; names from a trace
+full of HTML stay text on the front page, in the graphs and in the search list.
+"""
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from test_report import blank, check_links, parse
+from test_report_browser import Browser, two_step_run
+from viz.cli import build
+
+
+@pytest.fixture(scope="module")
+def report() -> Path:
+    return Path(two_step_run())
+
+
+@pytest.fixture(scope="module")
+def browser():
+    b = Browser()
+    yield b
+    b.close()
+
+
+def rows_of(browser: Browser, selector: str) -> list:
+    """The text of every data row of the first table matching ``selector``."""
+    return browser.js(f"Array.from(document.querySelector({json.dumps(selector)}).rows)"
+                      ".slice(1).map(tr => Array.from(tr.cells).map(c => c.textContent.trim()))")
+
+
+def counted_steps(summary: dict) -> set:
+    return {s for r in summary["ranks"].values() for s in r["time"]["counted_steps"]}
+
+
+def top_by_time(run_dir: str, steps: set, comm: bool) -> list:
+    """Ops (or collectives by kind and phase) by summed duration over ``steps``, all ranks,
+    straight from the trace columns: what the front page's tables must say."""
+    from tracer import load
+    from tracer.labels import PHASES
+    from tracer.ops import PSEUDO_OPS
+    totals: Counter = Counter()
+    calls: Counter = Counter()
+    for path in sorted(Path(run_dir, "traces").glob("rank-*.arrow")):
+        t = load(str(path))
+        ops, kinds = t.dictionary("op"), t.dictionary("kind")
+        for op, kind, phase, step, t0, t1 in zip(
+                t.col("op").tolist(), t.col("kind").tolist(), t.col("phase").tolist(),
+                t.col("step").tolist(), t.col("t0").tolist(), t.col("t1").tolist()):
+            if step not in steps or ops[op] in PSEUDO_OPS or (kind >= 0) != comm:
+                continue
+            key = f"{kinds[kind]} ({PHASES[phase]})" if comm else ops[op]
+            totals[key] += max(t1 - t0, 0) if t1 >= 0 else 0
+            calls[key] += 1
+    return [(key, calls[key], ns) for key, ns in totals.most_common(5)]
+
+
+def test_front_page_answers_what_happened(report, browser, tmp_path):
+    from viz.render import fmt_count, fmt_time, short_op
+    summary = json.loads((report / "summary.json").read_text())
+    steps = counted_steps(summary)
+    assert steps == {1}, steps              # step 0 (setup) and the unfinished tail left out
+    browser.console.clear()
+    browser.open((report / "index.html").as_uri())
+    assert browser.console == [], browser.console
+    assert not blank(browser.screenshot(tmp_path / "index.png"))
+    # the timeline picture comes first, inline, linked to its own page
+    first = browser.js("[...document.querySelectorAll('main h2')].map(h => h.id)")
+    assert first[:2] == ["timeline", "steps"], first
+    assert browser.js("document.querySelector('main a.preview').getAttribute('href')") == \
+        "timeline.html"
+    texts = browser.js("[...document.querySelectorAll('a.preview svg text')]"
+                       ".map(t => t.textContent)")
+    assert [f"rank {r}" for r in range(4)] == [t for t in texts if t.startswith("rank ")]
+    assert browser.js("document.querySelector('a.preview svg').getBoundingClientRect().width")\
+        > 900                                           # drawn across the page, not a thumbnail
+    # one line per rank with summary.json's numbers, per counted step
+    rows = rows_of(browser, "table.headline")
+    assert [r[0] for r in rows] == ["0", "1", "2", "3"]
+    for row in rows:
+        time = summary["ranks"][row[0]]["time"]
+        n = len(time["counted_steps"])
+        assert row[1] == "ok"
+        assert row[2] == fmt_time(time["wall_s"] / n * 1e9)
+        assert row[4] == fmt_time(time["compute_s"] / n * 1e9)
+        assert row[5] == fmt_time(time["exposed_comm_s"] / n * 1e9)
+        assert row[6] == f"{100 * time['overlap_fraction']:.0f} %"
+        assert row[7] == (f"{100 * time['pipeline']['bubble_fraction']:.0f} % "
+                          f"({100 * time['theoretical_bubble_fraction']:.0f} %)")
+        assert row[8] == "host"
+    bars = browser.js("[...document.querySelectorAll('table.headline .bar')].map(b => "
+                      "[...b.children].reduce((s, c) => s + c.getBoundingClientRect().width, 0)"
+                      " / b.getBoundingClientRect().width)")
+    assert len(bars) == 4 and all(0.98 < b < 1.02 for b in bars), bars
+    # the top ops and collectives, as the traces' own columns count them
+    for index, comm in ((1, False), (2, True)):
+        shown = rows_of(browser, f".tops section:nth-child({index}) table")
+        want = top_by_time(str(report), steps, comm)
+        assert [r[0] for r in shown] == [k if comm else short_op(k) for k, _, _ in want]
+        assert [r[1] for r in shown] == [fmt_count(n) for _, n, _ in want]
+        assert [r[3 if comm else 2] for r in shown] == [fmt_time(ns) for _, _, ns in want]
+    # each with a link to the source line that issued most of its time
+    links = browser.js("[...document.querySelectorAll('.tops td a')].map(a => "
+                       "a.getAttribute('href'))")
+    assert len(links) == 10, links
+    for link in links:
+        page, line = link.split("#")
+        html = (report / page).read_text()
+        assert re.search(rf'<tr id="{line}" class="hot">', html), link
+
+
+def test_call_graphs_open_on_the_training_step(report):
+    summary = json.loads((report / "summary.json").read_text())
+    whole = sum(sum(r["op_counts"].values()) for r in summary["ranks"].values())
+
+    def ops_in(svg: str) -> int:
+        title = re.search(r"ranks \S+ · ([0-9,]+) ops", (report / "callgraphs" / svg)
+                          .read_text())
+        return int(title.group(1).replace(",", ""))
+
+    training, setup = ops_in("all.svg"), ops_in("setup.svg")
+    assert 0 < training < whole and training + setup == whole
+    page = (report / "callgraphs" / "all.html").read_text()
+    assert "<h1>Call graph: all ranks merged, step 1</h1>" in page
+    assert 'href="setup.html"' in page
+    setup_page = (report / "callgraphs" / "setup.html").read_text()
+    assert "setup and uncounted steps, steps 0, 2" in setup_page
+    # building the model is setup: its __init__ is in the setup graph, not the step's
+    assert "GPTChunk.__init__" in (report / "callgraphs" / "setup.svg").read_text()
+    assert "GPTChunk.__init__" not in (report / "callgraphs" / "all.svg").read_text()
+    # per-rank graphs show the step too; each rank's ops add up to its events in step 1
+    from tracer import load
+    from tracer.ops import PSEUDO_OPS
+    for rank in range(4):
+        t = load(str(report / "traces" / f"rank-{rank}.arrow"))
+        ops = t.dictionary("op")
+        want = sum(1 for op, step in zip(t.col("op").tolist(), t.col("step").tolist())
+                   if step == 1 and ops[op] not in PSEUDO_OPS)
+        assert ops_in(f"rank-{rank}.svg") == want
+    index = parse(report / "index.html").links
+    assert "callgraphs/setup.html" in index and "timeline.html" in index
+
+
+def test_every_page_of_a_report_with_setup_loads_cleanly(report, browser, tmp_path):
+    for page in ("callgraphs/setup.html", "timeline.html", "modules.html"):
+        browser.console.clear()
+        browser.open((report / page).as_uri())
+        assert browser.console == [], (page, browser.console)
+        assert not blank(browser.screenshot(tmp_path / "page.png")), page
+    assert check_links(report) > 500
+
+
+def test_trace_text_is_escaped_on_the_front_page_and_in_search(tmp_path, browser):
+    """Op names, function names and files from a trace reach the front page's tables, the
+    call graphs and the search box's list; none of them may run."""
+    from tracer.synthetic import SyntheticRank
+    evil = '<img src=x onerror="window.pwned=1">'
+    stack = [("evil</td><script>window.pwned=2</script>.py", 3, "f", evil)]
+    ranks = []
+    for rank in range(2):
+        r = SyntheticRank(rank, 2)
+        for step in range(3):
+            base = 100 * step
+            r.op(base, base + 10, name=f"aten.{evil}.default", stack=stack)
+            r.comm("all_reduce", base + 10, base + 11, base + 20, group=(0, 1), stack=stack)
+            r.next_step(base + 50)
+        ranks.append(r)
+        r.write(tmp_path / "run" / "traces")
+    index = Path(build(str(tmp_path / "run"), str(tmp_path / "out"))[0])
+    html = index.read_text()
+    assert "<script>window" not in html and "<img src=x" not in html
+    assert "&lt;img src=x" in html
+    for page in (index, tmp_path / "out" / "callgraphs" / "all.html"):
+        browser.console.clear()
+        browser.open(page.as_uri())
+        options = browser.js("[...document.querySelectorAll('datalist option')]"
+                             ".map(o => o.value)")
+        if page.name == "all.html":
+            assert evil in options                    # the name, as text
+            browser.js("document.querySelector('.svgtools input').focus()")
+            browser.type("onerror")
+            browser.key("Enter")
+        assert browser.js("window.pwned === undefined"), page
+        assert browser.console == [], (page, browser.console)
