@@ -30,7 +30,7 @@ from typing import Optional
 
 from tracer import rundir
 
-from . import pages
+from . import crossrank_view, pages
 from .analysis import RunAnalysis, recount
 from .engine import Engine
 from .render import chrome_trace, inline_svg, timeline_svg
@@ -65,7 +65,7 @@ def build_report(analysis: RunAnalysis, summary: dict, out_dir: str, *,
     graphs = views.graphs + ([views.setup] if views.setup else []) + \
         list(views.zooms.values()) + list(views.module_zooms.values())
     zoom_links = _write_graph_pages(writer, views, graphs, progress)
-    with progress.phase("writing pages", len(views.source_pages) + len(analysis.ranks) + 2):
+    with progress.phase("writing pages", len(views.source_pages) + len(analysis.ranks) + 3):
         writer.write("modules.html", "modules.html", title="Module view", rows=views.tree,
                      links={path: f"callgraphs/{os.path.basename(p.rel)}"
                             for path, p in views.module_zooms.items()}, world=world,
@@ -82,6 +82,8 @@ def build_report(analysis: RunAnalysis, summary: dict, out_dir: str, *,
                              ops=pages.op_rows(mine.groups), comm=pages.comm_rows(mine.groups),
                              modules=views.rank_trees[row["rank"]], world=world)
                 progress.advance()
+        _write_crossrank_page(writer, analysis, views)
+        progress.advance()
         timeline = inline_svg(_write_timeline_files(analysis, out_dir))
         writer.write("timeline.html", "timeline.html", title="Timeline", svg=timeline,
                      files=TIMELINE_FILES)
@@ -91,11 +93,25 @@ def build_report(analysis: RunAnalysis, summary: dict, out_dir: str, *,
             problems=pages.problems(analysis), run=pages.run_facts(analysis),
             lede=pages.lede(analysis), split=views.split,
             headline=pages.headline_rows(analysis, summary), ranks=rank_rows,
+            across=crossrank_view.headline(analysis),
             top_ops=_top(views, comm=False), top_comm=_top(views, comm=True),
             graphs=views.graphs, setup=views.setup, zooms=list(views.zooms.values()),
             module_zooms=list(views.module_zooms.values()),
             sources=sorted((views.paths.get(f, f), rel) for f, rel in views.source_pages.items()),
             summary_json=rundir.SUMMARY, timeline=timeline, timeline_files=TIMELINE_FILES)
+
+
+def _write_crossrank_page(writer: PageWriter, analysis: RunAnalysis, views: ReportViews) -> None:
+    def href(file, line):
+        return f"{views.source_pages[file]}#L{line}" if file in views.source_pages else None
+    clocks = {lane.clock for lane in analysis.timeline.ranks.values()}
+    writer.write("crossrank.html", "crossrank.html", title="Across ranks", cross=analysis.cross,
+                 clock=" and ".join(sorted(clocks)),
+                 mismatches=[m.describe() for m in analysis.cross.mismatches[:100]],
+                 stragglers=crossrank_view.stragglers(analysis),
+                 heat=crossrank_view.heat_map(analysis),
+                 bandwidth=crossrank_view.bandwidth(analysis, views.paths, href),
+                 paths=crossrank_view.paths_rows(analysis))
 
 
 def _top(views: ReportViews, *, comm: bool) -> list:

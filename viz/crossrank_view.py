@@ -1,0 +1,72 @@
+"""What the report's cross-rank page shows (``crossrank.html``): a heat map of each rank's
+wait per step, the stragglers, each collective's bandwidth with its source line, the ranks that
+disagree, and each step's critical path. Rows and texts only, from a RunAnalysis
+(:mod:`viz.crossrank`, :mod:`viz.critical_path`); the template draws them."""
+from __future__ import annotations
+
+from .analysis import RunAnalysis
+from .render import fmt_bytes, fmt_time
+
+
+def headline(analysis: RunAnalysis) -> str:
+    """One sentence for the front page."""
+    cross = analysis.cross
+    late = cross.stragglers()
+    parts = [f"{len(cross.matched):,} collectives matched across ranks"]
+    if late:
+        rank, seconds = late[0]
+        parts.append(f"rank {rank} made the others wait longest ({fmt_time(seconds * 1e9)})")
+    real = [m for m in cross.mismatches if m.what != "unknown"]
+    if real:
+        parts.append(f"{len(real)} disagreement{'s' if len(real) != 1 else ''} between ranks")
+    if analysis.paths:
+        p = max(analysis.paths, key=lambda p: p.ns)
+        rank, ns = max(p.by_rank().items(), key=lambda kv: kv[1]) if p.segments else (0, 0)
+        parts.append(f"the longest step's critical path ({fmt_time(p.ns)}) ran "
+                     f"{100 * ns / (p.ns or 1):.0f} % on rank {rank}")
+    return "; ".join(parts) + "."
+
+
+def heat_map(analysis: RunAnalysis) -> dict:
+    """Rank x step wait, each cell with its share of the largest one (the colour)."""
+    waits = analysis.cross.wait_by_step
+    steps = sorted({s for _, s in waits})
+    ranks = sorted(analysis.ranks)
+    top = max(waits.values(), default=0) or 1
+    rows = [dict(rank=r, cells=[dict(text=fmt_time(waits.get((r, s), 0)),
+                                     level=waits.get((r, s), 0) / top) for s in steps])
+            for r in ranks]
+    return dict(steps=steps, rows=rows)
+
+
+def stragglers(analysis: RunAnalysis) -> list:
+    """Every rank: how long the others waited for it, how long it waited for them."""
+    late = dict(analysis.cross.stragglers())
+    return [dict(rank=r, late=fmt_time(late.get(r, 0.0) * 1e9),
+                 wait=fmt_time(analysis.cross.wait_ns.get(r, 0)))
+            for r in sorted(analysis.ranks, key=lambda r: (-late.get(r, 0.0), r))]
+
+
+def bandwidth(analysis: RunAnalysis, paths: dict, href) -> list:
+    """The collectives table, each row with its source line linked."""
+    out = []
+    for row in analysis.cross.table():
+        file, _, line = row["site"].rpartition(":")
+        out.append(dict(row, bytes_text=fmt_bytes(row["bytes"]),
+                        median_text=fmt_time(row["median_s"] * 1e9),
+                        where=f"{paths.get(file, file)}:{line}" if file else "",
+                        href=href(file, int(line)) if file and line.isdigit() else None))
+    return out
+
+
+def paths_rows(analysis: RunAnalysis) -> list:
+    """Each step's critical path: its length and where it went, by rank, kind and module."""
+    out = []
+    for p in analysis.paths:
+        total = p.ns or 1
+        out.append(dict(step=p.step, end_rank=p.end_rank, length=fmt_time(p.ns),
+                        ranks=[(r, 100 * ns / total) for r, ns in p.by_rank().items()],
+                        kinds=[(k, 100 * ns / total) for k, ns in p.by_what().items()],
+                        modules=[(m, 100 * ns / total) for m, ns in sorted(
+                            p.modules.items(), key=lambda kv: -kv[1])[:5]]))
+    return out
