@@ -198,7 +198,8 @@ def write_timeline(analysis: RunAnalysis, out_dir: str) -> dict:
 def _write_timeline_files(analysis: RunAnalysis, out_dir: str) -> str:
     """Write the timeline's files; returns the SVG text (the front page shows it too)."""
     os.makedirs(out_dir, exist_ok=True)
-    svg = timeline_svg.render(analysis.timeline, analysis.metrics)
+    svg = timeline_svg.render(analysis.timeline, analysis.metrics, analysis.cross,
+                              analysis.paths)
     with open(os.path.join(out_dir, TIMELINE_FILES["svg"]), "w") as fh:
         fh.write(svg)
     with open(os.path.join(out_dir, TIMELINE_FILES["chrome_trace"]), "w") as fh:

@@ -18,13 +18,15 @@ from ..lanes import Timeline
 from . import fmt_time
 
 COLOURS = {"F": "#4c9f70", "B": "#d1495b", "W": "#8d6cab", "compute": "#3b6ea8",
-           "comm": "#f39237", "idle": "#d0d0d0"}
+           "comm": "#f39237", "wait": "#fbd9b4", "idle": "#d0d0d0", "gpu": "#5c8fc9",
+           "path": "#111111"}
 LEFT, PLOT, RIGHT = 86, 1000, 440
 PASS_H, LANE_H, ROW_GAP, TOP = 20, 9, 18, 58
 # Counted steps drawn: more would make every pass narrower than a pixel. The metrics beside
 # each rank cover every counted step; the title says which steps are drawn.
 SHOWN_STEPS = 4
 MAX_PASSES = 5_000      # passes drawn one by one per rank; more are drawn merged by kind
+MAX_STREAMS = 6         # GPU streams drawn per rank
 
 
 def _fmt_s(seconds: Optional[float]) -> str:
@@ -107,67 +109,33 @@ def _metrics_text(m) -> list:
     return lines
 
 
-def render(timeline: Timeline, metrics: dict) -> str:
-    """The SVG text of a timeline and its metrics (viz.timeline.metrics_of)."""
+def render(timeline: Timeline, metrics: dict, cross=None, paths=()) -> str:
+    """The SVG text of a timeline and its metrics (viz.metrics.metrics_of); with the
+    cross-rank matching (viz.crossrank) waiting inside a collective is drawn apart from its
+    transfer, with the critical paths (viz.critical_path) the path is drawn over each row."""
     shown = {r: [s.step for s in m.steps if s.step in m.counted_steps][:SHOWN_STEPS]
              for r, m in metrics.items()}
     windows = [timeline.ranks[r].steps[s] for r, steps in shown.items() for s in steps]
     lo = min((w[0] for w in windows), default=0)
     hi = max((w[1] for w in windows), default=1)
     c = _Canvas(lo, hi)
-    row_h = PASS_H + 2 * LANE_H + 8
     ranks = sorted(timeline.ranks)
-    height = TOP + len(ranks) * (row_h + ROW_GAP) + 30     # the legend's row
+    heights = {r: _row_height(timeline.ranks[r]) for r in ranks}
+    bottom = TOP + sum(h + ROW_GAP for h in heights.values())
+    _axis(c, TOP - 12, bottom - ROW_GAP)
+    waits = _waits(cross)
+    on_path = _path_segments(paths, {s for steps in shown.values() for s in steps})
     y = TOP
-    _axis(c, TOP - 12, TOP + len(ranks) * (row_h + ROW_GAP) - ROW_GAP)
     for rank in ranks:
-        lane, m = timeline.ranks[rank], metrics[rank]
-        c.text(8, y + PASS_H / 2 + 4, f"rank {rank}", class_="rank")
-        c.text(LEFT - 4, y + PASS_H + LANE_H - 1, "compute", text_anchor="end", class_="lane")
-        c.text(LEFT - 4, y + PASS_H + 2 * LANE_H + 1, "comm", text_anchor="end", class_="lane")
-        busy = union(np.concatenate([window(lane.compute, lo, hi),
-                                     window(lane.comm_union, lo, hi)]))
-        for s in shown[rank]:
-            a, b = lane.steps[s]
-            for g0, g1 in c.drawable(gaps(busy, a, b)).tolist():
-                c.rect(g0, g1, y + PASS_H + 2, 2 * LANE_H, COLOURS["idle"],
-                       f"rank {rank} idle {_fmt_s((g1 - g0) / 1e9)}", cls="idle")
-        passes = [p for p in lane.passes
-                  if p.step in shown[rank] and p.end > lo and p.start < hi]
-        if len(passes) > MAX_PASSES:           # too many to tell apart: one band per kind
-            _merged_passes(c, passes, rank, y)
-            passes = []
-        for p in passes:
-            label = "" if p.microbatch is None else str(p.microbatch)
-            if p.chunk:
-                label += f".{p.chunk}"
-            tip = (f"rank {rank} {p.kind} micro-batch {p.microbatch} chunk {p.chunk} step "
-                   f"{p.step}: {_fmt_s((p.end - p.start) / 1e9)} ({p.source})")
-            # The whole pass pale, the stretches it computed in full colour: waits inside a
-            # pass (its input's recv) stay visible.
-            c.rect(p.start, p.end, y, PASS_H, COLOURS[p.kind], tip, cls=f"pass wait {p.kind}")
-            for a, b in c.drawable(window(lane.compute, p.start, p.end)).tolist():
-                c.rect(a, b, y, PASS_H, COLOURS[p.kind], tip, cls=f"pass {p.kind}")
-            c.label(p.start, p.end, y, PASS_H, label)
-        shown_compute = window(lane.compute, lo, hi)
-        for a, b in c.drawable(shown_compute).tolist():
-            c.rect(a, b, y + PASS_H + 2, LANE_H, COLOURS["compute"],
-                   f"rank {rank} computing {_fmt_s(length(window(shown_compute, a, b)) / 1e9)}"
-                   f" in {_fmt_s((b - a) / 1e9)}", cls="compute")
-        _comm_blocks(c, lane, rank, y + PASS_H + 2 + LANE_H + 1, lo, hi)
-        for s in shown[rank]:
-            x = c.x(lane.steps[s][0])
-            c.parts.append(f'<line x1="{x:.1f}" y1="{y - 3}" x2="{x:.1f}" y2="{y + row_h}" '
-                           f'class="step"><title>step {s} starts</title></line>')
-            c.text(x + 2, y - 3, f"step {s}", class_="steplabel")
-        for i, line in enumerate(_metrics_text(m)):
-            c.text(LEFT + PLOT + 10, y + 10 + 12 * i, line, class_="metric")
-        y += row_h + ROW_GAP
-    _legend(c, y + 8)
+        _draw_rank(c, rank, timeline.ranks[rank], metrics[rank], shown[rank], y,
+                   heights[rank], waits.get(rank, []), on_path.get(rank, []))
+        y += heights[rank] + ROW_GAP
+    _legend(c, y + 8, any(lane.device is not None for lane in timeline.ranks.values()),
+            bool(on_path))
     title = _title(timeline, metrics)
     width = LEFT + PLOT + RIGHT
-    head = (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-            f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">'
+    head = (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{bottom + 30}" '
+            f'viewBox="0 0 {width} {bottom + 30}" font-family="sans-serif" font-size="11">'
             '<style>.grid{stroke:#eee}.step{stroke:#555;stroke-dasharray:4 3}'
             '.axis{fill:#777;font-size:9px}.lane{fill:#555;font-size:9px}.rank{font-weight:bold}'
             '.metric{fill:#333;font-size:10px}.steplabel{fill:#555;font-size:9px}'
@@ -176,6 +144,104 @@ def render(timeline: Timeline, metrics: dict) -> str:
             f'<rect width="100%" height="100%" fill="white"/>'
             f'<text x="8" y="18" font-size="13" font-weight="bold">{escape(title)}</text>')
     return head + "".join(c.parts) + "</svg>\n"
+
+
+def _row_height(lane) -> int:
+    streams = len(_streams(lane))
+    return PASS_H + 2 * LANE_H + 8 + (streams * (LANE_H + 1) + 2 if streams else 0)
+
+
+def _streams(lane) -> list:
+    return sorted(set(lane.device.stream.tolist()))[:MAX_STREAMS] if lane.device else []
+
+
+def _draw_rank(c: "_Canvas", rank: int, lane, m, shown: list, y: float, row_h: int,
+               waits: list, on_path: list) -> None:
+    """One rank's row: passes, compute, communication (waits apart), GPU streams, the path."""
+    lo, hi = c.lo, c.hi
+    c.text(8, y + PASS_H / 2 + 4, f"rank {rank}", class_="rank")
+    c.text(LEFT - 4, y + PASS_H + LANE_H - 1, "compute", text_anchor="end", class_="lane")
+    c.text(LEFT - 4, y + PASS_H + 2 * LANE_H + 1, "comm", text_anchor="end", class_="lane")
+    busy = union(np.concatenate([window(lane.compute, lo, hi), window(lane.comm_union, lo, hi)]))
+    for s in shown:
+        a, b = lane.steps[s]
+        for g0, g1 in c.drawable(gaps(busy, a, b)).tolist():
+            c.rect(g0, g1, y + PASS_H + 2, 2 * LANE_H, COLOURS["idle"],
+                   f"rank {rank} idle {_fmt_s((g1 - g0) / 1e9)}", cls="idle")
+    _passes(c, lane, rank, [p for p in lane.passes if p.step in shown and p.end > lo
+                            and p.start < hi], y)
+    shown_compute = window(lane.compute, lo, hi)
+    for a, b in c.drawable(shown_compute).tolist():
+        c.rect(a, b, y + PASS_H + 2, LANE_H, COLOURS["compute"],
+               f"rank {rank} computing {_fmt_s(length(window(shown_compute, a, b)) / 1e9)}"
+               f" in {_fmt_s((b - a) / 1e9)}", cls="compute")
+    _comm_blocks(c, lane, rank, y + PASS_H + 2 + LANE_H + 1, lo, hi)
+    for a, b, last in waits:
+        c.rect(a, b, y + PASS_H + 2 + LANE_H + 1, LANE_H, COLOURS["wait"],
+               f"rank {rank} waiting {_fmt_s((b - a) / 1e9)} for rank {last} to arrive",
+               cls="commwait")
+    _gpu_lanes(c, lane, rank, y + PASS_H + 2 * LANE_H + 6)
+    for a, b, what in on_path:
+        c.rect(a, b, y - 4, 3, COLOURS["path"], f"critical path: {what} on rank {rank} "
+               f"{_fmt_s((b - a) / 1e9)}", cls="path")
+    for s in shown:
+        x = c.x(lane.steps[s][0])
+        c.parts.append(f'<line x1="{x:.1f}" y1="{y - 3}" x2="{x:.1f}" y2="{y + row_h}" '
+                       f'class="step"><title>step {s} starts</title></line>')
+        c.text(x + 2, y - 3, f"step {s}", class_="steplabel")
+    for i, line in enumerate(_metrics_text(m) + ([f"clock: {lane.clock}"]
+                                                  if lane.clock != "host" else [])):
+        c.text(LEFT + PLOT + 10, y + 10 + 12 * i, line, class_="metric")
+
+
+def _passes(c: "_Canvas", lane, rank: int, passes: list, y: float) -> None:
+    if len(passes) > MAX_PASSES:           # too many to tell apart: one band per kind
+        _merged_passes(c, passes, rank, y)
+        return
+    for p in passes:
+        label = "" if p.microbatch is None else str(p.microbatch)
+        if p.chunk:
+            label += f".{p.chunk}"
+        tip = (f"rank {rank} {p.kind} micro-batch {p.microbatch} chunk {p.chunk} step "
+               f"{p.step}: {_fmt_s((p.end - p.start) / 1e9)} ({p.source})")
+        # The whole pass pale, the stretches it computed in full colour: waits inside a
+        # pass (its input's recv) stay visible.
+        c.rect(p.start, p.end, y, PASS_H, COLOURS[p.kind], tip, cls=f"pass wait {p.kind}")
+        for a, b in c.drawable(window(lane.compute, p.start, p.end)).tolist():
+            c.rect(a, b, y, PASS_H, COLOURS[p.kind], tip, cls=f"pass {p.kind}")
+        c.label(p.start, p.end, y, PASS_H, label)
+
+
+def _gpu_lanes(c: "_Canvas", lane, rank: int, y: float) -> None:
+    """A lane per CUDA stream: kernels and copies, NCCL's in the communication colour."""
+    for i, stream in enumerate(_streams(lane)):
+        dev = lane.device
+        row = y + i * (LANE_H + 1)
+        c.text(LEFT - 4, row + LANE_H - 1, f"GPU {stream}", text_anchor="end", class_="lane")
+        for comm, colour in ((False, COLOURS["gpu"]), (True, COLOURS["comm"])):
+            sel = (dev.stream == stream) & (dev.comm == comm)
+            for a, b in c.drawable(union(intervals(dev.start[sel], dev.end[sel]))).tolist():
+                c.rect(a, b, row, LANE_H, colour, f"rank {rank} stream {stream}: "
+                       f"{'NCCL' if comm else 'kernels'} {_fmt_s((b - a) / 1e9)}", cls="gpu")
+
+
+def _waits(cross) -> dict:
+    """rank -> (launch, last arrival, last rank) of each matched collective it waited in."""
+    out: dict = {}
+    for m in getattr(cross, "matched", ()):
+        for rank, span in m.spans.items():
+            if rank != m.last_rank and m.last_arrival > span.start:
+                out.setdefault(rank, []).append((span.start, m.last_arrival, m.last_rank))
+    return out
+
+
+def _path_segments(paths, steps: set) -> dict:
+    out: dict = {}
+    for p in paths:
+        if p.step in steps:
+            for s in p.segments:
+                out.setdefault(s.rank, []).append((s.start, s.end, s.what))
+    return out
 
 
 def _merged_passes(c: "_Canvas", passes: list, rank: int, y: float) -> None:
@@ -204,11 +270,14 @@ def _comm_blocks(c: _Canvas, lane, rank: int, y: float, lo: int, hi: int) -> Non
                cls="comm")
 
 
-def _legend(c: _Canvas, y: float) -> None:
+def _legend(c: "_Canvas", y: float, gpu: bool, path: bool) -> None:
     x = LEFT
-    for key, text in (("F", "forward pass (micro-batch)"), ("B", "backward pass"),
-                      ("W", "weight-gradient pass"), ("compute", "computing"),
-                      ("comm", "communication in flight"), ("idle", "idle")):
+    keys = [("F", "forward pass (micro-batch)"), ("B", "backward pass"),
+            ("W", "weight-gradient pass"), ("compute", "computing"),
+            ("comm", "communication in flight"), ("wait", "waiting for a late rank"),
+            ("idle", "idle")] + ([("gpu", "GPU kernels")] if gpu else []) + \
+        ([("path", "critical path")] if path else [])
+    for key, text in keys:
         c.parts.append(f'<rect x="{x}" y="{y}" width="12" height="10" fill="{COLOURS[key]}"/>')
         c.text(x + 16, y + 9, text)
         x += 30 + 6.2 * len(text)
