@@ -200,3 +200,8 @@ def test_cross_rank_page(tmp_path):
     assert "all_reduce" in html and "train_1.py:41" in html
     assert '<h2 id="critical-path">' in html and "rank 1" in html
     assert 'href="crossrank.html"' in (tmp_path / "out" / "index.html").read_text()
+    # the timeline draws ranks 0 and 2 waiting for rank 1, and the critical path
+    svg = (tmp_path / "out" / "timeline.svg").read_text()
+    waits = re.findall(r'class="commwait"[^>]*><title>rank (\d) waiting [^<]* for rank (\d)', svg)
+    assert sorted(set(waits)) == [("0", "1"), ("2", "1")] and len(waits) == 6
+    assert 'class="path"' in svg

@@ -186,3 +186,5 @@ def test_chrome_trace_has_gpu_streams_and_launch_flows(fixture_run, tmp_path):
         assert any(a <= f["ts"] <= b for a, b in slices[(f["pid"], f["tid"])])
         assert s["ts"] <= f["ts"] + 1e-3
     assert data["otherData"]["clock"] == {"0": "device"}
+    svg = (tmp_path / files["svg"]).read_text()
+    assert ">GPU 7</text>" in svg and "clock: device" in svg and 'class="gpu"' in svg
