@@ -31,7 +31,7 @@ from torch.distributed.launcher.api import elastic_launch
 
 from tracer import rundir
 
-from . import gather, run_record
+from . import gather, preflight, run_record
 from .cli import (EXIT_USAGE, Target, UsageError, build_parser, check_own_options, prepare_out,
                   resolve_target, worker_args)
 from .monitor import Monitor, say
@@ -63,6 +63,7 @@ def prepare(args) -> tuple:
     target = resolve_target(args)
     check_own_options(args)
     config = launch_config(args)
+    preflight.check_reference_gpt_device(target.module, target.args, config.nproc_per_node)
     out = prepare_out(args.out)
     return target, config, out
 

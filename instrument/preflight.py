@@ -103,6 +103,30 @@ def check_options(args: argparse.Namespace) -> None:
                              f"such as 0,1 (got {args.local_ranks_filter!r})") from None
 
 
+def check_reference_gpt_device(target_module, target_args: list, nproc_per_node: int) -> None:
+    """The reference GPT with ``--device cuda`` on a node with fewer GPUs than ranks: one line
+    before anything launches, rather than a failure in every rank."""
+    if target_module != "sample_runs.train":
+        return
+    choice = "auto"
+    for i, arg in enumerate(target_args):
+        if arg == "--device" and i + 1 < len(target_args):
+            choice = target_args[i + 1]
+        elif arg.startswith("--device="):
+            choice = arg.split("=", 1)[1]
+    if choice != "cuda":
+        return                  # auto falls back to the CPU in the workers and says so
+    import torch
+
+    from sample_runs.config import ConfigError
+    from sample_runs.device import choose_placement
+    try:
+        choose_placement(choice, gpus=torch.cuda.device_count(),
+                         local_world_size=nproc_per_node)
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+
+
 def check_endpoint(args: argparse.Namespace) -> None:
     """The rendezvous endpoint the agent will parse: ``--rdzv-endpoint``, or for the static
     rendezvous ``--master-addr:--master-port``."""

@@ -148,6 +148,10 @@ def test_torch_pipelining_script_runs_unchanged(tmp_path):
     (["--rdzv-backend", "bogus", C10D], "--rdzv-backend must be one of c10d, "),
     (["--nnodes", "2", "--node-rank", "5", "--master-port", "29999", C10D],
      "--node-rank must be between 0 and 1 for --nnodes 2 (got 5)"),
+    # the reference GPT told to use more GPUs than the machine has (the tests see none)
+    (["--nproc-per-node", "2", "-m", "sample_runs.train", "--device", "cuda"],
+     "--device cuda needs one GPU per local rank: 2 ranks on this node, 0 GPUs; run fewer "
+     "ranks per node or --device cpu"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
     proc = trace_run(*args, cwd=tmp_path, timeout=60)
