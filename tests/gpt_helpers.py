@@ -27,8 +27,11 @@ def free_port() -> int:
 
 
 def env() -> dict:
+    """The environment of the processes tests start: the CPU and gloo, also where GPUs are
+    (conftest.CPU_ONLY)."""
+    from conftest import CPU_ONLY
     return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO),
-            "PYTHONWARNINGS": "ignore"}
+            "PYTHONWARNINGS": "ignore", **CPU_ONLY}
 
 
 def launch(nproc: int, args: list[str], *, script: Optional[str] = None,
