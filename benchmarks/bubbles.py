@@ -38,7 +38,8 @@ def trace(out: str, schedule: list, steps: int) -> str:
     env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
     subprocess.run(["trace-run", "--nproc-per-node", "2", "--out", out, "--steps", "1-",
                     "--no-report", "-m", "sample_runs.train", *MODEL, "--steps", str(steps),
-                    *schedule], check=True, env=env, cwd=REPO, stdout=subprocess.DEVNULL)
+                    *schedule], check=True, env=env, cwd=REPO, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL)
     return out
 
 
