@@ -150,9 +150,29 @@ def recount(analysis: RunAnalysis, steps: frozenset,
     and its metrics are kept as they are; each trace is read once more."""
     engine = engine or Engine(jobs=1)
     order = sorted(analysis.ranks)
-    counts, _ = _split(order, engine.map(count_rank_file, [(analysis.ranks[r].path, steps)
-                                                            for r in order]))
+    counts, _ = _split(order, engine.map(count_rank_file, [
+        (analysis.ranks[r].path, r, steps, analysis.ranks[r].exports) for r in order]))
     ranks = {rank: replace(mine, groups=counts[rank].groups, op_counts=counts[rank].op_counts,
                            comm=counts[rank].comm, steps=counts[rank].steps)
              for rank, mine in analysis.ranks.items() if rank in counts}
+    return replace(analysis, ranks=ranks, count_steps=steps)
+
+
+def to_recount(analysis: RunAnalysis, steps: frozenset) -> set:
+    """Ranks whose own counted steps are not ``steps``: their groups over ``steps`` need one
+    more read of their traces."""
+    return {r for r, mine in analysis.ranks.items()
+            if set(mine.counted_steps) != set(steps) & set(mine.steps)}
+
+
+def training(analysis: RunAnalysis, steps: frozenset,
+             engine: Optional[Engine] = None) -> RunAnalysis:
+    """The analysis with each rank's op groups over ``steps`` (the training steps the call
+    graphs show): the groups each rank computed over its own counted steps where those are
+    ``steps`` (the usual case, no trace read again), a recount of the others."""
+    late = to_recount(analysis, steps)
+    out = recount(replace(analysis, ranks={r: analysis.ranks[r] for r in sorted(late)}),
+                  steps, engine).ranks if late else {}
+    ranks = {r: out[r] if r in late else replace(mine, groups=mine.counted_groups)
+             for r, mine in analysis.ranks.items() if r not in late or r in out}
     return replace(analysis, ranks=ranks, count_steps=steps)

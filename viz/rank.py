@@ -26,7 +26,7 @@ from .device import attribute
 from .device_lanes import on_device
 from .groups import op_groups
 from .intervals import Prefix
-from .lanes import RankLanes
+from .lanes import RankLanes, counted_steps
 from .timeline import DRAWN_OPS, RankRows, p2p_endpoints, rank_lanes
 
 
@@ -46,6 +46,9 @@ class RankAnalysis:
     lanes: RankLanes
     last_op: dict = field(default_factory=dict)   # what the rank did last (failed ranks)
     device: Optional[dict] = None # GPU activity: summary.json's device object
+    counted_steps: tuple = ()     # the steps its time metrics count (viz.lanes.counted_steps)
+    counted_groups: list = field(default_factory=list)   # op groups of those steps only
+    exports: tuple = ()           # torch.profiler exports merged into its GPU activity
 
     @property
     def status(self) -> str:
@@ -70,6 +73,7 @@ def analyse_rank_file(path: str, rank: int, send_ends: dict, op_budget: int = DR
     records, warnings = device_records(path, rank, kineto)
     analysis = analyse_rank(trace, rank, send_ends, op_budget, records)
     analysis.warnings += warnings
+    analysis.exports = tuple(kineto)
     return analysis
 
 
@@ -99,12 +103,22 @@ def analyse_rank(trace: Trace, rank: int, send_ends: dict, op_budget: int = DRAW
     lanes = rank_lanes(rows, send_ends if dev is None else {}, op_budget)
     if dev is not None:
         lanes = on_device(lanes, rows, dev)
+    durations = None if dev is None else dev.row_ns
+    counted = tuple(counted_steps(lanes))
     return RankAnalysis(
         rank=rank, path=trace.path, meta=trace.meta, warnings=list(trace.warnings),
-        events=len(trace), steps=recorded_steps(trace),
-        groups=op_groups(trace, None if dev is None else dev.row_ns),
+        events=len(trace), steps=recorded_steps(trace), groups=op_groups(trace, durations),
         op_counts=op_counts(trace), comm=comm_rows(trace), lanes=lanes, last_op=last_op(trace),
-        device=None if dev is None else dev.summary(trace.dictionary("op"), trace.col("op")))
+        device=None if dev is None else dev.summary(trace.dictionary("op"), trace.col("op")),
+        counted_steps=counted, counted_groups=_groups_over(trace, counted, durations))
+
+
+def _groups_over(trace: Trace, steps, durations: Optional[np.ndarray]) -> list:
+    """The op groups of ``steps`` only."""
+    mask = np.isin(trace.col("step"), sorted(steps))
+    if mask.all():
+        return op_groups(trace, durations)
+    return op_groups(trace.select(mask), None if durations is None else durations[mask])
 
 
 @dataclass
@@ -117,13 +131,17 @@ class RankCounts:
     comm: list
 
 
-def count_rank_file(path: str, steps: frozenset) -> RankCounts:
-    """Op groups, op and communication counts of one rank's trace over ``steps`` only."""
+def count_rank_file(path: str, rank: int, steps: frozenset, kineto: tuple = ()) -> RankCounts:
+    """Op groups (device time where there is GPU activity), op and communication counts of one
+    rank's trace over ``steps`` only."""
     trace = load_trace(path)
+    records, _ = device_records(path, rank, kineto)
+    dev = attribute(trace, records) if records is not None and len(records) else None
+    groups = _groups_over(trace, steps, None if dev is None else dev.row_ns)
     mask = np.isin(trace.col("step"), sorted(steps))
     if not mask.all():
         trace = trace.select(mask)
-    return RankCounts(recorded_steps(trace), op_groups(trace), op_counts(trace), comm_rows(trace))
+    return RankCounts(recorded_steps(trace), groups, op_counts(trace), comm_rows(trace))
 
 
 def path_modules_file(path: str, rank: int, intervals: list) -> dict:

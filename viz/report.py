@@ -31,7 +31,8 @@ from typing import Optional
 from tracer import rundir
 
 from . import crossrank_view, pages
-from .analysis import RunAnalysis, recount
+from .analysis import RunAnalysis, to_recount
+from .analysis import training as training_steps
 from .engine import Engine
 from .render import chrome_trace, inline_svg, timeline_svg
 from .render.callgraph_svg import render_svg, to_dot
@@ -49,16 +50,20 @@ def build_report(analysis: RunAnalysis, summary: dict, out_dir: str, *,
                  options: ReportOptions = ReportOptions(), engine: Optional[Engine] = None,
                  progress: Optional[Progress] = None) -> str:
     """Write index.html and every page it links into ``out_dir``; return index.html's path.
-    The call graphs' training steps are recounted from the traces on ``engine`` (default: this
-    process) when some recorded steps are not counted; ``progress`` shows how far it got."""
+    The call graphs show the training steps: each rank's groups over its counted steps, or a
+    recount on ``engine`` (default: this process) where they differ; ``progress`` shows how far it got."""
     progress = progress or Progress()
     os.makedirs(out_dir, exist_ok=True)
     writer = PageWriter(out_dir)
     split = step_split(analysis)
     training = None
     if split.other:
-        with progress.phase("counting the training steps"):
-            training = recount(analysis, frozenset(split.counted), engine)
+        steps = frozenset(split.counted)
+        if not to_recount(analysis, steps):
+            training = training_steps(analysis, steps)
+        else:
+            with progress.phase("counting the training steps"):
+                training = training_steps(analysis, steps, engine)
     with progress.phase("building the call graphs"):
         views = report_views(analysis, options, training=training)
     world = tuple(range(analysis.world_size))
