@@ -92,7 +92,7 @@ def run(args, config, target: Target, out: str, command: list) -> int:
         record["exit_code"] = record["exit_code"] or 1
     # a launch that never started a worker has nothing to draw: its one line said it all
     nothing = outcome.error is not None and not record["ranks"]
-    return report(out, record["exit_code"], args.no_report or nothing)
+    return report(out, record["exit_code"], args.no_report or nothing, said_failed(record))
 
 
 def start_collector(args, config, traces_dir: str) -> gather.Collector:
@@ -234,19 +234,28 @@ def gather_traces(record: dict, collector: gather.Collector, node: dict, traces_
                                                         record["first_failure"])
 
 
-def report(out: str, exit_code: int, no_report: bool) -> int:
+def report(out: str, exit_code: int, no_report: bool, reported: frozenset = frozenset()) -> int:
     """Build the report (unless --no-report); the last line on stdout is its path, or DIR."""
     index = None
     if not no_report:
         say("building the report")
-        index = build_report(out)
+        index = build_report(out, reported)
     print(index or out, flush=True)
     return exit_code
 
 
-def build_report(out: str) -> Optional[str]:
+def said_failed(record: dict) -> frozenset:
+    """Ranks whose failure :func:`say_failures` named: the report says them no second time."""
+    if record["hang"] is not None or record["interrupted"]:
+        return frozenset()
+    return frozenset(int(r) for r, info in record["ranks"].items()
+                     if info["status"] == "failed" and not info.get("terminated"))
+
+
+def build_report(out: str, reported: frozenset = frozenset()) -> Optional[str]:
     """viz.cli.build; None (with a one-line message) if nothing could be built. viz names each
-    damaged or missing trace itself, one line each."""
+    damaged or missing trace itself, one line each, and the ranks in ``reported`` (failures
+    already said) no second time."""
     try:
         from viz.cli import build
         from viz.run import RunError
@@ -254,7 +263,7 @@ def build_report(out: str) -> Optional[str]:
         say(f"report builder unavailable ({exc})")
         return None
     try:
-        index, _ = build(out, warn=say)
+        index, _ = build(out, warn=say, reported=reported)
         return index
     except (RunError, OSError, ValueError) as exc:
         say(f"no report: {exc}")

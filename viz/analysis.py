@@ -73,15 +73,15 @@ class RunAnalysis:
     def damage(self) -> list:
         """One line per trace that is missing, unreadable or damaged: the file, what is wrong,
         what was kept."""
-        lines = []
-        for rank in range(self.world_size):
-            if rank in self.unreadable:
-                lines.append(f"{self.unreadable[rank]}; rank {rank} is left out")
-            elif rank not in self.ranks:
-                lines.append(f"rank {rank}: no trace file in {self.run.traces_dir}")
-            else:
-                lines.extend(self.ranks[rank].warnings)
-        return lines
+        return [line for rank in range(self.world_size) for line in self.damage_of(rank)]
+
+    def damage_of(self, rank: int) -> list:
+        """:meth:`damage`'s lines about ``rank``."""
+        if rank in self.unreadable:
+            return [f"{self.unreadable[rank]}; rank {rank} is left out"]
+        if rank not in self.ranks:
+            return [f"rank {rank}: no trace file in {self.run.traces_dir}"]
+        return list(self.ranks[rank].warnings)
 
 
 def analyse(run: Run, engine: Optional[Engine] = None, kineto: Optional[dict] = None

@@ -26,13 +26,15 @@ def _stderr(prog: str) -> Callable[[str], None]:
 
 def build(run_dir: str, out_dir: Optional[str] = None, *,
           warn: Optional[Callable[[str], None]] = None, jobs: Optional[int] = None,
-          dask: Optional[str] = None, kineto: tuple = (), progress=None) -> tuple:
+          dask: Optional[str] = None, kineto: tuple = (), progress=None,
+          reported: frozenset = frozenset()) -> tuple:
     """Analyse the run in ``run_dir`` and write summary.json and the report into ``out_dir``
     (default: ``run_dir``). Returns (index.html's path, the analysis). Each damaged or missing
     trace goes to ``warn`` as one line; the per-rank work runs in ``jobs`` processes (default:
     one per core) or on the Dask scheduler at ``dask``; ``kineto``: torch.profiler exports
     (``[R=]FILE``) to merge; ``progress`` (viz.render.progress.Progress, default: none shown)
-    follows the work. Raises viz.run.RunError or tracer.kineto.KinetoError."""
+    follows the work; ``reported``: ranks whose failure the caller already named. Raises
+    viz.run.RunError or tracer.kineto.KinetoError."""
     from .analysis import analyse
     from .engine import Engine
     from .render.progress import Progress
@@ -48,7 +50,7 @@ def build(run_dir: str, out_dir: Optional[str] = None, *,
         engine = _Counted(engine, progress)
         with progress.phase(f"reading {len(run.files)} traces"):
             analysis = analyse(run, engine, exports)
-        for line in problem_lines(analysis):
+        for line in problem_lines(analysis, reported=reported):
             (warn or _stderr("trace-report"))(line)
         summary = build_summary(analysis)
         write_summary(summary, out_dir)
@@ -79,9 +81,11 @@ class _Counted:
         return out
 
 
-def problem_lines(analysis, most: int = 5) -> list:
+def problem_lines(analysis, most: int = 5, reported: frozenset = frozenset()) -> list:
     """What a user must see first, one line each: ranks that disagree about a collective (the
-    usual cause of a hang), then damaged or missing traces."""
+    usual cause of a hang), then damaged or missing traces. A rank that stopped before
+    collectives the others issued gets that said once: folded into its damage line if it has
+    one, left out if it is in ``reported`` (ranks whose failure the caller already named)."""
     mismatches = [m for m in analysis.cross.mismatches if m.what != "unknown"]
     lines = [f"mismatch: {m.describe()}" for m in mismatches[:most]]
     if len(mismatches) > most:
@@ -89,13 +93,24 @@ def problem_lines(analysis, most: int = 5) -> list:
     cut: dict = {}
     for m in analysis.cross.mismatches:
         if m.what == "unknown":
-            cut.setdefault(m.sides[1][1], []).append(m)
-    for ranks, found in cut.items():
-        who = f"rank{'s' if len(ranks) != 1 else ''} {','.join(map(str, ranks))}"
-        lines.append(f"{who}: the trace ends before {len(found)} collective(s) the other ranks "
-                     f"issued (from #{found[0].seq} of group [{found[0].group}]): the rank was "
-                     "killed or its trace cut short, so they are not compared")
-    return lines + analysis.damage()
+            for rank in m.sides[1][1]:
+                cut.setdefault(rank, []).append(m)
+    damage = {}
+    for rank in range(analysis.world_size):
+        damage[rank] = analysis.damage_of(rank)
+    for rank, found in sorted(cut.items()):
+        ends = (f"the trace ends before {len(found)} collective(s) the other ranks issued "
+                f"(from #{found[0].seq} of group [{found[0].group}])")
+        if damage.get(rank):
+            damage[rank][-1] += f"; {ends}, not compared"
+        elif rank not in reported:
+            mine = analysis.ranks[rank]
+            why = {"failed": "it failed", "interrupted": "it was interrupted"}.get(
+                mine.status, f"its recorder says {mine.status}")
+            if mine.meta.get("error"):
+                why += f" ({mine.meta['error']})"
+            lines.append(f"rank {rank}: {ends}: {why}, so they are not compared")
+    return lines + [line for rank in sorted(damage) for line in damage[rank]]
 
 
 def kineto_ranks(entries, run) -> dict:

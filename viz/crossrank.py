@@ -14,9 +14,9 @@ per-group sequence number), which every member numbers alike. For each matched c
 
 Mismatches (Flight Recorder's classes): members that issued a different kind, size or dtype at
 the same (group, seq), and members that never issued it (missing ranks: the usual hang). Ranks
-without a readable trace are not compared; a rank whose trace ends before the others launched
-the collective (killed within a flush of the recorder, or a truncated file) may have issued it:
-that is said, not called missing. P2P is matched by (sender, receiver, per-pair order)
+without a readable trace are not compared; a rank that stopped before the others launched the
+collective (it failed or was interrupted, killed within a flush of the recorder, or its file is
+truncated) is "unknown", a consequence of the stop rather than a disagreement: not missing. P2P is matched by (sender, receiver, per-pair order)
 in :func:`viz.timeline.match_p2p`; unmatched sends and receives are counted here.
 
 All times are on rank 0's clock (host clocks aligned by the recorder). A pure function of the
@@ -124,8 +124,8 @@ class Mismatch:
                 return (f"{head} ({kind}, issued by {_ranks(issued)} at {where}): "
                         f"{_ranks(absent)} never issued it")
             return (f"{head} ({kind}, issued by {_ranks(issued)} at {where}): "
-                    f"{_ranks(absent)}: the trace ends before it (the rank was killed or its "
-                    f"trace cut short); whether it was issued is unknown")
+                    f"{_ranks(absent)}: the trace ends before it (the rank failed, was killed "
+                    f"or its trace was cut short); whether it was issued is unknown")
         parts = []
         for value, ranks, sites in self.sides:
             where = ", ".join(sorted({_where(s) for s in sites if s is not None})) or "?"
@@ -252,7 +252,7 @@ def _disagreement(group: str, seq: int, spans: dict, readable: dict) -> Optional
         return None
     issued = tuple(sorted(spans))
     kind, launched = spans[issued[0]].kind, min(c.start for c in spans.values())
-    cut = tuple(r for r in absent if not readable[r].closed
+    cut = tuple(r for r in absent if readable[r].stopped
                 and readable[r].recorded_until < launched)
     missing = tuple(r for r in absent if r not in cut)
     side = (kind, issued, tuple(spans[r].site for r in issued))

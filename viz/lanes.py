@@ -88,6 +88,7 @@ class RankLanes:
     inferred_passes: list = field(default_factory=list)   # from the P2P order, when unnamed
     recorded_until: int = 0    # the last event's time: what happened later is not in the trace
     closed: bool = True        # the recorder closed the trace (the rank was not killed)
+    stopped: bool = False      # the rank stopped early: killed, failed or interrupted
     clock: str = "host"        # "device": compute, comm, passes and steps are GPU time
     host_compute: Optional[np.ndarray] = None   # on the device clock: what the host did
     device: Optional["DeviceLane"] = None       # on the device clock: the GPU activities

@@ -120,7 +120,7 @@ def rank_lanes(rows: RankRows, send_ends: dict, op_budget: int = DRAWN_OPS) -> R
         clock_error_ns=rows.trace.clock_error_ns,
         inferred_passes=[] if passes else infer_passes(rows, comm),
         recorded_until=int(max(rows.t0.max(initial=0), rows.t1.max(initial=0))),
-        closed=rows.trace.status != "running")
+        closed=rows.trace.status != "running", stopped=rows.trace.status != "ok")
 
 
 def _drawn_ops(rows: RankRows, steps: dict, closed: frozenset, budget: int) -> np.ndarray:
