@@ -151,7 +151,7 @@ class Session:
         if exc_type is None or (exc_type is SystemExit and exc.code in (0, None)):
             self.status = "ok"
             if dist.is_available() and dist.is_initialized():
-                self._meta_updates.update(self._clock.at_end(self._paused_call))
+                self._add_meta(self._clock.at_end(self._paused_call))
         elif issubclass(exc_type, KeyboardInterrupt):
             self.status, self.error = "interrupted", "KeyboardInterrupt"
         else:
@@ -171,7 +171,7 @@ class Session:
         for undo in reversed(self._undo):
             undo()
         self._undo.clear()
-        self._meta_updates.update({
+        self._add_meta({
             "status": self.status, "error": self.error, "end_ns": _now(),
             "end_unix": time.time(), "last_step": self.step_index,
             "last_collective": self._comm.last, "inflight": self._comm.inflight(),
@@ -206,13 +206,18 @@ class Session:
                 if os.path.exists(old_status):
                     os.remove(old_status)
             self.rank, self.world_size = rank, world
-        self._meta_updates.update({"rank": rank, "world_size": world,
-                                   "backend": str(dist.get_backend())})
-        self._meta_updates.update(self._clock.at_start(self._paused_call))
+        self._add_meta({"rank": rank, "world_size": world, "backend": str(dist.get_backend())})
+        self._add_meta(self._clock.at_start(self._paused_call))
 
     def _on_pg_destroy(self) -> None:
         if self._writer is not None and dist.is_initialized():
-            self._meta_updates.update(self._clock.at_end(self._paused_call))
+            self._add_meta(self._clock.at_end(self._paused_call))
+
+    def _add_meta(self, values: dict) -> None:
+        """Metadata for the next batch. NOTE: under the write lock: the flusher swaps the dict
+        (and an update computed by a slow call, a clock estimate, must not land in the old one)."""
+        with self._write_lock:
+            self._meta_updates.update(values)
 
     def _paused_call(self, fn, *args):
         self._paused += 1
@@ -379,9 +384,10 @@ class Session:
 
     def record_config(self, values: dict) -> None:
         self.config.update(values)
-        config = dict(self._meta_updates.get("config") or {})
-        config.update(values)
-        self._meta_updates["config"] = config
+        with self._write_lock:
+            config = dict(self._meta_updates.get("config") or {})
+            config.update(values)
+            self._meta_updates["config"] = config
 
     # ------------------------------------------------------------------ flushing & status
     def _flush_loop(self) -> None:
