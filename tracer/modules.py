@@ -29,6 +29,15 @@ class ModuleTracker:
             _module.register_module_forward_hook(self._post, always_call=True),
         ]
 
+    @property
+    def installed(self) -> bool:
+        return bool(self._handles)
+
+    @property
+    def idle(self) -> bool:
+        """No module's forward is running."""
+        return not self._stack
+
     def remove(self) -> None:
         for handle in self._handles:
             handle.remove()

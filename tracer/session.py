@@ -75,18 +75,20 @@ class Session:
         self._queue: collections.deque = collections.deque()
         self._comm = CommTracker(self._dicts, self._queue.append)
         self._clock = ClockAlignment(opts.clock_sync, opts.clock_timeout)
-        self._specs: dict = {}             # op overload -> (op id, CommSpec, special)
+        self._specs: dict = {}             # op overload -> (op id, CommSpec, special, call)
+        self._funcol = self._comm.funcol   # the hot path reads it on every op
         self._threads: dict = {}           # thread ident -> small thread number
         # forward autograd node sequence number -> (stack id, module id), this step and the last
         self._fwd_of_node: dict = {}
         self._fwd_prev: dict = {}
         self._last_seq = -1
         self.step_index = 0
-        self._step_pending = False
         self._explicit_steps = False
         self._in_optimizer = 0
         self._recording = self._window(0)
         self._paused = 0
+        self._passthrough = not self._recording   # the hot path records nothing
+        self._owner = threading.get_ident()       # the thread whose dispatch stack holds the mode
         self.config: dict = {}             # everything record_config set
         # process and files
         self.rank, self.world_size = _rank_and_world()
@@ -135,8 +137,12 @@ class Session:
         self._undo.append(patch_process_group(on_init=self._on_pg_init,
                                               on_destroy=self._on_pg_destroy,
                                               on_work_waited=self._comm.work_waited))
+        RecordingMode.skip_dynamo()
         self._mode = RecordingMode(self.on_op)
         self._mode.__enter__()
+        self._owner = threading.get_ident()
+        if not self._recording:
+            self._leave_window()
         self._flusher = threading.Thread(target=self._flush_loop, name="paratrace-flusher",
                                          daemon=True)
         self._flusher.start()
@@ -146,6 +152,7 @@ class Session:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         if self._mode is not None:
+            self._mode.resume()          # __exit__ pops the top of the stack: it must be there
             self._mode.__exit__(None, None, None)
             self._mode = None
         if exc_type is None or (exc_type is SystemExit and exc.code in (0, None)):
@@ -221,35 +228,35 @@ class Session:
 
     def _paused_call(self, fn, *args):
         self._paused += 1
+        self._passthrough = True
         try:
             return fn(*args)
         finally:
             self._paused -= 1
+            self._passthrough = not self._recording or self._paused > 0
 
     # ------------------------------------------------------------------ hot path
     def on_op(self, func, args, kwargs):
         """Run one dispatched op and queue its row (OP_ROW, then COMM_ROW for collectives).
 
-        The hot path: every aten op of the run comes through here, so it reads cached specs,
-        builds one tuple, and leaves everything else to the flusher.
+        The hot path: every aten op of a recorded step comes through here, so it reads cached
+        specs, builds one tuple and leaves everything else to the flusher. Outside recorded
+        steps the mode is off the dispatch stack and nothing here runs.
         """
-        if self._step_pending and not self._in_optimizer:
-            self._advance_step()
         entry = self._specs.get(func)
         if entry is None:
-            spec = ops.classify(func)
-            entry = self._specs[func] = (self._op_ids(spec.name), spec.comm, spec.special)
-        op_id, comm, special = entry
-        if not self._recording or self._paused:
-            return func(*args, **kwargs)
+            entry = self._spec(func)
+        if self._passthrough:
+            return entry[3](*args, **kwargs)
+        op_id, comm, special, call = entry
         if special is not None:
             return self._special_op(special, func, args, kwargs, op_id)
         if comm is not None and not self._pg_seen:
             self._on_pg_init()
-        if self._comm.funcol:
+        if self._funcol:
             self._comm.await_async_args(args)
         t0 = _now()
-        out = func(*args, **kwargs)
+        out = call(*args, **kwargs)
         t1 = _now()
         node = _current_node()
         fwd_stack = None
@@ -285,7 +292,9 @@ class Session:
             else:
                 module = None
             stack = self._stacks.capture(sys._getframe(1)) if self._record_stacks else None
-        thread = self._thread()
+        thread = self._threads.get(_get_ident())
+        if thread is None:
+            thread = self._thread()
         shapes = self._shapes(args) if self._record_shapes else None
         row = (t0, t1, op_id, phase, module, stack, fwd_stack, self._annotations.current,
                self.step_index, thread, shapes)      # OP_ROW
@@ -296,6 +305,14 @@ class Session:
         if len(self._queue) > MAX_QUEUE:
             self._flush()
         return out
+
+    def _spec(self, func) -> tuple:
+        """(op id, CommSpec, special, what to call) of an op overload, cached."""
+        spec = ops.classify(func)
+        # a plain OpOverload's __call__ only forwards to _op: call that, one frame less
+        call = func._op if type(func) is torch._ops.OpOverload else func
+        entry = self._specs[func] = (self._op_ids(spec.name), spec.comm, spec.special, call)
+        return entry
 
     def _thread(self) -> int:
         ident = _get_ident()
@@ -356,31 +373,57 @@ class Session:
 
     def step(self) -> None:
         self._explicit_steps = True
-        self._step_pending = False
         self._advance_step()
 
     def _advance_step(self) -> None:
-        self._step_pending = False
         self.step_index += 1
         self._fwd_prev, self._fwd_of_node = self._fwd_of_node, {}
-        self._recording = self._window(self.step_index)
-        if self._recording:
+        recording = self._window(self.step_index)
+        if recording != self._recording:
+            self._recording = recording
+            self._passthrough = not recording or self._paused > 0
+            if recording:
+                self._enter_window()
+            else:
+                self._leave_window()
+        if recording:
             t = _now()
-            marker = make_row(t0=t, t1=t, op=self._op_ids(ops.OP_STEP), phase=PHASE_OTHER,
-                              step=self.step_index, thread=self._thread())
-            self._queue.append(marker)
+            self._queue.append(make_row(t0=t, t1=t, op=self._op_ids(ops.OP_STEP),
+                                        phase=PHASE_OTHER, step=self.step_index,
+                                        thread=self._thread()))
         self._wake.set()     # the finished step goes to disk now, not at the next interval
 
     def _window(self, step: int) -> bool:
         return self._in_window is None or self._in_window(step)
+
+    def _leave_window(self) -> None:
+        """Outside recorded steps the dispatch mode and the module hooks are off: those steps
+        run as they would untraced. Possible only on the thread that entered the mode and
+        with the mode on top of its stack; otherwise it stays on and records nothing."""
+        if _get_ident() != self._owner or not self._mode.suspend():
+            return
+        self._stacks.release()
+        if self.options.record_modules and self._modules.idle:
+            self._modules.remove()
+
+    def _enter_window(self) -> None:
+        # NOTE: a window that opens on another thread than the one that entered the trace
+        # cannot put the mode back on that thread's stack; steps advance on it in practice
+        # (optimizer steps, tracer.step() of the training loop)
+        if _get_ident() != self._owner or not self._mode.suspended:
+            return
+        self._mode.resume()
+        if self.options.record_modules and not self._modules.installed:
+            self._modules.install()
 
     def _optimizer_pre(self, optimizer, args, kwargs) -> None:
         self._in_optimizer += 1
 
     def _optimizer_post(self, optimizer, args, kwargs) -> None:
         self._in_optimizer = max(0, self._in_optimizer - 1)
-        if self.options.auto_step and not self._explicit_steps:
-            self._step_pending = True   # applied at the next op outside an optimizer step
+        # the end of the outermost optimizer step is a step boundary
+        if self._in_optimizer == 0 and self.options.auto_step and not self._explicit_steps:
+            self._advance_step()
 
     def record_config(self, values: dict) -> None:
         self.config.update(values)
