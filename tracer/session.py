@@ -21,13 +21,13 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from . import _active, ops, rundir, status
+from . import _active, ops, rows, rundir, status
 from ._mode import RecordingMode
 from .annotations import AnnotationStack, Range
 from .clock import ClockAlignment
 from .comm import CommTracker
 from .dictionaries import Dictionaries
-from .format import COL, FORMAT_VERSION, TraceWriter, make_row, rename
+from .format import FORMAT_VERSION, TraceWriter, rename
 from .labels import PHASE_BACKWARD, PHASE_FORWARD, PHASE_OTHER
 from .modules import ModuleTracker
 from .options import TraceOptions
@@ -39,16 +39,13 @@ _now = time.perf_counter_ns
 _current_node = torch._C._current_autograd_node
 _grad_enabled = torch.is_grad_enabled
 _get_ident = threading.get_ident
+_pack = rows.RECORD.pack
 try:
     _sequence_nr = torch.autograd._get_sequence_nr
 except AttributeError:  # pragma: no cover - very old torch: no backward attribution
     def _sequence_nr():
         return 0
 
-# The columns of the row the hot path builds positionally, in order (a prefix of
-# format.COLUMNS; a collective's row continues with comm.COMM_ROW). A test holds them equal.
-OP_ROW = ("t0", "t1", "op", "phase", "module", "stack", "fwd_stack", "annotation", "step",
-          "thread", "shapes")
 MAX_QUEUE = 200_000          # events held in memory before the hot path flushes itself
 MAX_NODES = 1 << 18          # forward autograd nodes remembered (this and the last window)
 # NOTE: each batch costs about half a millisecond and 2 KB however few its rows; steps shorter
@@ -72,13 +69,16 @@ class Session:
         self._modules = ModuleTracker(self._dicts.module)
         self._shapes = ShapeSignatures(self._dicts.shapes)
         self._annotations = AnnotationStack(self._dicts.annotation)
-        self._queue: collections.deque = collections.deque()
-        self._comm = CommTracker(self._dicts, self._queue.append)
+        self._queue: collections.deque = collections.deque()    # packed records (rows.py)
+        self._push = self._queue.append
+        self._capture = self._stacks.capture
+        self._comm = CommTracker(self._dicts, self._push)
         self._clock = ClockAlignment(opts.clock_sync, opts.clock_timeout)
         self._specs: dict = {}             # op overload -> (op id, CommSpec, special, call)
         self._funcol = self._comm.funcol   # the hot path reads it on every op
         self._threads: dict = {}           # thread ident -> small thread number
-        # forward autograd node sequence number -> (stack id, module id), this step and the last
+        # forward autograd node sequence number -> its origin, (stack + 1) << 32 | (module + 1)
+        # (an int: ints are not objects the garbage collector tracks), this step and the last
         self._fwd_of_node: dict = {}
         self._fwd_prev: dict = {}
         self._last_seq = -1
@@ -259,16 +259,15 @@ class Session:
         out = call(*args, **kwargs)
         t1 = _now()
         node = _current_node()
-        fwd_stack = None
         if node is None:
             module = self._modules.current
-            module = None if module < 0 else module
-            stack = self._stacks.capture(sys._getframe(1)) if self._record_stacks else None
+            stack = self._capture(sys._getframe(1)) if self._record_stacks else -1
+            fwd_stack = -1
             seq = _sequence_nr()
             if seq != self._last_seq:     # autograd nodes were created: remember their origin
                 # NOTE: nodes made since the last recorded op (a custom Function whose forward
                 # runs no aten op, like Megatron's identity f) go to this op, the next one
-                origin = (stack, module)
+                origin = (stack + 1) << 32 | (module + 1)
                 first = self._last_seq if 0 < seq - self._last_seq <= 8 else seq - 1
                 for created in range(first, seq):
                     self._fwd_of_node[created] = origin
@@ -279,28 +278,28 @@ class Session:
                 phase = PHASE_OTHER
             elif self._annotations.phase_hint is not None:
                 phase = self._annotations.phase_hint
-            elif module is not None or _grad_enabled():
+            elif module >= 0 or _grad_enabled():
                 phase = PHASE_FORWARD
             else:
                 phase = PHASE_OTHER
         else:
             phase = PHASE_BACKWARD
             nseq = node._sequence_nr()
-            origin = self._fwd_of_node.get(nseq) or self._fwd_prev.get(nseq)
-            if origin is not None:
-                fwd_stack, module = origin
-            else:
-                module = None
-            stack = self._stacks.capture(sys._getframe(1)) if self._record_stacks else None
+            origin = self._fwd_of_node.get(nseq)
+            if origin is None:
+                origin = self._fwd_prev.get(nseq, 0)
+            fwd_stack = (origin >> 32) - 1
+            module = (origin & 0xFFFFFFFF) - 1
+            stack = self._capture(sys._getframe(1)) if self._record_stacks else -1
         thread = self._threads.get(_get_ident())
         if thread is None:
             thread = self._thread()
-        shapes = self._shapes(args) if self._record_shapes else None
-        row = (t0, t1, op_id, phase, module, stack, fwd_stack, self._annotations.current,
-               self.step_index, thread, shapes)      # OP_ROW
-        if comm is not None:
-            row = self._comm.launch(comm, args, out, row)
-        self._queue.append(row)
+        shapes = self._shapes(args) if self._record_shapes else -1
+        # a collective's end (t1: -1 for now) comes with its completion (comm.py)
+        cid = -1 if comm is None else \
+            self._comm.launch(comm, args, out, t0, t1, phase, self.step_index, thread)
+        self._push(_pack(t0, t1 if cid < 0 else -1, op_id, phase, module, stack, fwd_stack,
+                         self._annotations.current, self.step_index, thread, shapes, cid))
         self._last_event_ns = t1
         if len(self._queue) > MAX_QUEUE:
             self._flush()
@@ -330,16 +329,15 @@ class Session:
             pending = self._comm.funcol_take(args[0] if args else kwargs.get("tensor"))
             cid = None
             if pending is not None:
-                cid = pending[COL.cid]
+                cid = pending.cid
                 self._comm.complete(pending, t1)
-            stack = self._stacks.capture(sys._getframe(1)) if self._record_stacks else None
-            module = self._modules.current
+            stack = self._capture(sys._getframe(1)) if self._record_stacks else None
             hint = self._annotations.phase_hint
             phase = PHASE_BACKWARD if _current_node() is not None else \
                 (hint if hint is not None else PHASE_FORWARD)
-            self._queue.append(make_row(
-                t0=t0, t1=t1, op=op_id, phase=phase, module=None if module < 0 else module,
-                stack=stack, annotation=self._annotations.current, step=self.step_index,
+            self._push(rows.record(
+                t0=t0, t1=t1, op=op_id, phase=phase, module=self._modules.current, stack=stack,
+                annotation=self._annotations.current, step=self.step_index,
                 thread=self._thread(), cid=cid))
             return out
         out = func(*args, **kwargs)
@@ -364,7 +362,7 @@ class Session:
         """Record the range (with itself in its annotation) and close it."""
         if self._recording and not self._paused:
             hint = self._annotations.phase_hint
-            self._queue.append(make_row(
+            self._push(rows.record(
                 t0=t0, t1=_now(), op=self._op_ids(ops.OP_ANNOTATION),
                 phase=hint if hint is not None else PHASE_OTHER,
                 annotation=self._annotations.current, step=self.step_index,
@@ -388,9 +386,8 @@ class Session:
                 self._leave_window()
         if recording:
             t = _now()
-            self._queue.append(make_row(t0=t, t1=t, op=self._op_ids(ops.OP_STEP),
-                                        phase=PHASE_OTHER, step=self.step_index,
-                                        thread=self._thread()))
+            self._push(rows.record(t0=t, t1=t, op=self._op_ids(ops.OP_STEP), phase=PHASE_OTHER,
+                                   step=self.step_index, thread=self._thread()))
         self._wake.set()     # the finished step goes to disk now, not at the next interval
 
     def _window(self, step: int) -> bool:
@@ -455,20 +452,26 @@ class Session:
             if self._writer is None:
                 return
             queue = self._queue
-            rows = [queue.popleft() for _ in range(len(queue))]
-            with self._comm.lock:
-                self._comm.freeze(rows)
+            records = b"".join([queue.popleft() for _ in range(len(queue))])
             meta, self._meta_updates = self._meta_updates, {}
-            if not rows and not meta:
+            if not records and not meta:
                 return
+            table = rows.unpack(records)
+            positions = rows.comm_positions(table)
+            with self._comm.lock:
+                launched = self._comm.written(table[positions, rows.CID])
+            arrays = rows.to_arrays(table, rows.comm_columns(table, positions, launched))
             dictionaries = self._dicts.values()
+            n = len(table)
             # NOTE: the rows of finished steps go in a batch of their own: a file cut short in
             # its last batch (a crash while writing, a truncated copy) keeps every finished step
-            split = _last_step_marker(rows, self._op_ids(ops.OP_STEP))
+            split = rows.last_step_marker(table, self._op_ids(ops.OP_STEP))
             if split > 0:
-                self._writer.write(rows[:split], dictionaries)
-                rows = rows[split:]
-            self._writer.write(rows, dictionaries, meta or None)
+                self._writer.write_arrays({k: a.slice(0, split) for k, a in arrays.items()},
+                                          split, dictionaries)
+                arrays = {k: a.slice(split) for k, a in arrays.items()}
+                n -= split
+            self._writer.write_arrays(arrays, n, dictionaries, meta or None)
 
     def _write_status(self, final: bool = False) -> None:
         status.write_status(
@@ -478,15 +481,6 @@ class Session:
             last_collective=self._comm.last, inflight=self._comm.inflight(),
             failed_collectives=self._comm.failed, error=self.error, trace=self.path,
             final=final, config=self.config)
-
-
-def _last_step_marker(rows: list, step_op: int) -> int:
-    """Position of the last step marker in ``rows``, or -1."""
-    op = COL.op
-    for i in range(len(rows) - 1, -1, -1):
-        if rows[i][op] == step_op:
-            return i
-    return -1
 
 
 def _rank_and_world():
