@@ -74,7 +74,9 @@ class Session:
         self._capture = self._stacks.capture
         self._comm = CommTracker(self._dicts, self._push)
         self._clock = ClockAlignment(opts.clock_sync, opts.clock_timeout)
-        self._specs: dict = {}             # op overload -> (op id, CommSpec, special, call)
+        # id(op overload) -> (op id, CommSpec, special, call, the overload). NOTE: by id: an
+        # OpOverload hashes in Python; torch keeps overloads alive, and so does the entry.
+        self._specs: dict = {}
         self._funcol = self._comm.funcol   # the hot path reads it on every op
         self._threads: dict = {}           # thread ident -> small thread number
         # forward autograd node sequence number -> its origin, (stack + 1) << 32 | (module + 1)
@@ -243,12 +245,12 @@ class Session:
         specs, builds one tuple and leaves everything else to the flusher. Outside recorded
         steps the mode is off the dispatch stack and nothing here runs.
         """
-        entry = self._specs.get(func)
+        entry = self._specs.get(id(func))
         if entry is None:
             entry = self._spec(func)
         if self._passthrough:
             return entry[3](*args, **kwargs)
-        op_id, comm, special, call = entry
+        op_id, comm, special, call, _ = entry
         if special is not None:
             return self._special_op(special, func, args, kwargs, op_id)
         if comm is not None and not self._pg_seen:
@@ -261,7 +263,8 @@ class Session:
         node = _current_node()
         if node is None:
             module = self._modules.current
-            stack = self._capture(sys._getframe(1)) if self._record_stacks else -1
+            # the frame that dispatched the op (on_op <- __torch_dispatch__ <- it)
+            stack = self._capture(sys._getframe(2)) if self._record_stacks else -1
             fwd_stack = -1
             seq = _sequence_nr()
             if seq != self._last_seq:     # autograd nodes were created: remember their origin
@@ -290,7 +293,7 @@ class Session:
                 origin = self._fwd_prev.get(nseq, 0)
             fwd_stack = (origin >> 32) - 1
             module = (origin & 0xFFFFFFFF) - 1
-            stack = self._capture(sys._getframe(1)) if self._record_stacks else -1
+            stack = self._capture(sys._getframe(2)) if self._record_stacks else -1
         thread = self._threads.get(_get_ident())
         if thread is None:
             thread = self._thread()
@@ -310,7 +313,8 @@ class Session:
         spec = ops.classify(func)
         # a plain OpOverload's __call__ only forwards to _op: call that, one frame less
         call = func._op if type(func) is torch._ops.OpOverload else func
-        entry = self._specs[func] = (self._op_ids(spec.name), spec.comm, spec.special, call)
+        entry = self._specs[id(func)] = (self._op_ids(spec.name), spec.comm, spec.special, call,
+                                         func)
         return entry
 
     def _thread(self) -> int:
@@ -331,7 +335,7 @@ class Session:
             if pending is not None:
                 cid = pending.cid
                 self._comm.complete(pending, t1)
-            stack = self._capture(sys._getframe(1)) if self._record_stacks else None
+            stack = self._capture(sys._getframe(3)) if self._record_stacks else None
             hint = self._annotations.phase_hint
             phase = PHASE_BACKWARD if _current_node() is not None else \
                 (hint if hint is not None else PHASE_FORWARD)

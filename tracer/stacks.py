@@ -139,18 +139,27 @@ class StackInterner:
             return self._root()
         # NOTE: the key uses f_lasti, not f_lineno: reading f_lineno decodes the line table
         # (microseconds a frame); lines are read only when a node is made.
-        if frame is self._last_frame and frame.f_lasti == self._last_lasti and not known[1]:
-            return self._last_sid                 # e.g. every op of one loss.backward()
-        pos = self._path_pos
+        lasti = frame.f_lasti
         path_frames = self._path_frames
+        if frame is self._last_frame and not known[1]:
+            if lasti == self._last_lasti:
+                return self._last_sid             # e.g. every op of one loss.backward()
+            if path_frames and path_frames[-1] is frame:
+                return self._moved(frame, lasti)  # the last op's function, a later line
+        pos = self._path_pos
         changed = []                              # frames not on the path, innermost first
-        at = -1                                   # path index of the first unchanged frame
+        at = -1                                   # path index of the last unchanged frame
         f = frame
         while f is not None:
             i = pos.get(id(f))
-            if i is not None and path_frames[i] is f and self._path_lasti[i] == f.f_lasti \
-                    and not kinds[id(f.f_code)][1]:
-                at = i
+            if i is not None and path_frames[i] is f and not kinds[id(f.f_code)][1]:
+                # the same live frame: its callers are unchanged; itself too at the same
+                # instruction
+                if self._path_lasti[i] == f.f_lasti:
+                    at = i
+                else:
+                    at = i - 1
+                    changed.append(f)
                 break
             known = kinds.get(id(f.f_code))
             if known is None:
@@ -174,13 +183,29 @@ class StackInterner:
             path_frames.append(f)
             self._path_lasti.append(lasti)
             self._path_nodes.append(node)
+        sid = self._sid(node)
+        self._last_frame, self._last_lasti, self._last_sid = frame, lasti, sid
+        return sid
+
+    def _moved(self, frame, lasti: int) -> int:
+        """The innermost frame of the last capture, at another instruction: only its node
+        changes."""
+        parent = self._path_nodes[-2] if len(self._path_nodes) > 1 else -1
+        node = self._nodes.get((parent, id(frame.f_code), lasti))
+        if node is None:
+            node = self._new_node(parent, frame, lasti)
+        self._path_lasti[-1] = lasti
+        self._path_nodes[-1] = node
+        sid = self._sid(node)
+        self._last_lasti, self._last_sid = lasti, sid
+        return sid
+
+    def _sid(self, node: int) -> int:
         if node < 0:
-            sid = self._root()
-        else:
-            sid = self._node_sid[node]
-            if sid < 0:                   # the first op issued at this node
-                sid = self._node_sid[node] = self._intern(self._kept_frames(node))
-        self._last_frame, self._last_lasti, self._last_sid = frame, frame.f_lasti, sid
+            return self._root()
+        sid = self._node_sid[node]
+        if sid < 0:                       # the first op issued at this node
+            sid = self._node_sid[node] = self._intern(self._kept_frames(node))
         return sid
 
     def _new_node(self, parent: int, frame, lasti: int) -> int:
