@@ -61,23 +61,29 @@ class NoopMode(TorchDispatchMode):
 
 
 def step_times(model: str, steps: int, recorder) -> tuple:
-    """(seconds per optimizer step, seconds the recorder took to finish after the last step)
-    of a `steps`-step run under `recorder` (a context factory)."""
-    stamps = []
-    handle = register_optimizer_step_post_hook(lambda *a: stamps.append(time.perf_counter()))
+    """A `steps`-step run under `recorder` (a context factory): per optimizer step, wall and
+    CPU seconds (CPU: every thread of the process, the recorder's flusher included), then the
+    wall and CPU seconds the recorder took to finish after the last step. The first step warms
+    up and is left out."""
+    walls, cpus = [], []
+    handle = register_optimizer_step_post_hook(
+        lambda *a: (walls.append(time.perf_counter()), cpus.append(time.process_time())))
     cfg = parse_config(MODELS[model] + ["--steps", str(steps)], world_size=1)
     torch.manual_seed(0)
     try:
         with recorder():
-            start = time.perf_counter()
             with contextlib.redirect_stdout(open(os.devnull, "w")):
                 train(cfg=cfg, groups=single_process_groups(), device=torch.device("cpu"))
-            trained = time.perf_counter()
-        finished = time.perf_counter()
+            trained = time.perf_counter(), time.process_time()
+        finished = time.perf_counter(), time.process_time()
     finally:
         handle.remove()
-    edges = [start] + stamps
-    return [b - a for a, b in zip(edges, edges[1:])][1:], finished - trained
+    return (_deltas(walls), _deltas(cpus), finished[0] - trained[0],
+            finished[1] - trained[1])
+
+
+def _deltas(stamps: list) -> list:
+    return [b - a for a, b in zip(stamps, stamps[1:])]
 
 
 class Recorders:
@@ -93,6 +99,9 @@ class Recorders:
                           self.paratrace_unrecorded, "torch.profiler": self.profiler}
         if debug_mode:
             self.factories["DebugMode"] = self.debug_mode
+        # what each part of the recording costs: paratrace with one of them off
+        self.ablations = {f"paratrace without {part}": self._without(part)
+                          for part in ("stacks", "shapes", "modules")}
 
     def _out(self) -> str:
         self.runs += 1
@@ -102,6 +111,9 @@ class Recorders:
         out = self._out()
         self.last_trace[self.model] = os.path.join(out, "rank-0.arrow")
         return tracer.trace(out, clock_sync=False)
+
+    def _without(self, part: str):
+        return lambda: tracer.trace(self._out(), clock_sync=False, **{f"record_{part}": False})
 
     def paratrace_unrecorded(self):
         return tracer.trace(self._out(), clock_sync=False, steps="0")
@@ -122,46 +134,52 @@ class Recorders:
 
 
 def measure(recorders: Recorders, models: list, rounds: int, steps: int) -> dict:
-    """(model, recorder) -> per round: (median step, finishing time per step)."""
+    """(model, recorder) -> per round: (wall, CPU) seconds a step, its finishing work included
+    (spread over the run's steps)."""
     times = {(m, name): [] for m in models for name in recorders.factories}
     for round_ in range(rounds + 1):               # round 0 warms every path up, not counted
         for model in models:
             recorders.model = model
             for name, factory in recorders.factories.items():
-                samples, finish = step_times(model, steps if round_ else 2, factory)
+                walls, cpus, finish_wall, finish_cpu = step_times(
+                    model, steps if round_ else 3, factory)
                 if round_:
-                    times[model, name].append((statistics.median(samples), finish / steps))
+                    times[model, name].append(
+                        (statistics.median(walls) + finish_wall / steps,
+                         statistics.mean(cpus) + finish_cpu / steps))
     return times
 
 
 def report(times: dict, recorders: Recorders, models: list) -> None:
-    """Extra time = in-run step time plus the recorder's finishing work (paratrace: the last
-    flush; torch.profiler: processing its events at exit and writing its file) per step."""
+    """Extra time: over the untraced step, of the in-run step time plus the recorder's
+    finishing work per step (paratrace: the last flush; torch.profiler: processing its events
+    at exit and writing its file). Wall: medians of wall-clock medians; CPU: of process CPU
+    time, which a loaded machine disturbs less."""
     for model in models:
         ops_per_step = _ops_per_step(tracer.load(recorders.last_trace[model]))
-        base = statistics.median(s + f for s, f in times[model, "untraced"])
+        base_wall = statistics.median(w for w, _ in times[model, "untraced"])
+        base_cpu = statistics.median(c for _, c in times[model, "untraced"])
         print(f"\n{model}: reference GPT, one process, {' '.join(MODELS[model])}; "
               f"{ops_per_step} recorded ops a step")
-        print(f"{'recorder':28s} {'step':>9s} {'finish':>9s} {'total':>9s} {'ratio':>6s} "
-              f"{'extra':>6s} {'extra/op':>9s}")
+        print(f"{'recorder':28s} {'wall step':>10s} {'extra':>6s} {'extra/op':>9s} "
+              f"{'cpu step':>10s} {'extra':>6s} {'extra/op':>9s}")
         extra = {}
         for (m, name), samples in times.items():
             if m != model:
                 continue
-            step = statistics.median(s for s, _ in samples)
-            finish = statistics.median(f for _, f in samples)
-            total = statistics.median(s + f for s, f in samples)
-            extra[name] = total / base - 1
-            print(f"{name:28s} {step * 1e3:7.2f}ms {finish * 1e3:7.2f}ms {total * 1e3:7.2f}ms "
-                  f"{total / base:6.2f} {extra[name]:6.2f} "
-                  f"{(total - base) / ops_per_step * 1e6:7.2f}us")
-        floor, para, prof = extra["no-op dispatch mode"], extra["paratrace"], \
-            extra["torch.profiler"]
-        print(f"paratrace extra / no-op mode extra:  {para / floor:5.2f}  (target <= 2, "
-              f"stretch 1.5)")
-        print(f"paratrace extra / profiler extra:    {para / prof:5.2f}  (target <= 1)")
-        print(f"unrecorded step / untraced step:     "
-              f"{1 + extra['paratrace, unrecorded step']:5.3f}  (target 1)")
+            wall = statistics.median(w for w, _ in samples)
+            cpu = statistics.median(c for _, c in samples)
+            extra[name] = (wall / base_wall - 1, cpu / base_cpu - 1)
+            print(f"{name:28s} {wall * 1e3:8.2f}ms {extra[name][0]:6.2f} "
+                  f"{(wall - base_wall) / ops_per_step * 1e6:7.2f}us "
+                  f"{cpu * 1e3:8.2f}ms {extra[name][1]:6.2f} "
+                  f"{(cpu - base_cpu) / ops_per_step * 1e6:7.2f}us")
+        for i, clock in enumerate(("wall", "cpu")):
+            floor, para = extra["no-op dispatch mode"][i], extra["paratrace"][i]
+            prof, off = extra["torch.profiler"][i], extra["paratrace, unrecorded step"][i]
+            print(f"{clock:4s}: paratrace extra / no-op mode extra {para / floor:5.2f} (target "
+                  f"<= 2, stretch 1.5); / profiler extra {para / prof:5.2f} (target <= 1); "
+                  f"unrecorded / untraced step {1 + off:5.3f} (target 1)")
 
 
 def _ops_per_step(trace) -> int:
@@ -181,6 +199,10 @@ def main() -> None:
     parser.add_argument("--hot-loop", metavar="MODEL",
                         help="only run paratrace on MODEL for --seconds (to profile it)")
     parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--instructions", action="store_true",
+                        help="count instructions per op under valgrind (deterministic; slow)")
+    parser.add_argument("--one-run", nargs=3, metavar=("RECORDER", "MODEL", "STEPS"),
+                        help=argparse.SUPPRESS)
     args = parser.parse_args()
     torch.set_num_threads(1)
     tmp = tempfile.mkdtemp(prefix="paratrace-bench-")
@@ -188,6 +210,13 @@ def main() -> None:
     try:
         if args.hot_loop:
             hot_loop(recorders, args.hot_loop, args.seconds)
+        elif args.one_run:
+            name, model, steps = args.one_run
+            recorders.model = model
+            factories = {**recorders.factories, **recorders.ablations}
+            step_times(model, int(steps), factories[name])
+        elif args.instructions:
+            instructions(recorders, args.models.split(","))
         else:
             run(recorders, args)
     finally:
@@ -210,6 +239,37 @@ def run(recorders: Recorders, args) -> None:
           f"bytes; target <= 48)")
     rate, n = reader_rate(trace, args.reader_events, recorders.tmp)
     print(f"reader: {rate:,.0f} events/s on a {n:,}-event trace (target >= 1,000,000)")
+
+
+def instructions(recorders: Recorders, models: list, steps=(2, 7)) -> None:
+    """Instructions a step (all threads), from the difference of a 2- and a 7-step run of each
+    recorder under valgrind's callgrind: what a loaded machine cannot disturb."""
+    names = ["untraced", "no-op dispatch mode", "paratrace", "paratrace, unrecorded step",
+             *recorders.ablations]
+    for model in models:
+        recorders.model = model
+        step_times(model, 3, recorders.paratrace)
+        ops_per_step = _ops_per_step(tracer.load(recorders.last_trace[model]))
+        per_step = {}
+        for name in names:
+            counts = [_callgrind(name, model, n) for n in steps]
+            per_step[name] = (counts[1] - counts[0]) / (steps[1] - steps[0])
+        base, floor = per_step["untraced"], per_step["no-op dispatch mode"]
+        print(f"\n{model}: instructions a step under callgrind ({ops_per_step} ops a step)")
+        print(f"{'recorder':28s} {'per step':>12s} {'extra/op':>9s} {'x floor':>8s}")
+        for name, count in per_step.items():
+            extra = (count - base) / ops_per_step
+            print(f"{name:28s} {count / 1e6:10.1f}M {extra:9.0f} "
+                  f"{(count - base) / (floor - base):8.2f}")
+
+
+def _callgrind(name: str, model: str, steps: int) -> int:
+    import re
+    import subprocess
+    cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable,
+           os.path.abspath(__file__), "--one-run", name, model, str(steps)]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stderr
+    return int(re.search(r"Collected : (\d+)", out).group(1))
 
 
 def hot_loop(recorders: Recorders, model: str, seconds: float) -> None:

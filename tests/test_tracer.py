@@ -285,10 +285,21 @@ def test_stack_capture_with_its_caches_equals_a_fresh_walk():
         fresh = StackInterner(depth=depth)
         assert interner.values[interner.capture(frame)] == fresh.values[fresh.capture(frame)]
 
+    def resumed(interner, depth, n):
+        def generator():
+            while True:
+                descend(interner, depth, n)
+                yield
+        g = generator()
+        next(g)
+        next(g)                                 # the same generator frame, another caller
+
     def descend(interner, depth, n):
         for _ in range(rng.randint(1, 3)):
             if n > 0 and rng.random() < 0.6:
                 descend(interner, depth, n - 1)
+            elif n > 0 and rng.random() < 0.2:
+                resumed(interner, depth, n - 1)
             elif rng.random() < 0.5:
                 check(interner, depth)
             else:
@@ -351,3 +362,28 @@ def test_the_status_file_says_what_record_config_set(tmp_path):
                            "last_collective", "inflight", "failed_collectives", "error", "trace",
                            "final", "config"}
     assert status["final"] and status["status"] == "ok" and status["events"] >= 1
+
+
+def test_a_generator_resumed_by_another_caller_gets_that_callers_stack():
+    """A generator frame at the same instruction can be resumed from a different caller: its
+    stack must name the caller of this resumption, not the last one."""
+    import sys as _sys
+
+    from tracer.stacks import StackInterner, decode_stack
+    interner = StackInterner(depth=8)
+
+    def produce():
+        while True:
+            yield interner.capture(_sys._getframe(0))
+
+    source = produce()
+
+    def first_caller():
+        return next(source)
+
+    def second_caller():
+        return next(source)
+
+    stacks = [decode_stack(interner.values[sid]) for sid in (first_caller(), second_caller())]
+    assert [[f[2] for f in s[:2]] for s in stacks] == [["produce", "first_caller"],
+                                                       ["produce", "second_caller"]]

@@ -1,13 +1,66 @@
-"""The private TorchDispatchMode: it only intercepts and hands each op to the session."""
+"""The private TorchDispatchMode: it only intercepts and hands each op to the session; and the
+two moves that take it off torch's dispatch mode stack outside recorded steps and put it back."""
 from __future__ import annotations
 
+import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+
+_eval_frame = torch._C._dynamo.eval_frame
+_stack_len = torch._C._len_torch_dispatch_stack
+_stack_at = torch._C._get_dispatch_stack_at
+_pop = torch._C._pop_torch_dispatch_stack
+_push = torch._C._push_on_torch_dispatch_stack
+_NO_KWARGS: dict = {}
 
 
 class RecordingMode(TorchDispatchMode):
     def __init__(self, on_op):
         super().__init__()
         self._on_op = on_op
+        self._depth = -1            # stack position while suspended, else -1
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # NOTE: torch wraps a mode's __torch_dispatch__ in torch._dynamo.disable, a Python
+        # wrapper that costs about 1.3 us an op on CPU, so that Dynamo never traces it.
+        # skip_dynamo() marks the code instead: the same effect, at no cost per op.
+        return False
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        return self._on_op(func, args, kwargs or {})
+        return self._on_op(func, args, kwargs or _NO_KWARGS)
+
+    @classmethod
+    def skip_dynamo(cls) -> None:
+        """Dynamo runs __torch_dispatch__, and everything it calls, without tracing it (what
+        torch._dynamo.disable(recursive=True) does)."""
+        strategy = _eval_frame._FrameExecStrategy(_eval_frame._FrameAction.SKIP,
+                                                   _eval_frame._FrameAction.SKIP)
+        _eval_frame.set_code_exec_strategy(cls.__torch_dispatch__.__code__, strategy)
+
+    # NOTE: suspending and resuming move only torch's C++ stack entry, not the Python flags
+    # that __enter__ set (torch.compile keeps skipping frames, as while recording); __enter__
+    # and __exit__ still run exactly once, around the whole recording.
+    def suspend(self) -> bool:
+        """Take the mode off this thread's dispatch stack if it is on top (torch pops modes
+        last in, first out); returns whether it did. The caller runs on the thread that
+        entered the mode."""
+        depth = _stack_len()
+        if self._depth >= 0 or depth == 0 or _stack_at(depth - 1) is not self:
+            return False
+        _pop(None)
+        self._depth = depth - 1
+        return True
+
+    def resume(self) -> None:
+        """Put a suspended mode back where it was, under any mode pushed since."""
+        if self._depth < 0:
+            return
+        above = [_pop(None) for _ in range(max(0, _stack_len() - self._depth))]
+        _push(self)
+        for mode in reversed(above):
+            _push(mode)
+        self._depth = -1
+
+    @property
+    def suspended(self) -> bool:
+        return self._depth >= 0

@@ -20,7 +20,7 @@ class AnnotationStack:
         self._intern = intern                   # JSON text -> id
         self._entries: list = []                # [(label, attrs, phase hint)], outermost first
         self._record_functions: list = []       # open record_function ranges: (entry, t0)
-        self.current: Optional[int] = None      # id of the JSON list of open ranges
+        self.current = -1                       # id of the JSON list of open ranges, -1: none
         self.phase_hint: Optional[int] = None   # phase named by the innermost range naming one
 
     def push(self, label: str, attrs: dict) -> tuple:
@@ -51,7 +51,7 @@ class AnnotationStack:
 
     def _refresh(self) -> None:
         if not self._entries:
-            self.current, self.phase_hint = None, None
+            self.current, self.phase_hint = -1, None
             return
         payload = [dict({"label": label}, **attrs) for label, attrs, _ in self._entries]
         self.current = self._intern(json.dumps(payload, separators=(",", ":"), default=str))

@@ -1,13 +1,14 @@
 """Communication bookkeeping: what each collective is (group, peer, bytes, sequence number) and
 when it really completed.
 
-Collectives return before they finish. A launched collective's row stays a *list* while it is
-pending, so its ``t1`` can still be filled in by whichever completion signal comes: the future
+Collectives return before they finish. The hot path queues a launched collective's record with
+its ``cid`` and no end; the rest (COMM_ROW) stays in a :class:`CommRecord` until the record is
+written, so its ``t1`` can still be filled in by whichever completion signal comes: the future
 of a c10d Work (a callback, possibly on another thread), the end of the caller's ``Work.wait()``
 (works without a future: gloo's send/recv), or the ``wait_tensor`` / first use of a functional
-collective's output. A pending row that was flushed before it completed gets a separate
-completion row (``paratrace::complete``), which the reader folds back. A collective that ended in
-an error keeps no end time; it is described in the trace's metadata instead.
+collective's output. A collective written before it completed gets a separate completion row
+(``paratrace::complete``), which the reader folds back. A collective that ended in an error
+keeps no end time; it is described in the trace's metadata instead.
 """
 from __future__ import annotations
 
@@ -19,11 +20,20 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from . import ops
-from .format import COL, make_row
+from . import ops, rows
 
-# The fields a collective's launch appends to the hot path's row (session.OP_ROW), in order.
-COMM_ROW = ("kind", "group", "peer", "bytes", "dtype", "async_op", "seq", "cid", "t_ret")
+COMM_ROW = rows.COMM_ROW
+
+
+class CommRecord:
+    """One launched collective: its COMM_ROW values and what its description needs."""
+
+    __slots__ = ("kind", "group", "peer", "bytes", "dtype", "async_op", "seq", "cid", "t_ret",
+                 "t0", "t1", "phase", "step", "thread")
+
+    def __init__(self, **values):
+        for name, value in values.items():
+            setattr(self, name, value)
 
 
 class CommTracker:
@@ -35,17 +45,20 @@ class CommTracker:
         self._groups: dict = {}            # group key -> (group id, ranks)
         self._group_seq: dict = {}
         self._next_cid = 0
-        self.pending: dict = {}            # cid -> row, collectives launched but not completed
+        self.pending: dict = {}            # cid -> CommRecord, launched but not completed
+        self._unwritten: dict = {}         # cid -> CommRecord whose launch is not written yet
         self._flushed_pending: set = set()
-        self.funcol: dict = {}             # id(output) -> (weakref, row)
-        self.works: dict = {}              # id(Work) -> (Work, row) until waited or completed
+        self.funcol: dict = {}             # id(output) -> (weakref, CommRecord)
+        self.works: dict = {}              # id(Work) -> (Work, CommRecord) until completed
         self.last: Optional[dict] = None   # the last collective launched, described
         self.failed: list = []             # collectives that ended in an error, described
         self.lock = threading.Lock()
 
     # ------------------------------------------------------------------ launch
-    def launch(self, comm, args, out, base: tuple) -> list:
-        """The row of a collective the hot path just ran (``base``: its op row), still pending."""
+    def launch(self, comm, args, out, t0: int, t_ret: int, phase: int, step: int,
+               thread: int) -> int:
+        """Register a collective the hot path just ran (``t_ret``: when its call returned);
+        returns its cid, for the record the hot path queues."""
         gid, ranks = self._group(comm, args)
         peer = None
         if comm.peer_arg is not None and comm.peer_arg < len(args):
@@ -67,24 +80,22 @@ class CommTracker:
         self._group_seq[gid] = seq + 1
         cid = self._next_cid
         self._next_cid += 1
-        row = list(base)
-        t_ret = row[COL.t1]
-        row[COL.t1] = None
-        # in COMM_ROW order
-        row += [self._dicts.kind(comm.kind), gid, peer, nbytes,
-                None if dtype is None else self._dicts.dtype(dtype), async_op, seq, cid, t_ret]
-        self.pending[cid] = row
+        record = CommRecord(kind=self._dicts.kind(comm.kind), group=gid, peer=peer,
+                            bytes=nbytes, dtype=None if dtype is None else self._dicts.dtype(dtype),
+                            async_op=async_op, seq=seq, cid=cid, t_ret=t_ret, t0=t0, t1=None,
+                            phase=phase, step=step, thread=thread)
+        self.pending[cid] = self._unwritten[cid] = record
         self.last = {"kind": comm.kind, "group": list(ranks), "seq": seq, "peer": peer,
-                     "bytes": nbytes, "t0": row[COL.t0], "step": row[COL.step]}
+                     "bytes": nbytes, "t0": t0, "step": step}
         if comm.api == "c10d":
             work = out[-1] if isinstance(out, (tuple, list)) else out
-            self._track_work(work, row)
+            self._track_work(work, record)
         else:
             try:
-                self.funcol[id(out)] = (weakref.ref(out), row)
+                self.funcol[id(out)] = (weakref.ref(out), record)
             except TypeError:
-                self.complete(row, t_ret)
-        return row
+                self.complete(record, t_ret)
+        return cid
 
     def _group(self, comm, args):
         arg = args[comm.group_arg] if comm.group_arg is not None and comm.group_arg < len(args) \
@@ -112,32 +123,32 @@ class CommTracker:
         return cached
 
     # ------------------------------------------------------------------ c10d works
-    def _track_work(self, work, row) -> None:
+    def _track_work(self, work, record) -> None:
         """Completion of a c10d collective: its future's callback, else the end of its wait()."""
         try:
             if isinstance(work, torch.ScriptObject):
                 work = torch._C._distributed_c10d.Work.unbox(work)
         except Exception:
-            self.complete(row, row[COL.t_ret])
+            self.complete(record, record.t_ret)
             return
         # NOTE: gloo's send/recv works have no future, and waiting on them from a second thread
         # deadlocks; their completion is taken at the end of the caller's own wait() (patched).
-        self.works[id(work)] = (work, row)
+        self.works[id(work)] = (work, record)
         try:
             fut = work.get_future()
         except Exception:
             return
-        fut.add_done_callback(lambda f, row=row, key=id(work): self._future_done(f, row, key))
+        fut.add_done_callback(lambda f, rec=record, key=id(work): self._future_done(f, rec, key))
 
-    def _future_done(self, fut, row, key) -> None:
+    def _future_done(self, fut, record, key) -> None:
         t = _now()
         self.works.pop(key, None)
         try:
             fut.value()
         except Exception as exc:   # e.g. a peer died: the collective never completed
-            self._failed(row, exc)
+            self._failed(record, exc)
             return
-        self.complete(row, t)
+        self.complete(record, t)
 
     def work_waited(self, work) -> None:
         """Called at the end of every ``Work.wait()`` (process_group.py patches it)."""
@@ -147,41 +158,40 @@ class CommTracker:
         if item is not None and item[0] is work:
             self.complete(item[1], _now())
 
-    def _failed(self, row, exc) -> None:
+    def _failed(self, record, exc) -> None:
         """A collective that ended in an error keeps no end time; the error goes to the meta."""
         with self.lock:
-            cid = row[COL.cid]
-            if self.pending.pop(cid, None) is None:
+            if self.pending.pop(record.cid, None) is None:
                 return
-            self._flushed_pending.discard(cid)
-            failure = self.describe(row)
+            self._flushed_pending.discard(record.cid)
+            failure = self.describe(record)
             first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             failure["error"] = f"{type(exc).__name__}: {first_line}"[:500]
             self.failed.append(failure)
 
     # ------------------------------------------------------------------ completion
-    def complete(self, row, t) -> None:
+    def complete(self, record, t) -> None:
         with self.lock:
-            cid = row[COL.cid]
+            cid = record.cid
             if self.pending.pop(cid, None) is None:
                 return
             if cid in self._flushed_pending:
                 self._flushed_pending.discard(cid)
-                self._emit(make_row(t0=t, t1=t, op=self._dicts.op(ops.OP_COMPLETE),
-                                    phase=row[COL.phase], step=row[COL.step],
-                                    thread=row[COL.thread], cid=cid))
+                self._emit(rows.record(t0=t, t1=t, op=self._dicts.op(ops.OP_COMPLETE),
+                                       phase=record.phase, step=record.step, thread=record.thread,
+                                       cid=cid))
             else:
-                row[COL.t1] = t
+                record.t1 = t
 
     def await_async_args(self, args) -> None:
         """An op about to consume an AsyncCollectiveTensor waits for it first: time that wait."""
         for a in args:
             if type(a).__name__ != "AsyncCollectiveTensor":
                 continue
-            row = self.funcol_take(a)
-            if row is not None:
+            record = self.funcol_take(a)
+            if record is not None:
                 a.trigger_wait()
-                self.complete(row, _now())
+                self.complete(record, _now())
 
     def funcol_take(self, tensor):
         """The pending functional collective whose output ``tensor`` is (or wraps), or None."""
@@ -193,22 +203,26 @@ class CommTracker:
         del self.funcol[id(target)]
         return item[1]
 
-    def freeze(self, rows: list) -> None:
-        """Before ``rows`` are written: pending rows become tuples; those still incomplete get
-        a completion row later. Call with :attr:`lock` held."""
-        for i, row in enumerate(rows):
-            if type(row) is list:
-                if row[COL.t1] is None:
-                    self._flushed_pending.add(row[COL.cid])
-                rows[i] = tuple(row)
+    def written(self, cids) -> list:
+        """The CommRecords of the launches among records about to be written, given their cids
+        in order (None for the other records with a cid: waits and completions, which follow
+        their launch). A launch still pending gets a completion row when it completes. Call
+        with :attr:`lock` held."""
+        records = []
+        for cid in cids:
+            record = self._unwritten.pop(int(cid), None)
+            if record is not None and record.t1 is None and record.cid in self.pending:
+                self._flushed_pending.add(record.cid)
+            records.append(record)
+        return records
 
     # ------------------------------------------------------------------ descriptions
-    def describe(self, row) -> dict:
+    def describe(self, record: CommRecord) -> dict:
         """A collective as the status file and the trace's metadata describe it."""
-        return {"kind": self._dicts.kind.values[row[COL.kind]],
-                "group": self._dicts.group.values[row[COL.group]], "seq": row[COL.seq],
-                "peer": row[COL.peer], "bytes": row[COL.bytes], "t0": row[COL.t0],
-                "step": row[COL.step]}
+        return {"kind": self._dicts.kind.values[record.kind],
+                "group": self._dicts.group.values[record.group], "seq": record.seq,
+                "peer": record.peer, "bytes": record.bytes, "t0": record.t0,
+                "step": record.step}
 
     def inflight(self) -> list:
         return [self.describe(r) for r in list(self.pending.values())]

@@ -94,6 +94,7 @@ class TraceWriter:
         options = pa.ipc.IpcWriteOptions(compression="zstd", emit_dictionary_deltas=True)
         self._writer = pa.ipc.new_stream(self._sink, SCHEMA.with_metadata(metadata),
                                          options=options)
+        self._dictionaries: dict = {}      # column -> (its value list, that list as Arrow)
         self.events = 0
 
     def write(self, rows: list, dictionaries: dict, meta: Optional[dict] = None) -> None:
@@ -102,22 +103,48 @@ class TraceWriter:
         ``dictionaries`` maps each dictionary column to its interner's full value list; rows hold
         indices into them.
         """
-        arrays = []
         if rows:
             cols = list(zip(*[r if len(r) == NCOLS else tuple(r) + _PAD[len(r)] for r in rows]))
         else:
             cols = [()] * NCOLS
+        arrays = {}
         for (name, typ), col in zip(COLUMNS, cols):
+            arrays[name] = pa.array(col, type=typ.index_type if pa.types.is_dictionary(typ)
+                                    else typ)
+        self.write_arrays(arrays, len(rows), dictionaries, meta)
+
+    def write_arrays(self, arrays: dict, n: int, dictionaries: dict,
+                     meta: Optional[dict] = None) -> None:
+        """Write one batch of ``n`` rows given as column name -> pyarrow array (the indices for
+        dictionary columns); a column left out is null."""
+        columns = []
+        for name, typ in COLUMNS:
+            array = arrays.get(name)
             if pa.types.is_dictionary(typ):
-                indices = pa.array(col, type=typ.index_type)
-                arrays.append(pa.DictionaryArray.from_arrays(
-                    indices, pa.array(dictionaries[name], type=pa.string())))
-            else:
-                arrays.append(pa.array(col, type=typ))
-        batch = pa.RecordBatch.from_arrays(arrays, schema=SCHEMA)
+                if array is None:
+                    array = pa.nulls(n, typ.index_type)
+                array = pa.DictionaryArray.from_arrays(array, self._dictionary(name,
+                                                                               dictionaries))
+            elif array is None:
+                array = pa.nulls(n, typ)
+            columns.append(array)
+        batch = pa.RecordBatch.from_arrays(columns, schema=SCHEMA)
         custom = {META_KEY: json.dumps(meta).encode()} if meta else None
         self._writer.write_batch(batch, custom_metadata=custom)
-        self.events += len(rows)
+        self.events += n
+
+    def _dictionary(self, name: str, dictionaries: dict) -> pa.Array:
+        """A column's dictionary as an Arrow array, converting only the values it gained (they
+        only grow) since the last batch."""
+        values = dictionaries[name]
+        source, cached = self._dictionaries.get(name, (None, None))
+        if source is not values or len(cached) > len(values):
+            cached = pa.array(values, type=pa.string())      # another list: convert it all
+        elif len(cached) < len(values):
+            cached = pa.concat_arrays([cached, pa.array(values[len(cached):],
+                                                        type=pa.string())])
+        self._dictionaries[name] = (values, cached)
+        return cached
 
     def write_columns(self, columns: dict, dictionaries: dict,
                       meta: Optional[dict] = None) -> None:

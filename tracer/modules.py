@@ -19,7 +19,7 @@ class ModuleTracker:
         self._intern = intern              # str -> id
         self.current = -1                  # interned id of the innermost module path, -1: none
         self._stack: list = []             # [(module, path id, path)]
-        self._names = weakref.WeakKeyDictionary()   # (parent, child) naming cache per child
+        self._names: dict = {}             # id(child) -> (child ref, parent ref, path)
         self._root_paths = weakref.WeakKeyDictionary()
         self._handles = []
 
@@ -28,6 +28,15 @@ class ModuleTracker:
             _module.register_module_forward_pre_hook(self._pre),
             _module.register_module_forward_hook(self._post, always_call=True),
         ]
+
+    @property
+    def installed(self) -> bool:
+        return bool(self._handles)
+
+    @property
+    def idle(self) -> bool:
+        """No module's forward is running."""
+        return not self._stack
 
     def remove(self) -> None:
         for handle in self._handles:
@@ -40,9 +49,9 @@ class ModuleTracker:
         if not self._stack:
             return type(module).__name__
         parent, _, parent_path = self._stack[-1]
-        cached = self._names.get(module)
-        if cached is not None and cached[0]() is parent:
-            return cached[1]
+        cached = self._names.get(id(module))
+        if cached is not None and cached[0]() is module and cached[1]() is parent:
+            return cached[2]
         path = None
         for attr, child in parent._modules.items():
             if child is module:
@@ -56,8 +65,12 @@ class ModuleTracker:
                 self._root_paths[root] = paths
             name = paths.get(id(module))
             path = f"{root_path}.{name}" if name else type(module).__name__
+        key = id(module)
         try:
-            self._names[module] = (weakref.ref(parent), path)
+            # NOTE: by id, not a WeakKeyDictionary (which makes a weakref at every lookup); the
+            # entry goes when the module does, before its id can be reused
+            self._names[key] = (weakref.ref(module, lambda _, k=key: self._names.pop(k, None)),
+                                weakref.ref(parent), path)
         except TypeError:
             pass
         return path

@@ -21,13 +21,13 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from . import _active, ops, rundir, status
+from . import _active, ops, rows, rundir, status
 from ._mode import RecordingMode
 from .annotations import AnnotationStack, Range
 from .clock import ClockAlignment
 from .comm import CommTracker
 from .dictionaries import Dictionaries
-from .format import COL, FORMAT_VERSION, TraceWriter, make_row, rename
+from .format import FORMAT_VERSION, TraceWriter, rename
 from .labels import PHASE_BACKWARD, PHASE_FORWARD, PHASE_OTHER
 from .modules import ModuleTracker
 from .options import TraceOptions
@@ -39,16 +39,13 @@ _now = time.perf_counter_ns
 _current_node = torch._C._current_autograd_node
 _grad_enabled = torch.is_grad_enabled
 _get_ident = threading.get_ident
+_pack = rows.RECORD.pack
 try:
     _sequence_nr = torch.autograd._get_sequence_nr
 except AttributeError:  # pragma: no cover - very old torch: no backward attribution
     def _sequence_nr():
         return 0
 
-# The columns of the row the hot path builds positionally, in order (a prefix of
-# format.COLUMNS; a collective's row continues with comm.COMM_ROW). A test holds them equal.
-OP_ROW = ("t0", "t1", "op", "phase", "module", "stack", "fwd_stack", "annotation", "step",
-          "thread", "shapes")
 MAX_QUEUE = 200_000          # events held in memory before the hot path flushes itself
 MAX_NODES = 1 << 18          # forward autograd nodes remembered (this and the last window)
 # NOTE: each batch costs about half a millisecond and 2 KB however few its rows; steps shorter
@@ -72,21 +69,28 @@ class Session:
         self._modules = ModuleTracker(self._dicts.module)
         self._shapes = ShapeSignatures(self._dicts.shapes)
         self._annotations = AnnotationStack(self._dicts.annotation)
-        self._queue: collections.deque = collections.deque()
-        self._comm = CommTracker(self._dicts, self._queue.append)
+        self._queue: collections.deque = collections.deque()    # packed records (rows.py)
+        self._push = self._queue.append
+        self._capture = self._stacks.capture
+        self._comm = CommTracker(self._dicts, self._push)
         self._clock = ClockAlignment(opts.clock_sync, opts.clock_timeout)
-        self._specs: dict = {}             # op overload -> (op id, CommSpec, special)
+        # id(op overload) -> (op id, CommSpec, special, call, the overload). NOTE: by id: an
+        # OpOverload hashes in Python; torch keeps overloads alive, and so does the entry.
+        self._specs: dict = {}
+        self._funcol = self._comm.funcol   # the hot path reads it on every op
         self._threads: dict = {}           # thread ident -> small thread number
-        # forward autograd node sequence number -> (stack id, module id), this step and the last
+        # forward autograd node sequence number -> its origin, (stack + 1) << 32 | (module + 1)
+        # (an int: ints are not objects the garbage collector tracks), this step and the last
         self._fwd_of_node: dict = {}
         self._fwd_prev: dict = {}
         self._last_seq = -1
         self.step_index = 0
-        self._step_pending = False
         self._explicit_steps = False
         self._in_optimizer = 0
         self._recording = self._window(0)
         self._paused = 0
+        self._passthrough = not self._recording   # the hot path records nothing
+        self._owner = threading.get_ident()       # the thread whose dispatch stack holds the mode
         self.config: dict = {}             # everything record_config set
         # process and files
         self.rank, self.world_size = _rank_and_world()
@@ -135,8 +139,12 @@ class Session:
         self._undo.append(patch_process_group(on_init=self._on_pg_init,
                                               on_destroy=self._on_pg_destroy,
                                               on_work_waited=self._comm.work_waited))
+        RecordingMode.skip_dynamo()
         self._mode = RecordingMode(self.on_op)
         self._mode.__enter__()
+        self._owner = threading.get_ident()
+        if not self._recording:
+            self._leave_window()
         self._flusher = threading.Thread(target=self._flush_loop, name="paratrace-flusher",
                                          daemon=True)
         self._flusher.start()
@@ -146,12 +154,13 @@ class Session:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         if self._mode is not None:
+            self._mode.resume()          # __exit__ pops the top of the stack: it must be there
             self._mode.__exit__(None, None, None)
             self._mode = None
         if exc_type is None or (exc_type is SystemExit and exc.code in (0, None)):
             self.status = "ok"
             if dist.is_available() and dist.is_initialized():
-                self._meta_updates.update(self._clock.at_end(self._paused_call))
+                self._add_meta(self._clock.at_end(self._paused_call))
         elif issubclass(exc_type, KeyboardInterrupt):
             self.status, self.error = "interrupted", "KeyboardInterrupt"
         else:
@@ -171,7 +180,7 @@ class Session:
         for undo in reversed(self._undo):
             undo()
         self._undo.clear()
-        self._meta_updates.update({
+        self._add_meta({
             "status": self.status, "error": self.error, "end_ns": _now(),
             "end_unix": time.time(), "last_step": self.step_index,
             "last_collective": self._comm.last, "inflight": self._comm.inflight(),
@@ -206,57 +215,62 @@ class Session:
                 if os.path.exists(old_status):
                     os.remove(old_status)
             self.rank, self.world_size = rank, world
-        self._meta_updates.update({"rank": rank, "world_size": world,
-                                   "backend": str(dist.get_backend())})
-        self._meta_updates.update(self._clock.at_start(self._paused_call))
+        self._add_meta({"rank": rank, "world_size": world, "backend": str(dist.get_backend())})
+        self._add_meta(self._clock.at_start(self._paused_call))
 
     def _on_pg_destroy(self) -> None:
         if self._writer is not None and dist.is_initialized():
-            self._meta_updates.update(self._clock.at_end(self._paused_call))
+            self._add_meta(self._clock.at_end(self._paused_call))
+
+    def _add_meta(self, values: dict) -> None:
+        """Metadata for the next batch. NOTE: under the write lock: the flusher swaps the dict
+        (and an update computed by a slow call, a clock estimate, must not land in the old one)."""
+        with self._write_lock:
+            self._meta_updates.update(values)
 
     def _paused_call(self, fn, *args):
         self._paused += 1
+        self._passthrough = True
         try:
             return fn(*args)
         finally:
             self._paused -= 1
+            self._passthrough = not self._recording or self._paused > 0
 
     # ------------------------------------------------------------------ hot path
     def on_op(self, func, args, kwargs):
         """Run one dispatched op and queue its row (OP_ROW, then COMM_ROW for collectives).
 
-        The hot path: every aten op of the run comes through here, so it reads cached specs,
-        builds one tuple, and leaves everything else to the flusher.
+        The hot path: every aten op of a recorded step comes through here, so it reads cached
+        specs, builds one tuple and leaves everything else to the flusher. Outside recorded
+        steps the mode is off the dispatch stack and nothing here runs.
         """
-        if self._step_pending and not self._in_optimizer:
-            self._advance_step()
-        entry = self._specs.get(func)
+        entry = self._specs.get(id(func))
         if entry is None:
-            spec = ops.classify(func)
-            entry = self._specs[func] = (self._op_ids(spec.name), spec.comm, spec.special)
-        op_id, comm, special = entry
-        if not self._recording or self._paused:
-            return func(*args, **kwargs)
+            entry = self._spec(func)
+        if self._passthrough:
+            return entry[3](*args, **kwargs)
+        op_id, comm, special, call, _ = entry
         if special is not None:
             return self._special_op(special, func, args, kwargs, op_id)
         if comm is not None and not self._pg_seen:
             self._on_pg_init()
-        if self._comm.funcol:
+        if self._funcol:
             self._comm.await_async_args(args)
         t0 = _now()
-        out = func(*args, **kwargs)
+        out = call(*args, **kwargs)
         t1 = _now()
         node = _current_node()
-        fwd_stack = None
         if node is None:
             module = self._modules.current
-            module = None if module < 0 else module
-            stack = self._stacks.capture(sys._getframe(1)) if self._record_stacks else None
+            # the frame that dispatched the op (on_op <- __torch_dispatch__ <- it)
+            stack = self._capture(sys._getframe(2)) if self._record_stacks else -1
+            fwd_stack = -1
             seq = _sequence_nr()
             if seq != self._last_seq:     # autograd nodes were created: remember their origin
                 # NOTE: nodes made since the last recorded op (a custom Function whose forward
                 # runs no aten op, like Megatron's identity f) go to this op, the next one
-                origin = (stack, module)
+                origin = (stack + 1) << 32 | (module + 1)
                 first = self._last_seq if 0 < seq - self._last_seq <= 8 else seq - 1
                 for created in range(first, seq):
                     self._fwd_of_node[created] = origin
@@ -267,30 +281,41 @@ class Session:
                 phase = PHASE_OTHER
             elif self._annotations.phase_hint is not None:
                 phase = self._annotations.phase_hint
-            elif module is not None or _grad_enabled():
+            elif module >= 0 or _grad_enabled():
                 phase = PHASE_FORWARD
             else:
                 phase = PHASE_OTHER
         else:
             phase = PHASE_BACKWARD
             nseq = node._sequence_nr()
-            origin = self._fwd_of_node.get(nseq) or self._fwd_prev.get(nseq)
-            if origin is not None:
-                fwd_stack, module = origin
-            else:
-                module = None
-            stack = self._stacks.capture(sys._getframe(1)) if self._record_stacks else None
-        thread = self._thread()
-        shapes = self._shapes(args) if self._record_shapes else None
-        row = (t0, t1, op_id, phase, module, stack, fwd_stack, self._annotations.current,
-               self.step_index, thread, shapes)      # OP_ROW
-        if comm is not None:
-            row = self._comm.launch(comm, args, out, row)
-        self._queue.append(row)
+            origin = self._fwd_of_node.get(nseq)
+            if origin is None:
+                origin = self._fwd_prev.get(nseq, 0)
+            fwd_stack = (origin >> 32) - 1
+            module = (origin & 0xFFFFFFFF) - 1
+            stack = self._capture(sys._getframe(2)) if self._record_stacks else -1
+        thread = self._threads.get(_get_ident())
+        if thread is None:
+            thread = self._thread()
+        shapes = self._shapes(args) if self._record_shapes else -1
+        # a collective's end (t1: -1 for now) comes with its completion (comm.py)
+        cid = -1 if comm is None else \
+            self._comm.launch(comm, args, out, t0, t1, phase, self.step_index, thread)
+        self._push(_pack(t0, t1 if cid < 0 else -1, op_id, phase, module, stack, fwd_stack,
+                         self._annotations.current, self.step_index, thread, shapes, cid))
         self._last_event_ns = t1
         if len(self._queue) > MAX_QUEUE:
             self._flush()
         return out
+
+    def _spec(self, func) -> tuple:
+        """(op id, CommSpec, special, what to call) of an op overload, cached."""
+        spec = ops.classify(func)
+        # a plain OpOverload's __call__ only forwards to _op: call that, one frame less
+        call = func._op if type(func) is torch._ops.OpOverload else func
+        entry = self._specs[id(func)] = (self._op_ids(spec.name), spec.comm, spec.special, call,
+                                         func)
+        return entry
 
     def _thread(self) -> int:
         ident = _get_ident()
@@ -308,16 +333,15 @@ class Session:
             pending = self._comm.funcol_take(args[0] if args else kwargs.get("tensor"))
             cid = None
             if pending is not None:
-                cid = pending[COL.cid]
+                cid = pending.cid
                 self._comm.complete(pending, t1)
-            stack = self._stacks.capture(sys._getframe(1)) if self._record_stacks else None
-            module = self._modules.current
+            stack = self._capture(sys._getframe(3)) if self._record_stacks else None
             hint = self._annotations.phase_hint
             phase = PHASE_BACKWARD if _current_node() is not None else \
                 (hint if hint is not None else PHASE_FORWARD)
-            self._queue.append(make_row(
-                t0=t0, t1=t1, op=op_id, phase=phase, module=None if module < 0 else module,
-                stack=stack, annotation=self._annotations.current, step=self.step_index,
+            self._push(rows.record(
+                t0=t0, t1=t1, op=op_id, phase=phase, module=self._modules.current, stack=stack,
+                annotation=self._annotations.current, step=self.step_index,
                 thread=self._thread(), cid=cid))
             return out
         out = func(*args, **kwargs)
@@ -342,7 +366,7 @@ class Session:
         """Record the range (with itself in its annotation) and close it."""
         if self._recording and not self._paused:
             hint = self._annotations.phase_hint
-            self._queue.append(make_row(
+            self._push(rows.record(
                 t0=t0, t1=_now(), op=self._op_ids(ops.OP_ANNOTATION),
                 phase=hint if hint is not None else PHASE_OTHER,
                 annotation=self._annotations.current, step=self.step_index,
@@ -351,37 +375,63 @@ class Session:
 
     def step(self) -> None:
         self._explicit_steps = True
-        self._step_pending = False
         self._advance_step()
 
     def _advance_step(self) -> None:
-        self._step_pending = False
         self.step_index += 1
         self._fwd_prev, self._fwd_of_node = self._fwd_of_node, {}
-        self._recording = self._window(self.step_index)
-        if self._recording:
+        recording = self._window(self.step_index)
+        if recording != self._recording:
+            self._recording = recording
+            self._passthrough = not recording or self._paused > 0
+            if recording:
+                self._enter_window()
+            else:
+                self._leave_window()
+        if recording:
             t = _now()
-            marker = make_row(t0=t, t1=t, op=self._op_ids(ops.OP_STEP), phase=PHASE_OTHER,
-                              step=self.step_index, thread=self._thread())
-            self._queue.append(marker)
+            self._push(rows.record(t0=t, t1=t, op=self._op_ids(ops.OP_STEP), phase=PHASE_OTHER,
+                                   step=self.step_index, thread=self._thread()))
         self._wake.set()     # the finished step goes to disk now, not at the next interval
 
     def _window(self, step: int) -> bool:
         return self._in_window is None or self._in_window(step)
+
+    def _leave_window(self) -> None:
+        """Outside recorded steps the dispatch mode and the module hooks are off: those steps
+        run as they would untraced. Possible only on the thread that entered the mode and
+        with the mode on top of its stack; otherwise it stays on and records nothing."""
+        if _get_ident() != self._owner or not self._mode.suspend():
+            return
+        self._stacks.release()
+        if self.options.record_modules and self._modules.idle:
+            self._modules.remove()
+
+    def _enter_window(self) -> None:
+        # NOTE: a window that opens on another thread than the one that entered the trace
+        # cannot put the mode back on that thread's stack; steps advance on it in practice
+        # (optimizer steps, tracer.step() of the training loop)
+        if _get_ident() != self._owner or not self._mode.suspended:
+            return
+        self._mode.resume()
+        if self.options.record_modules and not self._modules.installed:
+            self._modules.install()
 
     def _optimizer_pre(self, optimizer, args, kwargs) -> None:
         self._in_optimizer += 1
 
     def _optimizer_post(self, optimizer, args, kwargs) -> None:
         self._in_optimizer = max(0, self._in_optimizer - 1)
-        if self.options.auto_step and not self._explicit_steps:
-            self._step_pending = True   # applied at the next op outside an optimizer step
+        # the end of the outermost optimizer step is a step boundary
+        if self._in_optimizer == 0 and self.options.auto_step and not self._explicit_steps:
+            self._advance_step()
 
     def record_config(self, values: dict) -> None:
         self.config.update(values)
-        config = dict(self._meta_updates.get("config") or {})
-        config.update(values)
-        self._meta_updates["config"] = config
+        with self._write_lock:
+            config = dict(self._meta_updates.get("config") or {})
+            config.update(values)
+            self._meta_updates["config"] = config
 
     # ------------------------------------------------------------------ flushing & status
     def _flush_loop(self) -> None:
@@ -406,20 +456,26 @@ class Session:
             if self._writer is None:
                 return
             queue = self._queue
-            rows = [queue.popleft() for _ in range(len(queue))]
-            with self._comm.lock:
-                self._comm.freeze(rows)
+            records = b"".join([queue.popleft() for _ in range(len(queue))])
             meta, self._meta_updates = self._meta_updates, {}
-            if not rows and not meta:
+            if not records and not meta:
                 return
+            table = rows.unpack(records)
+            positions = rows.comm_positions(table)
+            with self._comm.lock:
+                launched = self._comm.written(table[positions, rows.CID])
+            arrays = rows.to_arrays(table, rows.comm_columns(table, positions, launched))
             dictionaries = self._dicts.values()
+            n = len(table)
             # NOTE: the rows of finished steps go in a batch of their own: a file cut short in
             # its last batch (a crash while writing, a truncated copy) keeps every finished step
-            split = _last_step_marker(rows, self._op_ids(ops.OP_STEP))
+            split = rows.last_step_marker(table, self._op_ids(ops.OP_STEP))
             if split > 0:
-                self._writer.write(rows[:split], dictionaries)
-                rows = rows[split:]
-            self._writer.write(rows, dictionaries, meta or None)
+                self._writer.write_arrays({k: a.slice(0, split) for k, a in arrays.items()},
+                                          split, dictionaries)
+                arrays = {k: a.slice(split) for k, a in arrays.items()}
+                n -= split
+            self._writer.write_arrays(arrays, n, dictionaries, meta or None)
 
     def _write_status(self, final: bool = False) -> None:
         status.write_status(
@@ -429,15 +485,6 @@ class Session:
             last_collective=self._comm.last, inflight=self._comm.inflight(),
             failed_collectives=self._comm.failed, error=self.error, trace=self.path,
             final=final, config=self.config)
-
-
-def _last_step_marker(rows: list, step_op: int) -> int:
-    """Position of the last step marker in ``rows``, or -1."""
-    op = COL.op
-    for i in range(len(rows) - 1, -1, -1):
-        if rows[i][op] == step_op:
-            return i
-    return -1
 
 
 def _rank_and_world():

@@ -6,38 +6,56 @@ import torch
 
 from .ops import dtype_name
 
+_Tensor = torch.Tensor
+
 
 class ShapeSignatures:
     """Tensor inputs of an op -> the id of their signature (each signature is formatted once)."""
 
     def __init__(self, intern):
         self._intern = intern          # text -> id
-        self._ids: dict = {}           # ((dtype, shape) | tuple of them, ...) -> id
+        self._ids: dict = {}           # (dtype, shape, ..., (list's (dtype, shape)...), ...) -> id
 
     def __call__(self, args) -> int:
-        key = []
+        """Hot path: one flat key of the tensors' dtypes and shapes, one dict lookup."""
+        key = ()
+        kinds = _KIND_OF_TYPE
         for a in args:
-            if isinstance(a, torch.Tensor):
-                key.append((a.dtype, a.shape))
-            elif isinstance(a, (list, tuple)) and a and isinstance(a[0], torch.Tensor):
-                key.append(tuple((t.dtype, t.shape) for t in a if isinstance(t, torch.Tensor)))
-        key = tuple(key)
+            kind = kinds.get(type(a)) or _kind(type(a))
+            if kind == _TENSOR:
+                key += (a.dtype, a.shape)
+            elif kind == _SEQUENCE and a and (kinds.get(type(a[0])) or _kind(type(a[0]))) \
+                    == _TENSOR:
+                key += (tuple([(t.dtype, t.shape) for t in a if isinstance(t, _Tensor)]),)
         sid = self._ids.get(key)
         if sid is None:
             sid = self._ids[key] = self._intern(_text(key))
         return sid
 
 
-def _text(key) -> str:
-    def one(item):
-        dtype, shape = item
+# NOTE: isinstance(x, torch.Tensor) goes through Tensor's metaclass, ~100 ns for anything but
+# an exact Tensor (an int, a Parameter); an argument's kind is looked up by its type instead.
+_OTHER, _TENSOR, _SEQUENCE = 1, 2, 3
+_KIND_OF_TYPE: dict = {}
+
+
+def _kind(cls) -> int:
+    kind = _TENSOR if issubclass(cls, _Tensor) else \
+        _SEQUENCE if cls is list or cls is tuple else _OTHER
+    _KIND_OF_TYPE[cls] = kind
+    return kind
+
+
+def _text(key: tuple) -> str:
+    def one(dtype, shape):
         return f"{dtype_name(dtype)}[{','.join(map(str, shape))}]"
     parts = []
-    for item in key:
-        if item and isinstance(item[0], tuple):
-            parts.append("[" + ",".join(one(t) for t in item) + "]")
-        elif item:
-            parts.append(one(item))
+    i = 0
+    while i < len(key):
+        if isinstance(key[i], tuple) and not isinstance(key[i], torch.Size):   # a list argument
+            parts.append("[" + ",".join(one(*t) for t in key[i]) + "]")
+            i += 1
         else:
-            parts.append("[]")
+            parts.append(one(key[i], key[i + 1]))
+            i += 2
     return " ".join(parts)

@@ -37,6 +37,10 @@ _DISPATCH_FILES = ("_compile.py", os.path.join("_dynamo", "eval_frame.py"),
 _WRAPPER_NAMES = frozenset({"wrapper", "inner", "_fn", "decorate_context", "wrapped", "_wrapper",
                             "wrapper_fn", "_inner"})
 
+# inspect.CO_GENERATOR | CO_COROUTINE | CO_ASYNC_GENERATOR (inspect is slow to import, and
+# readers of traces import this module)
+_RESUMABLE = 0x20 | 0x80 | 0x200
+
 
 def _dispatch_files() -> tuple:
     try:
@@ -66,7 +70,15 @@ def _library_dirs() -> tuple:
 
 
 class StackInterner:
-    """Captures the current Python stack and interns it: each unique stack gets one small id."""
+    """Captures the current Python stack and interns it: each unique stack gets one small id.
+
+    Call sites form a tree: a node is a frame's (code, instruction) under its caller's node, so
+    a node stands for the whole stack from the outermost frame down to it. The stack id of a
+    node (its kept frames as JSON, interned) is computed once, when the node is made. A capture
+    only walks the frames that changed since the last one: the frames of the last capture are
+    held (the *path*) until the next, and a frame found on the path at the same instruction is
+    the same frame, suspended in the same call, so everything outward of it is unchanged.
+    """
 
     def __init__(self, depth: int = 32, library_frames: bool = False, user_paths=()):
         self.depth = max(1, int(depth))
@@ -74,16 +86,20 @@ class StackInterner:
         self._lib_dirs = _library_dirs()
         self._dispatch_files = _dispatch_files()
         self._user_dirs = tuple(os.path.abspath(p) + os.sep for p in user_paths) + (_SAMPLE_RUNS,)
-        self._kind_of_code: dict = {}
-        self._ids: dict = {}        # (code id, f_lasti) tuple -> stack id
-        self._text_ids: dict = {}   # stack text -> stack id (several keys share one line)
-        self._last_frame = None
-        self._last_lasti = -1
+        self._kind_of_code: dict = {}   # id(code) -> (kind, resumable, code)
+        self._nodes: dict = {}          # (parent node, id(code), f_lasti) -> node
+        self._node_parent: list = []    # node -> parent node, -1 for the outermost frame
+        self._node_frame: list = []     # node -> (kind, [file, line, function, qualname])
+        self._node_sid: list = []       # node -> stack id, -1 until an op is issued there
+        self._text_ids: dict = {}       # stack text -> stack id (several nodes share one)
+        self._root_sid = -1             # stack id of a stack with no frame kept at all
+        self._path_frames: list = []    # the last capture's frames, outermost first
+        self._path_lasti: list = []
+        self._path_nodes: list = []
+        self._path_pos: dict = {}       # id(frame) -> index in the path
+        self._last_frame = None         # innermost frame of the last capture...
+        self._last_lasti = -1           # ...its instruction then, and the stack id
         self._last_sid = -1
-        self._prev_key: tuple = ()      # the last walk: its key, frames, frame id -> index
-        self._prev_frames: list = []
-        self._prev_pos: dict = {}
-        self._prev_complete = False
         self.values: list = []      # id -> JSON text of [[file, line, function, qualname], ...]
 
     def classify(self, code) -> int:
@@ -99,95 +115,152 @@ class StackInterner:
             kind = USER
         # NOTE: keyed by id(code): hashing a code object rehashes its bytecode and constants
         # every time; the code object is kept alive in the value so its id cannot be reused.
-        self._kind_of_code[id(code)] = (kind, code)
+        # A generator or coroutine frame can be resumed by another caller at the same
+        # instruction, so it never vouches for the frames outward of it.
+        self._kind_of_code[id(code)] = (kind, bool(code.co_flags & _RESUMABLE), code)
         return kind
 
     def capture(self, frame) -> int:
-        """Intern the stack that starts at ``frame`` (innermost) and return its id."""
-        # NOTE: the key uses f_lasti, not f_lineno: reading f_lineno decodes the line table
-        # (microseconds a frame); lines are read only when a new stack is interned.
+        """Intern the stack that starts at ``frame`` (innermost) and return its id.
+
+        Hot path: one dict lookup per frame walked; the frames walked are paratrace's and
+        torch's dispatch frames on top and those that changed since the last capture.
+        """
         kinds = self._kind_of_code
         while frame is not None:                  # skip paratrace's and dispatch frames
             known = kinds.get(id(frame.f_code))
-            if (self.classify(frame.f_code) if known is None else known[0]) != INTERNAL:
+            if known is None:
+                self.classify(frame.f_code)
+                known = kinds[id(frame.f_code)]
+            if known[0] != INTERNAL:
                 break
             frame = frame.f_back
-        # NOTE: a live frame's callers are suspended in their calls, so the same frame object
-        # at the same instruction has the same stack as last time (every backward op shares
-        # the frame that called loss.backward(); F.linear's t and addmm share theirs). The
-        # reference to the last frame is dropped at the next op.
-        if frame is self._last_frame and frame is not None \
-                and frame.f_lasti == self._last_lasti:
-            return self._last_sid
-        first = frame
-        key = []
-        frames = []
-        boundary = None
-        users = 0
-        depth = self.depth
-        keep_library = self.library_frames
-        prev_pos = self._prev_pos
-        complete = True
-        while frame is not None:
-            code = frame.f_code
-            known = kinds.get(id(code))
-            kind = self.classify(code) if known is None else known[0]
-            if kind == USER or (keep_library and kind == LIBRARY):
-                if boundary is not None:
-                    key.append((id(boundary.f_code), boundary.f_lasti))
-                    frames.append(boundary)
-                    boundary = None
-                # NOTE: the frames of the previous walk are held until this one ends, so a
-                # frame found among them at the same instruction is the same frame with the
-                # same (suspended) callers: splice the previous walk's outer part.
-                i = prev_pos.get(id(frame))
-                if i is not None and self._prev_frames[i] is frame \
-                        and self._prev_key[i][1] == frame.f_lasti:
-                    room = depth - users
-                    key.extend(self._prev_key[i:i + room])
-                    frames.extend(self._prev_frames[i:i + room])
-                    complete = len(self._prev_key) - i <= room and self._prev_complete
-                    break
-                key.append((id(code), frame.f_lasti))
-                frames.append(frame)
-                users += 1
-                if users >= depth:
-                    complete = frame.f_back is None
-                    break
-            elif kind == LIBRARY and not key and (boundary is None
-                                                  or code.co_name not in _WRAPPER_NAMES):
-                boundary = frame
-            frame = frame.f_back
-        if boundary is not None:   # only library frames: keep the outermost one
-            key.append((id(boundary.f_code), boundary.f_lasti))
-            frames.append(boundary)
-        key = tuple(key)
-        sid = self._ids.get(key)
-        if sid is None:
-            text = _encode(frames)
-            sid = self._text_ids.get(text)
-            if sid is None:
-                sid = self._text_ids[text] = len(self.values)
-                self.values.append(text)
-            self._ids[key] = sid
-        self._last_frame, self._last_lasti, self._last_sid = first, \
-            (first.f_lasti if first is not None else -1), sid
-        # only a walk that reached the outermost frame can lend its tail to the next one
-        self._prev_complete = complete
-        self._prev_key, self._prev_frames = key, frames
-        self._prev_pos = {id(f): i for i, f in enumerate(frames)} if complete else {}
+        if frame is None:
+            return self._root()
+        # NOTE: the key uses f_lasti, not f_lineno: reading f_lineno decodes the line table
+        # (microseconds a frame); lines are read only when a node is made.
+        lasti = frame.f_lasti
+        path_frames = self._path_frames
+        if frame is self._last_frame and not known[1]:
+            if lasti == self._last_lasti:
+                return self._last_sid             # e.g. every op of one loss.backward()
+            if path_frames and path_frames[-1] is frame:
+                return self._moved(frame, lasti)  # the last op's function, a later line
+        pos = self._path_pos
+        changed = []                              # frames not on the path, innermost first
+        at = -1                                   # path index of the last unchanged frame
+        f = frame
+        while f is not None:
+            i = pos.get(id(f))
+            if i is not None and path_frames[i] is f and not kinds[id(f.f_code)][1]:
+                # the same live frame: its callers are unchanged; itself too at the same
+                # instruction
+                if self._path_lasti[i] == f.f_lasti:
+                    at = i
+                else:
+                    at = i - 1
+                    changed.append(f)
+                break
+            known = kinds.get(id(f.f_code))
+            if known is None:
+                self.classify(f.f_code)
+                known = kinds[id(f.f_code)]
+            if known[0] != INTERNAL:
+                changed.append(f)
+            f = f.f_back
+        for gone in path_frames[at + 1:]:
+            del pos[id(gone)]
+        del path_frames[at + 1:], self._path_lasti[at + 1:], self._path_nodes[at + 1:]
+        node = self._path_nodes[at] if at >= 0 else -1
+        nodes = self._nodes
+        for f in reversed(changed):
+            lasti = f.f_lasti
+            parent = node
+            node = nodes.get((parent, id(f.f_code), lasti))
+            if node is None:
+                node = self._new_node(parent, f, lasti)
+            pos[id(f)] = len(path_frames)
+            path_frames.append(f)
+            self._path_lasti.append(lasti)
+            self._path_nodes.append(node)
+        sid = self._sid(node)
+        self._last_frame, self._last_lasti, self._last_sid = frame, lasti, sid
         return sid
 
+    def _moved(self, frame, lasti: int) -> int:
+        """The innermost frame of the last capture, at another instruction: only its node
+        changes."""
+        parent = self._path_nodes[-2] if len(self._path_nodes) > 1 else -1
+        node = self._nodes.get((parent, id(frame.f_code), lasti))
+        if node is None:
+            node = self._new_node(parent, frame, lasti)
+        self._path_lasti[-1] = lasti
+        self._path_nodes[-1] = node
+        sid = self._sid(node)
+        self._last_lasti, self._last_sid = lasti, sid
+        return sid
+
+    def _sid(self, node: int) -> int:
+        if node < 0:
+            return self._root()
+        sid = self._node_sid[node]
+        if sid < 0:                       # the first op issued at this node
+            sid = self._node_sid[node] = self._intern(self._kept_frames(node))
+        return sid
+
+    def _new_node(self, parent: int, frame, lasti: int) -> int:
+        code = frame.f_code
+        node = len(self._node_parent)
+        self._nodes[(parent, id(code), lasti)] = node
+        self._node_parent.append(parent)
+        self._node_frame.append((self._kind_of_code[id(code)][0], [
+            code.co_filename, frame.f_lineno, code.co_name,
+            getattr(code, "co_qualname", code.co_name)]))
+        self._node_sid.append(-1)
+        return node
+
+    def _kept_frames(self, node: int) -> list:
+        """The frames a stack keeps, innermost first: the user's (library ones too with
+        library_frames), up to ``depth``, and the boundary call into a library."""
+        kept = []
+        boundary = None
+        users = 0
+        while node >= 0:
+            kind, entry = self._node_frame[node]
+            if kind == USER or (self.library_frames and kind == LIBRARY):
+                if boundary is not None:
+                    kept.append(boundary)
+                    boundary = None
+                kept.append(entry)
+                users += 1
+                if users >= self.depth:
+                    break
+            elif kind == LIBRARY and not kept and (boundary is None
+                                                   or entry[2] not in _WRAPPER_NAMES):
+                boundary = entry
+            node = self._node_parent[node]
+        if boundary is not None:   # only library frames: keep the outermost one
+            kept.append(boundary)
+        return kept
+
+    def _intern(self, frames: list) -> int:
+        text = json.dumps(frames, separators=(",", ":"))
+        sid = self._text_ids.get(text)
+        if sid is None:
+            sid = self._text_ids[text] = len(self.values)
+            self.values.append(text)
+        return sid
+
+    def _root(self) -> int:
+        if self._root_sid < 0:
+            self._root_sid = self._intern([])
+        return self._root_sid
+
     def release(self) -> None:
-        """Drop the references to the frames of the last walk (end of recording)."""
+        """Drop the references to the frames of the last capture (end or pause of recording)."""
         self._last_frame = None
-        self._prev_key, self._prev_frames, self._prev_pos = (), [], {}
-
-
-def _encode(frames) -> str:
-    return json.dumps([[f.f_code.co_filename, f.f_lineno, f.f_code.co_name,
-                        getattr(f.f_code, "co_qualname", f.f_code.co_name)] for f in frames],
-                      separators=(",", ":"))
+        self._path_frames, self._path_lasti, self._path_nodes = [], [], []
+        self._path_pos = {}
 
 
 def decode_stack(text: str) -> tuple:
