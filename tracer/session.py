@@ -5,11 +5,10 @@ The session keeps the lifecycle (start, the process group's arrival, close), the
 and the flusher that writes queued rows; the rest lives in focused modules: communication
 bookkeeping (comm.py), the patches of torch.distributed (process_group.py), annotation ranges
 (annotations.py), stacks (stacks.py), module paths (modules.py), shape signatures (shapes.py),
-the status file (status.py) and clock alignment (clock.py).
+the status file (status.py), clock alignment (clock.py) and the flusher (flusher.py).
 """
 from __future__ import annotations
 
-import collections
 import importlib
 import os
 import socket
@@ -27,7 +26,8 @@ from .annotations import AnnotationStack, Range
 from .clock import ClockAlignment
 from .comm import CommTracker
 from .dictionaries import Dictionaries
-from .format import FORMAT_VERSION, TraceWriter, rename
+from .flusher import Flusher
+from .format import FORMAT_VERSION
 from .labels import PHASE_BACKWARD, PHASE_FORWARD, PHASE_OTHER
 from .modules import ModuleTracker
 from .options import TraceOptions
@@ -48,9 +48,6 @@ except AttributeError:  # pragma: no cover - very old torch: no backward attribu
 
 MAX_QUEUE = 200_000          # events held in memory before the hot path flushes itself
 MAX_NODES = 1 << 18          # forward autograd nodes remembered (this and the last window)
-# NOTE: each batch costs about half a millisecond and 2 KB however few its rows; steps shorter
-# than this share a flush (their rows still go in batches that end at a step boundary)
-STEP_FLUSH_GAP = 0.05        # seconds: least time between flushes that step boundaries ask for
 
 
 class Session:
@@ -69,10 +66,12 @@ class Session:
         self._modules = ModuleTracker(self._dicts.module)
         self._shapes = ShapeSignatures(self._dicts.shapes)
         self._annotations = AnnotationStack(self._dicts.annotation)
-        self._queue: collections.deque = collections.deque()    # packed records (rows.py)
+        self._flusher = Flusher(self._dicts, lambda: self._op_ids(ops.OP_STEP),
+                                opts.flush_interval, self._write_status, self._flusher_failed)
+        self._queue = self._flusher.queue
         self._push = self._queue.append
         self._capture = self._stacks.capture
-        self._comm = CommTracker(self._dicts, self._push)
+        self._comm = self._flusher.comm = CommTracker(self._dicts, self._push)
         self._clock = ClockAlignment(opts.clock_sync, opts.clock_timeout)
         # id(op overload) -> (op id, CommSpec, special, call, the overload). NOTE: by id: an
         # OpOverload hashes in Python; torch keeps overloads alive, and so does the entry.
@@ -95,14 +94,9 @@ class Session:
         # process and files
         self.rank, self.world_size = _rank_and_world()
         self._pg_seen = False
-        self._meta_updates: dict = {}
-        self._write_lock = threading.RLock()
-        self._writer: Optional[TraceWriter] = None
         self._mode: Optional[RecordingMode] = None
         self._undo: list = []              # functions that remove hooks and patches
-        self._stop = threading.Event()
-        self._wake = threading.Event()     # set: the flusher writes now
-        self._flusher: Optional[threading.Thread] = None
+        self._open = False
         self._last_event_ns = 0
         self.status = "running"
         self.error: Optional[str] = None
@@ -130,10 +124,8 @@ class Session:
         # NOTE: the first op dispatched through any Python mode imports torch._dynamo (seconds);
         # pay that before recording so it does not distort the first step's timeline.
         importlib.import_module("torch._dynamo")
-        self._writer = TraceWriter(self.path, meta)
-        # an empty first batch makes the file valid at once: a rank killed before its first
-        # flush leaves a readable trace with no events rather than an empty file
-        self._writer.write([], self._dicts.values(), None)
+        self._flusher.open(self.path, meta)
+        self._open = True
         _active.ACTIVE = self
         self._install_hooks()
         self._undo.append(patch_process_group(on_init=self._on_pg_init,
@@ -145,9 +137,6 @@ class Session:
         self._owner = threading.get_ident()
         if not self._recording:
             self._leave_window()
-        self._flusher = threading.Thread(target=self._flush_loop, name="paratrace-flusher",
-                                         daemon=True)
-        self._flusher.start()
         if dist.is_available() and dist.is_initialized():
             self._on_pg_init()
         return self
@@ -171,12 +160,9 @@ class Session:
 
     def close(self) -> None:
         """Stop recording, flush everything and write the final status. Idempotent."""
-        if self._writer is None:
+        if not self._open:
             return
-        self._stop.set()
-        self._wake.set()
-        if self._flusher is not None and self._flusher is not threading.current_thread():
-            self._flusher.join(timeout=10)
+        self._flusher.stop()
         for undo in reversed(self._undo):
             undo()
         self._undo.clear()
@@ -186,11 +172,11 @@ class Session:
             "last_collective": self._comm.last, "inflight": self._comm.inflight(),
             "failed_collectives": self._comm.failed,
         })
-        self._flush()
+        self._flusher.flush()
         self._stacks.release()
         self._write_status(final=True)
-        self._writer.close()
-        self._writer = None
+        self._flusher.close()
+        self._open = False
 
     def _install_hooks(self) -> None:
         from torch.optim.optimizer import (register_optimizer_step_post_hook,
@@ -207,11 +193,11 @@ class Session:
             return
         self._pg_seen = True
         rank, world = dist.get_rank(), dist.get_world_size()
-        with self._write_lock:
-            if rank != self.rank and self._writer is not None:
+        with self._flusher.lock:
+            if rank != self.rank and self._open:
                 old_status = self.status_path
                 self.rank = rank
-                rename(self._writer, self.path)
+                self._flusher.rename(self.path)
                 if os.path.exists(old_status):
                     os.remove(old_status)
             self.rank, self.world_size = rank, world
@@ -219,14 +205,11 @@ class Session:
         self._add_meta(self._clock.at_start(self._paused_call))
 
     def _on_pg_destroy(self) -> None:
-        if self._writer is not None and dist.is_initialized():
+        if self._open and dist.is_initialized():
             self._add_meta(self._clock.at_end(self._paused_call))
 
     def _add_meta(self, values: dict) -> None:
-        """Metadata for the next batch. NOTE: under the write lock: the flusher swaps the dict
-        (and an update computed by a slow call, a clock estimate, must not land in the old one)."""
-        with self._write_lock:
-            self._meta_updates.update(values)
+        self._flusher.add_meta(values)
 
     def _paused_call(self, fn, *args):
         self._paused += 1
@@ -305,7 +288,7 @@ class Session:
                          self._annotations.current, self.step_index, thread, shapes, cid))
         self._last_event_ns = t1
         if len(self._queue) > MAX_QUEUE:
-            self._flush()
+            self._flusher.flush()
         return out
 
     def _spec(self, func) -> tuple:
@@ -392,7 +375,7 @@ class Session:
             t = _now()
             self._push(rows.record(t0=t, t1=t, op=self._op_ids(ops.OP_STEP), phase=PHASE_OTHER,
                                    step=self.step_index, thread=self._thread()))
-        self._wake.set()     # the finished step goes to disk now, not at the next interval
+        self._flusher.wake()     # the finished step goes to disk now, not at the next interval
 
     def _window(self, step: int) -> bool:
         return self._in_window is None or self._in_window(step)
@@ -428,60 +411,17 @@ class Session:
 
     def record_config(self, values: dict) -> None:
         self.config.update(values)
-        with self._write_lock:
-            config = dict(self._meta_updates.get("config") or {})
-            config.update(values)
-            self._meta_updates["config"] = config
+        self._flusher.merge_meta("config", values)
 
-    # ------------------------------------------------------------------ flushing & status
-    def _flush_loop(self) -> None:
-        interval = self.options.flush_interval
-        gap = min(interval, STEP_FLUSH_GAP)
-        last = time.monotonic()
-        while not self._stop.is_set():
-            if self._wake.wait(interval):          # a step ended: flush, but not too often
-                self._stop.wait(max(0.0, last + gap - time.monotonic()))
-            self._wake.clear()
-            if self._stop.is_set():
-                break                   # close() writes the rest
-            last = time.monotonic()
-            try:
-                self._flush()
-                self._write_status()
-            except Exception as exc:  # never let the flusher kill the run; report at close
-                self.error = self.error or f"paratrace flusher: {exc}"
-
-    def _flush(self) -> None:
-        with self._write_lock:
-            if self._writer is None:
-                return
-            queue = self._queue
-            records = b"".join([queue.popleft() for _ in range(len(queue))])
-            meta, self._meta_updates = self._meta_updates, {}
-            if not records and not meta:
-                return
-            table = rows.unpack(records)
-            positions = rows.comm_positions(table)
-            with self._comm.lock:
-                launched = self._comm.written(table[positions, rows.CID])
-            arrays = rows.to_arrays(table, rows.comm_columns(table, positions, launched))
-            dictionaries = self._dicts.values()
-            n = len(table)
-            # NOTE: the rows of finished steps go in a batch of their own: a file cut short in
-            # its last batch (a crash while writing, a truncated copy) keeps every finished step
-            split = rows.last_step_marker(table, self._op_ids(ops.OP_STEP))
-            if split > 0:
-                self._writer.write_arrays({k: a.slice(0, split) for k, a in arrays.items()},
-                                          split, dictionaries)
-                arrays = {k: a.slice(split) for k, a in arrays.items()}
-                n -= split
-            self._writer.write_arrays(arrays, n, dictionaries, meta or None)
+    # ------------------------------------------------------------------ status
+    def _flusher_failed(self, exc: Exception) -> None:
+        self.error = self.error or f"paratrace flusher: {exc}"
 
     def _write_status(self, final: bool = False) -> None:
         status.write_status(
             self.status_path, rank=self.rank, status=self.status, step=self.step_index,
             last_event_ns=self._last_event_ns,
-            events=self._writer.events if self._writer else None,
+            events=self._flusher.writer.events if self._flusher.writer else None,
             last_collective=self._comm.last, inflight=self._comm.inflight(),
             failed_collectives=self._comm.failed, error=self.error, trace=self.path,
             final=final, config=self.config)

@@ -121,25 +121,8 @@ def build_callgraph(groups: Iterable[OpGroup], *, world: Sequence[int] = (),
     ``root`` = (file, qualname) keeps only ops issued below that function and starts every path
     there (a zoomed subgraph). ``world`` lists the run's ranks, to tell which ranks reach a node.
     """
-    # Built in plain dicts, handed to networkx at the end: its views cost more per lookup.
-    nodes: dict = {}
-    edges: dict = {}
-    paths: dict = defaultdict(lambda: defaultdict(Weights))   # (rank, frames) -> direction -> W
-    lowest_line: dict = {}
+    build = _GraphBuilder()
     ranks = set()
-
-    def node(node_id: str, **kw) -> NodeData:
-        data = nodes.get(node_id)
-        if data is None:
-            data = nodes[node_id] = NodeData(node_id, **kw)
-        return data
-
-    def edge(a: str, b: str) -> EdgeData:
-        data = edges.get((a, b))
-        if data is None:
-            data = edges[(a, b)] = EdgeData()
-        return data
-
     for grp in groups:
         frames = grp.path
         if root is not None:
@@ -148,11 +131,45 @@ def build_callgraph(groups: Iterable[OpGroup], *, world: Sequence[int] = (),
                 continue
             frames = frames[start:]
         ranks.add(grp.rank)
+        build.leaf(grp, frames)
+    build.inclusive()
+    nodes, edges = build.nodes, build.edges
+    g = nx.DiGraph()
+    g.add_nodes_from((node_id, {"data": data}) for node_id, data in nodes.items())
+    g.add_edges_from((a, b, {"data": data}) for (a, b), data in edges.items())
+    total = total_of(d.total for d in nodes.values() if d.type != FUNCTION)
+    return CallGraph(g, tuple(sorted(ranks)), tuple(world) or tuple(sorted(ranks)), total)
+
+
+class _GraphBuilder:
+    """Nodes and edges in plain dicts, handed to networkx at the end (its views cost more per
+    lookup): leaves and their callers first, then inclusive weights of every function."""
+
+    def __init__(self):
+        self.nodes: dict = {}
+        self.edges: dict = {}
+        self.paths: dict = defaultdict(lambda: defaultdict(Weights))  # (rank, frames) -> dir -> W
+
+    def node(self, node_id: str, **kw) -> NodeData:
+        data = self.nodes.get(node_id)
+        if data is None:
+            data = self.nodes[node_id] = NodeData(node_id, **kw)
+        return data
+
+    def edge(self, a: str, b: str) -> EdgeData:
+        data = self.edges.get((a, b))
+        if data is None:
+            data = self.edges[(a, b)] = EdgeData()
+        return data
+
+    def leaf(self, grp: OpGroup, frames: tuple) -> None:
+        """The group's leaf (ops or a collective at its source line) and the edge from the
+        function that issued it."""
         w = grp.weights()
         site = frames[-1]
         lid = _leaf_id(site, grp.phase, grp.kind)
-        leaf = node(lid, type=COMM if grp.kind else OPS, file=site.file, line=site.line,
-                    name=grp.kind or "ops", direction=grp.phase, kind=grp.kind)
+        leaf = self.node(lid, type=COMM if grp.kind else OPS, file=site.file, line=site.line,
+                         name=grp.kind or "ops", direction=grp.phase, kind=grp.kind)
         leaf.per_rank[grp.rank].add(w)
         leaf.by_direction[grp.phase].add(w)
         n = grp.count
@@ -164,71 +181,71 @@ def build_callgraph(groups: Iterable[OpGroup], *, world: Sequence[int] = (),
         if grp.via is not None:
             leaf.via[grp.via] = leaf.via.get(grp.via, 0) + n
         fid = function_id(site)
-        if fid not in nodes:
-            node(fid, type=FUNCTION, file=site.file, line=site.line, name=site.qualname)
-        e = edge(fid, lid)
+        if fid not in self.nodes:
+            self.node(fid, type=FUNCTION, file=site.file, line=site.line, name=site.qualname)
+        e = self.edge(fid, lid)
         e.per_rank[grp.rank].add(w)
         e.by_direction[grp.phase].add(w)
         e.lines.add(site.line)
-        paths[(grp.rank, frames)][grp.phase].add(w)
+        self.paths[(grp.rank, frames)][grp.phase].add(w)
 
-    # Inclusive weights through a trie of the paths: paths share long prefixes, so summing
-    # each prefix once is far cheaper than walking every path.
-    trie: dict = {}                  # (parent index, frame) -> index
-    parents, frames_of, fn_paths = [], [], []
-    at_node: dict = defaultdict(lambda: defaultdict(Weights))   # index -> (rank, dir) -> W
-    for (rank, frames), by_direction in paths.items():
-        index = -1
-        for frame in frames:
-            key = (index, frame)
-            child = trie.get(key)
-            if child is None:
-                child = trie[key] = len(parents)
-                fid = function_id(frame)
-                fn_paths.append((fn_paths[index] if index >= 0 else ()) + (fid,))
-                parents.append(index)
-                frames_of.append(frame)
-                node(fid, type=FUNCTION, file=frame.file, line=frame.line, name=frame.qualname)
-                lowest_line[fid] = min(lowest_line.get(fid, frame.line), frame.line)
-            index = child
-        for direction, w in by_direction.items():
-            at_node[index][(rank, direction)].add(w)
-    for index in range(len(parents) - 1, -1, -1):     # children were created after parents
-        parent = parents[index]
-        if parent >= 0 and index in at_node:
-            for key, w in at_node[index].items():
-                at_node[parent][key].add(w)
-    for index, fns in enumerate(fn_paths):
-        if index not in at_node:
-            continue
+    def inclusive(self) -> None:
+        """Inclusive weights through a trie of the paths: paths share long prefixes, so
+        summing each prefix once is far cheaper than walking every path."""
+        trie: dict = {}                  # (parent index, frame) -> index
+        parents, frames_of, fn_paths = [], [], []
+        at_node: dict = defaultdict(lambda: defaultdict(Weights))   # index -> (rank, dir) -> W
+        lowest_line: dict = {}
+        for (rank, frames), by_direction in self.paths.items():
+            index = -1
+            for frame in frames:
+                key = (index, frame)
+                child = trie.get(key)
+                if child is None:
+                    child = trie[key] = len(parents)
+                    fid = function_id(frame)
+                    fn_paths.append((fn_paths[index] if index >= 0 else ()) + (fid,))
+                    parents.append(index)
+                    frames_of.append(frame)
+                    self.node(fid, type=FUNCTION, file=frame.file, line=frame.line,
+                              name=frame.qualname)
+                    lowest_line[fid] = min(lowest_line.get(fid, frame.line), frame.line)
+                index = child
+            for direction, w in by_direction.items():
+                at_node[index][(rank, direction)].add(w)
+        for index in range(len(parents) - 1, -1, -1):     # children were created after parents
+            parent = parents[index]
+            if parent >= 0 and index in at_node:
+                for key, w in at_node[index].items():
+                    at_node[parent][key].add(w)
+        for index, fns in enumerate(fn_paths):
+            if index in at_node:
+                self._credit(fns, frames_of[parents[index]].line if len(fns) >= 2 else None,
+                             at_node[index])
+        for fid, low in lowest_line.items():
+            data = self.nodes[fid]
+            data.line = definition_line(data.file, data.name, low)
+
+    def _credit(self, fns: tuple, call_line: Optional[int], weights: dict) -> None:
+        """Add the inclusive ``weights`` of one call path ``fns`` to its function and to the
+        edge from its caller (called at ``call_line``)."""
         fid = fns[-1]
         # A recursive call is already counted at its outermost occurrence.
         add_node = fid not in fns[:-1]
         pair = fns[-2:] if len(fns) >= 2 else None
         add_edge = pair is not None and not any(fns[i:i + 2] == pair
                                                 for i in range(len(fns) - 2))
-        if add_edge:
-            e = edge(*pair)
-            e.lines.add(frames_of[parents[index]].line)
-        data = nodes[fid]
-        for (rank, direction), w in at_node[index].items():
+        if pair is not None:
+            self.edge(*pair).lines.add(call_line)
+        data = self.nodes[fid]
+        for (rank, direction), w in weights.items():
             if add_node:
                 data.per_rank[rank].add(w)
                 data.by_direction[direction].add(w)
             if add_edge:
+                e = self.edges[pair]
                 e.per_rank[rank].add(w)
                 e.by_direction[direction].add(w)
-        if pair is not None and not add_edge:
-            edge(*pair).lines.add(frames_of[parents[index]].line)
-
-    for fid, low in lowest_line.items():
-        data = nodes[fid]
-        data.line = definition_line(data.file, data.name, low)
-    g = nx.DiGraph()
-    g.add_nodes_from((node_id, {"data": data}) for node_id, data in nodes.items())
-    g.add_edges_from((a, b, {"data": data}) for (a, b), data in edges.items())
-    total = total_of(d.total for d in nodes.values() if d.type != FUNCTION)
-    return CallGraph(g, tuple(sorted(ranks)), tuple(world) or tuple(sorted(ranks)), total)
 
 
 # ------------------------------------------------------------------------------ pruning
