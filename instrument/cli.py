@@ -57,6 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="user frames kept per stack (default 32)")
     own.add_argument("--include-library-frames", action="store_true",
                      help="keep torch/stdlib/site-packages frames in stacks too")
+    own.add_argument("--no-device-time", action="store_true",
+                     help="on CUDA, do not record GPU activity (CUPTI through torch.profiler); "
+                     "op times are then host launch times")
     own.add_argument("--no-report", action="store_true",
                      help="only record: skip summary.json and the HTML report")
     own.add_argument("--timeout", type=float, metavar="SECONDS", default=None,
@@ -142,6 +145,8 @@ def worker_args(args: argparse.Namespace, out: str, target: Target) -> list:
         own += ["--steps", args.steps]
     if args.include_library_frames:
         own.append("--include-library-frames")
+    if args.no_device_time:
+        own.append("--no-device-time")
     run = ["-m", target.module] if target.module else [target.script]
     return ["-u", "-m", "instrument.bootstrap", *own, "--", *run, *target.args]
 

@@ -29,8 +29,8 @@ _NULL = contextlib.nullcontext()
 
 def trace(out_dir: str, *, steps=None, stack_depth: int = 32, library_frames: bool = False,
           record_shapes: bool = True, record_stacks: bool = True, record_modules: bool = True,
-          user_paths=(), clock_sync: bool = True, flush_interval: float = 0.25
-          ):
+          user_paths=(), clock_sync: bool = True, flush_interval: float = 0.25,
+          device_time: bool = True):
     """Record this process into ``out_dir/rank-<R>.arrow`` while the ``with`` block runs.
 
     Rank and world size come from torch.distributed once it is initialized (a process group
@@ -48,12 +48,16 @@ def trace(out_dir: str, *, steps=None, stack_depth: int = 32, library_frames: bo
         clock_sync: estimate the offset to rank 0's clock at start and end (collective).
         flush_interval: seconds between flushes to disk (a killed rank loses at most this);
             every step boundary flushes too.
+        device_time: on CUDA, record when each op's GPU work ran (CUPTI through torch.profiler,
+            ``rank-<R>.device.arrow``; docs/gpu.md). Off, or without CUDA, op times are host
+            times (on a GPU: launch times).
     """
     from .session import Session     # torch is imported only to record, not to read
     return Session(out_dir, TraceOptions(
         steps=steps, stack_depth=stack_depth, library_frames=library_frames,
         record_shapes=record_shapes, record_stacks=record_stacks, record_modules=record_modules,
-        user_paths=user_paths, clock_sync=clock_sync, flush_interval=flush_interval))
+        user_paths=user_paths, clock_sync=clock_sync, flush_interval=flush_interval,
+        device_time=device_time))
 
 
 def annotate(label: str, **attrs):

@@ -41,10 +41,12 @@ def cuda_in_use() -> bool:
 class DeviceRecorder:
     """CUPTI records of one rank, a window at a time (see the module docstring)."""
 
-    def __init__(self, traces_dir: str, rank: int, window_s: float = WINDOW_S):
+    activity = "CUDA"      # the ProfilerActivity recorded (tests without a GPU use CPU)
+
+    def __init__(self, traces_dir: str, rank: int, window_s: Optional[float] = None):
         self.traces_dir = traces_dir
         self.rank = rank
-        self.window_s = window_s
+        self.window_s = WINDOW_S if window_s is None else window_s
         self.pairs: list = []           # clock pairs (perf_ns, unix_ns), one per window edge
         self.error: Optional[str] = None
         self._profiler = None
@@ -65,7 +67,7 @@ class DeviceRecorder:
                       "recording host time only (trace-report --kineto merges your profile)",
                       file=sys.stderr, flush=True)
             return False
-        self._profiler = profile(activities=[ProfilerActivity.CUDA])
+        self._profiler = profile(activities=[getattr(ProfilerActivity, self.activity)])
         self._profiler.start()
         self._started = time.monotonic()
         self._pair()
@@ -73,6 +75,26 @@ class DeviceRecorder:
 
     def due(self) -> bool:
         return self._profiler is not None and time.monotonic() - self._started >= self.window_s
+
+    def step(self, recording: bool) -> bool:
+        """A step boundary: end the window when recording stops, start one when it starts,
+        cut it when it is ``window_s`` old. True when a window edge was taken (new clock
+        pairs)."""
+        if not recording:
+            if self._profiler is None:
+                return False
+            self.cut(restart=False)
+        elif self._profiler is None:
+            return self.start()
+        elif self.due():
+            self.cut()
+        else:
+            return False
+        return True
+
+    def meta(self) -> dict:
+        """The trace metadata's ``device_time`` object."""
+        return {"source": "cupti", "windows": self._windows, "error": self.error}
 
     def cut(self, restart: bool = True) -> None:
         """End the window under way (it syncs the GPU), save its export for the flusher, and
@@ -82,12 +104,12 @@ class DeviceRecorder:
         profiler, self._profiler = self._profiler, None
         profiler.stop()
         self._pair()
+        window, self._windows = self._windows, self._windows + 1
         path = os.path.join(self.traces_dir,
-                            f".{rundir.rank_file(self.rank, f'window-{self._windows}.json')}")
-        self._windows += 1
+                            f".{rundir.rank_file(self.rank, f'window-{window}.json')}")
         profiler.export_chrome_trace(path)
         with self._lock:
-            self._pending.append(path)
+            self._pending.append((window, path))
         if restart:
             self.start()
 
@@ -95,7 +117,7 @@ class DeviceRecorder:
         """Parse the saved windows and append them to the device file (the flusher's job)."""
         with self._lock:
             pending, self._pending = self._pending, []
-        for path in pending:
+        for window, path in pending:
             try:
                 records = load_chrome_trace(path)
             except KinetoError as exc:
@@ -107,15 +129,24 @@ class DeviceRecorder:
             if self._writer is None:
                 self._writer = DeviceWriter(rundir.device_file(self.traces_dir, self.rank),
                                             {"rank": self.rank, "source": "cupti"})
-            self._writer.write(records, {"window": len(self.pairs) // 2,
+            self._writer.write(records, {"window": window,
                                          "devices": records.meta.get("devices")})
 
     def close(self) -> None:
-        self.cut(restart=False)
-        self.write_pending()
+        try:
+            self.cut(restart=False)
+            self.write_pending()
+        except Exception as exc:   # never lose the host trace over the GPU's
+            self.error = self.error or f"{type(exc).__name__}: {exc}"
         if self._writer is not None:
             self._writer.close()
             self._writer = None
 
     def _pair(self) -> None:
-        self.pairs.append({"perf_ns": time.perf_counter_ns(), "unix_ns": time.time_ns()})
+        self.pairs.append(clock_pair())
+
+
+def clock_pair() -> dict:
+    """perf_counter and time.time read together: maps CUPTI's Unix times onto the trace's
+    clock (viz.device.to_local)."""
+    return {"perf_ns": time.perf_counter_ns(), "unix_ns": time.time_ns()}

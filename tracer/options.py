@@ -45,6 +45,7 @@ class TraceOptions:
     clock_timeout: float = 20.0
     flush_interval: float = 0.25
     auto_step: bool = True
+    device_time: bool = True
 
     def __post_init__(self):
         parse_steps(self.steps)          # a bad selection fails here, before recording starts
@@ -60,4 +61,5 @@ class TraceOptions:
         """The ``options`` object of the trace's metadata (docs/trace-format.md)."""
         return dict(steps=self.steps, stack_depth=self.stack_depth,
                     library_frames=self.library_frames, record_shapes=self.record_shapes,
-                    record_stacks=self.record_stacks, record_modules=self.record_modules)
+                    record_stacks=self.record_stacks, record_modules=self.record_modules,
+                    device_time=self.device_time)

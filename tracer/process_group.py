@@ -4,17 +4,19 @@ monkey-patching: ``init_process_group`` (rank, world size and clock alignment be
 works that have no future, such as gloo's send/recv)."""
 from __future__ import annotations
 
+import time
 from typing import Callable
 
 import torch
 import torch.distributed as dist
 
 
-def patch_process_group(*, on_init: Callable[[], None], on_destroy: Callable[[], None],
+def patch_process_group(*, on_init: Callable[[int], None], on_destroy: Callable[[], None],
                         on_work_waited: Callable[[object], None]) -> Callable[[], None]:
     """Install the patches; returns the function that removes them.
 
-    ``on_init`` runs after a process group was created, ``on_destroy`` before the default group
+    ``on_init(t0)`` runs after a process group was created (``t0``: perf_counter_ns when the
+    call began), ``on_destroy`` before the default group
     is destroyed, ``on_work_waited(work)`` after every ``Work.wait()`` returned.
     """
     if not dist.is_available():
@@ -24,8 +26,9 @@ def patch_process_group(*, on_init: Callable[[], None], on_destroy: Callable[[],
     original_init, original_destroy = c10d.init_process_group, c10d.destroy_process_group
 
     def init_process_group(*args, **kwargs):
+        t0 = time.perf_counter_ns()
         result = original_init(*args, **kwargs)
-        on_init()
+        on_init(t0)
         return result
 
     def destroy_process_group(group=None):

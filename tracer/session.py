@@ -1,17 +1,16 @@
 """The recording session: owns everything recorded for one process and streams it to disk.
 
 The private dispatch mode (``_mode.py``) hands each op to :meth:`Session.on_op`, the hot path.
-The session keeps the lifecycle (start, the process group's arrival, close), the step windows
-and the flusher that writes queued rows; the rest lives in focused modules: communication
-bookkeeping (comm.py), the patches of torch.distributed (process_group.py), annotation ranges
-(annotations.py), stacks (stacks.py), module paths (modules.py), shape signatures (shapes.py),
-the status file (status.py), clock alignment (clock.py) and the flusher (flusher.py).
+The session keeps the lifecycle (start, the process group's arrival, close) and the step
+windows; the rest lives in focused modules: communication (comm.py), the patches of
+torch.distributed (process_group.py), annotations (annotations.py), stacks (stacks.py), module
+paths (modules.py), shapes (shapes.py), the status file (status.py), clock alignment
+(clock.py), the flusher (flusher.py) and GPU activity (device.py).
 """
 from __future__ import annotations
 
 import importlib
 import os
-import socket
 import sys
 import threading
 import time
@@ -25,13 +24,14 @@ from ._mode import RecordingMode
 from .annotations import AnnotationStack, Range
 from .clock import ClockAlignment
 from .comm import CommTracker
+from .device import DeviceRecorder, clock_pair, cuda_in_use
 from .dictionaries import Dictionaries
 from .flusher import Flusher
-from .format import FORMAT_VERSION
 from .labels import PHASE_BACKWARD, PHASE_FORWARD, PHASE_OTHER
 from .modules import ModuleTracker
 from .options import TraceOptions
 from .process_group import patch_process_group
+from .process_info import rank_and_world, start_meta
 from .shapes import ShapeSignatures
 from .stacks import StackInterner
 
@@ -67,7 +67,7 @@ class Session:
         self._shapes = ShapeSignatures(self._dicts.shapes)
         self._annotations = AnnotationStack(self._dicts.annotation)
         self._flusher = Flusher(self._dicts, lambda: self._op_ids(ops.OP_STEP),
-                                opts.flush_interval, self._write_status, self._flusher_failed)
+                                opts.flush_interval, self._after_flush, self._flusher_failed)
         self._queue = self._flusher.queue
         self._push = self._queue.append
         self._capture = self._stacks.capture
@@ -82,24 +82,21 @@ class Session:
         # (an int: ints are not objects the garbage collector tracks), this step and the last
         self._fwd_of_node: dict = {}
         self._fwd_prev: dict = {}
-        self._last_seq = -1
-        self.step_index = 0
-        self._explicit_steps = False
-        self._in_optimizer = 0
+        self._last_seq, self.step_index, self._explicit_steps, self._in_optimizer = -1, 0, False, 0
         self._recording = self._window(0)
         self._paused = 0
         self._passthrough = not self._recording   # the hot path records nothing
         self._owner = threading.get_ident()       # the thread whose dispatch stack holds the mode
         self.config: dict = {}             # everything record_config set
         # process and files
-        self.rank, self.world_size = _rank_and_world()
+        self.rank, self.world_size = rank_and_world()
         self._pg_seen = False
         self._mode: Optional[RecordingMode] = None
+        self._device: Optional[DeviceRecorder] = None     # GPU activity (CUDA only)
+        self._pairs = [clock_pair()]       # clock pairs of the session; the device adds its own
         self._undo: list = []              # functions that remove hooks and patches
         self._open = False
-        self._last_event_ns = 0
-        self.status = "running"
-        self.error: Optional[str] = None
+        self._last_event_ns, self.status, self.error = 0, "running", None
 
     # ------------------------------------------------------------------ lifecycle
     @property
@@ -114,13 +111,7 @@ class Session:
         if _active.ACTIVE is not None:
             raise RuntimeError("a paratrace trace is already active in this process")
         os.makedirs(self.out_dir, exist_ok=True)
-        meta = {
-            "format_version": FORMAT_VERSION, "rank": self.rank, "world_size": self.world_size,
-            "pid": os.getpid(), "host": socket.gethostname(), "start_ns": _now(),
-            "start_unix": time.time(), "argv": list(sys.argv), "options": self.options.meta(),
-            "torch": torch.__version__, "python": sys.version.split()[0],
-            "local_rank": _env_int("LOCAL_RANK"), "node_rank": _env_int("GROUP_RANK"),
-        }
+        meta = start_meta(self.rank, self.world_size, self.options.meta(), self._pairs)
         # NOTE: the first op dispatched through any Python mode imports torch._dynamo (seconds);
         # pay that before recording so it does not distort the first step's timeline.
         importlib.import_module("torch._dynamo")
@@ -137,6 +128,9 @@ class Session:
         self._owner = threading.get_ident()
         if not self._recording:
             self._leave_window()
+        if self.options.device_time and cuda_in_use():
+            self._device = DeviceRecorder(self.out_dir, self.rank)
+            self._device_step()
         if dist.is_available() and dist.is_initialized():
             self._on_pg_init()
         return self
@@ -163,6 +157,9 @@ class Session:
         if not self._open:
             return
         self._flusher.stop()
+        if self._device is not None:
+            self._device.close()           # its last window, written before the trace closes
+        self._pairs.append(clock_pair())
         for undo in reversed(self._undo):
             undo()
         self._undo.clear()
@@ -170,7 +167,8 @@ class Session:
             "status": self.status, "error": self.error, "end_ns": _now(),
             "end_unix": time.time(), "last_step": self.step_index,
             "last_collective": self._comm.last, "inflight": self._comm.inflight(),
-            "failed_collectives": self._comm.failed,
+            "failed_collectives": self._comm.failed, "clock_pairs": self._all_pairs(),
+            "device_time": self._device.meta() if self._device is not None else None,
         })
         self._flusher.flush()
         self._stacks.release()
@@ -188,7 +186,7 @@ class Session:
                        register_optimizer_step_post_hook(self._optimizer_post)):
             self._undo.append(handle.remove)
 
-    def _on_pg_init(self) -> None:
+    def _on_pg_init(self, t0: Optional[int] = None) -> None:
         if self._pg_seen or not (dist.is_available() and dist.is_initialized()):
             return
         self._pg_seen = True
@@ -203,6 +201,11 @@ class Session:
             self.rank, self.world_size = rank, world
         self._add_meta({"rank": rank, "world_size": world, "backend": str(dist.get_backend())})
         self._add_meta(self._clock.at_start(self._paused_call))
+        if self._device is not None and self._device.pairs == []:
+            self._device.rank = rank
+        if t0 is not None and self._recording:   # the setup's GPU work (NCCL) lands on it
+            self._push(rows.record(t0=t0, t1=_now(), op=self._op_ids(ops.OP_PG_INIT),
+                                   phase=PHASE_OTHER, step=self.step_index, thread=self._thread()))
 
     def _on_pg_destroy(self) -> None:
         if self._open and dist.is_initialized():
@@ -305,6 +308,7 @@ class Session:
         thread = self._threads.get(ident)
         if thread is None:
             thread = self._threads[ident] = len(self._threads)
+            self._flusher.merge_meta("threads", {str(thread): ident})   # for CUPTI's thread ids
         return thread
 
     def _special_op(self, special, func, args, kwargs, op_id):
@@ -375,7 +379,17 @@ class Session:
             t = _now()
             self._push(rows.record(t0=t, t1=t, op=self._op_ids(ops.OP_STEP), phase=PHASE_OTHER,
                                    step=self.step_index, thread=self._thread()))
+        if self._device is not None:
+            self._device_step()
         self._flusher.wake()     # the finished step goes to disk now, not at the next interval
+
+    def _device_step(self) -> None:
+        if self._device.step(self._recording):
+            self._add_meta({"clock_pairs": self._all_pairs()})
+
+    def _all_pairs(self) -> list:
+        return sorted(self._pairs + (self._device.pairs if self._device else []),
+                      key=lambda pair: pair["perf_ns"])
 
     def _window(self, step: int) -> bool:
         return self._in_window is None or self._in_window(step)
@@ -414,6 +428,11 @@ class Session:
         self._flusher.merge_meta("config", values)
 
     # ------------------------------------------------------------------ status
+    def _after_flush(self) -> None:
+        self._write_status()
+        if self._device is not None:
+            self._device.write_pending()
+
     def _flusher_failed(self, exc: Exception) -> None:
         self.error = self.error or f"paratrace flusher: {exc}"
 
@@ -425,16 +444,3 @@ class Session:
             last_collective=self._comm.last, inflight=self._comm.inflight(),
             failed_collectives=self._comm.failed, error=self.error, trace=self.path,
             final=final, config=self.config)
-
-
-def _rank_and_world():
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return _env_int("RANK") or 0, _env_int("WORLD_SIZE") or 1
-
-
-def _env_int(name: str) -> Optional[int]:
-    try:
-        return int(os.environ[name])
-    except (KeyError, ValueError):
-        return None
