@@ -71,7 +71,7 @@ def test_optimizer_steps_are_step_boundaries_and_windows_select_steps(tmp_path):
                 for s in range(4)}
     assert all(n > 0 for n in per_step.values()) and len(set(per_step.values())) == 1
     assert {e["phase"] for e in full.records() if "sgd" in str(e["annotation"]).lower()} \
-        == {"other"}
+        == {"optimizer"}
     window = train(4, tmp_path / "window", steps="1-2")
     assert {e["step"] for e in window.records()} == {1, 2}
     assert len([e for e in window.records() if "::" not in e["op"]]) == 2 * per_step[0]
@@ -97,9 +97,10 @@ def test_annotations_and_record_function_ranges_are_recorded(tmp_path):
 
 
 @pytest.mark.parametrize("label,phase", [
-    ("F", 1), ("W", 2), ("optimizer", 0), ("Forward 3", 1), ("Backward 12", 2), ("PP:0F1", 1),
+    ("F", 1), ("W", 2), ("optimizer", 5), ("Forward 3", 1), ("Backward 12", 2), ("PP:0F1", 1),
     ("PP:1I0", 2), ("PP:2SEND_B1", 2), ("PP:0RECV_F2", 1), ("PP:0UNSHARD1", None),
-    ("Optimizer.step#SGD.step", None)])
+    ("Optimizer.step#SGD.step", 5), ("grad-sync", 4), ("recompute", 3),
+    ("FSDP::post_backward_reduce (0)", 4), ("FSDP::pre_forward", None)])
 def test_phase_of_annotation_labels_including_pipelinings(label, phase):
     from tracer.labels import phase_of_label
     assert phase_of_label(label) == phase

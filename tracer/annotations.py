@@ -29,6 +29,14 @@ class AnnotationStack:
         self._refresh()
         return entry
 
+    def force(self, phase: int) -> tuple:
+        """An unnamed range that sets the phase of the ops inside and is not recorded; close it
+        with :meth:`pop` (phases.py: DDP's constructor is setup)."""
+        entry = (None, {}, phase)
+        self._entries.append(entry)
+        self._refresh()
+        return entry
+
     def pop(self, entry: tuple) -> None:
         # NOTE: by identity, from the inside: a range left open by an exception is dropped
         # with the one that encloses it only when that one closes
@@ -53,8 +61,10 @@ class AnnotationStack:
         if not self._entries:
             self.current, self.phase_hint = -1, None
             return
-        payload = [dict({"label": label}, **attrs) for label, attrs, _ in self._entries]
-        self.current = self._intern(json.dumps(payload, separators=(",", ":"), default=str))
+        payload = [dict({"label": label}, **attrs) for label, attrs, _ in self._entries
+                   if label is not None]
+        self.current = self._intern(json.dumps(payload, separators=(",", ":"), default=str)) \
+            if payload else -1
         self.phase_hint = next((h for _, _, h in reversed(self._entries) if h is not None),
                                None)
 

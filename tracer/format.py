@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 
 FORMAT_NAME = "paratrace.trace"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2     # 2: phases 3-5 (recompute, grad_sync, optimizer)
 META_KEY = b"paratrace.meta"
 
 

@@ -2,7 +2,7 @@
 pipeline passes.
 
 Phases (the trace's ``phase`` column holds the index into :data:`PHASES`): which part of the
-training step issued an op. Labels: ``tracer.annotate("F", microbatch=3, chunk=1)`` (also "B",
+training step issued an op (docs/phases.md). Labels: ``tracer.annotate("F", microbatch=3, chunk=1)`` (also "B",
 "W") names a pass of a micro-batch through a model chunk; torch.distributed.pipelining's
 record_function ranges name them too, as ``PP:<stage><action><microbatch>`` (schedules run from
 an action list: PP:0F1, PP:1I0, PP:0SEND_F2) or ``Forward <i>`` / ``Backward <i>`` (GPipe).
@@ -14,16 +14,22 @@ import re
 from dataclasses import dataclass
 from typing import Optional
 
-PHASES = ("other", "forward", "backward")
+# NOTE: codes are stored in traces: append new phases, never renumber (0-2 predate the others)
+PHASES = ("other", "forward", "backward", "recompute", "grad_sync", "optimizer")
 PHASE_OTHER, PHASE_FORWARD, PHASE_BACKWARD = 0, 1, 2
+PHASE_RECOMPUTE, PHASE_GRAD_SYNC, PHASE_OPTIMIZER = 3, 4, 5
 PHASE_CODES = {name: code for code, name in enumerate(PHASES)}
 
 PASS_KINDS = ("F", "B", "W")
 
 # Labels that set the phase of the ops inside them.
 _PHASE_OF_LABEL = {"F": PHASE_FORWARD, "forward": PHASE_FORWARD, "B": PHASE_BACKWARD,
-                   "W": PHASE_BACKWARD, "backward": PHASE_BACKWARD, "optimizer": PHASE_OTHER,
-                   "other": PHASE_OTHER}
+                   "W": PHASE_BACKWARD, "backward": PHASE_BACKWARD, "recompute": PHASE_RECOMPUTE,
+                   "grad_sync": PHASE_GRAD_SYNC, "grad-sync": PHASE_GRAD_SYNC,
+                   "optimizer": PHASE_OPTIMIZER, "other": PHASE_OTHER}
+# FSDP2's record_function ranges around its gradient reductions (named "<prefix> (<index>)")
+_PHASE_OF_PREFIX = (("FSDP::post_backward_reduce", PHASE_GRAD_SYNC),
+                    ("FSDP::post_backward_rs_wait", PHASE_GRAD_SYNC))
 
 _PIPELINING_ACTION = re.compile(r"^PP:(\d+)([A-Z_]+?)(\d+)$")
 _PIPELINING_GPIPE = re.compile(r"^(Forward|Backward) (\d+)$")
@@ -59,6 +65,10 @@ def _pipelining(label: str) -> Optional[tuple]:
 def phase_of_label(label: str) -> Optional[int]:
     """The phase code an annotation label implies, or None."""
     phase = _PHASE_OF_LABEL.get(label)
+    if phase is None and label.startswith("FSDP::"):
+        phase = next((p for prefix, p in _PHASE_OF_PREFIX if label.startswith(prefix)), None)
+    if phase is None and label.startswith("Optimizer."):   # torch.optim's step, zero_grad
+        phase = PHASE_OPTIMIZER
     if phase is None:
         found = _pipelining(label)
         if found is not None and found[0] in _ACTIONS:

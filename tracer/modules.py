@@ -21,6 +21,7 @@ class ModuleTracker:
         self._stack: list = []             # [(module, path id, path)]
         self._names: dict = {}             # id(child) -> (child ref, parent ref, path)
         self._root_paths = weakref.WeakKeyDictionary()
+        self.roots = weakref.WeakSet()     # modules called with no module around (phases.py)
         self._handles = []
 
     def install(self) -> None:
@@ -47,6 +48,8 @@ class ModuleTracker:
 
     def _name(self, module) -> str:
         if not self._stack:
+            if module not in self.roots:
+                self.roots.add(module)
             return type(module).__name__
         parent, _, parent_path = self._stack[-1]
         cached = self._names.get(id(module))
@@ -74,6 +77,20 @@ class ModuleTracker:
         except TypeError:
             pass
         return path
+
+    def snapshot(self) -> list:
+        """The stack of running modules (a copy), for :meth:`restore`."""
+        return list(self._stack)
+
+    def restore(self, stack) -> list:
+        """Make ``stack`` (from :meth:`snapshot`; None: leave it) the running modules; returns
+        the stack it replaced. Checkpointing's recomputation runs a forward again inside the
+        backward: under the modules that enclosed it in the forward."""
+        old = self._stack
+        if stack is not None:
+            self._stack = list(stack)
+            self.current = self._stack[-1][1] if self._stack else -1
+        return old
 
     def _pre(self, module, args):
         path = self._name(module)

@@ -4,8 +4,8 @@ The private dispatch mode (``_mode.py``) hands each op to :meth:`Session.on_op`,
 The session keeps the lifecycle (start, the process group's arrival, close) and the step
 windows; the rest lives in focused modules: communication (comm.py), the patches of
 torch.distributed (process_group.py), annotations (annotations.py), stacks (stacks.py), module
-paths (modules.py), shapes (shapes.py), the status file (status.py), clock alignment
-(clock.py), the flusher (flusher.py) and GPU activity (device.py).
+paths (modules.py), phases (phases.py), shapes (shapes.py), the status file (status.py), clock
+alignment (clock.py), the flusher (flusher.py) and GPU activity (device.py).
 """
 from __future__ import annotations
 
@@ -27,9 +27,11 @@ from .comm import CommTracker
 from .device import DeviceRecorder, clock_pair, cuda_in_use
 from .dictionaries import Dictionaries
 from .flusher import Flusher
-from .labels import PHASE_BACKWARD, PHASE_FORWARD, PHASE_OTHER
+from .labels import (PHASE_BACKWARD, PHASE_FORWARD, PHASE_OPTIMIZER, PHASE_OTHER,
+                     PHASE_RECOMPUTE)
 from .modules import ModuleTracker
 from .options import TraceOptions
+from .phases import PhaseRules
 from .process_group import patch_process_group
 from .process_info import rank_and_world, start_meta
 from .shapes import ShapeSignatures
@@ -83,6 +85,8 @@ class Session:
         self._fwd_of_node: dict = {}
         self._fwd_prev: dict = {}
         self._last_seq, self.step_index, self._explicit_steps, self._in_optimizer = -1, 0, False, 0
+        self._recompute = 0                # checkpointing recomputations running (phases.py)
+        self._rules = PhaseRules(self, self._modules, self._annotations)
         self._recording = self._window(0)
         self._paused = 0
         self._passthrough = not self._recording   # the hot path records nothing
@@ -177,14 +181,11 @@ class Session:
         self._open = False
 
     def _install_hooks(self) -> None:
-        from torch.optim.optimizer import (register_optimizer_step_post_hook,
-                                           register_optimizer_step_pre_hook)
         if self.options.record_modules:
             self._modules.install()
             self._undo.append(self._modules.remove)
-        for handle in (register_optimizer_step_pre_hook(self._optimizer_pre),
-                       register_optimizer_step_post_hook(self._optimizer_post)):
-            self._undo.append(handle.remove)
+        # optimizer step hooks, checkpointing's recomputation, DDP's constructor
+        self._undo.extend(self._rules.install(self._optimizer_post))
 
     def _on_pg_init(self, t0: Optional[int] = None) -> None:
         if self._pg_seen or not (dist.is_available() and dist.is_initialized()):
@@ -247,7 +248,8 @@ class Session:
         out = call(*args, **kwargs)
         t1 = _now()
         node = _current_node()
-        if node is None:
+        hint = self._annotations.phase_hint
+        if node is None or self._recompute:
             module = self._modules.current
             # the frame that dispatched the op (on_op <- __torch_dispatch__ <- it)
             stack = self._capture(sys._getframe(2)) if self._record_stacks else -1
@@ -263,16 +265,18 @@ class Session:
                 self._last_seq = seq
                 if len(self._fwd_of_node) > MAX_NODES:   # a run that never steps stays bounded
                     self._fwd_prev, self._fwd_of_node = self._fwd_of_node, {}
-            if self._in_optimizer:
-                phase = PHASE_OTHER
-            elif self._annotations.phase_hint is not None:
-                phase = self._annotations.phase_hint
+            if node is not None:      # checkpointing replays it: recompute, unless annotated
+                phase = PHASE_RECOMPUTE if hint is None or hint <= PHASE_BACKWARD else hint
+            elif hint is not None:
+                phase = hint
+            elif self._in_optimizer:
+                phase = PHASE_OPTIMIZER
             elif module >= 0 or _grad_enabled():
                 phase = PHASE_FORWARD
             else:
                 phase = PHASE_OTHER
-        else:
-            phase = PHASE_BACKWARD
+        else:   # annotations naming a phase past backward (grad_sync...) win
+            phase = hint if hint is not None and hint > PHASE_BACKWARD else PHASE_BACKWARD
             nseq = node._sequence_nr()
             origin = self._fwd_of_node.get(nseq)
             if origin is None:
@@ -284,9 +288,11 @@ class Session:
         if thread is None:
             thread = self._thread()
         shapes = self._shapes(args) if self._record_shapes else -1
-        # a collective's end (t1: -1 for now) comes with its completion (comm.py)
-        cid = -1 if comm is None else \
-            self._comm.launch(comm, args, out, t0, t1, phase, self.step_index, thread)
+        cid = -1     # a collective's end (t1: -1 for now) comes with its completion (comm.py)
+        if comm is not None:
+            if hint is None:
+                phase = self._rules.collective(phase, node, module, args, comm)
+            cid = self._comm.launch(comm, args, out, t0, t1, phase, self.step_index, thread)
         self._push(_pack(t0, t1 if cid < 0 else -1, op_id, phase, module, stack, fwd_stack,
                          self._annotations.current, self.step_index, thread, shapes, cid))
         self._last_event_ns = t1
@@ -324,8 +330,8 @@ class Session:
                 self._comm.complete(pending, t1)
             stack = self._capture(sys._getframe(3)) if self._record_stacks else None
             hint = self._annotations.phase_hint
-            phase = PHASE_BACKWARD if _current_node() is not None else \
-                (hint if hint is not None else PHASE_FORWARD)
+            phase = pending.phase if pending is not None else PHASE_BACKWARD \
+                if _current_node() is not None else (hint if hint is not None else PHASE_FORWARD)
             self._push(rows.record(
                 t0=t0, t1=t1, op=op_id, phase=phase, module=self._modules.current, stack=stack,
                 annotation=self._annotations.current, step=self.step_index,
@@ -413,9 +419,6 @@ class Session:
         self._mode.resume()
         if self.options.record_modules and not self._modules.installed:
             self._modules.install()
-
-    def _optimizer_pre(self, optimizer, args, kwargs) -> None:
-        self._in_optimizer += 1
 
     def _optimizer_post(self, optimizer, args, kwargs) -> None:
         self._in_optimizer = max(0, self._in_optimizer - 1)

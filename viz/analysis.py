@@ -153,6 +153,7 @@ def recount(analysis: RunAnalysis, steps: frozenset,
     counts, _ = _split(order, engine.map(count_rank_file, [
         (analysis.ranks[r].path, r, steps, analysis.ranks[r].exports) for r in order]))
     ranks = {rank: replace(mine, groups=counts[rank].groups, op_counts=counts[rank].op_counts,
+                           op_counts_by_phase=counts[rank].op_counts_by_phase,
                            comm=counts[rank].comm, steps=counts[rank].steps)
              for rank, mine in analysis.ranks.items() if rank in counts}
     return replace(analysis, ranks=ranks, count_steps=steps)

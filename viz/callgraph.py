@@ -36,7 +36,7 @@ class NodeData:
     file: str
     line: int                  # functions: definition line; leaves: the call site
     name: str                  # functions: qualname; comm leaves: the kind
-    direction: str = ""        # leaves: forward | backward | other
+    direction: str = ""        # leaves: the phase (tracer.labels.PHASES)
     kind: Optional[str] = None
     per_rank: dict = field(default_factory=lambda: defaultdict(Weights))
     by_direction: dict = field(default_factory=lambda: defaultdict(Weights))

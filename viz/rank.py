@@ -49,6 +49,7 @@ class RankAnalysis:
     counted_steps: tuple = ()     # the steps its time metrics count (viz.lanes.counted_steps)
     counted_groups: list = field(default_factory=list)   # op groups of those steps only
     exports: tuple = ()           # torch.profiler exports merged into its GPU activity
+    op_counts_by_phase: dict = field(default_factory=dict)   # phase -> op -> calls
 
     @property
     def status(self) -> str:
@@ -108,7 +109,8 @@ def analyse_rank(trace: Trace, rank: int, send_ends: dict, op_budget: int = DRAW
     return RankAnalysis(
         rank=rank, path=trace.path, meta=trace.meta, warnings=list(trace.warnings),
         events=len(trace), steps=recorded_steps(trace), groups=op_groups(trace, durations),
-        op_counts=op_counts(trace), comm=comm_rows(trace), lanes=lanes, last_op=last_op(trace),
+        op_counts=op_counts(trace), op_counts_by_phase=op_counts_by_phase(trace),
+        comm=comm_rows(trace), lanes=lanes, last_op=last_op(trace),
         device=None if dev is None else dev.summary(trace.dictionary("op"), trace.col("op")),
         counted_steps=counted, counted_groups=_groups_over(trace, counted, durations))
 
@@ -129,6 +131,7 @@ class RankCounts:
     groups: list
     op_counts: dict
     comm: list
+    op_counts_by_phase: dict
 
 
 def count_rank_file(path: str, rank: int, steps: frozenset, kineto: tuple = ()) -> RankCounts:
@@ -141,7 +144,8 @@ def count_rank_file(path: str, rank: int, steps: frozenset, kineto: tuple = ()) 
     mask = np.isin(trace.col("step"), sorted(steps))
     if not mask.all():
         trace = trace.select(mask)
-    return RankCounts(recorded_steps(trace), groups, op_counts(trace), comm_rows(trace))
+    return RankCounts(recorded_steps(trace), groups, op_counts(trace), comm_rows(trace),
+                      op_counts_by_phase(trace))
 
 
 def path_modules_file(path: str, rank: int, intervals: list) -> dict:
@@ -179,6 +183,21 @@ def op_counts(trace: Trace) -> dict:
     counts = np.bincount(trace.col("op"), minlength=len(names)) if len(trace) else \
         np.zeros(len(names), dtype=np.int64)
     return {name: int(n) for name, n in zip(names, counts) if n and name not in PSEUDO_OPS}
+
+
+def op_counts_by_phase(trace: Trace) -> dict:
+    """phase name -> op overload -> calls (pseudo-ops left out), phases in PHASES order."""
+    names = trace.dictionary("op")
+    if not len(trace) or not names:
+        return {}
+    key = trace.col("phase").astype(np.int64) * len(names) + trace.col("op")
+    counts = np.bincount(key, minlength=len(PHASES) * len(names))
+    out: dict = {}
+    for k in np.nonzero(counts)[0].tolist():
+        phase, op = divmod(k, len(names))
+        if names[op] not in PSEUDO_OPS:
+            out.setdefault(PHASES[phase], {})[names[op]] = int(counts[k])
+    return {p: out[p] for p in PHASES if p in out}
 
 
 def comm_rows(trace: Trace) -> list:

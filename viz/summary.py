@@ -1,7 +1,8 @@
 """summary.json: the machine-readable digest of a run (schema ``paratrace.summary/1``).
 
 The contract is DESIGN.md's; tests and scripts read it, so keys keep their meaning and new keys
-are only added. Per rank: status, event count, op counts, communication aggregated by
+are only added. Per rank: status, event count, op counts (in all and per phase),
+communication aggregated by
 (kind, phase, group), and the timeline's time metrics. A pure function of a
 :class:`viz.analysis.RunAnalysis`; the report takes the same dict rather than reading the file.
 """
@@ -29,14 +30,16 @@ def build_summary(analysis: RunAnalysis) -> dict:
             metrics = analysis.metrics.get(rank)
             time = metrics.to_json() if metrics else {k: None for k in TIME_KEYS}
             time["clock"] = mine.lanes.clock
-            entry.update(events=mine.events, op_counts=mine.op_counts, comm=mine.comm,
+            entry.update(events=mine.events, op_counts=mine.op_counts,
+                         op_counts_by_phase=mine.op_counts_by_phase, comm=mine.comm,
                          time=time, clock_error_ns=mine.lanes.clock_error_ns, steps=mine.steps)
             if mine.device is not None:
                 entry["device"] = mine.device
             if mine.warnings:
                 entry["warnings"] = mine.warnings
         else:
-            entry.update(events=0, op_counts={}, comm=[], time={k: None for k in TIME_KEYS})
+            entry.update(events=0, op_counts={}, op_counts_by_phase={}, comm=[],
+                         time={k: None for k in TIME_KEYS})
         error = analysis.error(rank) if entry["status"] != "ok" else None
         if error:
             entry["error"] = error

@@ -53,7 +53,7 @@ class DiffNode:
     type: str                  # viz.callgraph FUNCTION | OPS | COMM
     name: str                  # qualified name, "ops", or the communication kind
     file: str                  # short display path
-    direction: str = ""        # leaves: forward | backward | other
+    direction: str = ""        # leaves: the phase (tracer.labels.PHASES)
     caller: str = ""           # leaves: the function key that issued them
     a: Side = field(default_factory=Side)
     b: Side = field(default_factory=Side)

@@ -5,7 +5,8 @@ Drawing conventions (the legend in every SVG repeats them):
   and bytes; the fill darkens with its share of the graph's time;
 - op leaves per call site: aten ops (note shape) and collectives (communication colour, bold);
   backward leaves are dashed: they hang under the forward source that created their autograd
-  node;
+  node; recompute leaves (checkpointing's replay inside backward) are dashed too; the fill of
+  an ops leaf tells its phase (PHASE_FILL: recompute lilac, grad_sync green, optimizer amber);
 - a node reached by only some of the graph's ranks is purple and says which ranks;
 - grey notes say what pruning hid below a node;
 - edges: ops (and bytes) that flowed through the call, width by share of time;
@@ -17,6 +18,8 @@ from typing import Callable, Mapping, Optional
 
 import graphviz
 
+from tracer.labels import PHASES
+
 from ..callgraph import COMM, FUNCTION, HIDDEN, OPS, CallGraph, EdgeData, NodeData
 from ..groups import Weights
 from ..run import RunError
@@ -26,6 +29,10 @@ COMM_COLOUR = "#1565c0"
 COMM_FILL = "#e3eefc"
 PARTIAL_COLOUR = "#7b1fa2"
 HIDDEN_COLOUR = "#9e9e9e"
+# phases drawn dashed (run by the autograd engine) and the fill of an ops leaf per phase
+DASHED_PHASES = frozenset(("backward", "recompute"))
+PHASE_FILL = {"forward": "#fafafa", "backward": "#fafafa", "recompute": "#f3e5f5",
+              "grad_sync": "#e8f5e9", "optimizer": "#fff3e0", "other": "#eeeeee"}
 TOP_OPS = 3          # ops listed in a leaf's label (the tooltip lists all)
 TOP_SHAPES = 8       # shape signatures in a leaf's tooltip
 TOP_RANKS = 16       # per-rank lines in a merged graph's tooltips
@@ -92,7 +99,7 @@ class _Drawer:
             lines += [f"{data.hidden} callees / call sites hidden (below the pruning share)"]
         else:
             lines += [f"{data.direction} {data.name} at {self.where(data.file, data.line)}"]
-        for direction in ("forward", "backward", "other"):
+        for direction in PHASES:
             w = data.by_direction.get(direction)
             if w and w.ops:
                 text = f"{direction}: {_weights_text(w)}"
@@ -134,8 +141,8 @@ class _Drawer:
                          label=_lines(data.name, self.where(data.file, data.line),
                                       _weights_text(w), partial))
         elif data.type == COMM:
-            attrs.update(shape="box", style="filled,bold" + (",dashed" if data.direction ==
-                                                           "backward" else ""),
+            attrs.update(shape="box", style="filled,bold" + (",dashed" if data.direction in
+                                                           DASHED_PHASES else ""),
                          color=COMM_COLOUR, fillcolor=COMM_FILL, fontcolor=COMM_COLOUR,
                          label=_lines(f"{data.kind} x{fmt_count(w.comms)} ({data.direction})",
                                       f"{fmt_bytes(w.bytes)} · {fmt_time(w.time_ns)}",
@@ -145,9 +152,9 @@ class _Drawer:
             names = [f"{short_op(op)} x{fmt_count(n)}" for op, n in top[:TOP_OPS]]
             if len(top) > TOP_OPS:
                 names.append(f"+{len(top) - TOP_OPS} more op kinds")
-            attrs.update(shape="note", style="filled" + (",dashed" if data.direction ==
-                                                        "backward" else ""),
-                         fillcolor="#fafafa",
+            attrs.update(shape="note", style="filled" + (",dashed" if data.direction in
+                                                        DASHED_PHASES else ""),
+                         fillcolor=PHASE_FILL.get(data.direction, "#fafafa"),
                          label=_lines(f"{data.direction} ops at line {data.line}", *names,
                                       _weights_text(w), partial))
         else:
@@ -169,7 +176,7 @@ class _Drawer:
                                    f"call lines {lines}" if lines else None, _weights_text(w))}
         if target.type == COMM:
             attrs["color"] = COMM_COLOUR
-        if target.type in (COMM, OPS) and target.direction == "backward":
+        if target.type in (COMM, OPS) and target.direction in DASHED_PHASES:
             attrs["style"] = "dashed"
         if target.type == HIDDEN:
             attrs.update(style="dotted", color=HIDDEN_COLOUR)
@@ -192,7 +199,8 @@ def _legend(dot: graphviz.Digraph) -> None:
                                  label=_lines("collective / P2P", "bytes · time"))),
             ("legend_bwd", dict(shape="note", style="filled,dashed", fillcolor="#fafafa",
                                 label=_lines("backward (dashed): under the", "forward source "
-                                             "that created it"))),
+                                             "that created it; recompute", "(lilac, dashed), "
+                                             "grad_sync (green),", "optimizer (amber)"))),
             ("legend_partial", dict(shape="box", style="rounded", color=PARTIAL_COLOUR,
                                     penwidth="2", label=_lines("reached by some ranks only"))),
             ("legend_hidden", dict(shape="box", style="dotted", color=HIDDEN_COLOUR,

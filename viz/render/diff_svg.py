@@ -78,7 +78,7 @@ def _node(dot: graphviz.Digraph, node_id: str, data: DiffNode) -> None:
     attrs = dict(color=colour, fillcolor=fill, fontcolor=colour if data.status != UNCHANGED
                  else "#212121", tooltip=_tooltip(data), penwidth="1" if data.status ==
                  UNCHANGED else "2")
-    dashed = ",dashed" if data.direction == "backward" else ""
+    dashed = ",dashed" if data.direction in ("backward", "recompute") else ""
     if data.type == FUNCTION:
         attrs.update(shape="box", style="rounded,filled",
                      label=_lines(data.name, data.file, *_figures(data)))
@@ -131,7 +131,7 @@ def to_dot(dg: DiffGraph, *, a_name: str, b_name: str) -> str:
         status = dg.node(y).status
         dot.edge(ids[x], ids[y], label=graphviz.nohtml(_pair(a.ops, b.ops, fmt_count)),
                  color=COLOURS[status][0],
-                 style="dashed" if dg.node(y).direction == "backward" else "solid",
+                 style="dashed" if dg.node(y).direction in ("backward", "recompute") else "solid",
                  tooltip=_lines(f"{dg.node(x).name} -> {dg.node(y).name}",
                                 f"ops A {fmt_count(a.ops)}, B {fmt_count(b.ops)}"))
     _legend(dot)

@@ -1,0 +1,142 @@
+"""Phases the hot path cannot read from one flag: recomputation, gradient synchronisation and
+setup (docs/phases.md).
+
+The hot path (session.py) decides most phases from what it already reads: the autograd node
+running (backward), an optimizer step (optimizer), the innermost annotation naming a phase, the
+module stack and grad mode (forward, else other). This module adds, without a cost per op:
+
+- ``recompute``: torch.utils.checkpoint's non-reentrant recomputation runs the checkpointed
+  function again inside the backward of the region, under its ``_recomputation_hook``; a
+  subclass of that hook counts the recomputations in progress (``Session._recompute``), and a
+  subclass of ``_CheckpointFrame`` remembers the module stack of the forward so the recomputed
+  ops carry the modules they had in the forward.
+- ``grad_sync`` for collectives (decided once per collective, not per op): one launched from a
+  hook of an ``AccumulateGrad`` node (DDP's Reducer, post-accumulate-grad hooks), or one outside
+  backward, modules and optimizer steps whose input shares storage with a parameter's ``.grad``
+  (or ``.main_grad``): all-reduces of gradients after ``loss.backward()``. FSDP2's reductions
+  come through its record_function labels (tracer.labels).
+- ``other`` for setup: the DistributedDataParallel constructor's parameter broadcast.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.utils.checkpoint as _checkpoint
+
+from .labels import (PHASE_BACKWARD, PHASE_FORWARD, PHASE_GRAD_SYNC, PHASE_OTHER)
+
+
+def _storage_ptr(tensor) -> int:
+    """Where a tensor's storage starts; 0 when it has none (freed, resized to 0, meta)."""
+    try:
+        return tensor.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):
+        return 0
+
+
+class PhaseRules:
+    """The phase rules of one session (see the module's doc)."""
+
+    def __init__(self, session, modules, annotations):
+        self._session = session
+        self._modules = modules
+        self._annotations = annotations
+
+    # ------------------------------------------------------------------ collectives
+    def collective(self, phase: int, node, module: int, args, comm) -> int:
+        """The phase of a collective the hot path gave ``phase`` (no annotation named one)."""
+        if node is not None:
+            if phase == PHASE_BACKWARD and "AccumulateGrad" in node.name():
+                return PHASE_GRAD_SYNC
+            return phase
+        if phase in (PHASE_FORWARD, PHASE_OTHER) and module < 0 and comm.input_arg is not None \
+                and comm.input_arg < len(args) and self._is_grad(args[comm.input_arg]):
+            return PHASE_GRAD_SYNC
+        return phase
+
+    def _is_grad(self, value) -> bool:
+        while isinstance(value, (list, tuple)) and value:
+            value = value[0]
+        ptr = _storage_ptr(value) if type(value) is torch.Tensor else 0
+        if ptr == 0:
+            return False
+        for root in list(self._modules.roots):
+            for param in root.parameters():
+                for grad in (param.grad, getattr(param, "main_grad", None)):
+                    if type(grad) is torch.Tensor and _storage_ptr(grad) == ptr:
+                        return True
+        return False
+
+    # ------------------------------------------------------------------ patches
+    def install(self, optimizer_post) -> list:
+        """Hook optimizer steps, patch checkpointing and DDP's constructor; returns the
+        functions that undo it."""
+        from torch.optim.optimizer import (register_optimizer_step_post_hook,
+                                           register_optimizer_step_pre_hook)
+        session = self._session
+
+        def optimizer_pre(optimizer, args, kwargs) -> None:
+            session._in_optimizer += 1    # the hot path's optimizer phase
+
+        undo = [register_optimizer_step_pre_hook(optimizer_pre).remove,
+                register_optimizer_step_post_hook(optimizer_post).remove,
+                self._patch_checkpoint()]
+        ddp = self._patch_ddp()
+        if ddp is not None:
+            undo.append(ddp)
+        return undo
+
+    def _patch_checkpoint(self):
+        session, modules = self._session, self._modules
+        frame_cls, hook_cls = _checkpoint._CheckpointFrame, _checkpoint._recomputation_hook
+
+        class Frame(frame_cls):
+            def __init__(self, *args, **kwargs):
+                super().__init__(*args, **kwargs)
+                self.paratrace_modules = modules.snapshot()     # the forward's module stack
+
+        class Recomputation(hook_cls):
+            def __init__(self, target_frame_ref, gid):
+                super().__init__(target_frame_ref, gid)
+                frame = target_frame_ref()
+                self._paratrace_stack = getattr(frame, "paratrace_modules", None)
+
+            def __enter__(self):
+                session._recompute += 1
+                self._paratrace_saved = modules.restore(self._paratrace_stack)
+                return super().__enter__()
+
+            def __exit__(self, *exc):
+                try:
+                    return super().__exit__(*exc)
+                finally:
+                    modules.restore(self._paratrace_saved)
+                    session._recompute -= 1
+
+        _checkpoint._CheckpointFrame, _checkpoint._recomputation_hook = Frame, Recomputation
+
+        def undo():
+            _checkpoint._CheckpointFrame, _checkpoint._recomputation_hook = frame_cls, hook_cls
+        return undo
+
+    def _patch_ddp(self):
+        try:
+            from torch.nn.parallel import DistributedDataParallel as DDP
+        except ImportError:   # pragma: no cover - torch without distributed
+            return None
+        original, annotations = DDP.__init__, self._annotations
+
+        @functools.wraps(original)
+        def init(ddp_self, *args, **kwargs):
+            entry = annotations.force(PHASE_OTHER)   # setup, not the forward pass
+            try:
+                original(ddp_self, *args, **kwargs)
+            finally:
+                annotations.pop(entry)
+
+        DDP.__init__ = init
+
+        def undo():
+            DDP.__init__ = original
+        return undo
