@@ -60,7 +60,7 @@ def executed_order(records) -> list[str]:
 
 RUNS = {
     "tp": (2, ["--tp", "2", "--no-sp", "--pp", "1", "--layers", "2", "--microbatches", "2"]),
-    "sp": (2, ["--tp", "2", "--sp", "--pp", "1", "--layers", "2", "--microbatches", "1"]),
+    "sp": (2, ["--tp", "2", "--sp", "--pp", "1", "--layers", "2", "--microbatches", "2"]),
     "1f1b": (4, ["--tp", "1", "--no-sp", "--pp", "4", "--microbatches", "8", "--layers", "4"]),
     "interleaved": (4, ["--tp", "1", "--no-sp", "--pp", "4", "--microbatches", "8",
                         "--layers", "8", "--schedule", "interleaved", "--virtual-stages", "2"]),
@@ -108,8 +108,13 @@ def test_tp_all_reduces_per_microbatch(tp_run):
         assert not comms(records, "all_gather") and not comms(records, "reduce_scatter")
 
 
+def phase_counts(records, group=(0, 1)) -> Counter:
+    """(phase, kind) -> collectives of ``group``."""
+    return Counter((r["phase"], r["kind"]) for r in records if r["kind"] and r["group"] == group)
+
+
 def test_sp_collectives_per_layer_and_microbatch(sp_run):
-    L = 2
+    L, m = 2, 2
     for records in sp_run:
         per_layer = Counter()
         for r in records:
@@ -117,19 +122,25 @@ def test_sp_collectives_per_layer_and_microbatch(sp_run):
             if match:
                 per_layer[(int(match.group(1)), r["phase"], r["kind"])] += 1
         for layer in range(L):
-            assert per_layer[(layer, "forward", "all_gather")] == 2
-            assert per_layer[(layer, "forward", "reduce_scatter")] == 2
-            assert per_layer[(layer, "backward", "reduce_scatter")] == 2
+            assert per_layer[(layer, "forward", "all_gather")] == 2 * m
+            assert per_layer[(layer, "forward", "reduce_scatter")] == 2 * m
+            assert per_layer[(layer, "backward", "reduce_scatter")] == 2 * m
             # 2 from the reduce-scatter's backward + 2 re-gathers for the weight gradients
-            assert per_layer[(layer, "backward", "all_gather")] == 4
+            assert per_layer[(layer, "backward", "all_gather")] == 4 * m
             assert per_layer[(layer, "forward", "all_reduce")] == 0
         # whole micro-batch: + LM head (all-gather; re-gather + reduce-scatter in backward),
         # embedding (all-reduce, split; all-gather in backward), 3 cross-entropy all-reduces
         count = lambda kind, label: len(comms(records, kind, label=label, group=(0, 1)))
         assert (count("all_gather", "F"), count("reduce_scatter", "F"), count("all_reduce", "F")) \
-            == (2 * L + 1, 2 * L, 4)
+            == ((2 * L + 1) * m, 2 * L * m, 4 * m)
         assert (count("all_gather", "B"), count("reduce_scatter", "B"), count("all_reduce", "B")) \
-            == (4 * L + 2, 2 * L + 1, 0)
+            == ((4 * L + 2) * m, (2 * L + 1) * m, 0)
+        # ORACLES.md by phase, over the whole iteration: the forward phase holds exactly the
+        # forward's collectives; the SP parameters' all-reduce is grad_sync, not forward
+        assert phase_counts(records) == {
+            ("forward", "all_gather"): (2 * L + 1) * m, ("forward", "reduce_scatter"): 2 * L * m,
+            ("forward", "all_reduce"): 4 * m, ("backward", "all_gather"): (4 * L + 2) * m,
+            ("backward", "reduce_scatter"): (2 * L + 1) * m, ("grad_sync", "all_reduce"): 1}
         full = S * B * H * FLOAT
         assert {r["bytes"] for r in comms(records, "all_gather", label="F")} == {full // 2}
         assert {r["bytes"] for r in comms(records, "reduce_scatter", label="F")} == {full}
@@ -174,7 +185,7 @@ def test_zb_h1_with_dp_buckets_and_tied_embedding(zb_dp_run):
         buckets = comms(records, "all_reduce", label="grad-sync", group=dp_group)
         # every parameter's gradient is all-reduced exactly once per iteration...
         assert sum(r["bytes"] for r in buckets) == _stage_numel(stage) * FLOAT
-        assert len(buckets) >= 2
+        assert len(buckets) >= 2 and {r["phase"] for r in buckets} == {"grad_sync"}
         # ...launched from hooks inside the last micro-batch's B or W passes (overlapped)
         outer = [r["annotation"][-2] for r in buckets if len(r["annotation"]) >= 2]
         assert outer and all(a["label"] in ("B", "W") and a["microbatch"] == m - 1
@@ -182,3 +193,10 @@ def test_zb_h1_with_dp_buckets_and_tied_embedding(zb_dp_run):
         # the tied word embedding: one all-reduce of V x h between first and last stage
         embedding = comms(records, "all_reduce", label="grad-sync", group=(rank % 2, rank % 2 + 2))
         assert [r["bytes"] for r in embedding] == [V * H * FLOAT]
+        assert [r["phase"] for r in embedding] == ["grad_sync"]
+        # no collective of a gradient is left in forward or backward, none in the optimizer
+        # (the one 8-byte all-reduce left is the reported loss, a float64 scalar)
+        grad_groups = (dp_group, (rank % 2, rank % 2 + 2))
+        assert not [r for r in records if r["kind"] in ("all_reduce", "reduce_scatter")
+                    and r["group"] in grad_groups and r["phase"] != "grad_sync"
+                    and r["bytes"] != 8]

@@ -134,7 +134,7 @@ def _check_same_traffic_as_dp(dp: list[dict], zero: list[dict], d: int, P: int) 
     # ...and an all-gather of its 1/d shard inside the optimizer step
     gathers = _param_gathers(zero, "optimizer")
     assert [r["bytes"] for r in gathers] == [b // d for b in buckets]
-    assert all(r["phase"] == "other" and r["step"] == 0 for r in gathers)
+    assert all(r["phase"] == "optimizer" and r["step"] == 0 for r in gathers)
     assert not _grad_sync(zero, "all_reduce")
     # the same traffic as plain DP: ring all-reduce 2(d-1)/d P = reduce-scatter (d-1)/d P
     # + all-gather of (d-1) shards of P/d

@@ -1,0 +1,88 @@
+"""Phases of real training APIs, recorded in one 2-rank gloo launch (tests/scripts/phases_apis.py):
+DDP with no_sync accumulation, FSDP2, non-reentrant activation checkpointing, gradients
+all-reduced by hand, an annotation overriding a phase; collective counts per phase against
+torch's CommDebugMode in the same run. docs/phases.md says what each phase means."""
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+
+import tracer
+from test_tracer_dist import torchrun
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("phases")
+    torchrun("phases_apis.py", out)
+    return {r: (tracer.load(out / f"rank-{r}.arrow").records(),
+                json.loads((out / f"comm-debug-{r}.json").read_text())) for r in range(2)}
+
+
+def section(records, label):
+    return [e for e in records if any(a["label"] == label for a in e["annotation"])]
+
+
+def comm_by_phase(records) -> Counter:
+    return Counter((e["phase"], e["kind"]) for e in records if e["kind"])
+
+
+def test_ddp_setup_is_other_and_only_the_synced_backward_is_grad_sync(run):
+    for records, debug in run.values():
+        setup = section(records, "ddp-setup")
+        assert comm_by_phase(setup) == {("other", "broadcast"): 2, ("other", "all_gather"): 1}
+        assert {e["phase"] for e in setup if e["op"] != "paratrace::annotation"} == {"other"}
+        # no_sync: the backward accumulates, nothing is communicated
+        assert comm_by_phase(section(records, "ddp-accumulate")) == {}
+        assert debug["ddp-accumulate"] == {}
+        # the last micro-batch: the Reducer's bucket all-reduce, launched from an
+        # AccumulateGrad hook inside backward, is grad_sync (one bucket: a tiny model)
+        assert comm_by_phase(section(records, "ddp-sync")) == {("grad_sync", "all_reduce"): 1}
+        assert debug["ddp-sync"] == {"allreduce_": 1}
+        ddp_forward = [e for e in section(records, "ddp-sync")
+                       if (e["module"] or "").startswith("DistributedDataParallel")
+                       and e["op"] == "aten.addmm.default"]
+        assert {e["phase"] for e in ddp_forward} == {"forward"} and len(ddp_forward) == 2
+        # the SGD step right after: the optimizer phase
+        sgd = [e for e in records if e["step"] == 1 and e["phase"] == "optimizer"
+               and e["op"] == "aten.add_.Tensor"]
+        assert len(sgd) == 4                        # 2 weights + 2 biases
+
+
+def test_fsdp2_gathers_by_pass_and_reduce_scatters_as_grad_sync(run):
+    for records, debug in run.values():
+        fsdp = section(records, "fsdp")
+        # two fully_shard layers, resharded after forward: gathered again for backward
+        assert comm_by_phase(fsdp) == {("forward", "all_gather"): 2,
+                                       ("backward", "all_gather"): 2,
+                                       ("grad_sync", "reduce_scatter"): 2}
+        assert debug["fsdp"] == {"_allgather_base_": 4, "_reduce_scatter_base_": 2}
+        assert not comm_by_phase(section(records, "fsdp-setup"))
+
+
+def test_checkpoint_recompute_carries_the_forward_modules(run):
+    for records, _ in run.values():
+        ops = [e for e in section(records, "checkpoint") if e["op"] != "paratrace::annotation"]
+        addmm = [(e["phase"], e["module"]) for e in ops if e["op"] == "aten.addmm.default"]
+        # forward a, b, head; the recomputation replays a (b's output is not saved: early stop)
+        assert addmm == [("forward", "Net.blk.a"), ("forward", "Net.blk.b"),
+                         ("forward", "Net.head"), ("recompute", "Net.blk.a")]
+        recompute = [e for e in ops if e["phase"] == "recompute"]
+        assert {e["module"] for e in recompute} == {"Net.blk.a", "Net.blk", "Net.blk.b"}
+        assert all(not e["fwd_stack"] for e in recompute)
+        assert any(f[2] == "forward" and f[0].endswith("phases_apis.py")
+                   for e in recompute for f in e["stack"])
+        # the backward still goes to the modules whose forward created its nodes
+        mms = Counter(e["module"] for e in ops if e["phase"] == "backward"
+                      and e["op"] == "aten.mm.default")
+        assert mms == {"Net.head": 2, "Net.blk.b": 2, "Net.blk.a": 1}
+
+
+def test_gradients_all_reduced_after_backward_are_grad_sync_unless_annotated(run):
+    for records, _ in run.values():
+        manual = section(records, "manual")
+        phases = [e["phase"] for e in manual if e["kind"] == "all_reduce"]
+        # weight and bias gradients; the loss (not a gradient); the annotated report
+        assert phases == ["grad_sync", "grad_sync", "forward", "other"]
