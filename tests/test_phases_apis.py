@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -86,3 +87,15 @@ def test_gradients_all_reduced_after_backward_are_grad_sync_unless_annotated(run
         phases = [e["phase"] for e in manual if e["kind"] == "all_reduce"]
         # weight and bias gradients; the loss (not a gradient); the annotated report
         assert phases == ["grad_sync", "grad_sync", "forward", "other"]
+
+
+def test_a_custom_functions_backward_belongs_to_the_line_that_applied_it(run):
+    script = str(Path(__file__).parent / "scripts" / "phases_apis.py")
+    lines = Path(script).read_text().splitlines()
+    apply_line = next(i + 1 for i, text in enumerate(lines) if "APPLY LINE" in text)
+    for records, _ in run.values():
+        (backward,) = [e for e in section(records, "function") if e["phase"] == "backward"
+                       and e["op"] == "aten.mul.Tensor"]
+        # not the helper inside Function.forward, whose op ran first after the node was made
+        assert (backward["fwd_stack"][0][0], backward["fwd_stack"][0][1]) == \
+            (script, apply_line)

@@ -35,6 +35,9 @@ def _storage_ptr(tensor) -> int:
         return 0
 
 
+_APPLY = torch.autograd.Function.apply.__func__.__code__
+
+
 class PhaseRules:
     """The phase rules of one session (see the module's doc)."""
 
@@ -67,6 +70,22 @@ class PhaseRules:
                     if type(grad) is torch.Tensor and _storage_ptr(grad) == ptr:
                         return True
         return False
+
+    # ------------------------------------------------------------------ custom Functions
+    def applied_at(self, frame, stack: int) -> int:
+        """The stack of the line that applied the custom autograd Function running ``frame``
+        (``stack`` when none does, or stacks are off). autograd makes a Function's node before
+        its forward runs (without grad), so the node's first op is inside the forward; its
+        backward belongs to the line that called ``apply``, as a built-in op's does."""
+        if stack < 0:
+            return stack
+        depth = 0
+        while frame is not None and depth < 16:
+            if frame.f_code is _APPLY:
+                caller = frame.f_back
+                return self._session._capture(caller) if caller is not None else stack
+            frame, depth = frame.f_back, depth + 1
+        return stack
 
     # ------------------------------------------------------------------ patches
     def install(self, optimizer_post) -> list:

@@ -256,9 +256,10 @@ class Session:
             fwd_stack = -1
             seq = _sequence_nr()
             if seq != self._last_seq:     # autograd nodes were created: remember their origin
-                # NOTE: nodes made since the last recorded op (a custom Function whose forward
-                # runs no aten op, like Megatron's identity f) go to this op, the next one
-                origin = (stack + 1) << 32 | (module + 1)
+                # NOTE: nodes made since the last recorded op go to this op (after a Function
+                # that runs no aten op: the next one); grad off: in a Function's forward (phases)
+                fwd = stack if _grad_enabled() else self._rules.applied_at(sys._getframe(2), stack)
+                origin = (fwd + 1) << 32 | (module + 1)
                 first = self._last_seq if 0 < seq - self._last_seq <= 8 else seq - 1
                 for created in range(first, seq):
                     self._fwd_of_node[created] = origin

@@ -37,6 +37,27 @@ class Net(nn.Module):
         return self.head(checkpoint(self.blk, x, use_reentrant=False))
 
 
+def _double(x):
+    return x * 2                                     # the first op inside the Function's forward
+
+
+class Double(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return _double(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * 2
+
+
+def function_case() -> None:
+    x = torch.randn(4, requires_grad=True)
+    with tracer.annotate("function"):
+        y = Double.apply(x)                          # APPLY LINE: its backward belongs here
+        y.sum().backward()
+
+
 def counts(mode: CommDebugMode) -> dict:
     return {str(op).split(".")[-1]: n for op, n in mode.get_comm_counts().items()}
 
@@ -104,6 +125,7 @@ with tracer.trace(out):
     fsdp_case(debug)
     tracer.step()
     checkpoint_case()
+    function_case()
     manual_sync_case()
     with open(f"{out}/comm-debug-{dist.get_rank()}.json", "w") as fh:
         json.dump(debug, fh)
