@@ -88,3 +88,22 @@ def test_format_1_traces_with_the_old_phases_still_read(tmp_path):
         (record,) = [e for e in tracer.load(f"{directory}/rank-0.arrow").records()
                      if e["op"] == "aten.mm.default"]
         assert record["phase"] == "backward"
+
+
+def test_recomputation_belongs_to_the_backward_pass_it_runs_in(tmp_path):
+    """Passes inferred from P2P order (no annotations): B0's ops replayed by checkpointing
+    (recompute) still make the B0 pass."""
+    from test_timeline import BASE, COLUMN_NAMES, U, analysed, gpipe_two_stages
+    ranks = gpipe_two_stages()
+    op, phase, t0 = (COLUMN_NAMES.index(c) for c in ("op", "phase", "t0"))
+    for r in ranks:
+        r.rows = [row for row in r.rows if r.dicts["op"][row[op]] != "paratrace::annotation"]
+    b0 = [i for i, row in enumerate(ranks[0].rows) if row[t0] == BASE + 50 * U]
+    assert len(b0) == 1
+    row = list(ranks[0].rows[b0[0]])
+    row[phase] = PHASES.index("recompute")
+    ranks[0].rows[b0[0]] = tuple(row)
+    tl = analysed(tmp_path, ranks).timeline
+    got = [(p.kind, p.microbatch, (p.start - BASE) // U, (p.end - BASE) // U)
+           for p in tl.ranks[0].passes if p.step == 1]
+    assert got == [("F", 0, 0, 10), ("F", 1, 10, 20), ("B", 0, 50, 70), ("B", 1, 70, 90)]

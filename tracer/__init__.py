@@ -63,8 +63,9 @@ def trace(out_dir: str, *, steps=None, stack_depth: int = 32, library_frames: bo
 def annotate(label: str, **attrs):
     """A user range (context manager): every op inside carries it; the range is recorded too.
 
-    Labels ``F``, ``B``, ``W`` (and ``forward``, ``backward``, ``optimizer``) set the phase of the
-    ops inside; ``phase="forward"|"backward"|"other"`` does so for any label. Attributes must be
+    Labels ``F``, ``B``, ``W`` (and ``forward``, ``backward``, ``recompute``, ``grad_sync`` or
+    ``grad-sync``, ``optimizer``, ``other``) set the phase of the ops inside; ``phase=`` one of
+    tracer.labels.PHASES does so for any label (docs/phases.md). Attributes must be
     JSON-serialisable (others are stored as their str()). torch.profiler.record_function ranges
     are recorded the same way.
     """

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tracer.labels import PHASE_BACKWARD, PHASE_FORWARD, pass_of
+from tracer.labels import PHASE_BACKWARD, PHASE_FORWARD, PHASE_RECOMPUTE, pass_of
 
 from .lanes import Pass
 
@@ -50,8 +50,10 @@ def infer_passes(rows, comm: list) -> list:
     order = order[np.lexsort((ends[order], rows.t0[order]))]
     phase = rows.trace.col("phase")[order]
     # pass kind per event: 0 none (a P2P op or another phase: closes the pass), 1 F, 2 B
+    # (checkpointing's recomputation runs inside the backward pass: part of it)
+    backward = (phase == PHASE_BACKWARD) | (phase == PHASE_RECOMPUTE)
     kind = np.where(rows.is_comm[order], 0, np.where(phase == PHASE_FORWARD, 1,
-                                                     np.where(phase == PHASE_BACKWARD, 2, 0)))
+                                                     np.where(backward, 2, 0)))
     step = rows.step[order]
     change = np.ones(len(order), bool)
     change[1:] = (kind[1:] != kind[:-1]) | (step[1:] != step[:-1]) | (kind[1:] == 0)
