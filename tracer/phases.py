@@ -36,6 +36,7 @@ def _storage_ptr(tensor) -> int:
 
 
 _APPLY = torch.autograd.Function.apply.__func__.__code__
+_REDUCTIONS = frozenset(("all_reduce", "reduce_scatter", "reduce"))
 
 
 class PhaseRules:
@@ -53,8 +54,10 @@ class PhaseRules:
             if phase == PHASE_BACKWARD and "AccumulateGrad" in node.name():
                 return PHASE_GRAD_SYNC
             return phase
-        if phase in (PHASE_FORWARD, PHASE_OTHER) and module < 0 and comm.input_arg is not None \
-                and comm.input_arg < len(args) and self._is_grad(args[comm.input_arg]):
+        # NOTE: the storage test walks every parameter: reductions only (not P2P, gathers)
+        if phase in (PHASE_FORWARD, PHASE_OTHER) and module < 0 and comm.kind in _REDUCTIONS \
+                and comm.input_arg is not None and comm.input_arg < len(args) \
+                and self._is_grad(args[comm.input_arg]):
             return PHASE_GRAD_SYNC
         return phase
 
