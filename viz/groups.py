@@ -76,7 +76,7 @@ class OpGroup:
     boundary: Optional[Frame]  # the library function the innermost user frame called
     via: Optional[tuple]      # backward ops: innermost user frames of the code that ran them
     op: str
-    phase: str                # forward | backward | other
+    phase: str                # a name of tracer.labels.PHASES
     kind: Optional[str]       # communication kind, None for compute ops
     shapes: Optional[str]
     module: Optional[str]
