@@ -48,13 +48,49 @@ def launch(nproc: int, args: list[str], *, script: Optional[str] = None,
                           timeout=timeout)
 
 
-def train_and_dump(nproc: int, args: list[str], tmp_path: Path, name: str) -> dict:
-    """Train with --dump --dump-grads; returns {"losses": [...], "grads": {name: array}}."""
-    dump = tmp_path / f"{name}.json"
-    proc = launch(nproc, [*TINY, *args, "--dump", str(dump), "--dump-grads"])
-    assert proc.returncode == 0, f"{name} failed:\n{proc.stdout}\n{proc.stderr[-4000:]}"
-    out = read_dump(dump)
-    out["stdout"] = proc.stdout
+class _Picked:
+    """One layout's result out of a launch that trained several (a future's interface)."""
+
+    def __init__(self, launch, name: str):
+        self._launch, self._name = launch, name
+
+    def result(self) -> dict:
+        return self._launch.result()[self._name]
+
+
+def train_many(pool, runs: list, tmp_path: Path) -> dict:
+    """Train each ``(name, ranks, flags)`` of ``runs`` (after the tiny sizes of TINY) with
+    --dump and --dump-grads, one launch per world size (tests/scripts/train_layouts.py trains
+    the layouts one after another in the same processes), submitted to ``pool``. Returns name
+    -> an object whose ``result()`` is that layout's dump: {"losses", "grads": {name: array},
+    "stdout"}."""
+    by_world: dict = {}
+    for name, ranks, flags in runs:
+        by_world.setdefault(ranks, []).append((name, flags))
+    out = {}
+    for ranks, layouts in by_world.items():
+        launch = pool.submit(_train_layouts, ranks, layouts, tmp_path)
+        out.update({name: _Picked(launch, name) for name, _ in layouts})
+    return out
+
+
+def _train_layouts(nproc: int, layouts: list, tmp_path: Path) -> dict:
+    spec = [(name, [*TINY, *flags, "--dump", str(tmp_path / f"{name}.json"), "--dump-grads"])
+            for name, flags in layouts]
+    spec_file = tmp_path / f"layouts-{nproc}-{layouts[0][0]}.json"
+    spec_file.write_text(json.dumps(spec))
+    if nproc == 1:
+        proc = subprocess.run([sys.executable, "tests/scripts/train_layouts.py", str(spec_file)],
+                              cwd=REPO, env=env(), capture_output=True, text=True, timeout=240)
+    else:
+        proc = launch(nproc, [str(spec_file)], script="tests/scripts/train_layouts.py")
+    names = ", ".join(name for name, _ in layouts)
+    assert proc.returncode == 0, f"{names} failed:\n{proc.stdout}\n{proc.stderr[-4000:]}"
+    out = {}
+    for name, _ in layouts:
+        out[name] = read_dump(tmp_path / f"{name}.json")
+        printed = tmp_path / f"{name}.stdout"
+        out[name]["stdout"] = printed.read_text() if printed.exists() else ""
     return out
 
 
