@@ -58,25 +58,31 @@ class _Picked:
         return self._launch.result()[self._name]
 
 
-def train_many(pool, runs: list, tmp_path: Path) -> dict:
+def train_many(pool, runs: list, tmp_path: Path, traced: Optional[dict] = None) -> dict:
     """Train each ``(name, ranks, flags)`` of ``runs`` (after the tiny sizes of TINY) with
     --dump and --dump-grads, one launch per world size (tests/scripts/train_layouts.py trains
     the layouts one after another in the same processes), submitted to ``pool``. Returns name
     -> an object whose ``result()`` is that layout's dump: {"losses", "grads": {name: array},
-    "stdout"}."""
+    "stdout"}. ``traced``: name -> (ranks, flags) of runs to train one step under the tracer
+    instead, in the same launches; their results are {"records": each rank's records, "dump",
+    "config": the configuration rank 0 recorded}."""
     by_world: dict = {}
     for name, ranks, flags in runs:
-        by_world.setdefault(ranks, []).append((name, flags))
+        by_world.setdefault(ranks, []).append((name, flags, False))
+    for name, (ranks, flags) in (traced or {}).items():
+        by_world.setdefault(ranks, []).append((name, [*flags, "--steps", "1"], True))
     out = {}
     for ranks, layouts in by_world.items():
         launch = pool.submit(_train_layouts, ranks, layouts, tmp_path)
-        out.update({name: _Picked(launch, name) for name, _ in layouts})
+        out.update({name: _Picked(launch, name) for name, _, _ in layouts})
     return out
 
 
 def _train_layouts(nproc: int, layouts: list, tmp_path: Path) -> dict:
-    spec = [(name, [*TINY, *flags, "--dump", str(tmp_path / f"{name}.json"), "--dump-grads"])
-            for name, flags in layouts]
+    import tracer
+    spec = [(name, [*TINY, *flags, "--dump", str(tmp_path / f"{name}.json"), "--dump-grads"],
+             str(tmp_path / name) if traced else None)
+            for name, flags, traced in layouts]
     spec_file = tmp_path / f"layouts-{nproc}-{layouts[0][0]}.json"
     spec_file.write_text(json.dumps(spec))
     if nproc == 1:
@@ -84,13 +90,19 @@ def _train_layouts(nproc: int, layouts: list, tmp_path: Path) -> dict:
                               cwd=REPO, env=env(), capture_output=True, text=True, timeout=240)
     else:
         proc = launch(nproc, [str(spec_file)], script="tests/scripts/train_layouts.py")
-    names = ", ".join(name for name, _ in layouts)
+    names = ", ".join(name for name, _, _ in layouts)
     assert proc.returncode == 0, f"{names} failed:\n{proc.stdout}\n{proc.stderr[-4000:]}"
     out = {}
-    for name, _ in layouts:
-        out[name] = read_dump(tmp_path / f"{name}.json")
+    for name, _, traced in layouts:
+        dump = read_dump(tmp_path / f"{name}.json")
         printed = tmp_path / f"{name}.stdout"
-        out[name]["stdout"] = printed.read_text() if printed.exists() else ""
+        dump["stdout"] = printed.read_text() if printed.exists() else ""
+        out[name] = dump
+        if traced:
+            traces = [tracer.load(str(tmp_path / name / f"rank-{r}.arrow"))
+                      for r in range(nproc)]
+            out[name] = {"records": [t.records() for t in traces], "dump": dump,
+                         "config": traces[0].config}
     return out
 
 
@@ -101,21 +113,6 @@ def read_dump(path: Path) -> dict:
         with np.load(out["grads"]) as grads:
             out["grads"] = {key: grads[key] for key in grads.files}
     return out
-
-
-def traced_run(out: Path, nproc: int, flags: list[str]) -> dict:
-    """Train one step under the tracer into ``out`` (``flags`` after the tiny sizes of TINY),
-    dumping losses and step-1 gradients; returns {"records": each rank's records, "dump",
-    "config": the configuration rank 0 recorded}."""
-    import tracer
-
-    dump = out / "dump.json"
-    argv = [str(out), *TINY, "--steps", "1", *flags, "--dump", str(dump), "--dump-grads"]
-    proc = launch(nproc, argv, script="tests/gpt_helpers.py")
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    traces = [tracer.load(str(out / f"rank-{r}.arrow")) for r in range(nproc)]
-    return {"records": [t.records() for t in traces], "dump": read_dump(dump),
-            "config": traces[0].config}
 
 
 def labels(record: dict) -> list[str]:

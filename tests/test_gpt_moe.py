@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from gpt_helpers import labels, traced_run, train_many
+from gpt_helpers import labels, train_many
 from sample_runs.model import GPTChunk, GPTConfig, moe_mlp
 from sample_runs.parallel.expert_parallel import ExpertParallel, expert_capacity, route
 from sample_runs.parallel.process_groups import single_process_groups
@@ -47,9 +47,9 @@ def runs(tmp_path_factory):
     pool = ThreadPoolExecutor(max_workers=2)
     # in the order the tests below use them
     out = train_many(pool, [(name, ranks, [*flags, *MOE])
-                            for name, ranks, flags in [REFERENCE, *LAYOUTS]], tmp)
-    out.update({name: pool.submit(traced_run, tmp / name, nproc, [*flags, *MOE])
-                for name, (nproc, flags) in TRACED.items()})
+                            for name, ranks, flags in [REFERENCE, *LAYOUTS]], tmp,
+                     traced={name: (nproc, [*flags, *MOE])
+                             for name, (nproc, flags) in TRACED.items()})
     yield out
     pool.shutdown(wait=True)
 
