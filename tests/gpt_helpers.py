@@ -48,13 +48,61 @@ def launch(nproc: int, args: list[str], *, script: Optional[str] = None,
                           timeout=timeout)
 
 
-def train_and_dump(nproc: int, args: list[str], tmp_path: Path, name: str) -> dict:
-    """Train with --dump --dump-grads; returns {"losses": [...], "grads": {name: array}}."""
-    dump = tmp_path / f"{name}.json"
-    proc = launch(nproc, [*TINY, *args, "--dump", str(dump), "--dump-grads"])
-    assert proc.returncode == 0, f"{name} failed:\n{proc.stdout}\n{proc.stderr[-4000:]}"
-    out = read_dump(dump)
-    out["stdout"] = proc.stdout
+class _Picked:
+    """One layout's result out of a launch that trained several (a future's interface)."""
+
+    def __init__(self, launch, name: str):
+        self._launch, self._name = launch, name
+
+    def result(self) -> dict:
+        return self._launch.result()[self._name]
+
+
+def train_many(pool, runs: list, tmp_path: Path, traced: Optional[dict] = None) -> dict:
+    """Train each ``(name, ranks, flags)`` of ``runs`` (after the tiny sizes of TINY) with
+    --dump and --dump-grads, one launch per world size (tests/scripts/train_layouts.py trains
+    the layouts one after another in the same processes), submitted to ``pool``. Returns name
+    -> an object whose ``result()`` is that layout's dump: {"losses", "grads": {name: array},
+    "stdout"}. ``traced``: name -> (ranks, flags) of runs to train one step under the tracer
+    instead, in the same launches; their results are {"records": each rank's records, "dump",
+    "config": the configuration rank 0 recorded}."""
+    by_world: dict = {}
+    for name, ranks, flags in runs:
+        by_world.setdefault(ranks, []).append((name, flags, False))
+    for name, (ranks, flags) in (traced or {}).items():
+        by_world.setdefault(ranks, []).append((name, [*flags, "--steps", "1"], True))
+    out = {}
+    for ranks, layouts in by_world.items():
+        launch = pool.submit(_train_layouts, ranks, layouts, tmp_path)
+        out.update({name: _Picked(launch, name) for name, _, _ in layouts})
+    return out
+
+
+def _train_layouts(nproc: int, layouts: list, tmp_path: Path) -> dict:
+    import tracer
+    spec = [(name, [*TINY, *flags, "--dump", str(tmp_path / f"{name}.json"), "--dump-grads"],
+             str(tmp_path / name) if traced else None)
+            for name, flags, traced in layouts]
+    spec_file = tmp_path / f"layouts-{nproc}-{layouts[0][0]}.json"
+    spec_file.write_text(json.dumps(spec))
+    if nproc == 1:
+        proc = subprocess.run([sys.executable, "tests/scripts/train_layouts.py", str(spec_file)],
+                              cwd=REPO, env=env(), capture_output=True, text=True, timeout=240)
+    else:
+        proc = launch(nproc, [str(spec_file)], script="tests/scripts/train_layouts.py")
+    names = ", ".join(name for name, _, _ in layouts)
+    assert proc.returncode == 0, f"{names} failed:\n{proc.stdout}\n{proc.stderr[-4000:]}"
+    out = {}
+    for name, _, traced in layouts:
+        dump = read_dump(tmp_path / f"{name}.json")
+        printed = tmp_path / f"{name}.stdout"
+        dump["stdout"] = printed.read_text() if printed.exists() else ""
+        out[name] = dump
+        if traced:
+            traces = [tracer.load(str(tmp_path / name / f"rank-{r}.arrow"))
+                      for r in range(nproc)]
+            out[name] = {"records": [t.records() for t in traces], "dump": dump,
+                         "config": traces[0].config}
     return out
 
 
@@ -65,21 +113,6 @@ def read_dump(path: Path) -> dict:
         with np.load(out["grads"]) as grads:
             out["grads"] = {key: grads[key] for key in grads.files}
     return out
-
-
-def traced_run(out: Path, nproc: int, flags: list[str]) -> dict:
-    """Train one step under the tracer into ``out`` (``flags`` after the tiny sizes of TINY),
-    dumping losses and step-1 gradients; returns {"records": each rank's records, "dump",
-    "config": the configuration rank 0 recorded}."""
-    import tracer
-
-    dump = out / "dump.json"
-    argv = [str(out), *TINY, "--steps", "1", *flags, "--dump", str(dump), "--dump-grads"]
-    proc = launch(nproc, argv, script="tests/gpt_helpers.py")
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    traces = [tracer.load(str(out / f"rank-{r}.arrow")) for r in range(nproc)]
-    return {"records": [t.records() for t in traces], "dump": read_dump(dump),
-            "config": traces[0].config}
 
 
 def labels(record: dict) -> list[str]:

@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gpt_helpers import labels, traced_run, train_and_dump
+from gpt_helpers import labels, train_many
 from sample_runs.model import GPTChunk, GPTConfig
 from sample_runs.parallel.context_parallel import (
     attention_block, attention_block_backward, load_balanced_positions, merge_blocks)
@@ -47,10 +47,10 @@ def runs(tmp_path_factory):
     # setup) carries the whole file's launches against a per-test timeout
     pool = ThreadPoolExecutor(max_workers=2)
     # in the order the tests below use them
-    out = {name: pool.submit(train_and_dump, ranks, [*flags, "--layers", str(L)], tmp, name)
-           for name, ranks, flags in [REFERENCE, *LAYOUTS]}
-    out.update({name: pool.submit(traced_run, tmp / name, nproc, [*flags, "--layers", str(L)])
-                for name, (nproc, flags) in TRACED.items()})
+    out = train_many(pool, [(name, ranks, [*flags, "--layers", str(L)])
+                            for name, ranks, flags in [REFERENCE, *LAYOUTS]], tmp,
+                     traced={name: (nproc, [*flags, "--layers", str(L)])
+                             for name, (nproc, flags) in TRACED.items()})
     yield out
     pool.shutdown(wait=True)
 

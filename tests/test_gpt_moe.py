@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from gpt_helpers import labels, traced_run, train_and_dump
+from gpt_helpers import labels, train_many
 from sample_runs.model import GPTChunk, GPTConfig, moe_mlp
 from sample_runs.parallel.expert_parallel import ExpertParallel, expert_capacity, route
 from sample_runs.parallel.process_groups import single_process_groups
@@ -46,10 +46,10 @@ def runs(tmp_path_factory):
     # setup) carries the whole file's launches against a per-test timeout
     pool = ThreadPoolExecutor(max_workers=2)
     # in the order the tests below use them
-    out = {name: pool.submit(train_and_dump, ranks, [*flags, *MOE], tmp, name)
-           for name, ranks, flags in [REFERENCE, *LAYOUTS]}
-    out.update({name: pool.submit(traced_run, tmp / name, nproc, [*flags, *MOE])
-                for name, (nproc, flags) in TRACED.items()})
+    out = train_many(pool, [(name, ranks, [*flags, *MOE])
+                            for name, ranks, flags in [REFERENCE, *LAYOUTS]], tmp,
+                     traced={name: (nproc, [*flags, *MOE])
+                             for name, (nproc, flags) in TRACED.items()})
     yield out
     pool.shutdown(wait=True)
 

@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from gpt_helpers import train_and_dump
+from gpt_helpers import train_many
 
 # (name, ranks, flags); DP layouts halve the micro-batches per rank so that the global batch
 # (d * m * b windows) equals the reference's m = 4.
@@ -35,11 +35,12 @@ REFERENCE = ("single", 1, ["--tp", "1", "--pp", "1", "--microbatches", "4"])
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """All runs, two launches at a time (most of a launch is process start-up)."""
+    """All runs: one launch per world size (most of a launch is process start-up), two
+    launches at a time; each test waits for its own."""
     tmp = tmp_path_factory.mktemp("layouts")
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        return {name: pool.submit(train_and_dump, ranks, flags, tmp, name)
-                for name, ranks, flags in [REFERENCE, *LAYOUTS]}
+    pool = ThreadPoolExecutor(max_workers=2)
+    yield train_many(pool, [REFERENCE, *LAYOUTS], tmp)
+    pool.shutdown(wait=True)
 
 
 @pytest.fixture(scope="module")

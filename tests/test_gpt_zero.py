@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from gpt_helpers import labels, traced_run, train_and_dump
+from gpt_helpers import labels, train_many
 from sample_runs.model import GPTChunk, GPTConfig
 from sample_runs.parallel.data_parallel import partition_buckets
 from sample_runs.parallel.process_groups import Group, single_process_groups
@@ -52,10 +52,9 @@ def runs(tmp_path_factory):
     # setup) carries the whole file's launches against a per-test timeout
     pool = ThreadPoolExecutor(max_workers=2)
     # in the order the tests below use them
-    out = {name: pool.submit(train_and_dump, ranks, [*flags, "--layers", str(LAYERS)], tmp, name)
-           for name, ranks, flags in [REFERENCES[0], *LAYOUTS, REFERENCES[1]]}
-    out.update({name: pool.submit(traced_run, tmp / name, 2, flags)
-                for name, flags in TRACED.items()})
+    out = train_many(pool, [(name, ranks, [*flags, "--layers", str(LAYERS)])
+                            for name, ranks, flags in [*REFERENCES, *LAYOUTS]], tmp,
+                     traced={name: (2, flags) for name, flags in TRACED.items()})
     yield out
     pool.shutdown(wait=True)
 

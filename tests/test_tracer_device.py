@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import glob
 import os
+import subprocess
+import sys
 import threading
 
 import torch
 import torch.distributed as dist
 
 import tracer
-from gpt_helpers import free_port
+from conftest import CPU_ONLY
+from gpt_helpers import REPO, free_port
 from instrument.cli import Target, build_parser, worker_args
 from tracer import device as device_module
 from tracer import ops, rundir
@@ -119,3 +122,35 @@ def test_trace_run_passes_no_device_time_to_its_workers():
     assert "--no-device-time" in worker_args(args, "/tmp/out", target)
     args = build_parser().parse_args(["train.py"])
     assert "--no-device-time" not in worker_args(args, "/tmp/out", target)
+
+
+WINDOWS_UNDER_GC = """
+import gc, sys, tempfile, torch
+import tracer
+from tracer import device as device_module, session as session_module
+from tracer.device import DeviceRecorder
+session_module.cuda_in_use = lambda: True
+DeviceRecorder.activity = "CPU"
+device_module.WINDOW_S = 0.0
+model = torch.nn.Linear(8, 8)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(8):
+    with tempfile.TemporaryDirectory() as out:
+        with tracer.trace(out):
+            for i in range(20):
+                model(torch.randn(4, 8)).sum().backward()
+                opt.step()                    # a window edge inside the step's profiler range
+                opt.zero_grad()
+                if i % 3 == 0:
+                    gc.collect()
+print("ok")
+"""
+
+
+def test_windows_never_start_inside_a_record_function_range():
+    # torch 2.13 crashes (SIGSEGV while collecting garbage) when a profiler started inside a
+    # record_function range outlives the range; optimizer steps run their hooks inside one.
+    # Before the fix this script crashed on every run.
+    proc = subprocess.run([sys.executable, "-c", WINDOWS_UNDER_GC], capture_output=True,
+                          text=True, timeout=300, cwd=REPO, env={**os.environ, **CPU_ONLY})
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]

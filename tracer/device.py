@@ -43,11 +43,12 @@ class DeviceRecorder:
 
     activity = "CUDA"      # the ProfilerActivity recorded (tests without a GPU use CPU)
 
-    def __init__(self, traces_dir: str, rank: int, window_s: Optional[float] = None):
+    def __init__(self, traces_dir: str, rank: int, pairs: list,
+                 window_s: Optional[float] = None):
         self.traces_dir = traces_dir
         self.rank = rank
         self.window_s = WINDOW_S if window_s is None else window_s
-        self.pairs: list = []           # clock pairs (perf_ns, unix_ns), one per window edge
+        self.pairs = pairs              # the session's clock pairs: each window edge adds one
         self.error: Optional[str] = None
         self._profiler = None
         self._started = 0.0
@@ -76,29 +77,31 @@ class DeviceRecorder:
     def due(self) -> bool:
         return self._profiler is not None and time.monotonic() - self._started >= self.window_s
 
-    def step(self, recording: bool) -> bool:
-        """A step boundary: end the window when recording stops, start one when it starts,
-        cut it when it is ``window_s`` old. True when a window edge was taken (new clock
-        pairs)."""
-        if not recording:
-            if self._profiler is None:
-                return False
+    def boundary(self, recording: bool) -> bool:
+        """A step boundary: end the window under way when recording stops or when it is
+        ``window_s`` old. Returns whether a window should start: the caller starts it
+        (:meth:`start`) where no record_function range is open.
+
+        NOTE: a profiler started inside a record_function range that ends while it runs
+        crashes the process when the range's objects are collected (torch 2.13, CPU activity;
+        reproduced without paratrace). Optimizer steps run their step hooks inside such a
+        range, so a window never starts at the boundary itself; stopping one there is safe."""
+        if self._profiler is not None and (not recording or self.due()):
             self.cut(restart=False)
-        elif self._profiler is None:
-            return self.start()
-        elif self.due():
-            self.cut()
-        else:
-            return False
-        return True
+        return recording and self._profiler is None and self.error is None
+
+    @property
+    def windows(self) -> int:
+        """Windows ended so far."""
+        return self._windows
 
     def meta(self) -> dict:
         """The trace metadata's ``device_time`` object."""
         return {"source": "cupti", "windows": self._windows, "error": self.error}
 
     def cut(self, restart: bool = True) -> None:
-        """End the window under way (it syncs the GPU), save its export for the flusher, and
-        start the next one unless ``restart`` is False."""
+        """End the window under way (it syncs the GPU) and save its export for the flusher;
+        start the next one if ``restart`` (only where no record_function range is open)."""
         if self._profiler is None:
             return
         profiler, self._profiler = self._profiler, None
@@ -144,6 +147,17 @@ class DeviceRecorder:
 
     def _pair(self) -> None:
         self.pairs.append(clock_pair())
+
+
+MAX_PAIRS = 64
+
+
+def pairs_meta(pairs: list) -> dict:
+    """The trace metadata's ``clock_pairs``: the first pair and the latest ones (at most
+    MAX_PAIRS, so a long run's metadata stays small; viz.device.to_local interpolates
+    between the first and the last)."""
+    kept = pairs if len(pairs) <= MAX_PAIRS else pairs[:1] + pairs[-(MAX_PAIRS - 1):]
+    return {"clock_pairs": list(kept)}
 
 
 def clock_pair() -> dict:

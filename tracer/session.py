@@ -24,7 +24,7 @@ from ._mode import RecordingMode
 from .annotations import AnnotationStack, Range
 from .clock import ClockAlignment
 from .comm import CommTracker
-from .device import DeviceRecorder, clock_pair, cuda_in_use
+from .device import DeviceRecorder, clock_pair, cuda_in_use, pairs_meta
 from .dictionaries import Dictionaries
 from .flusher import Flusher
 from .labels import (PHASE_BACKWARD, PHASE_FORWARD, PHASE_OPTIMIZER, PHASE_OTHER,
@@ -97,7 +97,8 @@ class Session:
         self._pg_seen = False
         self._mode: Optional[RecordingMode] = None
         self._device: Optional[DeviceRecorder] = None     # GPU activity (CUDA only)
-        self._pairs = [clock_pair()]       # clock pairs of the session; the device adds its own
+        self._device_wanted, self._open_ranges = False, 0  # a window waits for no open range
+        self._pairs = [clock_pair()]       # clock pairs; the device adds its window edges
         self._undo: list = []              # functions that remove hooks and patches
         self._open = False
         self._last_event_ns, self.status, self.error = 0, "running", None
@@ -133,7 +134,7 @@ class Session:
         if not self._recording:
             self._leave_window()
         if self.options.device_time and cuda_in_use():
-            self._device = DeviceRecorder(self.out_dir, self.rank)
+            self._device = DeviceRecorder(self.out_dir, self.rank, self._pairs)
             self._device_step()
         if dist.is_available() and dist.is_initialized():
             self._on_pg_init()
@@ -147,7 +148,7 @@ class Session:
         if exc_type is None or (exc_type is SystemExit and exc.code in (0, None)):
             self.status = "ok"
             if dist.is_available() and dist.is_initialized():
-                self._add_meta(self._clock.at_end(self._paused_call))
+                self._flusher.add_meta(self._clock.at_end(self._paused_call))
         elif issubclass(exc_type, KeyboardInterrupt):
             self.status, self.error = "interrupted", "KeyboardInterrupt"
         else:
@@ -167,11 +168,11 @@ class Session:
         for undo in reversed(self._undo):
             undo()
         self._undo.clear()
-        self._add_meta({
+        self._flusher.add_meta({
             "status": self.status, "error": self.error, "end_ns": _now(),
             "end_unix": time.time(), "last_step": self.step_index,
             "last_collective": self._comm.last, "inflight": self._comm.inflight(),
-            "failed_collectives": self._comm.failed, "clock_pairs": self._all_pairs(),
+            "failed_collectives": self._comm.failed, **pairs_meta(self._pairs),
             "device_time": self._device.meta() if self._device is not None else None,
         })
         self._flusher.flush()
@@ -200,9 +201,10 @@ class Session:
                 if os.path.exists(old_status):
                     os.remove(old_status)
             self.rank, self.world_size = rank, world
-        self._add_meta({"rank": rank, "world_size": world, "backend": str(dist.get_backend())})
-        self._add_meta(self._clock.at_start(self._paused_call))
-        if self._device is not None and self._device.pairs == []:
+        self._flusher.add_meta({"rank": rank, "world_size": world,
+                                "backend": str(dist.get_backend())})
+        self._flusher.add_meta(self._clock.at_start(self._paused_call))
+        if self._device is not None and not self._device.windows:
             self._device.rank = rank
         if t0 is not None and self._recording:   # the setup's GPU work (NCCL) lands on it
             self._push(rows.record(t0=t0, t1=_now(), op=self._op_ids(ops.OP_PG_INIT),
@@ -210,10 +212,7 @@ class Session:
 
     def _on_pg_destroy(self) -> None:
         if self._open and dist.is_initialized():
-            self._add_meta(self._clock.at_end(self._paused_call))
-
-    def _add_meta(self, values: dict) -> None:
-        self._flusher.add_meta(values)
+            self._flusher.add_meta(self._clock.at_end(self._paused_call))
 
     def _paused_call(self, fn, *args):
         self._paused += 1
@@ -238,6 +237,8 @@ class Session:
         if self._passthrough:
             return entry[3](*args, **kwargs)
         op_id, comm, special, call, _ = entry
+        if self._device_wanted and not self._open_ranges:
+            self._start_device()
         if special is not None:
             return self._special_op(special, func, args, kwargs, op_id)
         if comm is not None and not self._pg_seen:
@@ -340,10 +341,12 @@ class Session:
             return out
         out = func(*args, **kwargs)
         if special == ops.RF_ENTER:
+            self._open_ranges += 1
             name = args[0] if args else kwargs.get("name", "?")
             entry = self._annotations.push(str(name), {"source": "record_function"})
             self._annotations.open_record_function(entry, _now())
         elif special == ops.RF_EXIT:
+            self._open_ranges = max(0, self._open_ranges - 1)
             opened = self._annotations.close_record_function()
             if opened is not None:
                 self.close_range(*opened)
@@ -391,12 +394,13 @@ class Session:
         self._flusher.wake()     # the finished step goes to disk now, not at the next interval
 
     def _device_step(self) -> None:
-        if self._device.step(self._recording):
-            self._add_meta({"clock_pairs": self._all_pairs()})
+        self._device_wanted = self._device.boundary(self._recording)
+        self._flusher.add_meta(pairs_meta(self._pairs))
 
-    def _all_pairs(self) -> list:
-        return sorted(self._pairs + (self._device.pairs if self._device else []),
-                      key=lambda pair: pair["perf_ns"])
+    def _start_device(self) -> None:
+        self._device_wanted = False
+        if self._device.start():
+            self._flusher.add_meta(pairs_meta(self._pairs))
 
     def _window(self, step: int) -> bool:
         return self._in_window is None or self._in_window(step)
