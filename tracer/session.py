@@ -82,25 +82,21 @@ class Session:
         self._threads: dict = {}           # thread ident -> small thread number
         # forward autograd node sequence number -> its origin, (stack + 1) << 32 | (module + 1)
         # (an int: ints are not objects the garbage collector tracks), this step and the last
-        self._fwd_of_node: dict = {}
-        self._fwd_prev: dict = {}
+        self._fwd_of_node, self._fwd_prev = {}, {}
         self._last_seq, self.step_index, self._explicit_steps, self._in_optimizer = -1, 0, False, 0
         self._recompute = 0                # checkpointing recomputations running (phases.py)
         self._rules = PhaseRules(self, self._modules, self._annotations)
-        self._recording = self._window(0)
-        self._paused = 0
+        self._recording, self._paused = self._window(0), 0
         self._passthrough = not self._recording   # the hot path records nothing
         self._owner = threading.get_ident()       # the thread whose dispatch stack holds the mode
         self.config: dict = {}             # everything record_config set
-        # process and files
-        self.rank, self.world_size = rank_and_world()
-        self._pg_seen = False
+        self.rank, self.world_size = rank_and_world()      # until a process group says
+        self._pg_seen, self._open = False, False
         self._mode: Optional[RecordingMode] = None
         self._device: Optional[DeviceRecorder] = None     # GPU activity (CUDA only)
         self._device_wanted, self._open_ranges = False, 0  # a window waits for no open range
         self._pairs = [clock_pair()]       # clock pairs; the device adds its window edges
         self._undo: list = []              # functions that remove hooks and patches
-        self._open = False
         self._last_event_ns, self.status, self.error = 0, "running", None
 
     # ------------------------------------------------------------------ lifecycle
