@@ -58,14 +58,16 @@ class _Picked:
         return self._launch.result()[self._name]
 
 
-def train_many(pool, runs: list, tmp_path: Path, traced: Optional[dict] = None) -> dict:
+def train_many(pool, runs: list, tmp_path: Path, traced: Optional[dict] = None,
+               dump: bool = True) -> dict:
     """Train each ``(name, ranks, flags)`` of ``runs`` (after the tiny sizes of TINY) with
     --dump and --dump-grads, one launch per world size (tests/scripts/train_layouts.py trains
     the layouts one after another in the same processes), submitted to ``pool``. Returns name
     -> an object whose ``result()`` is that layout's dump: {"losses", "grads": {name: array},
     "stdout"}. ``traced``: name -> (ranks, flags) of runs to train one step under the tracer
     instead, in the same launches; their results are {"records": each rank's records, "dump",
-    "config": the configuration rank 0 recorded}."""
+    "config": the configuration rank 0 recorded}; ``dump=False``: the traced runs dump nothing
+    (no gathering of gradients in their traces; their "dump" is None)."""
     by_world: dict = {}
     for name, ranks, flags in runs:
         by_world.setdefault(ranks, []).append((name, flags, False))
@@ -73,15 +75,16 @@ def train_many(pool, runs: list, tmp_path: Path, traced: Optional[dict] = None) 
         by_world.setdefault(ranks, []).append((name, [*flags, "--steps", "1"], True))
     out = {}
     for ranks, layouts in by_world.items():
-        launch = pool.submit(_train_layouts, ranks, layouts, tmp_path)
+        launch = pool.submit(_train_layouts, ranks, layouts, tmp_path, dump)
         out.update({name: _Picked(launch, name) for name, _, _ in layouts})
     return out
 
 
-def _train_layouts(nproc: int, layouts: list, tmp_path: Path) -> dict:
+def _train_layouts(nproc: int, layouts: list, tmp_path: Path, dump: bool) -> dict:
     import tracer
-    spec = [(name, [*TINY, *flags, "--dump", str(tmp_path / f"{name}.json"), "--dump-grads"],
-             str(tmp_path / name) if traced else None)
+    dumps = {name: ["--dump", str(tmp_path / f"{name}.json"), "--dump-grads"]
+             if dump or not traced else [] for name, _, traced in layouts}
+    spec = [(name, [*TINY, *flags, *dumps[name]], str(tmp_path / name) if traced else None)
             for name, flags, traced in layouts]
     spec_file = tmp_path / f"layouts-{nproc}-{layouts[0][0]}.json"
     spec_file.write_text(json.dumps(spec))
@@ -94,14 +97,16 @@ def _train_layouts(nproc: int, layouts: list, tmp_path: Path) -> dict:
     assert proc.returncode == 0, f"{names} failed:\n{proc.stdout}\n{proc.stderr[-4000:]}"
     out = {}
     for name, _, traced in layouts:
-        dump = read_dump(tmp_path / f"{name}.json")
-        printed = tmp_path / f"{name}.stdout"
-        dump["stdout"] = printed.read_text() if printed.exists() else ""
-        out[name] = dump
+        dumped = None
+        if dumps[name]:
+            dumped = read_dump(tmp_path / f"{name}.json")
+            printed = tmp_path / f"{name}.stdout"
+            dumped["stdout"] = printed.read_text() if printed.exists() else ""
+        out[name] = dumped
         if traced:
             traces = [tracer.load(str(tmp_path / name / f"rank-{r}.arrow"))
                       for r in range(nproc)]
-            out[name] = {"records": [t.records() for t in traces], "dump": dump,
+            out[name] = {"records": [t.records() for t in traces], "dump": dumped,
                          "config": traces[0].config}
     return out
 

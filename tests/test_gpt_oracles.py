@@ -7,12 +7,10 @@ from __future__ import annotations
 import re
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 
-import tracer
-from gpt_helpers import launch
+from gpt_helpers import train_many
 from sample_runs.model import GPTChunk, GPTConfig
 from sample_runs.parallel.pp_schedules import schedule_actions
 from sample_runs.parallel.process_groups import single_process_groups
@@ -20,16 +18,6 @@ from sample_runs.parallel.tensor_parallel import TensorParallel
 
 S, B, H, V = 16, 2, 32, 256  # seq len, micro-batch size, hidden, vocab
 FLOAT = 4
-
-
-def traced(tmp_path: Path, nproc: int, flags: list[str]) -> list[list[dict]]:
-    """Train one traced iteration; returns each rank's records."""
-    out = tmp_path / "trace"
-    argv = [str(out), "--hidden", str(H), "--heads", "4", "--seq-len", str(S),
-            "--micro-batch-size", str(B), "--steps", "1", *flags]
-    proc = launch(nproc, argv, script="tests/gpt_helpers.py")
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return [tracer.load(str(out / f"rank-{r}.arrow")).records() for r in range(nproc)]
 
 
 def comms(records, kind, *, label=None, microbatch=None, group=None):
@@ -71,25 +59,35 @@ RUNS = {
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """Every traced run, two launches at a time; values are futures of per-rank records."""
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        return {name: pool.submit(traced, tmp_path_factory.mktemp(name), nproc, flags)
-                for name, (nproc, flags) in RUNS.items()}
+    """Every traced iteration (no dump: nothing but the training in the traces), one launch
+    per world size; each test waits for its own."""
+    pool = ThreadPoolExecutor(max_workers=2)
+    sizes = ["--hidden", str(H), "--heads", "4", "--seq-len", str(S), "--micro-batch-size",
+             str(B)]
+    yield train_many(pool, [], tmp_path_factory.mktemp("oracles"), dump=False,
+                     traced={name: (nproc, [*sizes, *flags])
+                             for name, (nproc, flags) in RUNS.items()})
+    pool.shutdown(wait=True)
+
+
+def run_records(runs, name: str) -> list:
+    """Each rank's records of run ``name``."""
+    return runs[name].result()["records"]
 
 
 @pytest.fixture
 def tp_run(runs):
-    return runs["tp"].result()
+    return run_records(runs, "tp")
 
 
 @pytest.fixture
 def sp_run(runs):
-    return runs["sp"].result()
+    return run_records(runs, "sp")
 
 
 @pytest.fixture
 def zb_dp_run(runs):
-    return runs["zb-dp"].result()
+    return run_records(runs, "zb-dp")
 
 
 def test_tp_all_reduces_per_microbatch(tp_run):
@@ -153,7 +151,7 @@ def test_sp_collectives_per_layer_and_microbatch(sp_run):
 @pytest.mark.parametrize("schedule,v", [("1f1b", 1), ("interleaved", 2)])
 def test_pipeline_order_and_p2p_per_stage(runs, schedule, v):
     p, m = 4, 8
-    for rank, records in enumerate(runs[schedule].result()):
+    for rank, records in enumerate(run_records(runs, schedule)):
         expected = [str(a) for a in schedule_actions(schedule, stages=p, rank=rank,
                                                      microbatches=m, chunks=v)]
         assert executed_order(records) == expected
@@ -164,7 +162,7 @@ def test_pipeline_order_and_p2p_per_stage(runs, schedule, v):
         assert {r["peer"] for r in sends + recvs} <= {(rank - 1) % p, (rank + 1) % p}
         assert {r["bytes"] for r in sends + recvs} == {S * B * H * FLOAT}
     if schedule == "1f1b":  # ORACLES.md: end ranks 8 sends + 8 recvs, middle ranks 16 + 16
-        counts = [len(comms(records, "send")) for records in runs[schedule].result()]
+        counts = [len(comms(mine, "send")) for mine in run_records(runs, schedule)]
         assert counts == [8, 16, 16, 8]
 
 

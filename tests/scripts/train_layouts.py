@@ -9,7 +9,7 @@ dump's ``.stdout`` beside it.
     python tests/scripts/train_layouts.py SPEC.json               # one process
 
 SPEC.json: ``[[name, [train flags...], trace directory or null], ...]``, each with its own
-``--dump FILE``.
+``--dump FILE`` (or none, for a traced layout whose trace is all that is wanted).
 """
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ def main() -> None:
             tracer.record_config(**cfg.tracer_config())
             with contextlib.redirect_stdout(printed):
                 train(cfg=cfg, groups=groups, device=torch.device("cpu"))
-        if printed.getvalue():
+        if printed.getvalue() and cfg.dump:
             Path(cfg.dump).with_suffix(".stdout").write_text(printed.getvalue())
         if distributed:
             dist.barrier()        # the next layout's groups are made by every rank together
