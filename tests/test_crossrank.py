@@ -139,6 +139,30 @@ def test_a_killed_rank_whose_trace_ends_early_is_not_called_missing(tmp_path):
     assert "rank 2: the trace ends before it" in m.describe()
 
 
+@pytest.mark.parametrize("later_collective", [False, True])
+def test_a_failed_rank_is_unknown_after_its_last_collective_however_late_it_failed(
+        tmp_path, later_collective):
+    """Rank 2 raised after the others launched collective #1 (its trace runs past their
+    launch): it is the failure's consequence, not a mismatch, whatever the timing (that race
+    made a real run's verdict change between runs). A failed rank that skipped #1 but issued
+    #2 did disagree: missing."""
+    rs = ranks(3)
+    for r in rs:
+        r.comm("all_reduce", 0, 1, 10, group=(0, 1, 2))
+    for r in rs[:2]:
+        r.comm("all_reduce", 20, 21, None, group=(0, 1, 2), stack=site(r.rank))
+        if later_collective:
+            r.comm("all_reduce", 40, 41, None, group=(0, 1, 2), stack=site(r.rank))
+    rs[2].op(30, 35)                           # still working when the others launched #1
+    if later_collective:
+        rs[2].comm("all_reduce", 40, 41, None, group=(0, 1, 2), stack=site(2), seq=2)
+    for r in rs[:2]:
+        r.write(tmp_path)
+    rs[2].write(tmp_path, status="failed")
+    (m,) = analyse(open_run(str(tmp_path))).cross.mismatches
+    assert (m.seq, m.what) == (1, "missing" if later_collective else "unknown")
+
+
 def test_unreadable_members_are_not_compared_and_p2p_without_peer_is_counted(tmp_path):
     rs = ranks(3)
     for r in rs[:2]:

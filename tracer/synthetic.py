@@ -87,11 +87,12 @@ class SyntheticRank:
              peer: Optional[int] = None, group: Sequence[int] = (0, 1), nbytes: int = 1024,
              op: Optional[str] = None, phase="other", dtype: str = "f32",
              stack: Optional[Sequence] = None, module: Optional[str] = None,
-             thread: int = 0) -> None:
+             thread: int = 0, seq: Optional[int] = None) -> None:
         """A collective or P2P op launched at ``t0``, returning at ``t_ret`` and completed at
-        ``t1`` (None: never completed). Its per-group sequence number counts up per group."""
+        ``t1`` (None: never completed). Its per-group sequence number counts up per group
+        (``seq``: this one instead, as a rank that skipped collectives would record)."""
         text = group if isinstance(group, str) else ops.group_text(tuple(group))
-        seq = self._seq.get(text, 0)
+        seq = self._seq.get(text, 0) if seq is None else seq
         self._seq[text] = seq + 1
         self.row(t0=self.t(t0), t_ret=self.t(t_ret), t1=None if t1 is None else self.t(t1),
                  op=op or _C10D_OPS.get(kind, f"c10d.{kind}.default"), kind=kind, group=text,

@@ -14,9 +14,11 @@ per-group sequence number), which every member numbers alike. For each matched c
 
 Mismatches (Flight Recorder's classes): members that issued a different kind, size or dtype at
 the same (group, seq), and members that never issued it (missing ranks: the usual hang). Ranks
-without a readable trace are not compared; a rank that stopped before the others launched the
-collective (it failed or was interrupted, killed within a flush of the recorder, or its file is
-truncated) is "unknown", a consequence of the stop rather than a disagreement: not missing. P2P is matched by (sender, receiver, per-pair order)
+without a readable trace are not compared; a rank that stopped early (it failed or was
+interrupted, was killed, or its file is truncated) and issued nothing more in the group is
+"unknown" for the collectives it never reached, a consequence of the stop rather than a
+disagreement: not missing. Whether the others launched them before or after it stopped does not
+matter (that race made the verdict change from run to run). P2P is matched by (sender, receiver, per-pair order)
 in :func:`viz.timeline.match_p2p`; unmatched sends and receives are counted here.
 
 All times are on rank 0's clock (host clocks aligned by the recorder). A pure function of the
@@ -186,6 +188,7 @@ def cross_rank(timeline: Timeline) -> CrossRank:
     """Match every collective of ``timeline`` across its group (see the module docstring)."""
     present = set(timeline.ranks)
     calls: dict = defaultdict(dict)          # (group, seq) -> rank -> CommSpan
+    last_seq: dict = {}                      # (rank, group) -> its last collective's seq
     p2p = 0
     for rank, lane in timeline.ranks.items():
         for c in lane.comm:
@@ -193,13 +196,16 @@ def cross_rank(timeline: Timeline) -> CrossRank:
                 p2p += 1
             elif c.seq is not None and c.group:
                 calls[(c.group, c.seq)][rank] = c
+                last_seq[(rank, c.group)] = max(last_seq.get((rank, c.group), -1), c.seq)
     out = CrossRank(unmatched_p2p=p2p - 2 * len(timeline.links))
     for (group, seq), spans in sorted(calls.items(), key=lambda kv: (kv[0][0], kv[0][1])):
         members = group_ranks(group)
         if len(members) == 1:
             continue                 # a group of one has nothing to match
         readable = {r: timeline.ranks[r] for r in members if r in present}
-        problem = _disagreement(group, seq, spans, readable)
+        ended = {r for r in readable if readable[r].stopped
+                 and seq > last_seq.get((r, group), -1)}
+        problem = _disagreement(group, seq, spans, readable, ended)
         if problem is not None:
             out.mismatches.append(problem)
         if problem is not None or not members or len(readable) < len(members) \
@@ -233,9 +239,12 @@ def _match(group: str, seq: int, spans: dict) -> Matched:
                    collective_size(any_span.kind, any_span.nbytes, n), n)
 
 
-def _disagreement(group: str, seq: int, spans: dict, readable: dict) -> Optional[Mismatch]:
+def _disagreement(group: str, seq: int, spans: dict, readable: dict,
+                  ended: set) -> Optional[Mismatch]:
     """The first way the members disagree at (group, seq), or None. ``readable``: rank ->
-    RankLanes of the members whose traces could be read."""
+    RankLanes of the members whose traces could be read; ``ended``: members that stopped early
+    (failed, interrupted, killed, truncated) before any collective of the group from ``seq``
+    on: their absence is the stop's consequence, not a disagreement, whenever they stopped."""
     for what, value in (("kind", lambda c: c.kind), ("dtype", lambda c: c.dtype),
                         ("size", lambda c: c.nbytes)):
         if what == "size" and any(c.kind in ("all_to_all", "barrier") for c in spans.values()):
@@ -251,9 +260,8 @@ def _disagreement(group: str, seq: int, spans: dict, readable: dict) -> Optional
     if not absent:
         return None
     issued = tuple(sorted(spans))
-    kind, launched = spans[issued[0]].kind, min(c.start for c in spans.values())
-    cut = tuple(r for r in absent if readable[r].stopped
-                and readable[r].recorded_until < launched)
+    kind = spans[issued[0]].kind
+    cut = tuple(r for r in absent if r in ended)
     missing = tuple(r for r in absent if r not in cut)
     side = (kind, issued, tuple(spans[r].site for r in issued))
     if missing:
