@@ -111,7 +111,10 @@ class PhaseRules:
 
     def _patch_checkpoint(self):
         session, modules = self._session, self._modules
-        frame_cls, hook_cls = _checkpoint._CheckpointFrame, _checkpoint._recomputation_hook
+        frame_cls = getattr(_checkpoint, "_CheckpointFrame", None)
+        hook_cls = getattr(_checkpoint, "_recomputation_hook", None)
+        if frame_cls is None or hook_cls is None:   # another torch: recomputation stays backward
+            return lambda: None
 
         class Frame(frame_cls):
             def __init__(self, *args, **kwargs):

@@ -412,12 +412,12 @@ class Session:
             self._modules.remove()
 
     def _enter_window(self) -> None:
-        # NOTE: a window that opens on another thread than the one that entered the trace
-        # cannot put the mode back on that thread's stack; steps advance on it in practice
-        # (optimizer steps, tracer.step() of the training loop)
+        # NOTE: a window opening on another thread than the trace's cannot put the mode back on
+        # that thread's stack; steps advance on it in practice (optimizer steps, tracer.step())
         if _get_ident() != self._owner or not self._mode.suspended:
             return
         self._mode.resume()
+        self._open_ranges = 0    # ranges that ended unseen while suspended must not block windows
         if self.options.record_modules and not self._modules.installed:
             self._modules.install()
 
