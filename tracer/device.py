@@ -7,7 +7,8 @@ recorder asks CUPTI, not the CUDA runtime, when each op's work ran.
 
 The profiler runs while the session records. At step boundaries (at most every
 ``window_s`` seconds) and when recording stops, the window's records are saved with Kineto's
-own Chrome-trace export and restarted; the flusher thread parses the export
+own Chrome-trace export; the next window starts at the first op outside any record_function
+range (see :meth:`DeviceRecorder.boundary`); the flusher thread parses the export
 (:mod:`tracer.kineto`) and appends it to ``rank-<R>.device.arrow`` (:mod:`tracer.device_format`),
 so a crash loses at most the window under way. Stopping a window waits for the GPU (the
 profiler synchronizes), once per window. When torch.profiler is already running in the
@@ -29,8 +30,8 @@ WINDOW_S = 1.0
 
 
 def cuda_in_use() -> bool:
-    """Whether this process can record GPU activity: CUDA is there and torch.profiler is not
-    already running."""
+    """Whether this process can record GPU activity: CUDA is there (whether the user's
+    torch.profiler already holds CUPTI is checked when a window starts)."""
     try:
         import torch
     except ImportError:   # pragma: no cover - the recorder needs torch
@@ -50,6 +51,7 @@ class DeviceRecorder:
         self.window_s = WINDOW_S if window_s is None else window_s
         self.pairs = pairs              # the session's clock pairs: each window edge adds one
         self.error: Optional[str] = None
+        self._refused = False           # the user's torch.profiler holds CUPTI: host time only
         self._profiler = None
         self._started = 0.0
         self._windows = 0
@@ -62,6 +64,7 @@ class DeviceRecorder:
         import torch
         from torch.profiler import ProfilerActivity, profile
         if torch.autograd._profiler_enabled():
+            self._refused = True
             if self.error is None:
                 self.error = "torch.profiler is already running in this process"
                 print(f"paratrace: rank {self.rank}: torch.profiler already holds CUPTI; "
@@ -87,8 +90,8 @@ class DeviceRecorder:
         reproduced without paratrace). Optimizer steps run their step hooks inside such a
         range, so a window never starts at the boundary itself; stopping one there is safe."""
         if self._profiler is not None and (not recording or self.due()):
-            self.cut(restart=False)
-        return recording and self._profiler is None and self.error is None
+            self.cut()
+        return recording and self._profiler is None and not self._refused
 
     @property
     def windows(self) -> int:
@@ -99,9 +102,8 @@ class DeviceRecorder:
         """The trace metadata's ``device_time`` object."""
         return {"source": "cupti", "windows": self._windows, "error": self.error}
 
-    def cut(self, restart: bool = True) -> None:
-        """End the window under way (it syncs the GPU) and save its export for the flusher;
-        start the next one if ``restart`` (only where no record_function range is open)."""
+    def cut(self) -> None:
+        """End the window under way (it syncs the GPU) and save its export for the flusher."""
         if self._profiler is None:
             return
         profiler, self._profiler = self._profiler, None
@@ -113,8 +115,6 @@ class DeviceRecorder:
         profiler.export_chrome_trace(path)
         with self._lock:
             self._pending.append((window, path))
-        if restart:
-            self.start()
 
     def write_pending(self) -> None:
         """Parse the saved windows and append them to the device file (the flusher's job)."""
@@ -137,7 +137,7 @@ class DeviceRecorder:
 
     def close(self) -> None:
         try:
-            self.cut(restart=False)
+            self.cut()
             self.write_pending()
         except Exception as exc:   # never lose the host trace over the GPU's
             self.error = self.error or f"{type(exc).__name__}: {exc}"
