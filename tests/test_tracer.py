@@ -243,7 +243,9 @@ def test_a_million_events_are_all_kept_in_bounded_memory(tmp_path):
     ops = trace.col("op")
     assert (ops == trace.code("op", "aten.add_.Tensor")).sum() == n
     assert trace.status == "ok" and trace.complete
-    assert grown_mb < 300, f"memory grew by {grown_mb} MB while recording"
+    # 18 MB measured (2026-11-23). Holding every event (a packed record and its bytes object,
+    # about 130 B) would be 130 MB; a starved flusher holds at most MAX_QUEUE (200k) of them.
+    assert grown_mb < 100, f"memory grew by {grown_mb} MB while recording"
 
 
 class _IdentityF(torch.autograd.Function):
