@@ -58,6 +58,31 @@ class _Picked:
         return self._launch.result()[self._name]
 
 
+def runs_in_background(tmp_path: Path, runs: list, traced: Optional[dict] = None,
+                       dump: bool = True):
+    """For a module fixture (``yield from``): :func:`train_many` on a pool of two launches at a
+    time. Each test waits for its own runs only, so no single test (nor the fixture's setup)
+    carries the whole file's launches against a per-test timeout."""
+    from concurrent.futures import ThreadPoolExecutor
+    pool = ThreadPoolExecutor(max_workers=2)
+    try:
+        yield train_many(pool, runs, tmp_path, traced, dump)
+    finally:
+        pool.shutdown(wait=True)
+
+
+def assert_same_numbers(run: dict, reference: dict, steps: Optional[int] = None) -> None:
+    """``run``'s losses (its first ``steps``, default all) and step-1 gradients are the
+    reference's."""
+    steps = len(run["losses"]) if steps is None else steps
+    np.testing.assert_allclose(run["losses"], reference["losses"][:steps], rtol=1e-5)
+    assert run["grads"].keys() == reference["grads"].keys()
+    for key, ref in reference["grads"].items():
+        scale = np.abs(ref).max()
+        np.testing.assert_allclose(run["grads"][key], ref, rtol=1e-4, atol=1e-5 * scale,
+                                   err_msg=key)
+
+
 def train_many(pool, runs: list, tmp_path: Path, traced: Optional[dict] = None,
                dump: bool = True) -> dict:
     """Train each ``(name, ranks, flags)`` of ``runs`` (after the tiny sizes of TINY) with

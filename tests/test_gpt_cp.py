@@ -6,14 +6,12 @@ gradients reduced over DP x CP. Real multi-process gloo runs on CPU."""
 from __future__ import annotations
 
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
-from gpt_helpers import labels, train_many
+from gpt_helpers import assert_same_numbers, labels, runs_in_background
 from sample_runs.model import GPTChunk, GPTConfig
 from sample_runs.parallel.context_parallel import (
     attention_block, attention_block_backward, load_balanced_positions, merge_blocks)
@@ -42,27 +40,12 @@ TRACED = {
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("cp")
-    # NOTE: each test waits for its own runs only, so no single test (nor the fixture's
-    # setup) carries the whole file's launches against a per-test timeout
-    pool = ThreadPoolExecutor(max_workers=2)
-    # in the order the tests below use them
-    out = train_many(pool, [(name, ranks, [*flags, "--layers", str(L)])
-                            for name, ranks, flags in [REFERENCE, *LAYOUTS]], tmp,
-                     traced={name: (nproc, [*flags, "--layers", str(L)])
-                             for name, (nproc, flags) in TRACED.items()})
-    yield out
-    pool.shutdown(wait=True)
-
-
-def assert_same_numbers(run: dict, reference: dict) -> None:
-    steps = len(run["losses"])
-    np.testing.assert_allclose(run["losses"], reference["losses"][:steps], rtol=1e-5)
-    assert run["grads"].keys() == reference["grads"].keys()
-    for key, ref in reference["grads"].items():
-        scale = np.abs(ref).max()
-        np.testing.assert_allclose(run["grads"][key], ref, rtol=1e-4, atol=1e-5 * scale,
-                                   err_msg=key)
+    yield from runs_in_background(
+        tmp_path_factory.mktemp("cp"),
+        [(name, ranks, [*flags, "--layers", str(L)])
+         for name, ranks, flags in [REFERENCE, *LAYOUTS]],
+        traced={name: (nproc, [*flags, "--layers", str(L)])
+                for name, (nproc, flags) in TRACED.items()})
 
 
 @pytest.mark.parametrize("name,ranks,flags", LAYOUTS, ids=[layout[0] for layout in LAYOUTS])

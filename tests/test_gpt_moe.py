@@ -7,13 +7,11 @@ contains the EP group), expert weights only over expert-DP. Real multi-process g
 from __future__ import annotations
 
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 
-import numpy as np
 import pytest
 import torch
 
-from gpt_helpers import labels, train_many
+from gpt_helpers import assert_same_numbers, labels, runs_in_background
 from sample_runs.model import GPTChunk, GPTConfig, moe_mlp
 from sample_runs.parallel.expert_parallel import ExpertParallel, expert_capacity, route
 from sample_runs.parallel.process_groups import single_process_groups
@@ -42,26 +40,9 @@ TRACED = {  # one traced step each, also checked against the reference's first s
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("moe")
-    # NOTE: each test waits for its own runs only, so no single test (nor the fixture's
-    # setup) carries the whole file's launches against a per-test timeout
-    pool = ThreadPoolExecutor(max_workers=2)
-    # in the order the tests below use them
-    out = train_many(pool, [(name, ranks, [*flags, *MOE])
-                            for name, ranks, flags in [REFERENCE, *LAYOUTS]], tmp,
-                     traced={name: (nproc, [*flags, *MOE])
-                             for name, (nproc, flags) in TRACED.items()})
-    yield out
-    pool.shutdown(wait=True)
-
-
-def assert_same_numbers(run: dict, reference: dict) -> None:
-    steps = len(run["losses"])
-    np.testing.assert_allclose(run["losses"], reference["losses"][:steps], rtol=1e-5)
-    assert run["grads"].keys() == reference["grads"].keys()
-    for key, ref in reference["grads"].items():
-        scale = np.abs(ref).max()
-        np.testing.assert_allclose(run["grads"][key], ref, rtol=1e-4, atol=1e-5 * scale,
-                                   err_msg=key)
+    yield from runs_in_background(
+        tmp, [(name, ranks, [*flags, *MOE]) for name, ranks, flags in [REFERENCE, *LAYOUTS]],
+        traced={name: (nproc, [*flags, *MOE]) for name, (nproc, flags) in TRACED.items()})
 
 
 @pytest.mark.parametrize("name,ranks,flags", LAYOUTS, ids=[layout[0] for layout in LAYOUTS])

@@ -3,12 +3,10 @@ three losses within 1e-5 relative, and the step-1 gradients of every parameter o
 to full tensors. Real multi-process gloo runs on CPU."""
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-
 import numpy as np
 import pytest
 
-from gpt_helpers import train_many
+from gpt_helpers import runs_in_background
 
 # (name, ranks, flags); DP layouts halve the micro-batches per rank so that the global batch
 # (d * m * b windows) equals the reference's m = 4.
@@ -37,10 +35,7 @@ REFERENCE = ("single", 1, ["--tp", "1", "--pp", "1", "--microbatches", "4"])
 def runs(tmp_path_factory):
     """All runs: one launch per world size (most of a launch is process start-up), two
     launches at a time; each test waits for its own."""
-    tmp = tmp_path_factory.mktemp("layouts")
-    pool = ThreadPoolExecutor(max_workers=2)
-    yield train_many(pool, [REFERENCE, *LAYOUTS], tmp)
-    pool.shutdown(wait=True)
+    yield from runs_in_background(tmp_path_factory.mktemp("layouts"), [REFERENCE, *LAYOUTS])
 
 
 @pytest.fixture(scope="module")

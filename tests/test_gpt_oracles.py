@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from gpt_helpers import train_many
+from gpt_helpers import runs_in_background
 from sample_runs.model import GPTChunk, GPTConfig
 from sample_runs.parallel.pp_schedules import schedule_actions
 from sample_runs.parallel.process_groups import single_process_groups
@@ -61,13 +60,11 @@ RUNS = {
 def runs(tmp_path_factory):
     """Every traced iteration (no dump: nothing but the training in the traces), one launch
     per world size; each test waits for its own."""
-    pool = ThreadPoolExecutor(max_workers=2)
     sizes = ["--hidden", str(H), "--heads", "4", "--seq-len", str(S), "--micro-batch-size",
              str(B)]
-    yield train_many(pool, [], tmp_path_factory.mktemp("oracles"), dump=False,
-                     traced={name: (nproc, [*sizes, *flags])
-                             for name, (nproc, flags) in RUNS.items()})
-    pool.shutdown(wait=True)
+    yield from runs_in_background(tmp_path_factory.mktemp("oracles"), [], dump=False,
+                                  traced={name: (nproc, [*sizes, *flags])
+                                          for name, (nproc, flags) in RUNS.items()})
 
 
 def run_records(runs, name: str) -> list:

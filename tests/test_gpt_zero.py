@@ -5,13 +5,11 @@ before forward and backward (1.5x the traffic), and what each stage keeps in mem
 Real multi-process gloo runs on CPU."""
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-
 import numpy as np
 import pytest
 import torch
 
-from gpt_helpers import labels, train_many
+from gpt_helpers import assert_same_numbers, labels, runs_in_background
 from sample_runs.model import GPTChunk, GPTConfig
 from sample_runs.parallel.data_parallel import partition_buckets
 from sample_runs.parallel.process_groups import Group, single_process_groups
@@ -47,16 +45,11 @@ TRACED = {name: ["--tp", "1", "--pp", "1", "--microbatches", "1", "--bucket-size
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """Every run, two launches at a time; values are futures."""
-    tmp = tmp_path_factory.mktemp("zero")
-    # NOTE: each test waits for its own runs only, so no single test (nor the fixture's
-    # setup) carries the whole file's launches against a per-test timeout
-    pool = ThreadPoolExecutor(max_workers=2)
-    # in the order the tests below use them
-    out = train_many(pool, [(name, ranks, [*flags, "--layers", str(LAYERS)])
-                            for name, ranks, flags in [*REFERENCES, *LAYOUTS]], tmp,
-                     traced={name: (2, flags) for name, flags in TRACED.items()})
-    yield out
-    pool.shutdown(wait=True)
+    yield from runs_in_background(
+        tmp_path_factory.mktemp("zero"),
+        [(name, ranks, [*flags, "--layers", str(LAYERS)])
+         for name, ranks, flags in [*REFERENCES, *LAYOUTS]],
+        traced={name: (2, flags) for name, flags in TRACED.items()})
 
 
 def model_numel(layers: int = LAYERS) -> int:
@@ -65,15 +58,6 @@ def model_numel(layers: int = LAYERS) -> int:
     tp = TensorParallel(group=single_process_groups().tp)
     chunk = GPTChunk(cfg, layers=range(layers), first=True, last=True, tp=tp, seed=0)
     return sum(p.numel() for p in chunk.parameters())
-
-
-def assert_same_numbers(run: dict, reference: dict, steps: int) -> None:
-    np.testing.assert_allclose(run["losses"], reference["losses"][:steps], rtol=1e-5)
-    assert run["grads"].keys() == reference["grads"].keys()
-    for key, ref in reference["grads"].items():
-        scale = np.abs(ref).max()
-        np.testing.assert_allclose(run["grads"][key], ref, rtol=1e-4, atol=1e-5 * scale,
-                                   err_msg=key)
 
 
 @pytest.mark.parametrize("name,ranks,flags", LAYOUTS, ids=[layout[0] for layout in LAYOUTS])
