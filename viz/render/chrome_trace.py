@@ -44,9 +44,26 @@ def render(timeline: Timeline) -> str:
     return out.getvalue()
 
 
+class _Events:
+    """The traceEvents array, written as it is made: a run's events never sit in memory whole
+    (64 ranks make hundreds of MB of JSON)."""
+
+    def __init__(self, fh):
+        self.fh, self.first = fh, True
+
+    def text(self, chunk: str) -> None:
+        """Comma-separated event objects, already JSON."""
+        if chunk:
+            self.fh.write(chunk if self.first else "," + chunk)
+            self.first = False
+
+    def dicts(self, events: list) -> None:
+        self.text(",".join(json.dumps(e, separators=(",", ":")) for e in events))
+
+
 def write(timeline: Timeline, fh) -> None:
-    """Write the Chrome trace JSON to ``fh``. Op slices are written as text, rank by rank: a run
-    can have hundreds of thousands of them (viz.timeline.DRAWN_OPS caps how many)."""
+    """Write the Chrome trace JSON to ``fh``, rank by rank: a run can have hundreds of
+    thousands of op slices (viz.timeline.DRAWN_OPS caps how many)."""
     firsts = [int(lane.op_start.min()) for lane in timeline.ranks.values() if len(lane.op_start)]
     firsts += [c.start for lane in timeline.ranks.values() for c in lane.comm[:1]]
     firsts += [p.start for lane in timeline.ranks.values() for p in lane.passes[:1]]
@@ -55,52 +72,59 @@ def write(timeline: Timeline, fh) -> None:
     def us(t: int) -> float:
         return (t - base) / 1e3
 
-    out: list = []            # small events, as dicts
     where = {}   # (rank, trace row) -> (tid, start, end) of each comm slice, for flows
     fh.write('{"traceEvents":[')
+    events = _Events(fh)
     for rank, lane in sorted(timeline.ranks.items()):
-        out += _process(rank, lane, us, where)
+        events.dicts(_process(rank, lane, us, where))
         names = [json.dumps(n) for n in lane.op_names]
-        fh.write("".join(
+        events.text(",".join(
             f'{{"ph":"X","name":{names[code]},"cat":"compute","pid":{rank},'
             f'"tid":{_OPS_TID + thread},"ts":{(start - base) / 1e3:.3f},'
-            f'"dur":{(end - start) / 1e3:.3f}}},'
+            f'"dur":{(end - start) / 1e3:.3f}}}'
             for start, end, code, thread in zip(lane.op_start.tolist(), lane.op_end.tolist(),
                                                 lane.op_name.tolist(), lane.op_thread.tolist())))
+    flows: list = []
     for n, link in enumerate(timeline.links):
         send, recv = where.get((link.src, link.src_index)), where.get((link.dst, link.dst_index))
         if send is None or recv is None:
             continue
         # The arrow leaves the send where it was posted and lands where the recv completed.
-        out.append({"ph": "s", "id": n, "name": "p2p", "cat": "p2p", "pid": link.src,
-                    "tid": send[0], "ts": us(send[1])})
-        out.append({"ph": "f", "bp": "e", "id": n, "name": "p2p", "cat": "p2p", "pid": link.dst,
-                    "tid": recv[0], "ts": us(max(recv[1], recv[2] - 1))})
-    flows = len(timeline.links)
+        flows.append({"ph": "s", "id": n, "name": "p2p", "cat": "p2p", "pid": link.src,
+                      "tid": send[0], "ts": us(send[1])})
+        flows.append({"ph": "f", "bp": "e", "id": n, "name": "p2p", "cat": "p2p",
+                      "pid": link.dst, "tid": recv[0], "ts": us(max(recv[1], recv[2] - 1))})
+        if len(flows) >= 10_000:
+            events.dicts(flows)
+            flows = []
+    events.dicts(flows)
+    flow_id = len(timeline.links)
     for rank, lane in sorted(timeline.ranks.items()):
         if lane.device is not None:
-            flows = _gpu(rank, lane, us, out, fh, base, flows)
+            flow_id = _gpu(rank, lane, us, events, base, flow_id)
     hidden = {str(r): lane.hidden_ops for r, lane in timeline.ranks.items() if lane.hidden_ops}
     other = {"generator": "paratrace", "config": timeline.config, "ops_not_drawn": hidden,
              "clock": {str(r): lane.clock for r, lane in timeline.ranks.items()},
              "gpu_activities_not_drawn": {str(r): lane.device.hidden
                                           for r, lane in timeline.ranks.items()
                                           if lane.device is not None and lane.device.hidden}}
-    fh.write(",".join(json.dumps(e, separators=(",", ":")) for e in out))
     fh.write(f'],"displayTimeUnit":"ms","otherData":{json.dumps(other, separators=(",", ":"))}}}')
 
 
-def _gpu(rank: int, lane, us, out: list, fh, base: int, flow_id: int) -> int:
+def _gpu(rank: int, lane, us, events: _Events, base: int, flow_id: int) -> int:
     """GPU tracks of one rank, a thread per CUDA stream, and a flow arrow from each launch to
     its activity when the launching op is drawn. Returns the next flow id."""
     dev = lane.device
+    out: list = []
     for stream in sorted(set(dev.stream.tolist())):
         out.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": _GPU_TID + stream,
                     "args": {"name": f"GPU stream {stream}"}})
+    events.dicts(out)
+    out = []
     names = [json.dumps(n) for n in dev.names]
-    fh.write("".join(
+    events.text(",".join(
         f'{{"ph":"X","name":{names[code]},"cat":"{"gpu_comm" if comm else "gpu"}","pid":{rank},'
-        f'"tid":{_GPU_TID + stream},"ts":{(a - base) / 1e3:.3f},"dur":{(b - a) / 1e3:.3f}}},'
+        f'"tid":{_GPU_TID + stream},"ts":{(a - base) / 1e3:.3f},"dur":{(b - a) / 1e3:.3f}}}'
         for a, b, stream, code, comm in zip(dev.start.tolist(), dev.end.tolist(),
                                             dev.stream.tolist(), dev.name.tolist(),
                                             dev.comm.tolist())))
@@ -116,6 +140,7 @@ def _gpu(rank: int, lane, us, out: list, fh, base: int, flow_id: int) -> int:
         out.append({"ph": "f", "bp": "e", "id": flow_id, "name": "launch", "cat": "launch",
                     "pid": rank, "tid": _GPU_TID + stream, "ts": us(a)})
         flow_id += 1
+    events.dicts(out)
     return flow_id
 
 
