@@ -204,6 +204,15 @@ def test_the_analysis_gives_each_schedule_its_theoretical_bubble(run):
             # the passes form a schedule across both ranks: the replay runs them all
             assert pipe.simulated_bubble_fraction is not None, name
         assert steps[0].pipeline is None        # setup: no schedule ran
+        # the run's: the counted steps' weighted by their windows; null here, as ZB-V has none
+        m = analysis.metrics[rank]
+        pipes = [steps[s].pipeline for s in m.counted_steps if steps[s].pipeline is not None]
+        have = [p for p in pipes if p.theoretical_bubble_fraction is not None]
+        assert len(have) == len(pipes) - 1 == 4
+        assert m.pipeline.theoretical_bubble_fraction == pytest.approx(
+            sum(p.theoretical_bubble_fraction * p.window_s for p in have)
+            / sum(p.window_s for p in have))
+        assert m.theoretical_bubble_fraction is None
         assert all(s.pipeline is None for k, s in steps.items() if k not in STEP.values())
 
 
