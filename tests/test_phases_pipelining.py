@@ -1,7 +1,8 @@
 """torch.distributed.pipelining under the tracer, recorded in one 2-rank gloo launch
 (tests/scripts/phases_pipelining.py): GPipe, 1F1B, interleaved 1F1B (2 stages per rank),
 interleaved zero bubble (1 stage per rank: ZB-H1) and ZB-V, 4 micro-batches each, one per step,
-with a torch.randn outside the schedule. Passes and micro-batches come from the schedule's own
+with a torch.randn outside the schedule; rank 0 imports pipelining before the trace starts, rank
+1 inside it (the recorder patches it then). Passes and micro-batches come from the schedule's own
 calls (tracer/pipelining.py), P2P phases from the messages (activations forward, gradients
 backward), and the analysis's theoretical bubble from the schedule recorded in each step
 (docs/phases.md, docs/metrics.md)."""

@@ -108,9 +108,7 @@ class PhaseRules:
         ddp = self._patch_ddp()
         if ddp is not None:
             undo.append(ddp)
-        pipelining = install_pipelining(session, self._annotations)   # passes, P2P phases
-        if pipelining is not None:
-            undo.append(pipelining)
+        undo.append(install_pipelining(session, self._annotations))   # passes, P2P phases
         return undo
 
     def _patch_checkpoint(self):

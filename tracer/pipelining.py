@@ -1,8 +1,8 @@
 """torch.distributed.pipelining under the recorder: passes, micro-batches and P2P phases from the
 schedule itself, not guessed from the op stream (docs/phases.md, "torch.distributed.pipelining").
 
-While a trace records (and only if torch.distributed.pipelining is imported: importing it costs
-seconds), :func:`install` wraps, and its undo restores:
+While a trace records, :func:`install` wraps, and its undo restores (when torch.distributed.pipelining
+is imported, if it is not yet: the recorder does not import it, that costs seconds):
 
 - the stages' ``forward_one_chunk`` / ``backward_one_chunk`` / ``backward_weight_one_chunk``
   in annotation ranges ``F`` / ``B`` / ``W`` with ``microbatch`` (the chunk id the schedule
@@ -25,6 +25,8 @@ Nothing here runs per op: each wrapper runs once per pass, per P2P batch or per 
 from __future__ import annotations
 
 import functools
+import importlib.abc
+import importlib.machinery
 import sys
 from time import perf_counter_ns as _now
 
@@ -52,16 +54,57 @@ def schedule_attrs(schedule) -> dict:
             "backward": bool(getattr(schedule, "_has_backward", True))}
 
 
+_SCHEDULES_MODULE = "torch.distributed.pipelining.schedules"
+
+
 def install(session, annotations):
-    """Patch torch.distributed.pipelining if it is imported; returns the undo (or None)."""
-    stage_mod = sys.modules.get("torch.distributed.pipelining.stage")
-    sched_mod = sys.modules.get("torch.distributed.pipelining.schedules")
-    if stage_mod is None or sched_mod is None:
-        return None
-    base = getattr(stage_mod, "_PipelineStageBase", None)
-    if base is None:      # another torch: the record_function labels still name passes
-        return None
+    """Patch torch.distributed.pipelining now if it is imported, else as soon as it is;
+    returns the undo."""
     patches = _Patches()
+    if _SCHEDULES_MODULE in sys.modules:
+        _install(patches, session, annotations)
+        return patches.undo
+    finder = _OnImport(_SCHEDULES_MODULE, lambda: _install(patches, session, annotations))
+    sys.meta_path.insert(0, finder)
+
+    def undo():
+        if finder in sys.meta_path:
+            sys.meta_path.remove(finder)
+        patches.undo()
+    return undo
+
+
+class _OnImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Runs ``then`` once module ``name`` has been executed (imported while recording)."""
+
+    def __init__(self, name: str, then):
+        self._name, self._then, self._loader = name, then, None
+
+    def find_spec(self, name, path, target=None):
+        if name != self._name or self._loader is not None:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None:
+            return None
+        self._loader, spec.loader = spec.loader, self
+        return spec
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module) -> None:
+        self._loader.exec_module(module)
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+        self._then()
+
+
+def _install(patches: "_Patches", session, annotations) -> None:
+    stage_mod = sys.modules.get("torch.distributed.pipelining.stage")
+    sched_mod = sys.modules.get(_SCHEDULES_MODULE)
+    base = getattr(stage_mod, "_PipelineStageBase", None)
+    if base is None or sched_mod is None:   # another torch: its labels still name passes
+        return
 
     def ranged(label: str, attrs_of):
         return functools.partial(_ranged, session, label, attrs_of)
@@ -85,7 +128,6 @@ def install(session, annotations):
         patches.wrap(getattr(sched_mod, name, None), "step",
                      ranged(SCHEDULE_LABEL, lambda s, a, k: schedule_attrs(s)))
     patches.wrap(sched_mod, "_batch_p2p", functools.partial(_phased_batch, annotations))
-    return patches.undo
 
 
 class _Patches:

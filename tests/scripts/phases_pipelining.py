@@ -14,11 +14,13 @@ import sys
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe,
-                                          ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble,
-                                          ScheduleZBVZeroBubble)
 
 import tracer
+
+# Rank 0 imports torch.distributed.pipelining before the trace starts, rank 1 only inside it:
+# the recorder patches it either way (at the start, or when it is imported)
+if os.environ.get("RANK") == "0":
+    import torch.distributed.pipelining  # noqa: F401
 
 M = 4          # micro-batches
 WIDTH = 8
@@ -26,6 +28,7 @@ WIDTH = 8
 
 def stages(rank: int, world: int, indices) -> list:
     """One PipelineStage per global stage index in ``indices``, each a Linear + ReLU."""
+    from torch.distributed.pipelining import PipelineStage
     total = world * len(indices)
     out = []
     for index in indices:
@@ -59,6 +62,9 @@ def plan(schedule, rank: int) -> list:
 
 
 def main(out) -> None:
+    from torch.distributed.pipelining import (Schedule1F1B, ScheduleGPipe,
+                                              ScheduleInterleaved1F1B,
+                                              ScheduleInterleavedZeroBubble, ScheduleZBVZeroBubble)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     cases = [
@@ -91,8 +97,9 @@ def restored(out) -> None:
                            stage._PipelineStageBase.get_bwd_send_ops,
                            schedules.PipelineScheduleSingle.step, schedules._batch_p2p)
                if hasattr(f, "__wrapped__")]           # functools.wraps marks the tracer's
+    patched += [type(f).__name__ for f in sys.meta_path if type(f).__module__.startswith("tracer")]
     with open(f"{out}/restored-{os.environ['RANK']}.json", "w") as fh:
-        json.dump([f.__qualname__ for f in patched], fh)
+        json.dump([getattr(f, "__qualname__", f) for f in patched], fh)
 
 
 if __name__ == "__main__":
