@@ -25,6 +25,7 @@ import torch
 import torch.utils.checkpoint as _checkpoint
 
 from .labels import (PHASE_BACKWARD, PHASE_FORWARD, PHASE_GRAD_SYNC, PHASE_OTHER)
+from .pipelining import install as install_pipelining
 
 
 def _storage_ptr(tensor) -> int:
@@ -92,8 +93,8 @@ class PhaseRules:
 
     # ------------------------------------------------------------------ patches
     def install(self, optimizer_post) -> list:
-        """Hook optimizer steps, patch checkpointing and DDP's constructor; returns the
-        functions that undo it."""
+        """Hook optimizer steps, patch checkpointing, DDP's constructor and
+        torch.distributed.pipelining (tracer.pipelining); returns the functions that undo it."""
         from torch.optim.optimizer import (register_optimizer_step_post_hook,
                                            register_optimizer_step_pre_hook)
         session = self._session
@@ -107,6 +108,7 @@ class PhaseRules:
         ddp = self._patch_ddp()
         if ddp is not None:
             undo.append(ddp)
+        undo.append(install_pipelining(session, self._annotations))   # passes, P2P phases
         return undo
 
     def _patch_checkpoint(self):

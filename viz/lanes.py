@@ -17,10 +17,10 @@ class Pass:
     step: int
     kind: str                  # "F" | "B" | "W"
     microbatch: Optional[int]
-    chunk: int
+    chunk: int                 # annotation: the rank's chunk; pipelining: the global stage
     start: int
     end: int
-    source: str                # "annotation" | "record_function" | "inferred"
+    source: str                # "annotation" | "record_function" | "schedule" | "inferred"
 
 
 @dataclass(frozen=True)
@@ -83,6 +83,7 @@ class RankLanes:
     op_names: list
     hidden_ops: int            # compute ops not kept for drawing (DRAWN_OPS)
     annotations: list          # (start, end, label, depth) of non-pass annotations
+    schedules: dict            # step -> (schedule, pp, microbatches, virtual stages) | None
     pipeline_group: tuple      # ranks this rank exchanges pipeline messages with (itself too)
     clock_error_ns: Optional[int]
     inferred_passes: list = field(default_factory=list)   # from the P2P order, when unnamed

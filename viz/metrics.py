@@ -31,6 +31,7 @@ class PipelineBubble:
     steady_fraction: Optional[float]
     cooldown_fraction: Optional[float]
     simulated_bubble_fraction: Optional[float] = None   # same passes, free communication
+    theoretical_bubble_fraction: Optional[float] = None  # the papers' formula for the schedule
 
 
 @dataclass(frozen=True)
@@ -129,6 +130,21 @@ def _theory(config: dict, pass_s: dict) -> Optional[float]:
     return theoretical_bubble(str(config.get("schedule") or ""), p, m, v, **times)
 
 
+def _step_theory(index: "_Index", lane: RankLanes, step: int, run_theory) -> Optional[float]:
+    """The theory of one step: from the schedule tracer.pipelining recorded on the pipeline
+    group in that step (pass times: the group's in the step), else the run's config's."""
+    ranks = index.timeline.ranks
+    found = {ranks[r].schedules[step] for r in lane.pipeline_group
+             if r in ranks and step in ranks[r].schedules}
+    if not found:
+        return run_theory
+    if len(found) > 1 or None in found:
+        return None
+    schedule, p, m, v = found.pop()
+    config = {"schedule": schedule, "pp": p, "microbatches": m, "virtual_stages": v}
+    return _theory(config, _pass_compute(index, {r: (step,) for r in lane.pipeline_group}))
+
+
 # ---------------------------------------------------------------------------- indexes
 class _Index:
     """Per-(rank, step) passes and receives, and each rank's compute as a prefix sum."""
@@ -183,8 +199,8 @@ def _ready(p: Pass, recv_starts: list, recv_ends: list) -> int:
     return max(recv_ends[i:j], default=p.start)
 
 
-def _pipeline_bubble(index: _Index, lane: RankLanes, step: int,
-                     replayed: dict) -> Optional[PipelineBubble]:
+def _pipeline_bubble(index: _Index, lane: RankLanes, step: int, replayed: dict,
+                     theory: Optional[float]) -> Optional[PipelineBubble]:
     """Bubble of ``lane`` in the step's pipeline window: from the first pass start to the last
     pass end over its pipeline group (aligned clocks)."""
     mine = index.passes.get((lane.rank, step), [])
@@ -209,11 +225,13 @@ def _pipeline_bubble(index: _Index, lane: RankLanes, step: int,
     span = hi - lo
     return PipelineBubble(_seconds(span), _seconds(sum(idle)), _ratio(sum(idle), span),
                           *(_ratio(x, span) for x in idle),
-                          simulated_bubble_fraction=replayed.get((lane.rank, step)))
+                          simulated_bubble_fraction=replayed.get((lane.rank, step)),
+                          theoretical_bubble_fraction=_step_theory(index, lane, step, theory))
 
 
 # ---------------------------------------------------------------------------- per step
-def _step_metrics(index: _Index, lane: RankLanes, step: int, replayed: dict) -> StepMetrics:
+def _step_metrics(index: _Index, lane: RankLanes, step: int, replayed: dict,
+                  theory: Optional[float]) -> StepMetrics:
     lo, hi = lane.steps[step]
     compute, comm = window(lane.compute, lo, hi), window(lane.comm_union, lo, hi)
     overlapped = length(intersect(compute, comm))
@@ -224,7 +242,7 @@ def _step_metrics(index: _Index, lane: RankLanes, step: int, replayed: dict) -> 
     return StepMetrics(step, lo, hi, _seconds(wall), _seconds(busy), _seconds(comm_ns),
                        _seconds(overlapped), _seconds(comm_ns - overlapped), _seconds(idle),
                        _ratio(overlapped, comm_ns), _ratio(wall - busy, wall),
-                       _pipeline_bubble(index, lane, step, replayed))
+                       _pipeline_bubble(index, lane, step, replayed, theory))
 
 
 def _pass_compute(index: _Index, counted: dict) -> dict:
@@ -256,11 +274,20 @@ def _totals(m: RankMetrics, use: list) -> None:
     parts = [sum(getattr(p, k) * p.window_s for p in pipes if getattr(p, k) is not None)
              for k in ("warmup_fraction", "steady_fraction", "cooldown_fraction")]
     bubble = sum(p.bubble_s for p in pipes)
-    sims = [p for p in pipes if p.simulated_bubble_fraction is not None]
-    sim = sum(p.simulated_bubble_fraction * p.window_s for p in sims)
     m.pipeline = PipelineBubble(span, bubble, _ratio(bubble, span),
                                 *(_ratio(x, span) for x in parts),
-                                _ratio(sim, sum(p.window_s for p in sims)))
+                                _weighted(pipes, "simulated_bubble_fraction"),
+                                _weighted(pipes, "theoretical_bubble_fraction"))
+    if m.theoretical_bubble_fraction is None and all(
+            p.theoretical_bubble_fraction is not None for p in pipes):
+        # no run-wide schedule in the config: the steps' own, weighted as the measurement is
+        m.theoretical_bubble_fraction = m.pipeline.theoretical_bubble_fraction
+
+
+def _weighted(pipes: list, key: str) -> Optional[float]:
+    """The window-weighted mean of ``key`` over the steps that have it."""
+    have = [p for p in pipes if getattr(p, key) is not None]
+    return _ratio(sum(getattr(p, key) * p.window_s for p in have), sum(p.window_s for p in have))
 
 
 def metrics_of(timeline: Timeline) -> dict:
@@ -273,7 +300,7 @@ def metrics_of(timeline: Timeline) -> dict:
     replayed = replayed_bubbles(timeline, index.passes, index.sends, index.compute)
     out = {}
     for rank, lane in timeline.ranks.items():
-        steps = [_step_metrics(index, lane, s, replayed) for s in sorted(lane.steps)]
+        steps = [_step_metrics(index, lane, s, replayed, theory) for s in sorted(lane.steps)]
         m = RankMetrics(rank, steps, tuple(counted[rank]), theoretical_bubble_fraction=theory,
                         passes=pass_s)
         if lane.clock_error_ns is not None:

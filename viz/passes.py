@@ -2,22 +2,29 @@
 
 A pass is one F, B or W pass of one micro-batch through one model chunk
 (:class:`viz.timeline.Pass`). Annotations (``tracer.annotate("F", microbatch=...)``) and
-torch.distributed.pipelining's record_function ranges name them (:mod:`tracer.labels`); when
-nothing does, :func:`infer_passes` reads them off the order of compute and P2P.
+torch.distributed.pipelining's record_function ranges name them (:mod:`tracer.labels`), and so
+do the ranges :mod:`tracer.pipelining` puts around its stages' calls, for every schedule; when
+nothing does, :func:`infer_passes` guesses them from the order of compute and P2P.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
-from tracer.labels import PHASE_BACKWARD, PHASE_FORWARD, PHASE_RECOMPUTE, pass_of
+from tracer.labels import PHASE_BACKWARD, PHASE_FORWARD, PHASE_RECOMPUTE, pass_of, schedule_of
 
 from .lanes import Pass
 
 
 def annotation_spans(rows) -> tuple:
-    """(passes, other annotation ranges as (start, end, label, depth)) of one rank's
-    :class:`viz.timeline.RankRows`."""
-    passes, others = [], []
+    """(passes, other annotation ranges as (start, end, label, depth), step -> the pipeline
+    schedule it ran or None) of one rank's :class:`viz.timeline.RankRows`.
+
+    Passes named by tracer.pipelining (source "schedule") win over pipelining's own
+    record_function labels in the steps that have both; the loss range after a forward
+    extends that forward pass. A step that ran two different schedules has none."""
+    passes, others, schedules = [], [], {}
     trace = rows.trace
     for i in np.nonzero(rows.op == rows.ann_code)[0].tolist():
         stack = trace.annotation(int(rows.annotation[i]))
@@ -27,18 +34,41 @@ def annotation_spans(rows) -> tuple:
         label = str(own.get("label", ""))
         start, end, step = int(rows.t0[i]), int(rows.t1[i]), int(rows.step[i])
         found = pass_of(label, own)
+        schedule = schedule_of(label, own)
         if found is not None:
-            passes.append(Pass(rows.rank, step, found.kind, found.microbatch, found.chunk, start,
-                               end, found.source))
+            passes.append((Pass(rows.rank, step, found.kind, found.microbatch, found.chunk, start,
+                                end, found.source), found.loss))
+        elif schedule is not None:
+            schedules[step] = schedule if schedules.get(step, schedule) == schedule else None
         else:
             others.append((start, end, label, len(stack) - 1))
-    return sorted(passes, key=lambda p: p.start), sorted(others)
+    return _merged(passes), sorted(others), schedules
+
+
+def _merged(found: list) -> list:
+    """Passes in start order: record_function passes dropped from steps with schedule passes, a
+    loss range merged into the forward pass it follows."""
+    by_schedule = {p.step for p, _ in found if p.source == "schedule"}
+    out, last = [], {}
+    for p, loss in sorted(found, key=lambda item: (item[0].start, -item[0].end)):
+        if p.source == "record_function" and p.step in by_schedule:
+            continue
+        key = (p.step, p.kind, p.microbatch, p.chunk)
+        if loss and key in last:
+            i = last[key]
+            out[i] = dataclasses.replace(out[i], end=max(out[i].end, p.end))
+            continue
+        last[key] = len(out)
+        out.append(p)
+    return out
 
 
 def infer_passes(rows, comm: list) -> list:
-    """Passes from the P2P order when nothing names them: a run of forward (backward) compute
-    ops is one F (B) pass; a recv starts a new pass and a send ends one. The k-th F (B) pass of
-    a step gets micro-batch k: exact for GPipe and 1F1B, not for interleaved schedules.
+    """Passes guessed from the P2P order when nothing names them: a run of forward (backward)
+    compute ops is one F (B) pass; a recv starts a new pass and a send ends one. The k-th F (B)
+    pass of a step gets micro-batch k. A guess: forward ops outside the pipeline's passes (data,
+    a loss or metric computed with grad on) make passes of their own and shift the numbers, and
+    interleaved or zero-bubble orders are not recovered (docs/metrics.md).
 
     Runs of equal (kind, step) are found with numpy; Python only walks the runs."""
     if not any(c.kind in ("send", "recv") and c.peer is not None for c in comm):

@@ -90,9 +90,10 @@ def _pass_work(mine: list, sent_at: np.ndarray, compute) -> tuple:
 
 
 def _virtual_stage(p: Pass, stage: int, stages: int) -> int:
-    """torch.distributed.pipelining labels name the global stage; annotations the rank's
-    chunk, which is virtual stage chunk*p + stage (Megatron's interleaving)."""
-    return p.chunk if p.source == "record_function" else p.chunk * stages + stage
+    """torch.distributed.pipelining's passes (its labels, tracer.pipelining's ranges) name the
+    global stage; annotations the rank's chunk, which is virtual stage chunk*p + stage
+    (Megatron's interleaving)."""
+    return p.chunk if p.source in ("record_function", "schedule") else p.chunk * stages + stage
 
 
 def _dependency(kind: str, microbatch: int, stage: int, stages: int) -> Optional[tuple]:

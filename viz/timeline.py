@@ -104,7 +104,7 @@ def rank_lanes(rows: RankRows, send_ends: dict, op_budget: int = DRAWN_OPS) -> R
     ``op_budget``: individual ops kept for drawing."""
     comm = _comm_spans(rows, send_ends)
     steps, closed = _step_windows(rows)
-    passes, others = annotation_spans(rows)
+    passes, others, schedules = annotation_spans(rows)
     group = {rows.rank}
     for c in comm:
         if c.kind in ("send", "recv") and c.group and not c.group.startswith("?"):
@@ -116,7 +116,7 @@ def rank_lanes(rows: RankRows, send_ends: dict, op_budget: int = DRAWN_OPS) -> R
         passes=passes, steps=steps, closed_steps=closed, op_start=rows.t0[drawn],
         op_end=rows.t1[drawn], op_name=rows.op[drawn], op_thread=rows.thread[drawn],
         op_names=rows.op_names, hidden_ops=int(rows.is_compute.sum() - drawn.sum()),
-        annotations=others, pipeline_group=tuple(sorted(group)),
+        annotations=others, schedules=schedules, pipeline_group=tuple(sorted(group)),
         clock_error_ns=rows.trace.clock_error_ns,
         inferred_passes=[] if passes else infer_passes(rows, comm),
         recorded_until=int(max(rows.t0.max(initial=0), rows.t1.max(initial=0))),
