@@ -121,7 +121,10 @@ def function_phase(frame, phase: int) -> int:
             if callee is None or not callee.f_code.co_argcount:
                 return phase
             ctx = callee.f_locals.get(callee.f_code.co_varnames[0])
-            needs = getattr(ctx, "needs_input_grad", None)
-            return PHASE_FORWARD if isinstance(needs, tuple) and any(needs) else phase
+            # NOTE: needs_input_grad ignores grad mode; the node's edges exist only when
+            # autograd records the Function (grad mode on, an input needing a gradient)
+            edges = getattr(ctx, "next_functions", None) \
+                if isinstance(ctx, torch._C._FunctionBase) else None
+            return PHASE_FORWARD if edges else phase
         callee, frame, depth = frame, frame.f_back, depth + 1
     return phase
