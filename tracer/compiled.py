@@ -35,10 +35,26 @@ LABEL = "torch.compile"
 
 def install(session, modules, compiled: bool) -> list:
     """Patch what the module's doc says; returns the functions that undo it."""
+    _run_frames_eagerly(type(modules)._pre, type(modules)._post)
     undo = [_patch_optimized_module()]
     if compiled:
         undo.append(_patch_compiler(session, modules))
     return [u for u in undo if u is not None]
+
+
+def _run_frames_eagerly(*functions) -> None:
+    """Dynamo never compiles a call of these as a frame of its own (a module hook called from a
+    compiled module's ``__call__``); inlined into a traced frame they still are. Otherwise
+    Dynamo caches the hook as traced, a no-op, and runs that whenever it is called inside a
+    compiled module, even while recording with compiled="eager"."""
+    try:
+        from torch._C._dynamo import eval_frame
+        strategy = eval_frame._FrameExecStrategy(eval_frame._FrameAction.SKIP,
+                                                 eval_frame._FrameAction.DEFAULT)
+    except (ImportError, AttributeError):     # pragma: no cover - another torch
+        return
+    for fn in functions:
+        eval_frame.set_code_exec_strategy(fn.__code__, strategy)
 
 
 def _patch_optimized_module():

@@ -13,6 +13,7 @@ import torch
 from torch.nn.modules import module as _module
 
 _is_compiling = torch.compiler.is_compiling
+_GraphModule = torch.fx.GraphModule
 
 
 def _unwrapped(module):
@@ -83,7 +84,9 @@ class ModuleTracker:
                 paths = {id(m): n for n, m in root.named_modules(remove_duplicate=False)}
                 self._root_paths[root] = paths
             name = paths.get(id(module))
-            path = f"{root_path}.{name}" if name else type(module).__name__
+            # a GraphModule nobody owns is a compiled graph (compiled.py) run by its backend
+            path = f"{root_path}.{name}" if name else parent_path \
+                if isinstance(module, _GraphModule) else type(module).__name__
         key = id(module)
         try:
             # NOTE: by id, not a WeakKeyDictionary (which makes a weakref at every lookup); the
