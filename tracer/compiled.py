@@ -26,6 +26,7 @@ What this module adds while recording:
 """
 from __future__ import annotations
 
+import weakref
 from time import perf_counter_ns as _now
 
 import torch
@@ -128,7 +129,9 @@ class Region:
     """A compiled graph that records each of its calls as a range."""
 
     def __init__(self, session, modules, fn, attrs: dict):
-        self._session, self._modules, self._fn, self._attrs = session, modules, fn, attrs
+        # NOTE: Dynamo keeps the graph after the trace ends: it must not keep the session alive
+        self._session, self._modules = weakref.ref(session), weakref.ref(modules)
+        self._fn, self._attrs = fn, attrs
 
     def __getattr__(self, name):     # what Dynamo or a backend reads on the function it called
         fn = self.__dict__.get("_fn")
@@ -137,39 +140,40 @@ class Region:
         return getattr(fn, name)
 
     def __call__(self, *args, **kwargs):
-        session = self._session
-        if session._passthrough or not session._open:
+        session, modules = self._session(), self._modules()
+        if session is None or modules is None or session._passthrough or not session._open:
             return self._fn(*args, **kwargs)
-        attrs = dict(self._attrs, module=self._modules.path, **{"pass": "forward"})
+        attrs = dict(self._attrs, module=modules.path, **{"pass": "forward"})
         entry, t0 = session.open_range(LABEL, attrs), _now()
         try:
             out = self._fn(*args, **kwargs)
         finally:
             session.close_range(entry, t0)
-        self._hook_backward(out, dict(attrs, **{"pass": "backward"}))
+        _hook_backward(session, out, dict(attrs, **{"pass": "backward"}))
         return out
 
-    def _hook_backward(self, out, attrs: dict) -> None:
-        """A range around the backward of this call: hooks on its outputs' compiled node."""
-        nodes = {}
-        for t in (out if isinstance(out, (list, tuple)) else (out,)):
-            node = getattr(t, "grad_fn", None) if isinstance(t, torch.Tensor) else None
-            if node is not None and "CompiledFunction" not in node.name():
-                node = next((n for n, _ in node.next_functions
-                             if n is not None and "CompiledFunction" in n.name()), None)
-            if node is not None and "CompiledFunction" in node.name():
-                nodes[id(node)] = node
-        session, state = self._session, {}
 
-        def pre(grad_outputs):
-            if not session._passthrough and session._open:
-                state["open"] = (session.open_range(LABEL, attrs), _now())
+def _hook_backward(session, out, attrs: dict) -> None:
+    """A range around the backward of this call: hooks on its outputs' compiled node."""
+    nodes = {}
+    for t in (out if isinstance(out, (list, tuple)) else (out,)):
+        node = getattr(t, "grad_fn", None) if isinstance(t, torch.Tensor) else None
+        if node is not None and "CompiledFunction" not in node.name():
+            node = next((n for n, _ in node.next_functions
+                         if n is not None and "CompiledFunction" in n.name()), None)
+        if node is not None and "CompiledFunction" in node.name():
+            nodes[id(node)] = node
+    state = {}
 
-        def post(grad_inputs, grad_outputs):
-            opened = state.pop("open", None)
-            if opened is not None:
-                session.close_range(*opened)
+    def pre(grad_outputs):
+        if not session._passthrough and session._open:
+            state["open"] = (session.open_range(LABEL, attrs), _now())
 
-        for node in nodes.values():
-            node.register_prehook(pre)
-            node.register_hook(post)
+    def post(grad_inputs, grad_outputs):
+        opened = state.pop("open", None)
+        if opened is not None:
+            session.close_range(*opened)
+
+    for node in nodes.values():
+        node.register_prehook(pre)
+        node.register_hook(post)
