@@ -30,7 +30,7 @@ _NULL = contextlib.nullcontext()
 def trace(out_dir: str, *, steps=None, stack_depth: int = 32, library_frames: bool = False,
           record_shapes: bool = True, record_stacks: bool = True, record_modules: bool = True,
           user_paths=(), clock_sync: bool = True, flush_interval: float = 0.25,
-          device_time: bool = True):
+          device_time: bool = True, compiled: str = "compiled"):
     """Record this process into ``out_dir/rank-<R>.arrow`` while the ``with`` block runs.
 
     Rank and world size come from torch.distributed once it is initialized (a process group
@@ -51,13 +51,16 @@ def trace(out_dir: str, *, steps=None, stack_depth: int = 32, library_frames: bo
         device_time: on CUDA, record when each op's GPU work ran (CUPTI through torch.profiler,
             ``rank-<R>.device.arrow``; docs/gpu.md). Off, or without CUDA, op times are host
             times (on a GPU: launch times).
+        compiled: ``"compiled"``: torch.compile'd code runs compiled, each compiled region is
+            recorded as a range holding what it dispatches (extern kernels, fallbacks,
+            collectives); ``"eager"``: it runs eagerly, every op recorded (docs/phases.md).
     """
     from .session import Session     # torch is imported only to record, not to read
     return Session(out_dir, TraceOptions(
         steps=steps, stack_depth=stack_depth, library_frames=library_frames,
         record_shapes=record_shapes, record_stacks=record_stacks, record_modules=record_modules,
         user_paths=user_paths, clock_sync=clock_sync, flush_interval=flush_interval,
-        device_time=device_time))
+        device_time=device_time, compiled=compiled))
 
 
 def annotate(label: str, **attrs):

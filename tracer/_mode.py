@@ -14,10 +14,20 @@ _NO_KWARGS: dict = {}
 
 
 class RecordingMode(TorchDispatchMode):
-    def __init__(self, on_op):
+    def __init__(self, on_op, compiled: bool = True):
         super().__init__()
         self._on_op = on_op
+        # ops on tensor subclasses (DTensor, FakeTensor, AsyncCollectiveTensor): dtensor.py
+        self._on_subclass = lambda func, types, args, kwargs: on_op(func, args, kwargs)
+        self._compiled = compiled   # torch.compile's code runs compiled (compiled.py)
         self._depth = -1            # stack position while suspended, else -1
+
+    def ignore_compile_internals(self) -> bool:
+        # NOTE: torch asks every mode on the stack (an instance method answers as well as a
+        # classmethod): True lets Dynamo compile while the mode records, with the mode off the
+        # stack while it compiles and on while compiled code runs; False: Dynamo skips every
+        # frame and the program runs eagerly, op by op (compiled="eager").
+        return self._compiled
 
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
@@ -27,6 +37,8 @@ class RecordingMode(TorchDispatchMode):
         return False
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if types:      # () for plain tensors: the hot path pays this one test
+            return self._on_subclass(func, types, args, kwargs or _NO_KWARGS)
         return self._on_op(func, args, kwargs or _NO_KWARGS)
 
     @classmethod

@@ -12,6 +12,7 @@ keeps no end time; it is described in the trace's metadata instead.
 """
 from __future__ import annotations
 
+import sys
 import threading
 import weakref
 from time import perf_counter_ns as _now
@@ -21,8 +22,10 @@ import torch
 import torch.distributed as dist
 
 from . import ops, rows
+from .labels import PHASE_BACKWARD, PHASE_FORWARD
 
 COMM_ROW = rows.COMM_ROW
+_current_node = torch._C._current_autograd_node
 
 
 class CommRecord:
@@ -239,3 +242,40 @@ def _tensor_bytes(value):
             total += nbytes
             dtype = dtype or dt
     return total, dtype
+
+
+def special_op(session, special, func, args, kwargs, op_id):
+    """The hot path's special ops (ops.classify): the wait of a functional collective (it
+    completes its collective and takes its phase) and record_function ranges."""
+    if special == ops.WAIT:
+        t0 = _now()
+        out = func(*args, **kwargs)
+        t1 = _now()
+        tracker = session._comm
+        pending = tracker.funcol_take(args[0] if args else kwargs.get("tensor"))
+        cid = None
+        if pending is not None:
+            cid = pending.cid
+            tracker.complete(pending, t1)
+        # the frame that dispatched the op (special_op <- on_op <- __torch_dispatch__ <- it)
+        stack = session._capture(sys._getframe(3)) if session._record_stacks else None
+        hint = session._annotations.phase_hint
+        phase = pending.phase if pending is not None else PHASE_BACKWARD \
+            if _current_node() is not None else (hint if hint is not None else PHASE_FORWARD)
+        session._push(rows.record(
+            t0=t0, t1=t1, op=op_id, phase=phase, module=session._modules.current, stack=stack,
+            annotation=session._annotations.current, step=session.step_index,
+            thread=session._thread(), cid=cid))
+        return out
+    out = func(*args, **kwargs)
+    if special == ops.RF_ENTER:
+        session._open_ranges += 1
+        name = args[0] if args else kwargs.get("name", "?")
+        entry = session._annotations.push(str(name), {"source": "record_function"})
+        session._annotations.open_record_function(entry, _now())
+    elif special == ops.RF_EXIT:
+        session._open_ranges = max(0, session._open_ranges - 1)
+        opened = session._annotations.close_record_function()
+        if opened is not None:
+            session.close_range(*opened)
+    return out

@@ -9,7 +9,17 @@ from __future__ import annotations
 
 import weakref
 
+import torch
 from torch.nn.modules import module as _module
+
+_is_compiling = torch.compiler.is_compiling
+_GraphModule = torch.fx.GraphModule
+
+
+def _unwrapped(module):
+    """The module a torch.compile OptimizedModule wraps, else the module."""
+    return module.__dict__["_modules"]["_orig_mod"] \
+        if type(module).__name__ == "OptimizedModule" else module
 
 
 class ModuleTracker:
@@ -23,6 +33,11 @@ class ModuleTracker:
         self._root_paths = weakref.WeakKeyDictionary()
         self.roots = weakref.WeakSet()     # modules called with no module around (phases.py)
         self._handles = []
+
+    @property
+    def path(self):
+        """The innermost running module's path, or None."""
+        return self._stack[-1][2] if self._stack else None
 
     def install(self) -> None:
         self._handles = [
@@ -50,7 +65,7 @@ class ModuleTracker:
         if not self._stack:
             if module not in self.roots:
                 self.roots.add(module)
-            return type(module).__name__
+            return type(_unwrapped(module)).__name__
         parent, _, parent_path = self._stack[-1]
         cached = self._names.get(id(module))
         if cached is not None and cached[0]() is module and cached[1]() is parent:
@@ -58,7 +73,9 @@ class ModuleTracker:
         path = None
         for attr, child in parent._modules.items():
             if child is module:
-                path = f"{parent_path}.{attr}"
+                # torch.compile's OptimizedModule is named as the module it wraps
+                path = parent_path if attr == "_orig_mod" and _unwrapped(parent) is module \
+                    else f"{parent_path}.{attr}"
                 break
         if path is None:
             root, _, root_path = self._stack[0]
@@ -67,7 +84,9 @@ class ModuleTracker:
                 paths = {id(m): n for n, m in root.named_modules(remove_duplicate=False)}
                 self._root_paths[root] = paths
             name = paths.get(id(module))
-            path = f"{root_path}.{name}" if name else type(module).__name__
+            # a GraphModule nobody owns is a compiled graph (compiled.py) run by its backend
+            path = f"{root_path}.{name}" if name else parent_path \
+                if isinstance(module, _GraphModule) else type(module).__name__
         key = id(module)
         try:
             # NOTE: by id, not a WeakKeyDictionary (which makes a weakref at every lookup); the
@@ -92,13 +111,19 @@ class ModuleTracker:
             self.current = self._stack[-1][1] if self._stack else -1
         return old
 
+    # NOTE: while Dynamo traces a module call it inlines these hooks: they must do nothing
+    # there (compiled.py); in eager code is_compiling() is one call
     def _pre(self, module, args):
+        if _is_compiling():
+            return
         path = self._name(module)
         pid = self._intern(path)
         self._stack.append((module, pid, path))
         self.current = pid
 
     def _post(self, module, args, output):
+        if _is_compiling():
+            return
         stack = self._stack
         # Pop up to and including this module (a forward that raised may have left entries).
         for i in range(len(stack) - 1, -1, -1):

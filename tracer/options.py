@@ -30,6 +30,12 @@ def parse_steps(spec) -> Optional[Callable[[int], bool]]:
     return lambda step: any(lo <= step and (hi is None or step <= hi) for lo, hi in ranges)
 
 
+# How torch.compile'd code runs while recording (docs/phases.md#torchcompile): "compiled", as
+# it would untraced (compiled regions recorded as ranges, what they dispatch inside them), or
+# "eager": Dynamo skips every frame, the program runs op by op, every op recorded.
+COMPILED = ("compiled", "eager")
+
+
 @dataclass(frozen=True)
 class TraceOptions:
     """What :func:`tracer.trace` was asked to record (see its docstring for each option)."""
@@ -46,9 +52,12 @@ class TraceOptions:
     flush_interval: float = 0.25
     auto_step: bool = True
     device_time: bool = True
+    compiled: str = "compiled"
 
     def __post_init__(self):
         parse_steps(self.steps)          # a bad selection fails here, before recording starts
+        if self.compiled not in COMPILED:
+            raise ValueError(f"compiled={self.compiled!r}: use one of {', '.join(COMPILED)}")
         if self.steps is not None:
             object.__setattr__(self, "steps", str(self.steps))
         object.__setattr__(self, "user_paths", tuple(self.user_paths))
@@ -62,4 +71,4 @@ class TraceOptions:
         return dict(steps=self.steps, stack_depth=self.stack_depth,
                     library_frames=self.library_frames, record_shapes=self.record_shapes,
                     record_stacks=self.record_stacks, record_modules=self.record_modules,
-                    device_time=self.device_time)
+                    device_time=self.device_time, compiled=self.compiled)

@@ -19,13 +19,14 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from . import _active, ops, rows, rundir, status
+from . import _active, compiled, ops, rows, rundir, status
 from ._mode import RecordingMode
 from .annotations import AnnotationStack, Range
 from .clock import ClockAlignment
-from .comm import CommTracker
+from .comm import CommTracker, special_op
 from .device import DeviceRecorder, clock_pair, cuda_in_use, pairs_meta
 from .dictionaries import Dictionaries
+from .dtensor import SubclassOps, function_phase
 from .flusher import Flusher
 from .labels import (PHASE_BACKWARD, PHASE_FORWARD, PHASE_OPTIMIZER, PHASE_OTHER,
                      PHASE_RECOMPUTE)
@@ -124,7 +125,8 @@ class Session:
                                               on_destroy=self._on_pg_destroy,
                                               on_work_waited=self._comm.work_waited))
         RecordingMode.skip_dynamo()
-        self._mode = RecordingMode(self.on_op)
+        self._mode = RecordingMode(self.on_op, compiled=self.options.compiled != "eager")
+        self._mode._on_subclass = SubclassOps(self, self._mode)     # DTensor (dtensor.py)
         self._mode.__enter__()
         self._owner = threading.get_ident()
         if not self._recording:
@@ -183,6 +185,7 @@ class Session:
             self._undo.append(self._modules.remove)
         # optimizer step hooks, checkpointing's recomputation, DDP's constructor
         self._undo.extend(self._rules.install(self._optimizer_post))
+        self._undo.extend(compiled.install(self, self._modules, self.options.compiled != "eager"))
 
     def _on_pg_init(self, t0: Optional[int] = None) -> None:
         if self._pg_seen or not (dist.is_available() and dist.is_initialized()):
@@ -236,7 +239,7 @@ class Session:
         if self._device_wanted and not self._open_ranges:
             self._start_device()
         if special is not None:
-            return self._special_op(special, func, args, kwargs, op_id)
+            return special_op(self, special, func, args, kwargs, op_id)
         if comm is not None and not self._pg_seen:
             self._on_pg_init()
         if self._funcol:
@@ -290,6 +293,8 @@ class Session:
         if comm is not None:
             if hint is None:
                 phase = self._rules.collective(phase, node, module, args, comm)
+                if phase == PHASE_OTHER and node is None:     # in an autograd Function?
+                    phase = function_phase(sys._getframe(2), phase)
             cid = self._comm.launch(comm, args, out, t0, t1, phase, self.step_index, thread)
         self._push(_pack(t0, t1 if cid < 0 else -1, op_id, phase, module, stack, fwd_stack,
                          self._annotations.current, self.step_index, thread, shapes, cid))
@@ -314,39 +319,6 @@ class Session:
             thread = self._threads[ident] = len(self._threads)
             self._flusher.merge_meta("threads", {str(thread): ident})   # for CUPTI's thread ids
         return thread
-
-    def _special_op(self, special, func, args, kwargs, op_id):
-        """Waits of functional collectives and record_function ranges."""
-        if special == ops.WAIT:
-            t0 = _now()
-            out = func(*args, **kwargs)
-            t1 = _now()
-            pending = self._comm.funcol_take(args[0] if args else kwargs.get("tensor"))
-            cid = None
-            if pending is not None:
-                cid = pending.cid
-                self._comm.complete(pending, t1)
-            stack = self._capture(sys._getframe(3)) if self._record_stacks else None
-            hint = self._annotations.phase_hint
-            phase = pending.phase if pending is not None else PHASE_BACKWARD \
-                if _current_node() is not None else (hint if hint is not None else PHASE_FORWARD)
-            self._push(rows.record(
-                t0=t0, t1=t1, op=op_id, phase=phase, module=self._modules.current, stack=stack,
-                annotation=self._annotations.current, step=self.step_index,
-                thread=self._thread(), cid=cid))
-            return out
-        out = func(*args, **kwargs)
-        if special == ops.RF_ENTER:
-            self._open_ranges += 1
-            name = args[0] if args else kwargs.get("name", "?")
-            entry = self._annotations.push(str(name), {"source": "record_function"})
-            self._annotations.open_record_function(entry, _now())
-        elif special == ops.RF_EXIT:
-            self._open_ranges = max(0, self._open_ranges - 1)
-            opened = self._annotations.close_record_function()
-            if opened is not None:
-                self.close_range(*opened)
-        return out
 
     # ------------------------------------------------------------------ annotations & steps
     def annotate(self, label: str, attrs: dict) -> Range:

@@ -1,0 +1,179 @@
+"""torch.compile under the recorder: compiled code runs compiled, and each call of a compiled
+region is recorded as an annotation range (docs/phases.md#torchcompile).
+
+Dynamo skips every frame while a TorchDispatchMode whose ``ignore_compile_internals()`` is
+False is on the stack, so a plain mode turns ``torch.compile(model)`` into the eager program.
+The recording mode answers True (``_mode.py``) unless the trace asks for ``compiled="eager"``:
+Dynamo then compiles with the mode off the stack and runs the compiled code with it on, so the
+mode sees what that code dispatches (extern kernels such as ``aten.addmm.out``, fallbacks,
+functional collectives and their waits), not the fused kernels (on a GPU the device recorder
+sees those).
+
+What this module adds while recording:
+
+- every graph a backend compiles (Dynamo's ``OutputGraph.call_user_compiler``) is wrapped: a
+  call is an annotation range labelled ``torch.compile`` with attributes ``{"source":
+  "torch.compile", "graph": "<frame>/<recompile>", "code": "file:line", "fn": name, "backend",
+  "module", "pass": "forward"}``; the backward of that call (the ``CompiledFunctionBackward``
+  node of its outputs, AOTAutograd backends) is a second range with ``"pass": "backward"``,
+  from hooks on that node;
+- the module hooks return at once while Dynamo traces (modules.py): Dynamo inlines them as
+  nothing instead of failing on, or graph-breaking at, their bookkeeping; inside compiled code
+  ops carry the module that called the compiled region;
+- ``OptimizedModule.__call__`` without its warning about global module hooks: the warning says
+  the hooks fire for the wrapper and again for the wrapped module; the module tracker names the
+  wrapper as the module it wraps (modules.py), so that is harmless here.
+"""
+from __future__ import annotations
+
+import weakref
+from time import perf_counter_ns as _now
+
+import torch
+
+LABEL = "torch.compile"
+
+
+def install(session, modules, compiled: bool) -> list:
+    """Patch what the module's doc says; returns the functions that undo it."""
+    _run_frames_eagerly(type(modules)._pre, type(modules)._post)
+    undo = [_patch_optimized_module()]
+    if compiled:
+        undo.append(_patch_compiler(session, modules))
+    return [u for u in undo if u is not None]
+
+
+def _run_frames_eagerly(*functions) -> None:
+    """Dynamo never compiles a call of these as a frame of its own (a module hook called from a
+    compiled module's ``__call__``); inlined into a traced frame they still are. Otherwise
+    Dynamo caches the hook as traced, a no-op, and runs that whenever it is called inside a
+    compiled module, even while recording with compiled="eager"."""
+    try:
+        from torch._C._dynamo import eval_frame
+        strategy = eval_frame._FrameExecStrategy(eval_frame._FrameAction.SKIP,
+                                                 eval_frame._FrameAction.DEFAULT)
+    except (ImportError, AttributeError):     # pragma: no cover - another torch
+        return
+    for fn in functions:
+        eval_frame.set_code_exec_strategy(fn.__code__, strategy)
+
+
+def _patch_optimized_module():
+    try:
+        from torch._dynamo import eval_frame
+    except ImportError:    # pragma: no cover - torch without Dynamo
+        return None
+    cls = getattr(eval_frame, "OptimizedModule", None)
+    in_optimized = getattr(eval_frame, "_set_in_optimized_module", None)
+    if cls is None or in_optimized is None:    # another torch: keep its warning
+        return None
+    original = cls.__call__
+
+    def call(self, *args, **kwargs):
+        with in_optimized():
+            return torch.nn.Module.__call__(self, *args, **kwargs)
+
+    cls.__call__ = call
+
+    def undo():
+        cls.__call__ = original
+    return undo
+
+
+def _patch_compiler(session, modules):
+    try:
+        from torch._dynamo.output_graph import OutputGraph
+    except ImportError:    # pragma: no cover
+        return None
+    original = OutputGraph.call_user_compiler
+
+    def call_user_compiler(graph, gm, example_inputs):
+        compiled_fn = original(graph, gm, example_inputs)
+        try:
+            return Region(session, modules, _forward_of(compiled_fn), _describe(graph))
+        except Exception:     # never let the recorder break a compilation
+            return compiled_fn
+
+    OutputGraph.call_user_compiler = call_user_compiler
+
+    def undo():
+        OutputGraph.call_user_compiler = original
+    return undo
+
+
+def _forward_of(compiled_fn):
+    """What Dynamo would run: a lazy GraphModule is recompiled now (as Dynamo does when it
+    sees one, which it no longer can once wrapped)."""
+    from torch.fx._lazy_graph_module import _LazyGraphModule
+    owner = getattr(compiled_fn, "__self__", None)
+    if isinstance(compiled_fn, _LazyGraphModule) or (
+            isinstance(owner, _LazyGraphModule)
+            and getattr(compiled_fn, "__name__", "") == "_lazy_forward"):
+        lazy = compiled_fn if isinstance(compiled_fn, _LazyGraphModule) else owner
+        _LazyGraphModule.force_recompile(lazy)
+        if not isinstance(compiled_fn, _LazyGraphModule):
+            compiled_fn = lazy.forward
+    return compiled_fn
+
+
+def _describe(graph) -> dict:
+    code = graph.root_tx.f_code
+    backend = getattr(graph.compiler_fn, "compiler_name", None) or \
+        getattr(graph.compiler_fn, "__name__", None) or type(graph.compiler_fn).__name__
+    return {"source": LABEL, "graph": str(getattr(graph, "dynamo_compile_id", "?")),
+            "code": f"{code.co_filename}:{code.co_firstlineno}", "fn": code.co_qualname
+            if hasattr(code, "co_qualname") else code.co_name, "backend": str(backend)}
+
+
+class Region:
+    """A compiled graph that records each of its calls as a range."""
+
+    def __init__(self, session, modules, fn, attrs: dict):
+        # NOTE: Dynamo keeps the graph after the trace ends: it must not keep the session alive
+        self._session, self._modules = weakref.ref(session), weakref.ref(modules)
+        self._fn, self._attrs = fn, attrs
+
+    def __getattr__(self, name):     # what Dynamo or a backend reads on the function it called
+        fn = self.__dict__.get("_fn")
+        if fn is None:
+            raise AttributeError(name)
+        return getattr(fn, name)
+
+    def __call__(self, *args, **kwargs):
+        session, modules = self._session(), self._modules()
+        if session is None or modules is None or session._passthrough or not session._open:
+            return self._fn(*args, **kwargs)
+        attrs = dict(self._attrs, module=modules.path, **{"pass": "forward"})
+        entry, t0 = session.open_range(LABEL, attrs), _now()
+        try:
+            out = self._fn(*args, **kwargs)
+        finally:
+            session.close_range(entry, t0)
+        _hook_backward(session, out, dict(attrs, **{"pass": "backward"}))
+        return out
+
+
+def _hook_backward(session, out, attrs: dict) -> None:
+    """A range around the backward of this call: hooks on its outputs' compiled node."""
+    nodes = {}
+    for t in (out if isinstance(out, (list, tuple)) else (out,)):
+        node = getattr(t, "grad_fn", None) if isinstance(t, torch.Tensor) else None
+        if node is not None and "CompiledFunction" not in node.name():
+            node = next((n for n, _ in node.next_functions
+                         if n is not None and "CompiledFunction" in n.name()), None)
+        if node is not None and "CompiledFunction" in node.name():
+            nodes[id(node)] = node
+    state = {}
+
+    def pre(grad_outputs):
+        if not session._passthrough and session._open:
+            state["open"] = (session.open_range(LABEL, attrs), _now())
+
+    def post(grad_inputs, grad_outputs):
+        opened = state.pop("open", None)
+        if opened is not None:
+            session.close_range(*opened)
+
+    for node in nodes.values():
+        node.register_prehook(pre)
+        node.register_hook(post)
