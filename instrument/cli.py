@@ -60,6 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
     own.add_argument("--no-device-time", action="store_true",
                      help="on CUDA, do not record GPU activity (CUPTI through torch.profiler); "
                      "op times are then host launch times")
+    own.add_argument("--compile-eagerly", action="store_true",
+                     help="run torch.compile'd code eagerly, op by op, for full op detail "
+                     "(default: compiled code runs compiled, one range per compiled graph)")
     own.add_argument("--no-report", action="store_true",
                      help="only record: skip summary.json and the HTML report")
     own.add_argument("--timeout", type=float, metavar="SECONDS", default=None,
@@ -147,6 +150,8 @@ def worker_args(args: argparse.Namespace, out: str, target: Target) -> list:
         own.append("--include-library-frames")
     if args.no_device_time:
         own.append("--no-device-time")
+    if args.compile_eagerly:
+        own.append("--compile-eagerly")
     run = ["-m", target.module] if target.module else [target.script]
     return ["-u", "-m", "instrument.bootstrap", *own, "--", *run, *target.args]
 

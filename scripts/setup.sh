@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs everything paratrace needs on a fresh Debian machine with Python >= 3.9 (idempotent):
-# graphviz's dot and Chromium (tests only) from Debian, the CPU build of torch 2.13.0 and the
+# graphviz's dot, Chromium and g++ (tests only) from Debian, the CPU build of torch 2.13.0 and the
 # package itself (editable, with test extras) from PyPI.
 #   bash scripts/setup.sh          # what trace-run needs
 #   bash scripts/setup.sh --test   # plus Chromium for the browser tests
@@ -11,6 +11,8 @@ need_apt=()
 command -v dot >/dev/null 2>&1 || need_apt+=(graphviz)
 if [ "${1:-}" = "--test" ]; then
   command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
+  # torch.compile's inductor builds its CPU kernels with a C++ compiler (test_phases_compile)
+  command -v g++ >/dev/null 2>&1 || need_apt+=(g++)
 fi
 if [ ${#need_apt[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
