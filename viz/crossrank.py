@@ -34,7 +34,7 @@ from typing import Optional
 
 from tracer.ops import group_ranks
 
-from .lanes import Timeline
+from .lanes import SLOTS, Timeline
 
 P2P = ("send", "recv")
 MAX_LISTED = 100               # mismatches listed in summary.json (all are counted)
@@ -57,7 +57,7 @@ def collective_size(kind: str, nbytes: int, n: int) -> int:
     return nbytes * n if kind == "all_gather" else nbytes
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, **SLOTS)
 class Matched:
     """One collective, matched over its group."""
 

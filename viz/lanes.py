@@ -3,13 +3,19 @@ timeline of all ranks. Plain data, built by :mod:`viz.timeline` (host clock) and
 :mod:`viz.device_lanes` (device clock), read by the metrics and the renderers."""
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
 
+# Records made by the hundred thousand (a 64-rank run holds ~0.5M CommSpans and Passes): slots
+# save their per-instance dict. Python 3.11+ only, where frozen slotted dataclasses pickle
+# (worker processes and Dask send them back).
+SLOTS = {"slots": True} if sys.version_info >= (3, 11) else {}
 
-@dataclass(frozen=True)
+
+@dataclass(frozen=True, **SLOTS)
 class Pass:
     """One F, B or W pass of one micro-batch through one model chunk on one rank."""
 
@@ -23,7 +29,7 @@ class Pass:
     source: str                # "annotation" | "record_function" | "schedule" | "inferred"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, **SLOTS)
 class CommSpan:
     """One collective or P2P operation: launch to (effective) completion."""
 
@@ -43,7 +49,7 @@ class CommSpan:
     site: Optional[tuple] = None   # innermost user frame that issued it (viz.groups.Frame)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, **SLOTS)
 class P2PEnd:
     """One send or receive of a rank, as :func:`match_p2p` needs it."""
 
@@ -55,7 +61,7 @@ class P2PEnd:
     end: int                   # completion on rank 0's clock, -1 if never completed
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, **SLOTS)
 class P2PLink:
     """A send matched with the receive that consumed it (for flows and send completion)."""
 
