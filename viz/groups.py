@@ -133,9 +133,12 @@ def _group_rows(columns: list) -> tuple:
     return inverse.reshape(-1), first
 
 
-def op_groups(trace, durations: Optional[np.ndarray] = None) -> list:
+def op_groups(trace, durations: Optional[np.ndarray] = None,
+              split_cache: Optional[dict] = None) -> list:
     """One rank's ops and collectives aggregated into :class:`OpGroup` s (pseudo-ops dropped).
-    Each event weighs its host interval, or ``durations[row]`` when given (device time)."""
+    Each event weighs its host interval, or ``durations[row]`` when given (device time).
+    ``split_cache`` (stack code -> its frames split) shares the frames between calls over the
+    same stack dictionary: groups of several step ranges of a rank then hold one copy."""
     if len(trace) == 0:
         return []
     op_names = trace.dictionary("op")
@@ -158,7 +161,7 @@ def op_groups(trace, durations: Optional[np.ndarray] = None) -> list:
     kinds = trace.col("kind")[rows][first]
     kind_names, shape_names = trace.dictionary("kind"), trace.dictionary("shapes")
     module_names, stack_texts = trace.dictionary("module"), trace.dictionary("stack")
-    split_cache: dict = {}
+    split_cache = {} if split_cache is None else split_cache
 
     def split(code: int) -> tuple:
         # NOTE: decodes from one copy of the dictionary; Trace.stack(code) copies the whole

@@ -106,21 +106,25 @@ def analyse_rank(trace: Trace, rank: int, send_ends: dict, op_budget: int = DRAW
         lanes = on_device(lanes, rows, dev)
     durations = None if dev is None else dev.row_ns
     counted = tuple(counted_steps(lanes))
+    frames: dict = {}         # the stacks' frames, shared by both groupings
+    groups = op_groups(trace, durations, frames)
     return RankAnalysis(
         rank=rank, path=trace.path, meta=trace.meta, warnings=list(trace.warnings),
-        events=len(trace), steps=recorded_steps(trace), groups=op_groups(trace, durations),
+        events=len(trace), steps=recorded_steps(trace), groups=groups,
         op_counts=op_counts(trace), op_counts_by_phase=op_counts_by_phase(trace),
         comm=comm_rows(trace), lanes=lanes, last_op=last_op(trace),
         device=None if dev is None else dev.summary(trace.dictionary("op"), trace.col("op")),
-        counted_steps=counted, counted_groups=_groups_over(trace, counted, durations))
+        counted_steps=counted,
+        counted_groups=_groups_over(trace, counted, durations, frames, all_steps=groups))
 
 
-def _groups_over(trace: Trace, steps, durations: Optional[np.ndarray]) -> list:
-    """The op groups of ``steps`` only."""
+def _groups_over(trace: Trace, steps, durations: Optional[np.ndarray],
+                 frames: Optional[dict] = None, all_steps: Optional[list] = None) -> list:
+    """The op groups of ``steps`` only (``all_steps``: the groups of every step, if known)."""
     mask = np.isin(trace.col("step"), sorted(steps))
     if mask.all():
-        return op_groups(trace, durations)
-    return op_groups(trace.select(mask), None if durations is None else durations[mask])
+        return all_steps if all_steps is not None else op_groups(trace, durations, frames)
+    return op_groups(trace.select(mask), None if durations is None else durations[mask], frames)
 
 
 @dataclass
