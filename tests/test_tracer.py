@@ -224,7 +224,9 @@ MILLION_CHILD = r"""
 import resource, sys, torch, tracer
 x = torch.ones(1)
 n = int(sys.argv[2])
-with tracer.trace(sys.argv[1]):
+# stacks and shapes off: a fifth cheaper per op (19 s instead of 24 s here), and neither changes
+# what an event holds in memory (an interned id, -1 here)
+with tracer.trace(sys.argv[1], record_stacks=False, record_shapes=False):
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     for _ in range(n):
         x.add_(1)
