@@ -15,6 +15,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.checkpoint import checkpoint
 
 import tracer
+from comm_sections import counts
 
 
 class Block(nn.Module):
@@ -56,10 +57,6 @@ def function_case() -> None:
     with tracer.annotate("function"):
         y = Double.apply(x)                          # APPLY LINE: its backward belongs here
         y.sum().backward()
-
-
-def counts(mode: CommDebugMode) -> dict:
-    return {str(op).split(".")[-1]: n for op, n in mode.get_comm_counts().items()}
 
 
 def ddp_case(debug: dict) -> None:

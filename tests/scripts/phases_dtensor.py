@@ -19,23 +19,7 @@ from torch.distributed.tensor import Shard, distribute_tensor
 from torch.distributed.tensor.debug import CommDebugMode
 
 import tracer
-
-
-def counts(mode: CommDebugMode) -> dict:
-    return {str(op).split(".")[-1]: n for op, n in mode.get_comm_counts().items()}
-
-
-class Sections:
-    """CommDebugMode's counts between consecutive calls."""
-
-    def __init__(self, mode):
-        self.mode, self.seen, self.debug = mode, {}, {}
-
-    def done(self, name: str) -> None:
-        now = counts(self.mode)
-        self.debug[name] = {k: v - self.seen.get(k, 0) for k, v in now.items()
-                            if v - self.seen.get(k, 0)}
-        self.seen = now
+from comm_sections import Sections
 
 
 out = sys.argv[1]

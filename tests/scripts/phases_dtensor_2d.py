@@ -17,6 +17,7 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
                                                parallelize_module)
 
 import tracer
+from comm_sections import Sections
 
 
 class MLP(nn.Module):
@@ -27,23 +28,6 @@ class MLP(nn.Module):
 
     def forward(self, x):
         return self.down(torch.relu(self.up(x)))
-
-
-def counts(mode: CommDebugMode) -> dict:
-    return {str(op).split(".")[-1]: n for op, n in mode.get_comm_counts().items()}
-
-
-class Sections:
-    """CommDebugMode's counts between consecutive calls."""
-
-    def __init__(self, mode):
-        self.mode, self.seen, self.debug = mode, {}, {}
-
-    def done(self, name: str) -> None:
-        now = counts(self.mode)
-        self.debug[name] = {k: v - self.seen.get(k, 0) for k, v in now.items()
-                            if v - self.seen.get(k, 0)}
-        self.seen = now
 
 
 out = sys.argv[1]
