@@ -40,8 +40,21 @@ def test_ddp_setup_is_other_and_only_the_synced_backward_is_grad_sync(run):
         assert debug["ddp-accumulate"] == {}
         # the last micro-batch: the Reducer's bucket all-reduce, launched from an
         # AccumulateGrad hook inside backward, is grad_sync (one bucket: a tiny model)
-        assert comm_by_phase(section(records, "ddp-sync")) == {("grad_sync", "all_reduce"): 1}
+        sync = section(records, "ddp-sync")
+        assert comm_by_phase(sync) == {("grad_sync", "all_reduce"): 1}
         assert debug["ddp-sync"] == {"allreduce_": 1}
+        # the bucket all-reduce belongs to the DDP wrapper that owns the Reducer
+        (bucket,) = [e for e in sync if e["kind"] == "all_reduce"]
+        assert bucket["module"] == "DistributedDataParallel"
+        # DDP's finalize (the autograd engine's final callback) copies the reduced bucket back
+        # into the 4 gradients: grad_sync, and nothing of the section is left as "other"
+        after = [e for e in sync if e["t0"] > bucket["t0"] and e["op"] != "paratrace::annotation"]
+        assert Counter(e["op"] for e in after) == {"aten.as_strided.default": 4,
+                                                   "aten.copy_.default": 4}
+        assert {e["phase"] for e in after} == {"grad_sync"}
+        assert "other" not in {e["phase"] for e in sync if e["op"] != "paratrace::annotation"}
+        # loss.backward()'s gradient seed, made before the engine runs: backward, not forward
+        assert [e["phase"] for e in sync if e["op"] == "aten.ones_like.default"] == ["backward"]
         ddp_forward = [e for e in section(records, "ddp-sync")
                        if (e["module"] or "").startswith("DistributedDataParallel")
                        and e["op"] == "aten.addmm.default"]

@@ -39,6 +39,30 @@ class ModuleTracker:
         """The innermost running module's path, or None."""
         return self._stack[-1][2] if self._stack else None
 
+    def intern(self, path: str) -> int:
+        return self._intern(path)
+
+    def path_of(self, module) -> str:
+        """The path a module is recorded under, outside its forward: its class's name if it
+        runs as a root (or nothing recorded owns it), else its path from the root that owns
+        it. Walks the roots' modules: for rare lookups (phases.py caches them)."""
+        for root in list(self.roots):
+            if root is module:
+                break
+            for name, child in root.named_modules():
+                if child is module and name:
+                    return f"{type(_unwrapped(root)).__name__}.{name}"
+        return type(_unwrapped(module)).__name__
+
+    def path_of_parameter(self, param):
+        """The path of the module that owns ``param`` directly, or None."""
+        for root in list(self.roots):
+            for name, child in root.named_modules():
+                if any(p is param for p in child.parameters(recurse=False)):
+                    root_name = type(_unwrapped(root)).__name__
+                    return f"{root_name}.{name}" if name else root_name
+        return None
+
     def install(self) -> None:
         self._handles = [
             _module.register_module_forward_pre_hook(self._pre),

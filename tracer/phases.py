@@ -15,11 +15,18 @@ module stack and grad mode (forward, else other). This module adds, without a co
   backward, modules and optimizer steps whose input shares storage with a parameter's ``.grad``
   (or ``.main_grad``): all-reduces of gradients after ``loss.backward()``. FSDP2's reductions
   come through its record_function labels (tracer.labels).
+  Such a collective carries the module that owns the parameter whose hook launched it: the
+  DistributedDataParallel wrapper for DDP's bucket all-reduces, else the parameter's module.
+- ``grad_sync`` for ops in the autograd engine's final callbacks (the graph task still runs,
+  no node does): DDP's finalize, which copies the reduced buckets back into the gradients.
+- ``backward`` for the gradient seed (``ones_like``) that ``loss.backward()`` makes before
+  the engine runs, with grad mode on.
 - ``other`` for setup: the DistributedDataParallel constructor's parameter broadcast.
 """
 from __future__ import annotations
 
 import functools
+import weakref
 
 import torch
 import torch.utils.checkpoint as _checkpoint
@@ -47,6 +54,8 @@ class PhaseRules:
         self._session = session
         self._modules = modules
         self._annotations = annotations
+        self._ddps = weakref.WeakSet()     # DistributedDataParallel wrappers made while recording
+        self._owners: dict = {}            # id(parameter) -> (its weakref, module id)
 
     # ------------------------------------------------------------------ collectives
     def collective(self, phase: int, node, module: int, args, comm) -> int:
@@ -61,6 +70,26 @@ class PhaseRules:
                 and self._is_grad(args[comm.input_arg]):
             return PHASE_GRAD_SYNC
         return phase
+
+    def owner_module(self, node) -> int:
+        """The module id a gradient collective launched from ``node`` (an AccumulateGrad's
+        hook) belongs to: the DDP wrapper holding the parameter, else the parameter's own
+        module; -1 when unknown. Cached per parameter."""
+        param = getattr(node, "variable", None)
+        if param is None:
+            return -1
+        known = self._owners.get(id(param))
+        if known is not None and known[0]() is param:
+            return known[1]
+        wrappers = list(self._ddps) + [r for r in list(self._modules.roots)
+                                       if type(r).__name__ == "DistributedDataParallel"]
+        owner = next((ddp for ddp in wrappers if any(p is param for p in ddp.parameters())),
+                     None)
+        path = self._modules.path_of(owner) if owner is not None else \
+            self._modules.path_of_parameter(param)
+        module = self._modules.intern(path) if path else -1
+        self._owners[id(param)] = (weakref.ref(param), module)
+        return module
 
     def _is_grad(self, value) -> bool:
         while isinstance(value, (list, tuple)) and value:
@@ -105,6 +134,7 @@ class PhaseRules:
         undo = [register_optimizer_step_pre_hook(optimizer_pre).remove,
                 register_optimizer_step_post_hook(optimizer_post).remove,
                 self._patch_checkpoint()]
+        undo.append(self._patch_grad_seed())
         ddp = self._patch_ddp()
         if ddp is not None:
             undo.append(ddp)
@@ -147,12 +177,32 @@ class PhaseRules:
             _checkpoint._CheckpointFrame, _checkpoint._recomputation_hook = frame_cls, hook_cls
         return undo
 
+    def _patch_grad_seed(self):
+        """``loss.backward()`` makes the gradient seed (``ones_like``) before the autograd
+        engine runs, with grad mode on: without this it would be ``forward``."""
+        import torch.autograd as autograd
+        original, annotations = autograd._make_grads, self._annotations
+
+        @functools.wraps(original)
+        def make_grads(*args, **kwargs):
+            entry = annotations.force(PHASE_BACKWARD)
+            try:
+                return original(*args, **kwargs)
+            finally:
+                annotations.pop(entry)
+
+        autograd._make_grads = make_grads
+
+        def undo():
+            autograd._make_grads = original
+        return undo
+
     def _patch_ddp(self):
         try:
             from torch.nn.parallel import DistributedDataParallel as DDP
         except ImportError:   # pragma: no cover - torch without distributed
             return None
-        original, annotations = DDP.__init__, self._annotations
+        original, annotations, ddps = DDP.__init__, self._annotations, self._ddps
 
         @functools.wraps(original)
         def init(ddp_self, *args, **kwargs):
@@ -161,6 +211,7 @@ class PhaseRules:
                 original(ddp_self, *args, **kwargs)
             finally:
                 annotations.pop(entry)
+            ddps.add(ddp_self)
 
         DDP.__init__ = init
 

@@ -28,8 +28,8 @@ from .device import DeviceRecorder, clock_pair, cuda_in_use, pairs_meta
 from .dictionaries import Dictionaries
 from .dtensor import SubclassOps, function_phase
 from .flusher import Flusher
-from .labels import (PHASE_BACKWARD, PHASE_FORWARD, PHASE_OPTIMIZER, PHASE_OTHER,
-                     PHASE_RECOMPUTE)
+from .labels import (PHASE_BACKWARD, PHASE_FORWARD, PHASE_GRAD_SYNC, PHASE_OPTIMIZER,
+                     PHASE_OTHER, PHASE_RECOMPUTE)
 from .modules import ModuleTracker
 from .options import TraceOptions
 from .phases import PhaseRules
@@ -41,6 +41,7 @@ from .stacks import StackInterner
 _now = time.perf_counter_ns
 _current_node = torch._C._current_autograd_node
 _grad_enabled = torch.is_grad_enabled
+_graph_task = getattr(torch._C, "_current_graph_task_id", lambda: -1)
 _get_ident = threading.get_ident
 _pack = rows.RECORD.pack
 try:
@@ -274,6 +275,8 @@ class Session:
                 phase = PHASE_OPTIMIZER
             elif module >= 0 or _grad_enabled():
                 phase = PHASE_FORWARD
+            elif _graph_task() >= 0:    # the autograd engine's final callbacks: DDP's finalize
+                phase = PHASE_GRAD_SYNC
             else:
                 phase = PHASE_OTHER
         else:   # annotations naming a phase past backward (grad_sync...) win
@@ -295,6 +298,8 @@ class Session:
                 phase = self._rules.collective(phase, node, module, args, comm)
                 if phase == PHASE_OTHER and node is None:     # in an autograd Function?
                     phase = function_phase(sys._getframe(2), phase)
+            if module < 0 and node is not None and phase == PHASE_GRAD_SYNC:
+                module = self._rules.owner_module(node)     # DDP's bucket all-reduce
             cid = self._comm.launch(comm, args, out, t0, t1, phase, self.step_index, thread)
         self._push(_pack(t0, t1 if cid < 0 else -1, op_id, phase, module, stack, fwd_stack,
                          self._annotations.current, self.step_index, thread, shapes, cid))
