@@ -392,3 +392,20 @@ def test_a_generator_resumed_by_another_caller_gets_that_callers_stack():
     stacks = [decode_stack(interner.values[sid]) for sid in (first_caller(), second_caller())]
     assert [[f[2] for f in s[:2]] for s in stacks] == [["produce", "first_caller"],
                                                        ["produce", "second_caller"]]
+
+
+def test_a_torch_that_cannot_run_compiled_code_under_a_mode_is_said_in_the_trace(tmp_path,
+                                                                                  monkeypatch):
+    """Before torch 2.9 Dynamo skips every frame under any dispatch mode: the trace must not
+    claim that compiled code ran compiled."""
+    import tracer.compiled
+    monkeypatch.setattr(tracer.compiled, "SUPPORTED", False)
+    with tracer.trace(tmp_path, clock_sync=False):
+        torch.ones(2).add_(1)
+    options = tracer.load(tmp_path / "rank-0.arrow").meta["options"]
+    assert options["compiled"] == "eager" and "torch >= 2.9" in options["compiled_why"]
+    monkeypatch.setattr(tracer.compiled, "SUPPORTED", True)
+    with tracer.trace(tmp_path / "now", clock_sync=False):
+        torch.ones(2).add_(1)
+    options = tracer.load(tmp_path / "now" / "rank-0.arrow").meta["options"]
+    assert options["compiled"] == "compiled" and "compiled_why" not in options

@@ -30,12 +30,22 @@ import weakref
 from time import perf_counter_ns as _now
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 LABEL = "torch.compile"
 
 
+# NOTE: TorchDispatchMode.ignore_compile_internals came with torch 2.9 (pytorch#161648); before
+# it Dynamo skips every frame while any such mode is active, whatever the mode answers
+SUPPORTED = hasattr(TorchDispatchMode, "ignore_compile_internals")
+
+
 def install(session, modules, compiled: bool) -> list:
     """Patch what the module's doc says; returns the functions that undo it."""
+    if compiled and not SUPPORTED:      # say what really runs: the eager program
+        session._flusher.merge_meta("options", {
+            "compiled": "eager", "compiled_why": f"torch {torch.__version__} runs compiled "
+            "code eagerly under any dispatch mode (torch >= 2.9 runs it compiled)"})
     _run_frames_eagerly(type(modules)._pre, type(modules)._post)
     undo = [_patch_optimized_module()]
     if compiled:
