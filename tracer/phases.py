@@ -15,8 +15,9 @@ module stack and grad mode (forward, else other). This module adds, without a co
   backward, modules and optimizer steps whose input shares storage with a parameter's ``.grad``
   (or ``.main_grad``): all-reduces of gradients after ``loss.backward()``. FSDP2's reductions
   come through its record_function labels (tracer.labels).
-  Such a collective carries the module that owns the parameter whose hook launched it: the
-  DistributedDataParallel wrapper for DDP's bucket all-reduces, else the parameter's module.
+  Such a collective, when no annotation names its phase, carries the module that owns the
+  parameter whose hook launched it: the DistributedDataParallel wrapper for DDP's bucket
+  all-reduces, else the parameter's module.
 - ``grad_sync`` for ops in the autograd engine's final callbacks (the graph task still runs,
   no node does): DDP's finalize, which copies the reduced buckets back into the gradients.
 - ``backward`` for the gradient seed (``ones_like``) that ``loss.backward()`` makes before

@@ -298,8 +298,8 @@ class Session:
                 phase = self._rules.collective(phase, node, module, args, comm)
                 if phase == PHASE_OTHER and node is None:     # in an autograd Function?
                     phase = function_phase(sys._getframe(2), phase)
-            if module < 0 and node is not None and phase == PHASE_GRAD_SYNC:
-                module = self._rules.owner_module(node)     # DDP's bucket all-reduce
+                elif module < 0 and node is not None and phase == PHASE_GRAD_SYNC:
+                    module = self._rules.owner_module(node)     # DDP's bucket all-reduce
             cid = self._comm.launch(comm, args, out, t0, t1, phase, self.step_index, thread)
         self._push(_pack(t0, t1 if cid < 0 else -1, op_id, phase, module, stack, fwd_stack,
                          self._annotations.current, self.step_index, thread, shapes, cid))
