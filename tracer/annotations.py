@@ -6,6 +6,8 @@ range whose label names a phase (tracer.labels) sets the phase of the ops inside
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 from time import perf_counter_ns as _now
 from typing import Optional
@@ -36,6 +38,23 @@ class AnnotationStack:
         self._entries.append(entry)
         self._refresh()
         return entry
+
+    @contextlib.contextmanager
+    def forced(self, phase: int):
+        """:meth:`force` around a block."""
+        entry = self.force(phase)
+        try:
+            yield
+        finally:
+            self.pop(entry)
+
+    def forcing(self, phase: int, fn):
+        """``fn`` with the ops it runs in ``phase`` (a patch's wrapper)."""
+        @functools.wraps(fn)
+        def call(*args, **kwargs):
+            with self.forced(phase):
+                return fn(*args, **kwargs)
+        return call
 
     def pop(self, entry: tuple) -> None:
         # NOTE: by identity, from the inside: a range left open by an exception is dropped

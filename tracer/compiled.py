@@ -32,6 +32,8 @@ from time import perf_counter_ns as _now
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from .patches import Patches
+
 LABEL = "torch.compile"
 
 
@@ -47,10 +49,11 @@ def install(session, modules, compiled: bool) -> list:
             "compiled": "eager", "compiled_why": f"torch {torch.__version__} runs compiled "
             "code eagerly under any dispatch mode (torch >= 2.9 runs it compiled)"})
     _run_frames_eagerly(type(modules)._pre, type(modules)._post)
-    undo = [_patch_optimized_module()]
+    patches = Patches()
+    _patch_optimized_module(patches)
     if compiled:
-        undo.append(_patch_compiler(session, modules))
-    return [u for u in undo if u is not None]
+        _patch_compiler(patches, session, modules)
+    return [patches.undo]
 
 
 def _run_frames_eagerly(*functions) -> None:
@@ -68,47 +71,38 @@ def _run_frames_eagerly(*functions) -> None:
         eval_frame.set_code_exec_strategy(fn.__code__, strategy)
 
 
-def _patch_optimized_module():
+def _patch_optimized_module(patches: Patches) -> None:
     try:
         from torch._dynamo import eval_frame
     except ImportError:    # pragma: no cover - torch without Dynamo
-        return None
-    cls = getattr(eval_frame, "OptimizedModule", None)
+        return
     in_optimized = getattr(eval_frame, "_set_in_optimized_module", None)
-    if cls is None or in_optimized is None:    # another torch: keep its warning
-        return None
-    original = cls.__call__
+    if in_optimized is None:    # another torch: keep its warning
+        return
 
-    def call(self, *args, **kwargs):
-        with in_optimized():
-            return torch.nn.Module.__call__(self, *args, **kwargs)
-
-    cls.__call__ = call
-
-    def undo():
-        cls.__call__ = original
-    return undo
+    def make(original):
+        def call(self, *args, **kwargs):
+            with in_optimized():
+                return torch.nn.Module.__call__(self, *args, **kwargs)
+        return call
+    patches.wrap(getattr(eval_frame, "OptimizedModule", None), "__call__", make)
 
 
-def _patch_compiler(session, modules):
+def _patch_compiler(patches: Patches, session, modules) -> None:
     try:
         from torch._dynamo.output_graph import OutputGraph
     except ImportError:    # pragma: no cover
-        return None
-    original = OutputGraph.call_user_compiler
+        return
 
-    def call_user_compiler(graph, gm, example_inputs):
-        compiled_fn = original(graph, gm, example_inputs)
-        try:
-            return Region(session, modules, _forward_of(compiled_fn), _describe(graph))
-        except Exception:     # never let the recorder break a compilation
-            return compiled_fn
-
-    OutputGraph.call_user_compiler = call_user_compiler
-
-    def undo():
-        OutputGraph.call_user_compiler = original
-    return undo
+    def make(original):
+        def call_user_compiler(graph, gm, example_inputs):
+            compiled_fn = original(graph, gm, example_inputs)
+            try:
+                return Region(session, modules, _forward_of(compiled_fn), _describe(graph))
+            except Exception:     # never let the recorder break a compilation
+                return compiled_fn
+        return call_user_compiler
+    patches.wrap(OutputGraph, "call_user_compiler", make)
 
 
 def _forward_of(compiled_fn):

@@ -33,6 +33,7 @@ import torch
 import torch.utils.checkpoint as _checkpoint
 
 from .labels import (PHASE_BACKWARD, PHASE_FORWARD, PHASE_GRAD_SYNC, PHASE_OTHER)
+from .patches import Patches
 from .pipelining import install as install_pipelining
 
 
@@ -132,22 +133,23 @@ class PhaseRules:
         def optimizer_pre(optimizer, args, kwargs) -> None:
             session._in_optimizer += 1    # the hot path's optimizer phase
 
-        undo = [register_optimizer_step_pre_hook(optimizer_pre).remove,
-                register_optimizer_step_post_hook(optimizer_post).remove,
-                self._patch_checkpoint()]
-        undo.append(self._patch_grad_seed())
-        ddp = self._patch_ddp()
-        if ddp is not None:
-            undo.append(ddp)
-        undo.append(install_pipelining(session, self._annotations))   # passes, P2P phases
-        return undo
+        patches = Patches()
+        self._patch_checkpoint(patches)
+        # loss.backward() makes the gradient seed (ones_like) before the autograd engine runs,
+        # with grad mode on: backward, not forward
+        patches.wrap(torch.autograd, "_make_grads",
+                     functools.partial(self._annotations.forcing, PHASE_BACKWARD))
+        self._patch_ddp(patches)
+        return [register_optimizer_step_pre_hook(optimizer_pre).remove,
+                register_optimizer_step_post_hook(optimizer_post).remove, patches.undo,
+                install_pipelining(session, self._annotations)]   # passes, P2P phases
 
-    def _patch_checkpoint(self):
+    def _patch_checkpoint(self, patches: Patches) -> None:
         session, modules = self._session, self._modules
         frame_cls = getattr(_checkpoint, "_CheckpointFrame", None)
         hook_cls = getattr(_checkpoint, "_recomputation_hook", None)
         if frame_cls is None or hook_cls is None:   # another torch: recomputation stays backward
-            return lambda: None
+            return
 
         class Frame(frame_cls):
             def __init__(self, *args, **kwargs):
@@ -172,50 +174,23 @@ class PhaseRules:
                     modules.restore(self._paratrace_saved)
                     session._recompute -= 1
 
-        _checkpoint._CheckpointFrame, _checkpoint._recomputation_hook = Frame, Recomputation
+        patches.wrap(_checkpoint, "_CheckpointFrame", lambda _: Frame)
+        patches.wrap(_checkpoint, "_recomputation_hook", lambda _: Recomputation)
 
-        def undo():
-            _checkpoint._CheckpointFrame, _checkpoint._recomputation_hook = frame_cls, hook_cls
-        return undo
-
-    def _patch_grad_seed(self):
-        """``loss.backward()`` makes the gradient seed (``ones_like``) before the autograd
-        engine runs, with grad mode on: without this it would be ``forward``."""
-        import torch.autograd as autograd
-        original, annotations = autograd._make_grads, self._annotations
-
-        @functools.wraps(original)
-        def make_grads(*args, **kwargs):
-            entry = annotations.force(PHASE_BACKWARD)
-            try:
-                return original(*args, **kwargs)
-            finally:
-                annotations.pop(entry)
-
-        autograd._make_grads = make_grads
-
-        def undo():
-            autograd._make_grads = original
-        return undo
-
-    def _patch_ddp(self):
+    def _patch_ddp(self, patches: Patches) -> None:
+        """DDP's constructor is setup (its parameter broadcast: ``other``); the wrappers made
+        while recording are remembered (:meth:`owner_module`)."""
         try:
             from torch.nn.parallel import DistributedDataParallel as DDP
         except ImportError:   # pragma: no cover - torch without distributed
-            return None
-        original, annotations, ddps = DDP.__init__, self._annotations, self._ddps
+            return
+        annotations, ddps = self._annotations, self._ddps
 
-        @functools.wraps(original)
-        def init(ddp_self, *args, **kwargs):
-            entry = annotations.force(PHASE_OTHER)   # setup, not the forward pass
-            try:
-                original(ddp_self, *args, **kwargs)
-            finally:
-                annotations.pop(entry)
-            ddps.add(ddp_self)
-
-        DDP.__init__ = init
-
-        def undo():
-            DDP.__init__ = original
-        return undo
+        def make(original):
+            @functools.wraps(original)
+            def init(ddp_self, *args, **kwargs):
+                with annotations.forced(PHASE_OTHER):   # setup, not the forward pass
+                    original(ddp_self, *args, **kwargs)
+                ddps.add(ddp_self)
+            return init
+        patches.wrap(DDP, "__init__", make)

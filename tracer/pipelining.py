@@ -31,6 +31,7 @@ import sys
 from time import perf_counter_ns as _now
 
 from .labels import PHASE_BACKWARD, PHASE_FORWARD, PHASE_OTHER, SCHEDULE_LABEL
+from .patches import Patches
 
 _PHASE = "_paratrace_phase"          # attribute a P2POp carries: the phase of its message
 # schedule class -> the name viz.metrics.theoretical_bubble knows (zb-h1: one stage per rank)
@@ -60,7 +61,7 @@ _SCHEDULES_MODULE = "torch.distributed.pipelining.schedules"
 def install(session, annotations):
     """Patch torch.distributed.pipelining now if it is imported, else as soon as it is;
     returns the undo."""
-    patches = _Patches()
+    patches = Patches()
     if _SCHEDULES_MODULE in sys.modules:
         _install(patches, session, annotations)
         return patches.undo
@@ -99,7 +100,7 @@ class _OnImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         self._then()
 
 
-def _install(patches: "_Patches", session, annotations) -> None:
+def _install(patches: "Patches", session, annotations) -> None:
     stage_mod = sys.modules.get("torch.distributed.pipelining.stage")
     sched_mod = sys.modules.get(_SCHEDULES_MODULE)
     base = getattr(stage_mod, "_PipelineStageBase", None)
@@ -123,34 +124,11 @@ def _install(patches: "_Patches", session, annotations) -> None:
     if schedule is not None:
         patches.wrap(schedule, "_maybe_compute_loss", ranged("F", _loss_attrs))
         patches.wrap(schedule, "_initialize_pp_stages",
-                     functools.partial(_forced, annotations, PHASE_OTHER))
+                     functools.partial(annotations.forcing, PHASE_OTHER))
     for name in ("PipelineScheduleSingle", "PipelineScheduleMulti"):
         patches.wrap(getattr(sched_mod, name, None), "step",
                      ranged(SCHEDULE_LABEL, lambda s, a, k: schedule_attrs(s)))
     patches.wrap(sched_mod, "_batch_p2p", functools.partial(_phased_batch, annotations))
-
-
-class _Patches:
-    """Attributes replaced, to put back in reverse order."""
-
-    def __init__(self):
-        self._done: list = []
-
-    def wrap(self, owner, name: str, make) -> None:
-        if owner is None or not callable(getattr(owner, name, None)):
-            return
-        own = name in vars(owner)           # else inherited: undo removes the override
-        original = vars(owner)[name] if own else getattr(owner, name)
-        setattr(owner, name, make(original))
-        self._done.append((owner, name, original, own))
-
-    def undo(self) -> None:
-        while self._done:
-            owner, name, original, own = self._done.pop()
-            if own:
-                setattr(owner, name, original)
-            else:
-                delattr(owner, name)
 
 
 # ---------------------------------------------------------------------------- ranges
@@ -207,18 +185,6 @@ def _loss_attrs(schedule, args, kwargs):
     return dict(_pass_attrs(stage, _arg(args, kwargs, 3, "mb_index")), loss=True)
 
 
-def _forced(annotations, phase: int, original):
-    """``original`` with the ops inside it in ``phase`` (an unrecorded range)."""
-    @functools.wraps(original)
-    def method(*args, **kwargs):
-        entry = annotations.force(phase)
-        try:
-            return original(*args, **kwargs)
-        finally:
-            annotations.pop(entry)
-    return method
-
-
 # ---------------------------------------------------------------------------- P2P
 def _marking(phase: int, original):
     """A ``get_*_ops`` whose P2POps carry ``phase``."""
@@ -259,11 +225,8 @@ def _phased_batch(annotations, original):
 def _under(annotations, phase, fn, *args, **kwargs):
     if phase is None:
         return fn(*args, **kwargs)
-    entry = annotations.force(phase)
-    try:
+    with annotations.forced(phase):
         return fn(*args, **kwargs)
-    finally:
-        annotations.pop(entry)
 
 
 def _phased_op(annotations, phase, fn):

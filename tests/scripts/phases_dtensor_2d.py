@@ -9,7 +9,6 @@ import sys
 
 import torch
 import torch.distributed as dist
-import torch.nn as nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor.debug import CommDebugMode
@@ -18,17 +17,7 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
 
 import tracer
 from comm_sections import Sections
-
-
-class MLP(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.up = nn.Linear(16, 32)
-        self.down = nn.Linear(32, 16)
-
-    def forward(self, x):
-        return self.down(torch.relu(self.up(x)))
-
+from tp_mlp import MLP
 
 out = sys.argv[1]
 dist.init_process_group("gloo")

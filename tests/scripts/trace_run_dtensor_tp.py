@@ -4,21 +4,11 @@ Unaware of paratrace: under trace-run its all-reduces come from DTensor's redist
 """
 import torch
 import torch.distributed as dist
-from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
                                                parallelize_module)
 
-
-class MLP(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.up = nn.Linear(16, 32)
-        self.down = nn.Linear(32, 16)
-
-    def forward(self, x):
-        return self.down(torch.relu(self.up(x)))
-
+from tp_mlp import MLP
 
 dist.init_process_group("gloo")
 mesh = init_device_mesh("cpu", (dist.get_world_size(),))
