@@ -7,6 +7,7 @@ import torch
 from .ops import dtype_name
 
 _Tensor = torch.Tensor
+_Parameter = torch.nn.Parameter
 
 
 class ShapeSignatures:
@@ -19,13 +20,16 @@ class ShapeSignatures:
     def __call__(self, args) -> int:
         """Hot path: one flat key of the tensors' dtypes and shapes, one dict lookup."""
         key = ()
-        kinds = _KIND_OF_TYPE
         for a in args:
-            kind = kinds.get(type(a)) or _kind(type(a))
+            cls = type(a)
+            if cls is _Tensor or cls is _Parameter:      # most arguments: no kind lookup
+                key += (a.dtype, a.shape)
+                continue
+            kind = _KIND_OF_TYPE.get(cls) or _kind(cls)
             if kind == _TENSOR:
                 key += (a.dtype, a.shape)
-            elif kind == _SEQUENCE and a and (kinds.get(type(a[0])) or _kind(type(a[0]))) \
-                    == _TENSOR:
+            elif kind == _SEQUENCE and a and (_KIND_OF_TYPE.get(type(a[0])) or
+                                              _kind(type(a[0]))) == _TENSOR:
                 key += (tuple([(t.dtype, t.shape) for t in a if isinstance(t, _Tensor)]),)
         sid = self._ids.get(key)
         if sid is None:

@@ -87,22 +87,28 @@ class StackInterner:
         self._dispatch_files = _dispatch_files()
         self._user_dirs = tuple(os.path.abspath(p) + os.sep for p in user_paths) + (_SAMPLE_RUNS,)
         self._kind_of_code: dict = {}   # id(code) -> (kind, resumable, code)
-        self._nodes: dict = {}          # (parent node, id(code), f_lasti) -> node
+        self._siblings: dict = {}       # (parent node, id(code)) -> {f_lasti: node}
         self._node_parent: list = []    # node -> parent node, -1 for the outermost frame
         self._node_frame: list = []     # node -> (kind, [file, line, function, qualname])
         self._node_sid: list = []       # node -> stack id, -1 until an op is issued there
         self._text_ids: dict = {}       # stack text -> stack id (several nodes share one)
         self._root_sid = -1             # stack id of a stack with no frame kept at all
-        self._path_frames: list = []    # the last capture's frames, outermost first
-        self._path_lasti: list = []
-        self._path_nodes: list = []
-        self._path_pos: dict = {}       # id(frame) -> index in the path
-        self._last_frame = None         # innermost frame of the last capture...
-        self._last_lasti = -1           # ...its instruction then, and the stack id
+        # the last capture's kept frames, outermost first: [frame, f_lasti, node, the
+        # {f_lasti: node} of its code under its caller, its caller's node]
+        self._path: list = []
+        self._path_pos: dict = {}       # frame -> index in the path (frames hash by identity)
+        # the frame the last capture started from (held, so it cannot be another frame at the
+        # same address; None: a generator's, which another caller may resume), its
+        # instruction then, its path entry (None: it was one of paratrace's or torch's dispatch
+        # frames, and the stack is its callers', which cannot change while it lives), and the
+        # stack id
+        self._last_start = None
+        self._last_lasti = -1
+        self._last_entry = None
         self._last_sid = -1
         self.values: list = []      # id -> JSON text of [[file, line, function, qualname], ...]
 
-    def classify(self, code) -> int:
+    def classify(self, code) -> tuple:
         filename = code.co_filename
         path = os.path.abspath(filename) if not filename.startswith("<") else filename
         if path.startswith(_INTERNAL_DIRS) or path in self._dispatch_files:
@@ -117,88 +123,117 @@ class StackInterner:
         # every time; the code object is kept alive in the value so its id cannot be reused.
         # A generator or coroutine frame can be resumed by another caller at the same
         # instruction, so it never vouches for the frames outward of it.
-        self._kind_of_code[id(code)] = (kind, bool(code.co_flags & _RESUMABLE), code)
-        return kind
+        known = self._kind_of_code[id(code)] = (kind, bool(code.co_flags & _RESUMABLE), code)
+        return known
 
     def capture(self, frame) -> int:
         """Intern the stack that starts at ``frame`` (innermost) and return its id.
 
-        Hot path: one dict lookup per frame walked; the frames walked are paratrace's and
-        torch's dispatch frames on top and those that changed since the last capture.
+        Hot path. The same frame as the last capture's (the next op of the same function)
+        costs an identity test, or a lookup by instruction when it moved on; otherwise the
+        frames are walked only up to the first one that did not change since the last capture.
         """
+        if frame is self._last_start:
+            lasti = frame.f_lasti
+            if lasti == self._last_lasti:
+                return self._last_sid             # e.g. every op of one loss.backward()
+            entry = self._last_entry
+            if entry is None:                     # started in a dispatch frame: its callers'
+                return self._last_sid
+            node = entry[3].get(lasti)            # the same function, a later instruction
+            if node is None:
+                node = self._new_node(entry[4], frame, lasti, entry[3])
+            entry[1], entry[2] = lasti, node
+            sid = self._node_sid[node]
+            if sid < 0:
+                sid = self._sid(node)
+            self._last_lasti, self._last_sid = lasti, sid
+            return sid
+        at = self._path_pos.get(frame)
+        if at is None:
+            return self._walk(frame)
+        # a function on the last stack, e.g. after a call returned: only the frames it called
+        # go, and its node changes if it moved on
+        path = self._path
+        entry = path[at]
+        lasti = frame.f_lasti
+        if entry[1] != lasti:
+            node = entry[3].get(lasti)
+            if node is None:
+                node = self._new_node(entry[4], frame, lasti, entry[3])
+            entry[1], entry[2] = lasti, node
+        if len(path) > at + 1:
+            for gone in path[at + 1:]:
+                self._path_pos.pop(gone[0], None)
+            del path[at + 1:]
+        self._last_start, self._last_lasti, self._last_entry = frame, lasti, entry
+        sid = self._node_sid[entry[2]]
+        self._last_sid = sid if sid >= 0 else self._sid(entry[2])
+        return self._last_sid
+
+    def _walk(self, start) -> int:
         kinds = self._kind_of_code
+        frame = start
         while frame is not None:                  # skip paratrace's and dispatch frames
-            known = kinds.get(id(frame.f_code))
-            if known is None:
-                self.classify(frame.f_code)
-                known = kinds[id(frame.f_code)]
+            known = kinds.get(id(frame.f_code)) or self.classify(frame.f_code)
             if known[0] != INTERNAL:
                 break
             frame = frame.f_back
         if frame is None:
-            return self._root()
-        # NOTE: the key uses f_lasti, not f_lineno: reading f_lineno decodes the line table
-        # (microseconds a frame); lines are read only when a node is made.
-        lasti = frame.f_lasti
-        path_frames = self._path_frames
-        if frame is self._last_frame and not known[1]:
-            if lasti == self._last_lasti:
-                return self._last_sid             # e.g. every op of one loss.backward()
-            if path_frames and path_frames[-1] is frame:
-                return self._moved(frame, lasti)  # the last op's function, a later line
+            self._last_start = None
+            self._last_sid = self._root()
+            return self._last_sid
+        # NOTE: nodes are keyed by f_lasti, not f_lineno: reading f_lineno decodes the line
+        # table (microseconds a frame); lines are read only when a node is made.
+        path = self._path
         pos = self._path_pos
-        changed = []                              # frames not on the path, innermost first
-        at = -1                                   # path index of the last unchanged frame
+        changed = []                              # kept frames not on the path, innermost first
         f = frame
-        while f is not None:
-            i = pos.get(id(f))
-            if i is not None and path_frames[i] is f and not kinds[id(f.f_code)][1]:
-                # the same live frame: its callers are unchanged; itself too at the same
-                # instruction
-                if self._path_lasti[i] == f.f_lasti:
-                    at = i
-                else:
-                    at = i - 1
-                    changed.append(f)
+        while True:                               # up to the first frame on the path
+            at = pos.get(f)
+            if at is not None:                    # the same live frame: its callers are too
+                entry = path[at]
+                lasti = f.f_lasti
+                if entry[1] != lasti:             # ...but it moved on
+                    node = entry[3].get(lasti)
+                    if node is None:
+                        node = self._new_node(entry[4], f, lasti, entry[3])
+                    entry[1], entry[2] = lasti, node
                 break
-            known = kinds.get(id(f.f_code))
-            if known is None:
-                self.classify(f.f_code)
-                known = kinds[id(f.f_code)]
             if known[0] != INTERNAL:
                 changed.append(f)
             f = f.f_back
-        for gone in path_frames[at + 1:]:
-            del pos[id(gone)]
-        del path_frames[at + 1:], self._path_lasti[at + 1:], self._path_nodes[at + 1:]
-        node = self._path_nodes[at] if at >= 0 else -1
-        nodes = self._nodes
+            if f is None:
+                at = -1
+                break
+            known = kinds.get(id(f.f_code)) or self.classify(f.f_code)
+        if len(path) > at + 1:
+            for gone in path[at + 1:]:
+                pos.pop(gone[0], None)
+            del path[at + 1:]
+        node = path[at][2] if at >= 0 else -1
+        siblings = self._siblings
         for f in reversed(changed):
+            code_id = id(f.f_code)
+            lastis = siblings.get((node, code_id))
+            if lastis is None:
+                lastis = siblings[(node, code_id)] = {}
             lasti = f.f_lasti
             parent = node
-            node = nodes.get((parent, id(f.f_code), lasti))
+            node = lastis.get(lasti)
             if node is None:
-                node = self._new_node(parent, f, lasti)
-            pos[id(f)] = len(path_frames)
-            path_frames.append(f)
-            self._path_lasti.append(lasti)
-            self._path_nodes.append(node)
-        sid = self._sid(node)
-        self._last_frame, self._last_lasti, self._last_sid = frame, lasti, sid
-        return sid
-
-    def _moved(self, frame, lasti: int) -> int:
-        """The innermost frame of the last capture, at another instruction: only its node
-        changes."""
-        parent = self._path_nodes[-2] if len(self._path_nodes) > 1 else -1
-        node = self._nodes.get((parent, id(frame.f_code), lasti))
-        if node is None:
-            node = self._new_node(parent, frame, lasti)
-        self._path_lasti[-1] = lasti
-        self._path_nodes[-1] = node
-        sid = self._sid(node)
-        self._last_lasti, self._last_sid = lasti, sid
-        return sid
+                node = self._new_node(parent, f, lasti, lastis)
+            if not kinds[code_id][1]:
+                # NOTE: a generator's frame is never looked up: another caller may resume it
+                pos[f] = len(path)
+            path.append([f, lasti, node, lastis, parent])
+        resumable = kinds[id(start.f_code)][1] or kinds[id(frame.f_code)][1]
+        self._last_start = None if resumable else start
+        self._last_lasti = start.f_lasti
+        self._last_entry = path[-1] if frame is start else None
+        sid = self._node_sid[node]
+        self._last_sid = sid if sid >= 0 else self._sid(node)
+        return self._last_sid
 
     def _sid(self, node: int) -> int:
         if node < 0:
@@ -208,10 +243,9 @@ class StackInterner:
             sid = self._node_sid[node] = self._intern(self._kept_frames(node))
         return sid
 
-    def _new_node(self, parent: int, frame, lasti: int) -> int:
+    def _new_node(self, parent: int, frame, lasti: int, lastis: dict) -> int:
         code = frame.f_code
-        node = len(self._node_parent)
-        self._nodes[(parent, id(code), lasti)] = node
+        node = lastis[lasti] = len(self._node_parent)
         self._node_parent.append(parent)
         self._node_frame.append((self._kind_of_code[id(code)][0], [
             code.co_filename, frame.f_lineno, code.co_name,
@@ -258,9 +292,8 @@ class StackInterner:
 
     def release(self) -> None:
         """Drop the references to the frames of the last capture (end or pause of recording)."""
-        self._last_frame = None
-        self._path_frames, self._path_lasti, self._path_nodes = [], [], []
-        self._path_pos = {}
+        self._last_start = self._last_entry = None
+        self._path, self._path_pos = [], {}
 
 
 def decode_stack(text: str) -> tuple:
