@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import os
 import shutil
 import statistics
@@ -60,14 +61,18 @@ class NoopMode(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def step_times(model: str, steps: int, recorder) -> tuple:
+def step_times(model: str, steps: int, recorder, on_step=None) -> tuple:
     """A `steps`-step run under `recorder` (a context factory): per optimizer step, wall and
     CPU seconds (CPU: every thread of the process, the recorder's flusher included), then the
     wall and CPU seconds the recorder took to finish after the last step. The first step warms
-    up and is left out."""
+    up and is left out. ``on_step``, if given, runs after each optimizer step."""
     walls, cpus = [], []
-    handle = register_optimizer_step_post_hook(
-        lambda *a: (walls.append(time.perf_counter()), cpus.append(time.process_time())))
+    def stamp(*a):
+        walls.append(time.perf_counter())
+        cpus.append(time.process_time())
+        if on_step is not None:
+            on_step()
+    handle = register_optimizer_step_post_hook(stamp)
     cfg = parse_config(MODELS[model] + ["--steps", str(steps)], world_size=1)
     torch.manual_seed(0)
     try:
@@ -89,8 +94,9 @@ def _deltas(stamps: list) -> list:
 class Recorders:
     """The recorders compared, each a context factory; their output goes to a temp dir."""
 
-    def __init__(self, tmp: str, debug_mode: bool):
+    def __init__(self, tmp: str, debug_mode: bool, flush_interval: float = 0.25):
         self.tmp = tmp
+        self.flush_interval = flush_interval   # paratrace's (see instructions())
         self.runs = 0
         self.last_trace: dict = {}          # model -> trace file of its last full recording
         self.model = None
@@ -110,13 +116,16 @@ class Recorders:
     def paratrace(self):
         out = self._out()
         self.last_trace[self.model] = os.path.join(out, "rank-0.arrow")
-        return tracer.trace(out, clock_sync=False)
+        return tracer.trace(out, clock_sync=False, flush_interval=self.flush_interval)
 
     def _without(self, part: str):
-        return lambda: tracer.trace(self._out(), clock_sync=False, **{f"record_{part}": False})
+        return lambda: tracer.trace(self._out(), clock_sync=False,
+                                    flush_interval=self.flush_interval,
+                                    **{f"record_{part}": False})
 
     def paratrace_unrecorded(self):
-        return tracer.trace(self._out(), clock_sync=False, steps="0")
+        return tracer.trace(self._out(), clock_sync=False, steps="0",
+                            flush_interval=self.flush_interval)
 
     @contextlib.contextmanager
     def profiler(self):
@@ -203,10 +212,14 @@ def main() -> None:
                         help="count instructions per op under valgrind (deterministic; slow)")
     parser.add_argument("--one-run", nargs=3, metavar=("RECORDER", "MODEL", "STEPS"),
                         help=argparse.SUPPRESS)
+    parser.add_argument("--handshake", help=argparse.SUPPRESS)
     args = parser.parse_args()
     torch.set_num_threads(1)
     tmp = tempfile.mkdtemp(prefix="paratrace-bench-")
-    recorders = Recorders(tmp, args.debug_mode)
+    # NOTE: under callgrind a step takes about 50 times as long, so the flusher's four
+    # wake-ups a second would come 50 times as often a step, and as many as the machine's load
+    # allows: the counted run flushes once, at its end, so its count is repeatable
+    recorders = Recorders(tmp, args.debug_mode, 1000.0 if args.handshake else 0.25)
     try:
         if args.hot_loop:
             hot_loop(recorders, args.hot_loop, args.seconds)
@@ -214,7 +227,12 @@ def main() -> None:
             name, model, steps = args.one_run
             recorders.model = model
             factories = {**recorders.factories, **recorders.ablations}
-            step_times(model, int(steps), factories[name])
+            # NOTE: two warm-up steps: the flusher's first flush, after the first step, imports
+            # what writing needs; it must not fall into the counted steps by chance
+            hook, done = _handshake(args.handshake, 2) if args.handshake else (None, None)
+            step_times(model, int(steps), factories[name], hook)
+            if done:
+                done()
         elif args.instructions:
             instructions(recorders, args.models.split(","))
         else:
@@ -241,19 +259,18 @@ def run(recorders: Recorders, args) -> None:
     print(f"reader: {rate:,.0f} events/s on a {n:,}-event trace (target >= 1,000,000)")
 
 
-def instructions(recorders: Recorders, models: list, steps=(2, 7)) -> None:
-    """Instructions a step (all threads), from the difference of a 2- and a 7-step run of each
-    recorder under valgrind's callgrind: what a loaded machine cannot disturb."""
+def instructions(recorders: Recorders, models: list, steps: int = 4) -> None:
+    """Instructions a step (all threads) of each recorder under valgrind's callgrind: what a
+    loaded machine cannot disturb. Only the `steps` steps after the warm-up steps are counted:
+    the process starts with callgrind's instrumentation off and `_callgrind` turns it on and off
+    (callgrind_control) when the run says it reached them, so imports and warm-up cost little."""
     names = ["untraced", "no-op dispatch mode", "paratrace", "paratrace, unrecorded step",
              *recorders.ablations]
     for model in models:
         recorders.model = model
         step_times(model, 3, recorders.paratrace)
         ops_per_step = _ops_per_step(tracer.load(recorders.last_trace[model]))
-        per_step = {}
-        for name in names:
-            counts = [_callgrind(name, model, n) for n in steps]
-            per_step[name] = (counts[1] - counts[0]) / (steps[1] - steps[0])
+        per_step = {name: _callgrind(name, model, steps) / steps for name in names}
         base, floor = per_step["untraced"], per_step["no-op dispatch mode"]
         print(f"\n{model}: instructions a step under callgrind ({ops_per_step} ops a step)")
         print(f"{'recorder':28s} {'per step':>12s} {'extra/op':>9s} {'x floor':>8s}")
@@ -264,12 +281,61 @@ def instructions(recorders: Recorders, models: list, steps=(2, 7)) -> None:
 
 
 def _callgrind(name: str, model: str, steps: int) -> int:
-    import re
+    """Instructions of `steps` steps (after two warm-up steps) of one recorder on one model."""
+    import glob
     import subprocess
-    cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable,
-           os.path.abspath(__file__), "--one-run", name, model, str(steps)]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stderr
-    return int(re.search(r"Collected : (\d+)", out).group(1))
+    tag = tempfile.mkdtemp(prefix="paratrace-callgrind-")
+    cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--separate-threads=yes",
+           f"--callgrind-out-file={tag}/out.%p", sys.executable, os.path.abspath(__file__),
+           "--one-run", name, model, str(steps + 2), "--handshake", tag]
+    try:
+        # string hashes decide dict and set layouts: fixed, so that runs repeat exactly
+        env = {**os.environ, "PYTHONHASHSEED": "0"}
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                text=True, env=env)
+        for marker, command in (("ready", "on"), ("done", "off")):
+            while not os.path.exists(os.path.join(tag, marker)):
+                if proc.poll() is not None:
+                    raise SystemExit(f"overhead.py: {name} under callgrind exited with "
+                                     f"{proc.returncode}: {proc.stderr.read()[-2000:]}")
+                time.sleep(0.1)
+            subprocess.run(["callgrind_control", "-i", command, str(proc.pid)], check=True,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            open(os.path.join(tag, marker + ".ack"), "w").close()
+        proc.wait()
+        total = 0
+        for path in sorted(glob.glob(os.path.join(tag, "out.*"))):
+            with open(path) as f:
+                count = sum(int(line.split()[1]) for line in f
+                            if line.startswith(("summary:", "totals:")))
+            keep = os.environ.get("CALLGRIND_KEEP")     # a directory for callgrind_annotate
+            if keep:
+                shutil.copy(path, os.path.join(keep, f"{name.replace(' ', '_')}."
+                                                     f"{os.path.basename(path)}"))
+            if os.environ.get("CALLGRIND_THREADS"):
+                print(f"  {name} {os.path.basename(path)}: {count / 1e6:.1f}M", file=sys.stderr)
+            total += count
+        return total
+    finally:
+        shutil.rmtree(tag, ignore_errors=True)
+
+
+def _handshake(tag: str, warm_steps: int):
+    """An optimizer step hook for `--one-run --handshake`: after the warm-up steps it says
+    "ready" and waits until the counting is on; at the end of the run "done" (see _callgrind)."""
+    count = [0]
+
+    def say(marker: str) -> None:
+        open(os.path.join(tag, marker), "w").close()
+        while not os.path.exists(os.path.join(tag, marker + ".ack")):
+            time.sleep(0.02)
+
+    def hook(*_):
+        count[0] += 1
+        if count[0] == warm_steps:
+            gc.collect()      # every run starts counting with the collector's generations empty
+            say("ready")
+    return hook, lambda: say("done")
 
 
 def hot_loop(recorders: Recorders, model: str, seconds: float) -> None:
