@@ -102,18 +102,17 @@ def write(timeline: Timeline, fh) -> None:
 
 
 class _Links:
-    """The P2P links as columns, so each rank's flow ends are written with that rank's slices:
+    """The P2P links' columns, so each rank's flow ends are written with that rank's slices:
     a dict of every rank's slices (hundreds of thousands on 64 ranks) is never held. Link n is
     flow n; a flow is drawn when both its send and its recv have a slice."""
 
     def __init__(self, timeline: Timeline):
-        n = len(timeline.links)
+        n, links = len(timeline.links), timeline.links
         self.src, self.src_index, self.dst, self.dst_index = (
-            np.fromiter((getattr(link, name) for link in timeline.links), np.int64, n)
-            for name in ("src", "src_index", "dst", "dst_index"))
+            links.column(name) for name in ("src", "src_index", "dst", "dst_index"))
         src_ok, dst_ok = np.zeros(n, bool), np.zeros(n, bool)
         for rank, lane in timeline.ranks.items():
-            rows = np.fromiter((c.index for c in lane.comm), np.int64, len(lane.comm))
+            rows = lane.comm.column("index")
             for ok, ranks, index in ((src_ok, self.src, self.src_index),
                                      (dst_ok, self.dst, self.dst_index)):
                 mine = ranks == rank
