@@ -120,7 +120,7 @@ def test_the_browser_checks_can_fail(tmp_path):
 
 
 @pytest.mark.parametrize("page", [
-    "index.html", "timeline.html", "callgraphs/all.html", "callgraphs/rank-3.html",
+    "index.html", "timeline.html", "callgraphs/all.html", "callgraphs/rank-2.html",
     "modules.html",
     "ranks/rank-0.html", "source/sample_runs__parallel__tensor_parallel.py.html"])
 def test_pages_load_in_chromium(report, page, tmp_path):
@@ -175,7 +175,7 @@ def check_links(report: Path) -> int:
 def test_every_local_link_resolves_and_nothing_is_external(report):
     assert check_links(report) > 500
     index = parse(report / "index.html").links
-    for wanted in ("callgraphs/all.html", "callgraphs/rank-0.html", "callgraphs/rank-3.html",
+    for wanted in ("callgraphs/all.html", "callgraphs/rank-0.html", "callgraphs/rank-2.html",
                    "modules.html", "summary.json", "ranks/rank-2.html", "timeline.html",
                    "timeline.svg", "timeline.json"):
         assert wanted in index, f"index.html does not link {wanted}"
@@ -183,6 +183,24 @@ def test_every_local_link_resolves_and_nothing_is_external(report):
     for page in ("index.html", "callgraphs/all.html", "source/sample_runs__train.py.html"):
         assert parse(report / page).links.count(
             "../" * page.count("/") + "svgview.js") == 1, page
+
+
+def test_ranks_that_did_the_same_work_share_one_call_graph(report):
+    """The two TP ranks of each pipeline stage run the same ops on the same shapes: one graph
+    per stage, named for both ranks, linked from each rank; the stages differ, so two graphs."""
+    graphs = sorted(p.name for p in (report / "callgraphs").glob("rank-*"))
+    assert graphs == ["rank-0.html", "rank-0.svg", "rank-2.html", "rank-2.svg"]
+    for first, ranks in ((0, "0-1"), (2, "2-3")):
+        page = (report / "callgraphs" / f"rank-{first}.html").read_text()
+        assert f"<h1>Call graph: ranks {ranks} (the same work), " in page
+        assert f"The graph and its times are rank {first}&#39;s" in page
+    index = parse(report / "index.html").links
+    for rank in range(4):
+        want = f"callgraphs/rank-{rank // 2 * 2}.html"
+        assert index.count(want) == 2 * 2 + 1, rank       # two tables a rank, Explore once
+        mine = (report / "ranks" / f"rank-{rank}.html").read_text()
+        assert f'<a href="../{want}">Call graph of rank {rank}</a> (drawn once for ranks ' \
+               f'{rank // 2 * 2}-{rank // 2 * 2 + 1}: they did the same work)' in mine
 
 
 def test_svgs_are_capped_and_every_node_links_to_source(report):

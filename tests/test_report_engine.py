@@ -53,6 +53,10 @@ def test_worker_processes_find_what_one_process_finds(run, tmp_path):
     one = report(run, tmp_path / "one", "--jobs", "1")
     two = report(run, tmp_path / "two", "--jobs", "2")
     assert one == two
+    # the data-parallel replicas of a stage ran the same ops: one call graph per stage
+    for out in ("one", "two"):
+        assert sorted(p.name for p in (tmp_path / out / "callgraphs").glob("rank-*.html")) \
+            == ["rank-0.html", "rank-2.html"]
 
 
 def test_a_dask_cluster_finds_what_one_process_finds(run, tmp_path):

@@ -15,6 +15,7 @@ from tracer.labels import PHASE_BACKWARD, PHASE_FORWARD
 from tracer.synthetic import SyntheticRank, write_run
 from viz import intervals, metrics
 from viz.analysis import analyse
+from viz.lanes import P2PLink
 from viz.render import chrome_trace
 from viz.report import write_timeline
 from viz.run import open_run
@@ -239,6 +240,14 @@ def test_send_ends_at_matched_recv_and_links_feed_chrome_flows(tmp_path):
     sends = [c for lane in tl.ranks.values() for c in lane.comm if c.kind == "send"]
     assert all(c.capped for c in sends)
     assert sorted((c.end - BASE) // U for c in sends) == [10, 20, 50, 70]
+    trace = json.loads(chrome_trace.render(tl))
+    check_chrome_trace(trace["traceEvents"], expected_flows=4)
+    # each flow keeps its link's number, written with its rank's slices; a link whose other end
+    # has no slice (a rank dropped after matching, a row that is no span) draws no arrow
+    ids = sorted(e["id"] for e in trace["traceEvents"] if e["ph"] in "sf")
+    assert ids == [0, 0, 1, 1, 2, 2, 3, 3]
+    send = next(c for c in tl.ranks[0].comm if c.kind == "send")
+    tl.links += [P2PLink(0, send.index, 7, 0), P2PLink(0, send.index, 1, 10 ** 9)]
     trace = json.loads(chrome_trace.render(tl))
     check_chrome_trace(trace["traceEvents"], expected_flows=4)
 

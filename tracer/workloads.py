@@ -3,7 +3,8 @@
 :func:`pipeline_run` writes the traces of ``pp`` pipeline stages x ``dp`` data-parallel
 replicas training ``steps`` iterations of the 1F1B schedule with ``microbatches`` micro-batches:
 every pass annotated (F/B, micro-batch), ``ops_per_pass`` compute ops in it drawn from a pool of
-call sites (stacks, modules, shapes, forward and backward), a send and a receive per stage
+call sites (stacks, modules, shapes, forward and backward; the same draws on every replica of a
+stage, as data-parallel replicas run the same code), a send and a receive per stage
 boundary, the gradient all-reduce of each data-parallel group in buckets, step markers. Times
 come from the schedule's dependency simulation (a pass starts when its rank is free and its
 input has arrived ``latency`` after it was sent), so the pipeline bubble of every rank is known:
@@ -129,8 +130,7 @@ class _Columns:
 def pipeline_run(directory: str, cfg: Pipeline = Pipeline(), seed: int = 0) -> str:
     """Write ``directory/rank-<R>.arrow`` for every rank of ``cfg``; returns the directory."""
     os.makedirs(directory, exist_ok=True)
-    rng = np.random.default_rng(seed)
-    dicts = _dictionaries(cfg, rng)
+    dicts = _dictionaries(cfg)
     step_len = max(end for _, _, end in simulate(cfg, 0).values()) \
         + cfg.buckets * cfg.bucket_ns + 50_000
     schedules = [simulate(cfg, 1_000_000 + (k + 1) * step_len) for k in range(cfg.steps)]
@@ -138,12 +138,13 @@ def pipeline_run(directory: str, cfg: Pipeline = Pipeline(), seed: int = 0) -> s
     weights /= weights.sum()
     for replica in range(cfg.dp):
         for stage in range(cfg.pp):
+            rng = np.random.default_rng((seed, stage))    # a stage's replicas: the same ops
             cols = _rank_columns(cfg, stage, replica, schedules, step_len, dicts, rng, weights)
             _write(directory, cfg, cfg.rank(stage, replica), cols, dicts)
     return directory
 
 
-def _dictionaries(cfg: Pipeline, rng: np.random.Generator) -> dict:
+def _dictionaries(cfg: Pipeline) -> dict:
     files = [f"/src/model/layer{i}.py" for i in range(12)]
     stacks = []
     for i in range(cfg.sites):

@@ -16,7 +16,6 @@ TraceLens.
 """
 from __future__ import annotations
 
-import bisect
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -85,9 +84,10 @@ class _Rank:
     def __init__(self, lane: RankLanes):
         self.lane = lane
         self.c_start, self.c_end = lane.compute[:, 0], lane.compute[:, 1]
-        comm = sorted(lane.comm, key=lambda c: c.end)
-        self.comm_by_end = comm
-        self.comm_ends = [c.end for c in comm]
+        # positions of the rank's comm spans by end (columns: no span is made until asked for)
+        self.by_end = np.argsort(lane.comm.column("end"), kind="stable")
+        self.comm_ends = lane.comm.column("end")[self.by_end]
+        self.comm_starts = lane.comm.column("start")[self.by_end]
 
     def computing_since(self, t: int):
         """Start of the compute interval covering the instant just before ``t``, or None."""
@@ -98,24 +98,33 @@ class _Rank:
 
     def completed_at(self, t: int):
         """A communication this rank saw complete at ``t`` (the latest-started), or None."""
-        lo, hi = bisect.bisect_left(self.comm_ends, t), bisect.bisect_right(self.comm_ends, t)
-        done = [c for c in self.comm_by_end[lo:hi] if c.start < t]
-        return max(done, key=lambda c: c.start) if done else None
+        lo = int(np.searchsorted(self.comm_ends, t, side="left"))
+        hi = int(np.searchsorted(self.comm_ends, t, side="right"))
+        starts = self.comm_starts[lo:hi]
+        done = np.nonzero(starts < t)[0]
+        if not len(done):
+            return None
+        best = done[np.argmax(starts[done])]            # the latest-started, the first of ties
+        return self.lane.comm[int(self.by_end[lo + best])]
 
     def last_activity_before(self, t: int) -> int:
         """The latest end of compute or communication before ``t`` (or -1)."""
         i = int(np.searchsorted(self.c_end, t, side="left")) - 1
         best = int(self.c_end[i]) if i >= 0 else -1
-        j = bisect.bisect_left(self.comm_ends, t) - 1
-        return max(best, self.comm_ends[j] if j >= 0 else -1)
+        j = int(np.searchsorted(self.comm_ends, t, side="left")) - 1
+        return max(best, int(self.comm_ends[j]) if j >= 0 else -1)
+
+    def span(self, index: int):
+        """The comm span of trace row ``index``, or None."""
+        at = self.lane.comm.find("index", index)
+        return self.lane.comm[at] if at >= 0 else None
 
 
 def critical_paths(timeline: Timeline, cross: CrossRank) -> list:
     """The critical path of every step that some rank counted (viz.timeline.counted_steps)."""
     ranks = {r: _Rank(lane) for r, lane in timeline.ranks.items()}
     sender = {(link.dst, link.dst_index): (link.src, link.src_index) for link in timeline.links}
-    send_span = {(c.rank, c.index): c for lane in timeline.ranks.values() for c in lane.comm
-                 if c.kind == "send"}
+    send_span = _SendSpans(ranks)
     matched = {(r, c.index): m for m in cross.matched for r, c in m.spans.items()}
     steps = sorted({s for lane in timeline.ranks.values() for s in counted_steps(lane)})
     out = []
@@ -128,6 +137,20 @@ def critical_paths(timeline: Timeline, cross: CrossRank) -> list:
         _walk(path, ranks, timeline, last, ends[last], sender, send_span, matched)
         out.append(path)
     return out
+
+
+class _SendSpans:
+    """(rank, trace row) -> that send's span, looked up in the rank's columns when asked."""
+
+    def __init__(self, ranks: dict):
+        self.ranks = ranks
+
+    def __getitem__(self, key: tuple):
+        rank, index = key
+        span = self.ranks[rank].span(index) if rank in self.ranks else None
+        if span is None or span.kind != "send":
+            raise KeyError(key)
+        return span
 
 
 def _walk(path: Path, ranks: dict, timeline: Timeline, rank: int, t: int, sender: dict,

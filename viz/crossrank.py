@@ -191,12 +191,15 @@ def cross_rank(timeline: Timeline) -> CrossRank:
     last_seq: dict = {}                      # (rank, group) -> its last collective's seq
     p2p = 0
     for rank, lane in timeline.ranks.items():
-        for c in lane.comm:
-            if c.kind in P2P:
+        # read from the columns: only the collectives become CommSpans (P2P is most spans)
+        for i, (kind, seq, group) in enumerate(zip(lane.comm.values("kind"),
+                                                   lane.comm.values("seq"),
+                                                   lane.comm.values("group"))):
+            if kind in P2P:
                 p2p += 1
-            elif c.seq is not None and c.group:
-                calls[(c.group, c.seq)][rank] = c
-                last_seq[(rank, c.group)] = max(last_seq.get((rank, c.group), -1), c.seq)
+            elif seq is not None and group:
+                calls[(group, seq)][rank] = lane.comm[i]
+                last_seq[(rank, group)] = max(last_seq.get((rank, group), -1), seq)
     out = CrossRank(unmatched_p2p=p2p - 2 * len(timeline.links))
     for (group, seq), spans in sorted(calls.items(), key=lambda kv: (kv[0][0], kv[0][1])):
         members = group_ranks(group)

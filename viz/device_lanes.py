@@ -35,7 +35,7 @@ def on_device(lanes: RankLanes, rows: RankRows, dev: DeviceTime) -> RankLanes:
     launch = np.where(dev.launch >= 0, dev.launch + offset(np.maximum(dev.launch, 0)), -1)
     thread = np.where(dev.row >= 0, rows.thread[np.maximum(dev.row, 0)], -1)
     comm_rows = np.zeros(len(rows.t0) + 1, bool)
-    comm_rows[[c.index for c in lanes.comm]] = True
+    comm_rows[lanes.comm.column("index")] = True
     row = np.where(dev.row >= 0, dev.row, len(rows.t0))
     is_comm = comm_rows[row] | dev.is_nccl
     spans = _comm_spans(lanes.comm, row, start, end)

@@ -20,6 +20,7 @@ from tracer.ops import PSEUDO_OPS
 from tracer.stacks import decode_stack
 
 from .flops import flops as op_flops
+from .lanes import SLOTS
 from .source import is_library
 
 MEASURES = ("ops", "time_ns", "bytes")
@@ -39,9 +40,10 @@ class Frame(NamedTuple):
 NO_STACK = Frame("?", 0, "?", "(no stack recorded)")
 
 
-@dataclass
+@dataclass(**SLOTS)
 class Weights:
-    """What a node, edge or line accounts for."""
+    """What a node, edge or line accounts for. Slotted: a merged call graph of many ranks holds
+    one per node, edge, rank and direction (hundreds of thousands for 64 ranks)."""
 
     ops: int = 0          # events (aten ops and collectives)
     time_ns: float = 0    # summed durations; a collective counts launch to completion
@@ -67,9 +69,10 @@ def total_of(weights: Iterable[Weights]) -> Weights:
     return out
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, **SLOTS)
 class OpGroup:
-    """Events of one rank sharing attribution path, op, phase, shapes and module."""
+    """Events of one rank sharing attribution path, op, phase, shapes and module. Slotted: the
+    report holds about a thousand a rank, twice (every step, counted steps)."""
 
     rank: int
     path: tuple               # Frames of user code, outermost first (never empty)

@@ -9,6 +9,8 @@ from typing import Optional
 
 import numpy as np
 
+from .columns import Records
+
 # Records made by the hundred thousand (a 64-rank run holds ~0.5M CommSpans and Passes): slots
 # save their per-instance dict. Python 3.11+ only, where frozen slotted dataclasses pickle
 # (worker processes and Dask send them back).
@@ -77,9 +79,9 @@ class RankLanes:
 
     rank: int
     compute: np.ndarray        # busy computing: aten ops plus host time between them
-    comm: list                 # CommSpan, in launch order
+    comm: list                 # CommSpan, in launch order (as viz.columns.Records)
     comm_union: np.ndarray
-    passes: list               # Pass, in start order
+    passes: list               # Pass, in start order (as viz.columns.Records)
     steps: dict                # step -> (start, end), steps with a non-empty window
     closed_steps: frozenset    # steps whose end is the next step's boundary marker
     op_start: np.ndarray       # individual compute ops (for the Chrome trace)
@@ -99,6 +101,12 @@ class RankLanes:
     clock: str = "host"        # "device": compute, comm, passes and steps are GPU time
     host_compute: Optional[np.ndarray] = None   # on the device clock: what the host did
     device: Optional["DeviceLane"] = None       # on the device clock: the GPU activities
+
+    def __post_init__(self):
+        # Held as columns (viz.columns): a 64-rank run has half a million spans and passes.
+        self.comm = Records.of(CommSpan, self.comm)
+        self.passes = Records.of(Pass, self.passes)
+        self.inferred_passes = Records.of(Pass, self.inferred_passes)
 
 
 @dataclass
@@ -121,9 +129,12 @@ class Timeline:
     """Every rank's lanes on one clock."""
 
     ranks: dict                # rank -> RankLanes
-    links: list                # P2PLink
+    links: list                # P2PLink (as viz.columns.Records)
     config: dict
     origin: int                # earliest time of any counted step (drawing origin)
+
+    def __post_init__(self):
+        self.links = Records.of(P2PLink, self.links)
 
 
 def counted_steps(lane: RankLanes) -> list:

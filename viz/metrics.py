@@ -152,20 +152,21 @@ class _Index:
     def __init__(self, timeline: Timeline):
         self.timeline = timeline
         self.passes: dict = defaultdict(list)     # (rank, step) -> passes in start order
-        self.recvs: dict = defaultdict(list)      # (rank, step) -> recv CommSpans, by start
-        self.sends: dict = defaultdict(list)      # (rank, step) -> sorted send starts
+        self.recvs: dict = {}                     # (rank, step) -> recv (starts, ends), by start
+        self.sends: dict = {}                     # (rank, step) -> sorted send starts
         self.compute = {}                         # rank -> Prefix of its compute
         for rank, lane in timeline.ranks.items():
             self.compute[rank] = Prefix(lane.compute)
             for p in lane.passes:
                 self.passes[(rank, p.step)].append(p)
-            for c in lane.comm:
-                if c.kind == "recv":
-                    self.recvs[(rank, c.step)].append(c)
-                elif c.kind == "send":
-                    self.sends[(rank, c.step)].append(c.start)
-        for starts in self.sends.values():
-            starts.sort()
+            for kind, into in (("recv", self.recvs), ("send", self.sends)):
+                at = lane.comm.where("kind", kind)        # in start order
+                step, start = lane.comm.column("step")[at], lane.comm.column("start")[at]
+                end = lane.comm.column("end")[at]
+                for s in np.unique(step).tolist():
+                    mine = step == s
+                    into[(rank, s)] = (start[mine].tolist(), end[mine].tolist()) \
+                        if kind == "recv" else sorted(start[mine].tolist())
 
 
 def _seconds(ns: int) -> float:
@@ -213,8 +214,7 @@ def _pipeline_bubble(index: _Index, lane: RankLanes, step: int, replayed: dict,
     # Warm-up lasts until the rank starts computing its first backward, cool-down starts when
     # it stops computing its last forward: waits at the head of a pass belong to the section
     # before it.
-    recvs = index.recvs.get((lane.rank, step), [])
-    starts, ends = [c.start for c in recvs], [c.end for c in recvs]
+    starts, ends = index.recvs.get((lane.rank, step), ([], []))
     first_b = min((_first_busy(busy, _ready(p, starts, ends), p.end, p.start)
                    for p in mine if p.kind != "F"), default=hi)
     last_f = max((_last_busy(busy, p.start, p.end, p.end) for p in mine if p.kind == "F"),

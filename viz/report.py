@@ -9,7 +9,8 @@
     timeline.html              the timeline picture to pan and zoom
     callgraphs/all.html        call graph of all ranks merged, training steps (+ all.svg)
     callgraphs/setup.html      call graph of the other steps: setup, step 0, unfinished
-    callgraphs/rank-R.html     call graph of one rank (+ rank-R.svg)
+    callgraphs/rank-R.html     call graph of rank R (+ rank-R.svg), standing for every rank
+                               that did the same work (viz.views.same_work)
     callgraphs/fn-N.html       a function zoomed in (every path starting there)
     callgraphs/mod-N.html      the ops of one nn.Module subtree
     modules.html               the nn.Module tree: ops, FLOPs, time, communication
@@ -85,7 +86,8 @@ def build_report(analysis: RunAnalysis, summary: dict, out_dir: str, *,
                              title=f"Rank {row['rank']}", row=row,
                              meta=pages.meta_rows(mine.meta), warnings=mine.warnings,
                              ops=pages.op_rows(mine.groups), comm=pages.comm_rows(mine.groups),
-                             modules=views.rank_trees[row["rank"]], world=world)
+                             modules=views.rank_trees[row["rank"]], world=world,
+                             graph=views.rank_graphs[row["rank"]])
                 progress.advance()
         _write_crossrank_page(writer, analysis, views)
         progress.advance()
@@ -100,7 +102,8 @@ def build_report(analysis: RunAnalysis, summary: dict, out_dir: str, *,
             headline=pages.headline_rows(analysis, summary), ranks=rank_rows,
             across=crossrank_view.headline(analysis),
             top_ops=_top(views, comm=False), top_comm=_top(views, comm=True),
-            graphs=views.graphs, setup=views.setup, zooms=list(views.zooms.values()),
+            graphs=views.graphs, rank_graphs=views.rank_graphs, setup=views.setup,
+            zooms=list(views.zooms.values()),
             module_zooms=list(views.module_zooms.values()),
             sources=sorted((views.paths.get(f, f), rel) for f, rel in views.source_pages.items()),
             summary_json=rundir.SUMMARY, timeline=timeline, timeline_files=TIMELINE_FILES)

@@ -11,7 +11,7 @@ cover the whole recording.
 from __future__ import annotations
 
 import re
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, replace
 from typing import Optional
 
@@ -44,6 +44,7 @@ class GraphPage:
     title: str
     graph: CallGraph
     note: str = ""
+    ranks: tuple = ()         # a rank's graph: the ranks it stands for (the same work)
 
 
 @dataclass(frozen=True)
@@ -118,7 +119,8 @@ class ReportViews:
 
     full: CallGraph           # merged call graph of all ranks, whole recording, unpruned
     trained: CallGraph        # merged call graph of all ranks, training steps, unpruned
-    graphs: list              # GraphPage: training steps, all ranks merged, then one per rank
+    graphs: list              # GraphPage: training steps, all ranks merged, then one per
+                              # distinct rank structure (:func:`same_work`)
     setup: Optional[GraphPage]  # the other steps (setup, step 0, unfinished), all ranks merged
     zooms: dict               # function node id -> GraphPage (training steps)
     module_zooms: dict        # module path -> GraphPage (training steps)
@@ -129,6 +131,7 @@ class ReportViews:
     source_pages: dict        # recorded file -> source/<slug>.html
     split: StepSplit
     training: list            # OpGroups of the training steps, all ranks
+    rank_graphs: dict         # rank -> the GraphPage drawn for it (shared by the same work)
 
 
 def report_views(analysis: RunAnalysis, options: ReportOptions = ReportOptions(), *,
@@ -150,10 +153,12 @@ def report_views(analysis: RunAnalysis, options: ReportOptions = ReportOptions()
                         _pruned(trained, options),
                         "Ops and time are summed over ranks; a purple node is reached by some "
                         "ranks only.")]
-    for rank in sorted(whole):     # every readable rank has its page, recounted or not
-        graphs.append(GraphPage(f"callgraphs/rank-{rank}.html", f"Call graph: rank {rank}, "
-                                f"{steps}", _pruned(build_callgraph(groups.get(rank, []),
-                                                                    world=world), options)))
+    rank_graphs = {}
+    # every readable rank has a graph, recounted or not; ranks that did the same work share one
+    for ranks in same_work({rank: groups.get(rank, []) for rank in whole}):
+        page = _rank_page(ranks, groups.get(ranks[0], []), steps, world, options)
+        graphs.append(page)
+        rank_graphs.update((rank, page) for rank in ranks)
     setup = None
     if training is not None and split.other:
         rest = [g for rank in sorted(whole)
@@ -172,7 +177,39 @@ def report_views(analysis: RunAnalysis, options: ReportOptions = ReportOptions()
         rank_trees={rank: module_tree(g) for rank, g in whole.items()},
         lines=source_lines(everything), paths=display_paths(files),
         source_pages=_slugs({f.file for g in everything for f in g.path if f is not NO_STACK}),
-        split=split, training=merged)
+        split=split, training=merged, rank_graphs=rank_graphs)
+
+
+def same_work(groups: dict) -> list:
+    """Ranks (rank -> its op groups) that did the same work, lowest rank first in each list and
+    lists in order of it: the same attribution paths, ops, phases, shapes, modules, counts, bytes
+    and FLOPs; times may differ. The ranks of a data-parallel group usually do, so their call
+    graphs are one graph drawn once."""
+    out: dict = {}
+    for rank in sorted(groups):
+        out.setdefault(_work(groups[rank]), []).append(rank)
+    return sorted(out.values())
+
+
+def _work(groups: list) -> frozenset:
+    """What a rank's groups say it did, less the times and the rank: a multiset of groups."""
+    return frozenset(Counter((g.path, g.boundary, g.via, g.op, g.phase, g.kind, g.shapes,
+                              g.module, g.count, g.bytes, g.flops) for g in groups).items())
+
+
+def _rank_page(ranks: list, groups: list, steps: str, world: tuple,
+               options: ReportOptions) -> GraphPage:
+    """The call-graph page of ``ranks`` (the same work), drawn from the first one's groups."""
+    first, graph = ranks[0], _pruned(build_callgraph(groups, world=world), options)
+    if len(ranks) == 1:
+        return GraphPage(f"callgraphs/rank-{first}.html", f"Call graph: rank {first}, {steps}",
+                         graph, ranks=(first,))
+    names = ", ".join(_runs(tuple(ranks)))
+    return GraphPage(f"callgraphs/rank-{first}.html",
+                     f"Call graph: ranks {names} (the same work), {steps}", graph,
+                     f"Ranks {names} did the same work: the same call paths, ops, shapes, counts "
+                     f"and bytes. The graph and its times are rank {first}'s; each rank's own "
+                     "times are on its rank page.", ranks=tuple(ranks))
 
 
 def _pruned(graph: CallGraph, options: ReportOptions) -> CallGraph:

@@ -12,6 +12,8 @@ import bisect
 import io
 import json
 
+import numpy as np
+
 from ..lanes import Timeline
 
 _PASS_TID = 0
@@ -72,11 +74,13 @@ def write(timeline: Timeline, fh) -> None:
     def us(t: int) -> float:
         return (t - base) / 1e3
 
-    where = {}   # (rank, trace row) -> (tid, start, end) of each comm slice, for flows
+    links = _Links(timeline)
     fh.write('{"traceEvents":[')
     events = _Events(fh)
     for rank, lane in sorted(timeline.ranks.items()):
+        where: dict = {}     # this rank's comm rows -> (tid, start, end) of their slices
         events.dicts(_process(rank, lane, us, where))
+        events.dicts(links.flows(rank, where, us))
         names = [json.dumps(n) for n in lane.op_names]
         events.text(",".join(
             f'{{"ph":"X","name":{names[code]},"cat":"compute","pid":{rank},'
@@ -84,20 +88,6 @@ def write(timeline: Timeline, fh) -> None:
             f'"dur":{(end - start) / 1e3:.3f}}}'
             for start, end, code, thread in zip(lane.op_start.tolist(), lane.op_end.tolist(),
                                                 lane.op_name.tolist(), lane.op_thread.tolist())))
-    flows: list = []
-    for n, link in enumerate(timeline.links):
-        send, recv = where.get((link.src, link.src_index)), where.get((link.dst, link.dst_index))
-        if send is None or recv is None:
-            continue
-        # The arrow leaves the send where it was posted and lands where the recv completed.
-        flows.append({"ph": "s", "id": n, "name": "p2p", "cat": "p2p", "pid": link.src,
-                      "tid": send[0], "ts": us(send[1])})
-        flows.append({"ph": "f", "bp": "e", "id": n, "name": "p2p", "cat": "p2p",
-                      "pid": link.dst, "tid": recv[0], "ts": us(max(recv[1], recv[2] - 1))})
-        if len(flows) >= 10_000:
-            events.dicts(flows)
-            flows = []
-    events.dicts(flows)
     flow_id = len(timeline.links)
     for rank, lane in sorted(timeline.ranks.items()):
         if lane.device is not None:
@@ -109,6 +99,39 @@ def write(timeline: Timeline, fh) -> None:
                                           for r, lane in timeline.ranks.items()
                                           if lane.device is not None and lane.device.hidden}}
     fh.write(f'],"displayTimeUnit":"ms","otherData":{json.dumps(other, separators=(",", ":"))}}}')
+
+
+class _Links:
+    """The P2P links' columns, so each rank's flow ends are written with that rank's slices:
+    a dict of every rank's slices (hundreds of thousands on 64 ranks) is never held. Link n is
+    flow n; a flow is drawn when both its send and its recv have a slice."""
+
+    def __init__(self, timeline: Timeline):
+        n, links = len(timeline.links), timeline.links
+        self.src, self.src_index, self.dst, self.dst_index = (
+            links.column(name) for name in ("src", "src_index", "dst", "dst_index"))
+        src_ok, dst_ok = np.zeros(n, bool), np.zeros(n, bool)
+        for rank, lane in timeline.ranks.items():
+            rows = lane.comm.column("index")
+            for ok, ranks, index in ((src_ok, self.src, self.src_index),
+                                     (dst_ok, self.dst, self.dst_index)):
+                mine = ranks == rank
+                ok[mine] = np.isin(index[mine], rows)
+        self.drawn = src_ok & dst_ok
+
+    def flows(self, rank: int, where: dict, us) -> list:
+        """The flow ends on ``rank``: the arrow leaves a send where it was posted and lands
+        where the recv completed. ``where``: the rank's comm rows -> (tid, start, end)."""
+        out = []
+        for n in np.nonzero(self.drawn & (self.src == rank))[0].tolist():
+            tid, start, _ = where[int(self.src_index[n])]
+            out.append({"ph": "s", "id": n, "name": "p2p", "cat": "p2p", "pid": rank,
+                        "tid": tid, "ts": us(start)})
+        for n in np.nonzero(self.drawn & (self.dst == rank))[0].tolist():
+            tid, start, end = where[int(self.dst_index[n])]
+            out.append({"ph": "f", "bp": "e", "id": n, "name": "p2p", "cat": "p2p",
+                        "pid": rank, "tid": tid, "ts": us(max(start, end - 1))})
+        return out
 
 
 def _gpu(rank: int, lane, us, events: _Events, base: int, flow_id: int) -> int:
@@ -169,7 +192,7 @@ def _process(rank: int, lane, us, where: dict) -> list:
                     "args": {"name": f"comm {i}"}})
     for c, i in zip(lane.comm, lanes):
         tid = _COMM_TID + i
-        where[(rank, c.index)] = (tid, c.start, c.end)
+        where[c.index] = (tid, c.start, c.end)
         out.append({"ph": "X", "name": c.kind, "cat": "comm", "pid": rank, "tid": tid,
                     "ts": us(c.start), "dur": (c.end - c.start) / 1e3,
                     "args": {"group": c.group, "peer": c.peer, "bytes": c.nbytes,

@@ -256,7 +256,7 @@ def _merged_passes(c: "_Canvas", passes: list, rank: int, y: float) -> None:
 
 def _comm_blocks(c: _Canvas, lane, rank: int, y: float, lo: int, hi: int) -> None:
     """One block per merged stretch of communication, its tooltip listing what ran in it."""
-    starts = np.array([x.start for x in lane.comm], dtype=np.int64)
+    starts = lane.comm.column("start")
     for a, b in c.drawable(window(lane.comm_union, lo, hi)).tolist():
         # every span lies inside one stretch of the union: find them by their starts
         inside = lane.comm[np.searchsorted(starts, a):np.searchsorted(starts, b)]

@@ -1,0 +1,85 @@
+"""Which ranks share a call graph (viz.views.same_work): ranks that did the same work (the same
+attribution paths, ops, phases, shapes, modules, counts, bytes and FLOPs) get one graph, drawn
+once; a rank that did anything else gets its own. Times do not split ranks. The report built
+from a real run (test_report.py) checks the pages that say so."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from viz.groups import Frame, OpGroup
+from viz.views import report_views, same_work
+
+MAIN = Frame("/work/train.py", 10, "main", "main")
+STEP = Frame("/work/train.py", 20, "step", "step")
+
+
+def group(rank: int, op: str = "aten.mm.default", count: int = 4, time_ns: float = 100.0,
+          **kw) -> OpGroup:
+    fields = dict(rank=rank, path=(MAIN, STEP), boundary=None, via=None, op=op,
+                  phase="forward", kind=None, shapes="f32[4,4] f32[4,4]", module="m",
+                  count=count, time_ns=time_ns, bytes=0, flops=0)
+    fields.update(kw)
+    return OpGroup(**fields)
+
+
+def work(rank: int, *, time_scale: float = 1.0, **changed) -> list:
+    """A rank's groups: an mm, an add and an all_reduce."""
+    mine = [group(rank, time_ns=100 * time_scale),
+            group(rank, op="aten.add.Tensor", count=2, time_ns=10 * time_scale),
+            group(rank, op="c10d.allreduce_.default", kind="all_reduce", count=1, bytes=64,
+                  phase="grad_sync", time_ns=50 * time_scale)]
+    if changed:
+        mine[0] = replace(mine[0], **changed)
+    return mine
+
+
+def test_ranks_with_the_same_work_share_one_graph_whatever_their_times():
+    groups = {0: work(0), 1: work(1, time_scale=3.0), 2: work(2, time_scale=0.5)}
+    assert same_work(groups) == [[0, 1, 2]]
+    # the order of a rank's groups does not matter
+    groups[1] = list(reversed(groups[1]))
+    assert same_work(groups) == [[0, 1, 2]]
+
+
+def test_a_rank_that_did_anything_else_gets_its_own_graph():
+    for changed in (dict(count=5), dict(bytes=8), dict(shapes="f32[8,4] f32[4,4]"),
+                    dict(module="other"), dict(phase="backward"), dict(path=(MAIN,)),
+                    dict(op="aten.bmm.default"), dict(flops=1)):
+        groups = {0: work(0), 1: work(1, **changed), 2: work(2), 3: work(3, **changed)}
+        assert same_work(groups) == [[0, 2], [1, 3]], changed
+    # one more group, or one fewer, is other work too
+    groups = {0: work(0), 1: work(1) + [group(1, op="aten.relu.default")], 2: work(2)[:2]}
+    assert same_work(groups) == [[0], [1], [2]]
+    assert same_work({5: [], 7: []}) == [[5, 7]]       # nothing recorded, both
+
+
+class _Analysis:
+    """What report_views reads of a RunAnalysis, for groups made by hand."""
+
+    def __init__(self, groups: dict):
+        class Rank:
+            def __init__(self, rank, mine):
+                self.groups, self.steps = mine, [1]
+        self.world_size = len(groups)
+        self.ranks = {rank: Rank(rank, mine) for rank, mine in groups.items()}
+        self.metrics = {}
+
+
+def test_report_views_draws_one_graph_per_distinct_work_and_names_its_ranks():
+    analysis = _Analysis({0: work(0), 1: work(1, time_scale=2.0), 2: work(2, count=9),
+                          3: work(3, time_scale=5.0)})
+    views = report_views(analysis)
+    rank_pages = views.graphs[1:]
+    assert [p.rel for p in rank_pages] == ["callgraphs/rank-0.html", "callgraphs/rank-2.html"]
+    assert [p.ranks for p in rank_pages] == [(0, 1, 3), (2,)]
+    assert {r: p.rel for r, p in views.rank_graphs.items()} == {
+        0: "callgraphs/rank-0.html", 1: "callgraphs/rank-0.html",
+        2: "callgraphs/rank-2.html", 3: "callgraphs/rank-0.html"}
+    shared, alone = rank_pages
+    assert shared.title.startswith("Call graph: ranks 0-1, 3 (the same work)")
+    assert "rank 0's" in shared.note and "Ranks 0-1, 3 did the same work" in shared.note
+    assert alone.title.startswith("Call graph: rank 2,") and not alone.note
+    # the shared graph is rank 0's: its ops and times, not a sum over the ranks it stands for
+    assert shared.graph.ranks == (0,) and shared.graph.total.ops == 4 + 2 + 1
+    assert shared.graph.total.time_ns == 160
+    assert alone.graph.total.ops == 9 + 2 + 1
