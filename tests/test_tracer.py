@@ -282,13 +282,23 @@ def test_stack_capture_with_its_caches_equals_a_fresh_walk():
     import random
     import sys as _sys
 
-    from tracer.stacks import StackInterner
+    from tracer.stacks import INTERNAL, StackInterner
     rng = random.Random(0)
 
-    def check(interner, depth):
-        frame = _sys._getframe(1)
-        fresh = StackInterner(depth=depth)
+    def internal(interner):
+        """internal_ops stands for paratrace's own frames and torch's dispatch frames."""
+        code = internal_ops.__code__
+        interner._kind_of_code[id(code)] = (INTERNAL, False, code)
+        return interner
+
+    def check(interner, depth, frame=None):
+        frame = frame or _sys._getframe(1)
+        fresh = internal(StackInterner(depth=depth))
         assert interner.values[interner.capture(frame)] == fresh.values[fresh.capture(frame)]
+
+    def internal_ops(interner, depth):      # ops issued from two lines of an internal frame
+        check(interner, depth, _sys._getframe(0))
+        check(interner, depth, _sys._getframe(0))
 
     def resumed(interner, depth, n):
         def generator():
@@ -305,13 +315,15 @@ def test_stack_capture_with_its_caches_equals_a_fresh_walk():
                 descend(interner, depth, n - 1)
             elif n > 0 and rng.random() < 0.2:
                 resumed(interner, depth, n - 1)
+            elif rng.random() < 0.2:
+                internal_ops(interner, depth)
             elif rng.random() < 0.5:
                 check(interner, depth)
             else:
                 check(interner, depth)          # same frame, another instruction
 
     for depth in (3, 6, 32):
-        interner = StackInterner(depth=depth)
+        interner = internal(StackInterner(depth=depth))
         for _ in range(30):
             descend(interner, depth, rng.randint(0, 9))
 
