@@ -218,7 +218,7 @@ def main() -> None:
     tmp = tempfile.mkdtemp(prefix="paratrace-bench-")
     # NOTE: under callgrind a step takes about 50 times as long, so the flusher's four
     # wake-ups a second would come 50 times as often a step, and as many as the machine's load
-    # allows: the counted run flushes once, at its end, so its count is repeatable
+    # allows: the counted run flushes at step ends only, so its count is repeatable
     recorders = Recorders(tmp, args.debug_mode, 1000.0 if args.handshake else 0.25)
     try:
         if args.hot_loop:
@@ -291,18 +291,23 @@ def _callgrind(name: str, model: str, steps: int) -> int:
     try:
         # string hashes decide dict and set layouts: fixed, so that runs repeat exactly
         env = {**os.environ, "PYTHONHASHSEED": "0"}
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                text=True, env=env)
+        log = os.path.join(tag, "stderr")         # a file: a full pipe would stall the run
+        with open(log, "w") as err:
+            proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env)
         for marker, command in (("ready", "on"), ("done", "off")):
             while not os.path.exists(os.path.join(tag, marker)):
                 if proc.poll() is not None:
-                    raise SystemExit(f"overhead.py: {name} under callgrind exited with "
-                                     f"{proc.returncode}: {proc.stderr.read()[-2000:]}")
+                    with open(log) as f:
+                        raise SystemExit(f"overhead.py: {name} under callgrind exited with "
+                                         f"{proc.returncode}: {f.read()[-2000:]}")
                 time.sleep(0.1)
             subprocess.run(["callgrind_control", "-i", command, str(proc.pid)], check=True,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             open(os.path.join(tag, marker + ".ack"), "w").close()
-        proc.wait()
+        if proc.wait():
+            with open(log) as f:
+                raise SystemExit(f"overhead.py: {name} under callgrind exited with "
+                                 f"{proc.returncode}: {f.read()[-2000:]}")
         total = 0
         for path in sorted(glob.glob(os.path.join(tag, "out.*"))):
             with open(path) as f:
