@@ -261,12 +261,11 @@ class Session:
                 # that runs no aten op: the next one); grad off: in a Function's forward (phases)
                 fwd = stack if _grad_enabled() else self._rules.applied_at(sys._getframe(2), stack)
                 origin = (fwd + 1) << 32 | (module + 1)
-                created = seq - self._last_seq
-                if created == 1 or not 0 < created <= 8:     # usually one node
-                    self._fwd_of_node[seq - 1] = origin
-                else:
+                if 1 < seq - self._last_seq <= 8:
                     for n in range(self._last_seq, seq):
                         self._fwd_of_node[n] = origin
+                else:                     # usually the one node this op made
+                    self._fwd_of_node[seq - 1] = origin
                 self._last_seq = seq
                 if len(self._fwd_of_node) > MAX_NODES:   # a run that never steps stays bounded
                     self._fwd_prev, self._fwd_of_node = self._fwd_of_node, {}

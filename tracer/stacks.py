@@ -135,41 +135,37 @@ class StackInterner:
         """
         if frame is self._last_start:
             lasti = frame.f_lasti
-            if lasti == self._last_lasti:
-                return self._last_sid             # e.g. every op of one loss.backward()
-            entry = self._last_entry
-            if entry is None:                     # started in a dispatch frame: its callers'
+            if lasti == self._last_lasti or self._last_entry is None:
+                # the same instruction (e.g. every op of one loss.backward()), or a dispatch
+                # frame: the stack is its callers', which cannot change while it lives
                 return self._last_sid
-            node = entry[3].get(lasti)            # the same function, a later instruction
+            # the same function, a later instruction: _move, inline (half of all captures)
+            entry = self._last_entry
+            node = entry[3].get(lasti)
             if node is None:
                 node = self._new_node(entry[4], frame, lasti, entry[3])
             entry[1], entry[2] = lasti, node
             sid = self._node_sid[node]
-            if sid < 0:
-                sid = self._sid(node)
-            self._last_lasti, self._last_sid = lasti, sid
-            return sid
+            self._last_lasti, self._last_sid = lasti, sid if sid >= 0 else self._sid(node)
+            return self._last_sid
         at = self._path_pos.get(frame)
         if at is None:
             return self._walk(frame)
-        # a function on the last stack, e.g. after a call returned: only the frames it called
-        # go, and its node changes if it moved on
-        path = self._path
-        entry = path[at]
-        lasti = frame.f_lasti
+        # a function on the last stack (a call it made returned): the frames it called go
+        self._drop_after(at)
+        entry = self._path[at]
+        self._last_start, self._last_lasti, self._last_entry = frame, frame.f_lasti, entry
+        self._last_sid = self._sid(self._move(entry, frame, frame.f_lasti))
+        return self._last_sid
+
+    def _move(self, entry: list, frame, lasti: int) -> int:
+        """The node of the path entry of ``frame``, now at ``lasti`` (the entry follows it)."""
         if entry[1] != lasti:
             node = entry[3].get(lasti)
             if node is None:
                 node = self._new_node(entry[4], frame, lasti, entry[3])
             entry[1], entry[2] = lasti, node
-        if len(path) > at + 1:
-            for gone in path[at + 1:]:
-                self._path_pos.pop(gone[0], None)
-            del path[at + 1:]
-        self._last_start, self._last_lasti, self._last_entry = frame, lasti, entry
-        sid = self._node_sid[entry[2]]
-        self._last_sid = sid if sid >= 0 else self._sid(entry[2])
-        return self._last_sid
+        return entry[2]
 
     def _walk(self, start) -> int:
         kinds = self._kind_of_code
@@ -192,13 +188,7 @@ class StackInterner:
         while True:                               # up to the first frame on the path
             at = pos.get(f)
             if at is not None:                    # the same live frame: its callers are too
-                entry = path[at]
-                lasti = f.f_lasti
-                if entry[1] != lasti:             # ...but it moved on
-                    node = entry[3].get(lasti)
-                    if node is None:
-                        node = self._new_node(entry[4], f, lasti, entry[3])
-                    entry[1], entry[2] = lasti, node
+                self._move(path[at], f, f.f_lasti)
                 break
             if known[0] != INTERNAL:
                 changed.append(f)
@@ -207,10 +197,7 @@ class StackInterner:
                 at = -1
                 break
             known = kinds.get(id(f.f_code)) or self.classify(f.f_code)
-        if len(path) > at + 1:
-            for gone in path[at + 1:]:
-                pos.pop(gone[0], None)
-            del path[at + 1:]
+        self._drop_after(at)
         node = path[at][2] if at >= 0 else -1
         siblings = self._siblings
         for f in reversed(changed):
@@ -231,9 +218,16 @@ class StackInterner:
         self._last_start = None if resumable else start
         self._last_lasti = start.f_lasti
         self._last_entry = path[-1] if frame is start else None
-        sid = self._node_sid[node]
-        self._last_sid = sid if sid >= 0 else self._sid(node)
+        self._last_sid = self._sid(node)
         return self._last_sid
+
+    def _drop_after(self, at: int) -> None:
+        """Forget the path's frames inward of index ``at`` (-1: all of them)."""
+        path = self._path
+        if len(path) > at + 1:
+            for gone in path[at + 1:]:
+                self._path_pos.pop(gone[0], None)
+            del path[at + 1:]
 
     def _sid(self, node: int) -> int:
         if node < 0:

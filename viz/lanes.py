@@ -79,9 +79,9 @@ class RankLanes:
 
     rank: int
     compute: np.ndarray        # busy computing: aten ops plus host time between them
-    comm: list                 # CommSpan, in launch order (as viz.columns.Records)
+    comm: Records              # CommSpan, in launch order (lists are converted)
     comm_union: np.ndarray
-    passes: list               # Pass, in start order (as viz.columns.Records)
+    passes: Records            # Pass, in start order (lists are converted)
     steps: dict                # step -> (start, end), steps with a non-empty window
     closed_steps: frozenset    # steps whose end is the next step's boundary marker
     op_start: np.ndarray       # individual compute ops (for the Chrome trace)
@@ -129,7 +129,7 @@ class Timeline:
     """Every rank's lanes on one clock."""
 
     ranks: dict                # rank -> RankLanes
-    links: list                # P2PLink (as viz.columns.Records)
+    links: Records             # P2PLink (lists are converted)
     config: dict
     origin: int                # earliest time of any counted step (drawing origin)
 
