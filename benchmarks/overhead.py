@@ -1,7 +1,8 @@
-"""Recorder overhead, side by side in one run, on the reference GPT (one process, CPU).
+"""Recorder overhead, side by side in one run, on the reference GPT (one process, CPU or GPU).
 
 For a tiny-op and a mid-op model (4 transformer blocks, AdamW) prints the median step time of
-each recorder and its extra time over the untraced step:
+each recorder and its extra time over the untraced step, in wall time, the main thread's CPU
+time and the process's CPU time:
 
 - untraced;
 - a bare no-op TorchDispatchMode whose ``__torch_dispatch__`` only calls the op (the floor any
@@ -17,6 +18,7 @@ Then paratrace's bytes per event on disk and the reader's events per second on a
 
     python benchmarks/overhead.py [--rounds 7] [--steps 6] [--models tiny,mid] [--debug-mode]
     python benchmarks/overhead.py --hot-loop mid --seconds 20     # for py-spy / cProfile
+    python benchmarks/overhead.py --device cuda --models small,large    # on a GPU
 
 Targets (issue 15): paratrace's extra time <= 2x the no-op mode's (stretch 1.5x) and <= the
 profiler's; an unrecorded step costs what an untraced one does; <= 48 bytes/event; the reader
@@ -53,7 +55,16 @@ _COMMON = ["--tp", "1", "--pp", "1", "--no-sp", "--layers", "4", "--heads", "4",
 MODELS = {
     "tiny": _COMMON + ["--hidden", "32", "--seq-len", "16"],     # ops of a few microseconds
     "mid": _COMMON + ["--hidden", "192", "--seq-len", "64"],     # ops of tens of microseconds
+    # issue 15's GPU models (--device cuda): the small reference GPT of its H100 numbers and of
+    # ../shared/fixtures/gpu-h100, and the hidden-1024 one of docs/gpu.md
+    "small": ["--tp", "1", "--pp", "1", "--no-sp", "--layers", "4", "--heads", "4",
+              "--hidden", "256", "--seq-len", "256", "--micro-batch-size", "4",
+              "--microbatches", "2"],
+    "large": ["--tp", "1", "--pp", "1", "--no-sp", "--layers", "8", "--heads", "16",
+              "--hidden", "1024", "--seq-len", "1024", "--micro-batch-size", "4",
+              "--microbatches", "2"],
 }
+DEVICE = torch.device("cpu")     # --device; on CUDA every step stamp waits for the GPU
 
 
 class NoopMode(TorchDispatchMode):
@@ -64,12 +75,17 @@ class NoopMode(TorchDispatchMode):
 def step_times(model: str, steps: int, recorder, on_step=None) -> tuple:
     """A `steps`-step run under `recorder` (a context factory): per optimizer step, wall and
     CPU seconds (CPU: every thread of the process, the recorder's flusher included), then the
-    wall and CPU seconds the recorder took to finish after the last step. The first step warms
+    wall and CPU seconds the recorder took to finish after the last step, then the same two of
+    the main thread's CPU seconds (what the training thread itself ran: neither other
+    processes taking the core nor the recorder's other threads count). The first step warms
     up and is left out. ``on_step``, if given, runs after each optimizer step."""
-    walls, cpus = [], []
+    walls, cpus, mains = [], [], []
+    sync = torch.cuda.synchronize if DEVICE.type == "cuda" else lambda: None
     def stamp(*a):
+        sync()                                # a step ends when its kernels have run
         walls.append(time.perf_counter())
         cpus.append(time.process_time())
+        mains.append(time.thread_time())      # the hook runs on the training thread
         if on_step is not None:
             on_step()
     handle = register_optimizer_step_post_hook(stamp)
@@ -78,13 +94,14 @@ def step_times(model: str, steps: int, recorder, on_step=None) -> tuple:
     try:
         with recorder():
             with contextlib.redirect_stdout(open(os.devnull, "w")):
-                train(cfg=cfg, groups=single_process_groups(), device=torch.device("cpu"))
-            trained = time.perf_counter(), time.process_time()
-        finished = time.perf_counter(), time.process_time()
+                train(cfg=cfg, groups=single_process_groups(), device=DEVICE)
+            sync()
+            trained = time.perf_counter(), time.process_time(), time.thread_time()
+        finished = time.perf_counter(), time.process_time(), time.thread_time()
     finally:
         handle.remove()
     return (_deltas(walls), _deltas(cpus), finished[0] - trained[0],
-            finished[1] - trained[1])
+            finished[1] - trained[1], _deltas(mains), finished[2] - trained[2])
 
 
 def _deltas(stamps: list) -> list:
@@ -130,8 +147,11 @@ class Recorders:
     @contextlib.contextmanager
     def profiler(self):
         """The profiler until its recording is in a file, as paratrace's is when it exits."""
-        prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
-                                      with_stack=True, record_shapes=True)
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if DEVICE.type == "cuda":       # as paratrace records kernels on CUDA (docs/gpu.md)
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        prof = torch.profiler.profile(activities=activities, with_stack=True,
+                                      record_shapes=True)
         with prof:
             yield prof
         prof.export_chrome_trace(os.path.join(self.tmp, "profiler.json"))
@@ -143,47 +163,48 @@ class Recorders:
 
 
 def measure(recorders: Recorders, models: list, rounds: int, steps: int) -> dict:
-    """(model, recorder) -> per round: (wall, CPU) seconds a step, its finishing work included
-    (spread over the run's steps)."""
+    """(model, recorder) -> per round: (wall, CPU, main-thread CPU) seconds a step, the
+    finishing work included (spread over the run's steps)."""
     times = {(m, name): [] for m in models for name in recorders.factories}
     for round_ in range(rounds + 1):               # round 0 warms every path up, not counted
         for model in models:
             recorders.model = model
             for name, factory in recorders.factories.items():
-                walls, cpus, finish_wall, finish_cpu = step_times(
+                walls, cpus, finish_wall, finish_cpu, mains, finish_main = step_times(
                     model, steps if round_ else 3, factory)
                 if round_:
                     times[model, name].append(
                         (statistics.median(walls) + finish_wall / steps,
-                         statistics.mean(cpus) + finish_cpu / steps))
+                         statistics.mean(cpus) + finish_cpu / steps,
+                         statistics.median(mains) + finish_main / steps))
     return times
 
 
 def report(times: dict, recorders: Recorders, models: list) -> None:
     """Extra time: over the untraced step, of the in-run step time plus the recorder's
     finishing work per step (paratrace: the last flush; torch.profiler: processing its events
-    at exit and writing its file). Wall: medians of wall-clock medians; CPU: of process CPU
-    time, which a loaded machine disturbs less."""
+    at exit and writing its file), medians over rounds of each round's median step. Three
+    clocks: wall; the main thread's CPU time, which neither other processes on the machine nor
+    the recorder's own threads disturb (what the recorder costs the training thread); and the
+    process's CPU time, every thread (what it costs the machine)."""
+    clocks = ("wall", "main", "cpu")
     for model in models:
         ops_per_step = _ops_per_step(tracer.load(recorders.last_trace[model]))
-        base_wall = statistics.median(w for w, _ in times[model, "untraced"])
-        base_cpu = statistics.median(c for _, c in times[model, "untraced"])
-        print(f"\n{model}: reference GPT, one process, {' '.join(MODELS[model])}; "
+        base = [statistics.median(t[i] for t in times[model, "untraced"]) for i in range(3)]
+        print(f"\n{model}: reference GPT, one process on {DEVICE}, {' '.join(MODELS[model])}; "
               f"{ops_per_step} recorded ops a step")
-        print(f"{'recorder':28s} {'wall step':>10s} {'extra':>6s} {'extra/op':>9s} "
-              f"{'cpu step':>10s} {'extra':>6s} {'extra/op':>9s}")
+        print(f"{'recorder':28s}" + "".join(f" {c + ' step':>10s} {'extra':>6s} {'extra/op':>9s}"
+                                            for c in ("wall", "main cpu", "all cpu")))
         extra = {}
         for (m, name), samples in times.items():
             if m != model:
                 continue
-            wall = statistics.median(w for w, _ in samples)
-            cpu = statistics.median(c for _, c in samples)
-            extra[name] = (wall / base_wall - 1, cpu / base_cpu - 1)
-            print(f"{name:28s} {wall * 1e3:8.2f}ms {extra[name][0]:6.2f} "
-                  f"{(wall - base_wall) / ops_per_step * 1e6:7.2f}us "
-                  f"{cpu * 1e3:8.2f}ms {extra[name][1]:6.2f} "
-                  f"{(cpu - base_cpu) / ops_per_step * 1e6:7.2f}us")
-        for i, clock in enumerate(("wall", "cpu")):
+            step = [statistics.median(t[i] for t in samples) for i in range(3)]
+            extra[name] = [step[i] / base[i] - 1 for i in range(3)]
+            print(f"{name:28s}" + "".join(
+                f" {step[i] * 1e3:8.2f}ms {extra[name][i]:6.2f} "
+                f"{(step[i] - base[i]) / ops_per_step * 1e6:7.2f}us" for i in range(3)))
+        for i, clock in enumerate(clocks):
             floor, para = extra["no-op dispatch mode"][i], extra["paratrace"][i]
             prof, off = extra["torch.profiler"][i], extra["paratrace, unrecorded step"][i]
             print(f"{clock:4s}: paratrace extra / no-op mode extra {para / floor:5.2f} (target "
@@ -202,7 +223,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--steps", type=int, default=6)
-    parser.add_argument("--models", default="tiny,mid")
+    parser.add_argument("--models", default="tiny,mid",
+                        help=f"comma-separated, of {', '.join(MODELS)} (default tiny,mid; on "
+                        "a GPU issue 15 asks for small,large)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="where the model runs (cuda: the first GPU; steps are timed "
+                        "with torch.cuda.synchronize)")
     parser.add_argument("--reader-events", type=int, default=1_000_000)
     parser.add_argument("--debug-mode", action="store_true")
     parser.add_argument("--hot-loop", metavar="MODEL",
@@ -214,6 +240,16 @@ def main() -> None:
                         help=argparse.SUPPRESS)
     parser.add_argument("--handshake", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    unknown = [m for m in args.models.split(",") if m not in MODELS]
+    if unknown:
+        parser.error(f"--models: no model named {', '.join(unknown)} (choose from "
+                     f"{', '.join(MODELS)})")
+    if args.device == "cuda" and args.instructions:
+        parser.error("--instructions counts CPU instructions under valgrind: --device cpu only")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: torch sees no CUDA GPU on this machine")
+    global DEVICE
+    DEVICE = torch.device(args.device)
     torch.set_num_threads(1)
     tmp = tempfile.mkdtemp(prefix="paratrace-bench-")
     # NOTE: under callgrind a step takes about 50 times as long, so the flusher's four
