@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
+
 import torch
 from torch.nn.modules import module as nn_module
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
@@ -106,3 +108,37 @@ def test_compiled_code_runs_and_dynamo_never_traces_the_recorder(tmp_path):
     tracer_dir = os.path.dirname(tracer.__file__) + os.sep
     traced = [ref() for ref in input_codes.seen]               # code objects Dynamo took on
     assert traced and not [c for c in traced if c and c.co_filename.startswith(tracer_dir)]
+
+
+def test_ranges_open_across_a_window_edge_annotate_its_ops_and_are_not_encoded_outside(tmp_path):
+    """Ranges are kept outside the window (one may enclose recorded steps) but not encoded
+    there: the annotation dictionary holds only what recorded ops and ranges carried."""
+    net = torch.nn.Linear(4, 4)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    x = torch.randn(2, 4)
+    with tracer.trace(tmp_path, steps="2", clock_sync=False):
+        with tracer.annotate("run"):
+            for step in range(4):
+                if step == 1:
+                    spanning = tracer.annotate("spanning")
+                    spanning.__enter__()           # opened in step 1, closed in step 2
+                with tracer.annotate(f"only-{step}", phase="forward"):
+                    net(x).sum()
+                if step == 2:
+                    spanning.__exit__(None, None, None)
+                    net(x).sum()                   # after it closed: under "run" only
+                net(x).sum().backward()
+                opt.step()
+                opt.zero_grad()
+    trace = tracer.load(tmp_path / "rank-0.arrow")
+    labels = {tuple(r["label"] for r in trace.annotation(code))
+              for code in np.unique(trace.col("annotation")) if code >= 0}
+    # step 2 starts at step 1's optimizer step: step 1's zero_grad is recorded, under
+    # "spanning"; step 2's optimizer step ends it, its own record_function range recorded
+    assert labels == {("run",), ("run", "spanning"), ("run", "spanning", "only-2"),
+                      ("run", "spanning", "Optimizer.zero_grad#SGD.zero_grad"),
+                      ("run", "Optimizer.step#SGD.step")}
+    encoded = " ".join(trace.dictionary("annotation"))
+    assert "only-2" in encoded and not any(f"only-{s}" in encoded for s in (0, 1, 3))
+    steps = set(trace.col("step")[trace.col("annotation") >= 0].tolist())
+    assert steps == {2}

@@ -24,6 +24,9 @@ class AnnotationStack:
         self._record_functions: list = []       # open record_function ranges: (entry, t0)
         self.current = -1                       # id of the JSON list of open ranges, -1: none
         self.phase_hint: Optional[int] = None   # phase named by the innermost range naming one
+        # outside recorded steps nothing reads current or phase_hint: the ranges are still
+        # kept (one may enclose the next recorded step) but not encoded until recording starts
+        self._live, self._stale = True, False
 
     def push(self, label: str, attrs: dict) -> tuple:
         entry = (label, attrs, phase_of_attrs(label, attrs))
@@ -76,7 +79,18 @@ class AnnotationStack:
         """
         return self._record_functions.pop() if self._record_functions else None
 
+    def set_live(self, live: bool) -> None:
+        """Whether ops are being recorded (current and phase_hint read); they are brought up to
+        date when recording starts."""
+        self._live = live
+        if live and self._stale:
+            self._refresh()
+
     def _refresh(self) -> None:
+        if not self._live:
+            self._stale = True
+            return
+        self._stale = False
         if not self._entries:
             self.current, self.phase_hint = -1, None
             return

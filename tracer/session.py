@@ -90,6 +90,7 @@ class Session:
         self._rules = PhaseRules(self, self._modules, self._annotations)
         self._recording, self._paused = self._window(0), 0
         self._passthrough = not self._recording   # the hot path records nothing
+        self._annotations.set_live(self._recording)
         self._owner = threading.get_ident()       # the thread whose dispatch stack holds the mode
         self.config: dict = {}             # everything record_config set
         self.rank, self.world_size = rank_and_world()      # until a process group says
@@ -356,6 +357,7 @@ class Session:
         if recording != self._recording:
             self._recording = recording
             self._passthrough = not recording or self._paused > 0
+            self._annotations.set_live(recording)
             if recording:
                 self._enter_window()
             else:
