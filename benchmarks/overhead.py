@@ -163,8 +163,9 @@ class Recorders:
 
 
 def measure(recorders: Recorders, models: list, rounds: int, steps: int) -> dict:
-    """(model, recorder) -> per round: (wall, CPU, main-thread CPU) seconds a step, the
-    finishing work included (spread over the run's steps)."""
+    """(model, recorder) -> per round: (wall, main thread's CPU, process CPU) seconds a step,
+    the finishing work included (spread over the run's steps). Process CPU is a mean, not a
+    median: the flusher's work lands in some steps and not others."""
     times = {(m, name): [] for m in models for name in recorders.factories}
     for round_ in range(rounds + 1):               # round 0 warms every path up, not counted
         for model in models:
@@ -175,8 +176,8 @@ def measure(recorders: Recorders, models: list, rounds: int, steps: int) -> dict
                 if round_:
                     times[model, name].append(
                         (statistics.median(walls) + finish_wall / steps,
-                         statistics.mean(cpus) + finish_cpu / steps,
-                         statistics.median(mains) + finish_main / steps))
+                         statistics.median(mains) + finish_main / steps,
+                         statistics.mean(cpus) + finish_cpu / steps))
     return times
 
 
