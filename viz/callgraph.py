@@ -20,6 +20,7 @@ from typing import Iterable, Optional, Sequence
 import networkx as nx
 
 from .groups import MEASURES, NO_STACK, Frame, OpGroup, Weights, total_of
+from .rank_weights import freeze_per_rank, total_over_ranks
 from .source import definition_line
 
 FUNCTION, OPS, COMM, HIDDEN = "function", "ops", "comm", "hidden"
@@ -29,7 +30,8 @@ FUNCTION, OPS, COMM, HIDDEN = "function", "ops", "comm", "hidden"
 @dataclass
 class NodeData:
     """A call-graph node: a function, the ops or a collective of a call site, or a note of what
-    pruning hid. Weights are inclusive (everything issued below the node)."""
+    pruning hid. Weights are inclusive (everything issued below the node). Once the graph is
+    built, ``per_rank`` is a read-only :class:`viz.rank_weights.RankWeights`."""
 
     id: str
     type: str
@@ -49,7 +51,7 @@ class NodeData:
 
     @property
     def total(self) -> Weights:
-        return total_of(self.per_rank.values())
+        return total_over_ranks(self.per_rank)
 
     @property
     def ranks(self) -> tuple:
@@ -66,7 +68,7 @@ class EdgeData:
 
     @property
     def total(self) -> Weights:
-        return total_of(self.per_rank.values())
+        return total_over_ranks(self.per_rank)
 
 
 @dataclass
@@ -134,6 +136,7 @@ def build_callgraph(groups: Iterable[OpGroup], *, world: Sequence[int] = (),
         build.leaf(grp, frames)
     build.inclusive()
     nodes, edges = build.nodes, build.edges
+    freeze_per_rank(list(nodes.values()) + list(edges.values()))
     g = nx.DiGraph()
     g.add_nodes_from((node_id, {"data": data}) for node_id, data in nodes.items())
     g.add_edges_from((a, b, {"data": data}) for (a, b), data in edges.items())
