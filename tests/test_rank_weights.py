@@ -91,3 +91,16 @@ def test_counts_beyond_int64_keep_their_dicts():
     next(iter(node.per_rank.values())).flops = 1 << 70
     freeze_per_rank(graph.nodes())
     assert all(isinstance(d.per_rank, dict) for d in graph.nodes())
+
+
+def test_a_pruned_graph_holds_only_its_own_rows():
+    whole = build_callgraph(groups(), world=range(4))
+    small = prune(whole, max_nodes=4)
+    owners = small.nodes() + [small.edge(a, b) for a, b in small.graph.edges]
+    tables = {id(d.per_rank._table) for d in owners}
+    assert len(tables) == 1 and len(owners) < len(whole.graph) + len(whole.graph.edges)
+    table = owners[0].per_rank._table
+    assert len(table.rank) == sum(len(d.per_rank) for d in owners)
+    assert table is not whole.nodes()[0].per_rank._table
+    # the whole graph's data are not the pruned one's: dropping it frees its table
+    assert all(small.node(n) is not whole.node(n) for n in small.graph if n in whole.graph)

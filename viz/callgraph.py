@@ -275,6 +275,12 @@ def prune(cg: CallGraph, *, max_nodes: int = 150, min_share: float = 0.005,
             break
         budget -= len(keep) + notes - max_nodes
     out = g.subgraph(keep).copy()
+    # Copies of the kept nodes' and edges' data, their per-rank weights in a table of their own
+    # (below): the pruned graph does not hold the whole graph's table once that is dropped.
+    for _, attrs in out.nodes(data=True):
+        attrs["data"] = replace(attrs["data"])
+    for _, _, attrs in out.edges(data=True):
+        attrs["data"] = replace(attrs["data"])
     for parent in sorted(keep):
         lost = [c for c in g.successors(parent) if c not in keep]
         if not lost:
@@ -288,6 +294,8 @@ def prune(cg: CallGraph, *, max_nodes: int = 150, min_share: float = 0.005,
                 note.by_direction[direction].add(w)
         out.add_node(note.id, data=note)
         out.add_edge(parent, note.id, data=EdgeData(note.per_rank, note.by_direction))
+    freeze_per_rank([d["data"] for _, d in out.nodes(data=True)]
+                    + [d["data"] for _, _, d in out.edges(data=True)])
     hidden = Hidden()
     for n in g:
         if n in keep:

@@ -13,7 +13,6 @@ the same as from the dicts).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Iterable
 
 import numpy as np
 
@@ -70,10 +69,10 @@ class RankWeights(Mapping):
         return total_of((self._total,))
 
 
-def freeze_per_rank(owners: Iterable) -> None:
-    """Replace the ``per_rank`` dict of each node or edge data in ``owners`` by a
-    :class:`RankWeights` over one table. Counts beyond int64 keep their dicts."""
-    owners = [o for o in owners if not isinstance(o.per_rank, RankWeights)]
+def freeze_per_rank(owners: list) -> None:
+    """Replace the ``per_rank`` of each node or edge data in ``owners`` (a dict, or a
+    :class:`RankWeights` of another table) by a :class:`RankWeights` over one new table.
+    Counts beyond int64 keep their dicts."""
     ranks, counts, times, bounds = [], [], [], []
     for owner in owners:
         start = len(ranks)
@@ -89,7 +88,7 @@ def freeze_per_rank(owners: Iterable) -> None:
     except OverflowError:
         return
     for owner, (start, stop) in zip(owners, bounds):
-        owner.per_rank = RankWeights(table, start, stop, total_of(owner.per_rank.values()))
+        owner.per_rank = RankWeights(table, start, stop, total_over_ranks(owner.per_rank))
 
 
 def total_over_ranks(per_rank) -> Weights:
