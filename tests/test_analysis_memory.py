@@ -84,3 +84,28 @@ def test_an_analysis_holds_one_copy_of_each_path_for_all_ranks(run, jobs):
         2 * CFG.microbatches * CFG.steps
     assert len(analysis.timeline.links) == CFG.dp * (CFG.pp - 1) * 2 * CFG.microbatches * \
         CFG.steps
+
+
+def test_groups_trimmed_together_share_each_trimmed_path():
+    from viz.callgraph import trim_common_prefix
+    leaf = Frame("/work/model.py", 30, "forward", "Layer.forward")
+    path = (MAIN, STEP, leaf)
+    groups = [OpGroup(rank, path, None, None, "aten.mm.default", "forward", None, None, None,
+                      1, 1.0, 0, 0) for rank in range(4)]
+    groups.append(OpGroup(0, (MAIN, STEP), None, None, "aten.add.Tensor", "forward", None, None,
+                          None, 1, 1.0, 0, 0))
+    trimmed = trim_common_prefix(groups)
+    assert [g.path for g in trimmed[:4]] == [(STEP, leaf)] * 4
+    assert len({id(g.path) for g in trimmed[:4]}) == 1
+    assert trimmed[4].path == (STEP,)
+
+
+def test_a_page_written_in_pieces_is_the_page_rendered_whole(tmp_path):
+    from viz.render.html import PageWriter
+    writer = PageWriter(str(tmp_path))
+    svg = "<svg>" + "<g/>" * 10_000 + "</svg>"
+    context = dict(title="Timeline", svg=svg, files={"svg": "t.svg", "chrome_trace": "t.json"})
+    path = writer.write("sub/timeline.html", "timeline.html", **context)
+    whole = writer.env.get_template("timeline.html").render(root="../", script="svgview.js",
+                                                             **context)
+    assert open(path, encoding="utf-8").read() == whole and svg in whole

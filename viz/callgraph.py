@@ -347,7 +347,8 @@ def trim_common_prefix(groups: Sequence[OpGroup]) -> list:
     cut = max(n - 1, 0)
     if not cut:
         return groups
-    return [replace(grp, path=grp.path[cut:]) for grp in groups]
+    trimmed: dict = {}       # one trimmed copy of each path, however many groups share it
+    return [replace(grp, path=trimmed.setdefault(grp.path, grp.path[cut:])) for grp in groups]
 
 
 # ------------------------------------------------------------------------------ per line
