@@ -216,6 +216,7 @@ class _GraphBuilder:
                 index = child
             for direction, w in by_direction.items():
                 at_node[index][(rank, direction)].add(w)
+        self.paths.clear()          # a merged graph of many ranks: memory for what follows
         for index in range(len(parents) - 1, -1, -1):     # children were created after parents
             parent = parents[index]
             if parent >= 0 and index in at_node:
@@ -224,7 +225,7 @@ class _GraphBuilder:
         for index, fns in enumerate(fn_paths):
             if index in at_node:
                 self._credit(fns, frames_of[parents[index]].line if len(fns) >= 2 else None,
-                             at_node[index])
+                             at_node.pop(index))
         for fid, low in lowest_line.items():
             data = self.nodes[fid]
             data.line = definition_line(data.file, data.name, low)
