@@ -109,3 +109,26 @@ def test_a_page_written_in_pieces_is_the_page_rendered_whole(tmp_path):
     whole = writer.env.get_template("timeline.html").render(root="../", script="svgview.js",
                                                              **context)
     assert open(path, encoding="utf-8").read() == whole and svg in whole
+
+
+def test_metrics_build_passes_and_p2p_times_one_step_at_a_time(run):
+    from viz.metrics import _Index
+    analysis = analyse(open_run(run))
+    timeline = analysis.timeline
+    index = _Index(timeline)
+    steps = sorted({s for lane in timeline.ranks.values() for s in lane.steps})
+    for step in steps:
+        for rank, lane in timeline.ranks.items():
+            mine = [p for p in lane.passes if p.step == step]
+            assert ((rank, step) in index.passes) == bool(mine)
+            assert index.passes.get((rank, step), []) == mine
+            recv = [c for c in lane.comm if c.kind == "recv" and c.step == step]
+            assert index.recvs.get((rank, step), ([], [])) == \
+                ([c.start for c in recv], [c.end for c in recv])
+            assert index.sends.get((rank, step), []) == sorted(
+                c.start for c in lane.comm if c.kind == "send" and c.step == step)
+        # only this step's entries are held
+        assert {s for _, s in index.passes._kept} <= {step}
+        assert len(index.passes._kept) <= len(timeline.ranks)
+    assert sum(len(lane.passes) for lane in timeline.ranks.values()) == \
+        CFG.dp * CFG.pp * CFG.steps * CFG.microbatches * 2
