@@ -71,7 +71,8 @@ class Engine:
     def map(self, fn: Callable, tasks: list, then: Optional[Callable] = None) -> list:
         """``[then(guarded(fn, *args)) for args in tasks]``, wherever the engine runs them;
         ``then`` (default: none) runs in this process on each result as it is taken, in task
-        order, so what the results hold all together can shrink as they come in."""
+        order (from Dask, once all are gathered), so what the results hold all together can
+        shrink as they come in."""
         then = then or _same
         if self.dask:
             client = self._dask_client()
