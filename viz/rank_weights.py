@@ -32,6 +32,13 @@ class RankTable:
         ops, nbytes, comms, flops = self.counts[i].tolist()
         return Weights(ops, float(self.time_ns[i]), nbytes, comms, flops)
 
+    def rows(self, start: int, stop: int) -> list:
+        """(rank, Weights) of rows ``start:stop``, read from the columns at once."""
+        return [(rank, Weights(ops, time_ns, nbytes, comms, flops))
+                for rank, (ops, nbytes, comms, flops), time_ns in zip(
+                    self.rank[start:stop].tolist(), self.counts[start:stop].tolist(),
+                    self.time_ns[start:stop].tolist())]
+
 
 class RankWeights(Mapping):
     """rank -> Weights of one node or edge: rows ``start:stop`` of a :class:`RankTable`.
@@ -58,11 +65,10 @@ class RankWeights(Mapping):
         return self._stop - self._start
 
     def items(self):
-        return [(rank, self._table.weights(self._start + i))
-                for i, rank in enumerate(self._ranks())]
+        return self._table.rows(self._start, self._stop)
 
     def values(self):
-        return [self._table.weights(i) for i in range(self._start, self._stop)]
+        return [w for _, w in self._table.rows(self._start, self._stop)]
 
     def total(self) -> Weights:
         """The sum over ranks (a new Weights, as :func:`viz.groups.total_of` gives)."""
