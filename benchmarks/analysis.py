@@ -10,10 +10,11 @@ exactly ((p-1)/(m+p-1)), so each run also checks that the report measured it. ``
 traces the reference GPT (pp 2 x dp 2, 128 micro-batches, 8 layers, 2 steps: about 0.4M events)
 with trace-run first (untimed).
 
-Each measurement runs the installed ``trace-report`` as users do, in a fresh process, and
-prints the median over ``--repeat`` of its wall time, events per second, and the peak resident
-memory of its largest process (the report process or one of its workers), side by side for
-``--jobs 1`` and the default (one worker per core).
+Each measurement runs ``trace-report`` (``python -m viz.cli``, with this checkout first on
+PYTHONPATH, its worker processes included, so the code measured is this checkout's, not whatever
+is installed) in a fresh process, and prints the median over ``--repeat`` of its wall time,
+events per second, and the peak resident memory of its largest process (the report process or
+one of its workers), side by side for ``--jobs 1`` and the default (one worker per core).
 """
 from __future__ import annotations
 
@@ -50,16 +51,21 @@ def measure(run_dir: str, out_dir: str, jobs: str) -> tuple:
     """(wall seconds, peak KiB of the largest process) of one trace-report, in a fresh process
     so the peak is this run's alone."""
     shutil.rmtree(out_dir, ignore_errors=True)
-    report = shutil.which("trace-report") or os.path.join(os.path.dirname(sys.executable),
-                                                          "trace-report")
-    cmd = [sys.executable, "-c", _MEASURE, report, run_dir, "--out", out_dir]
+    cmd = [sys.executable, "-c", _MEASURE, sys.executable, "-m", "viz.cli", run_dir,
+           "--out", out_dir]
     if jobs != "default":
         cmd += ["--jobs", jobs]
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=REPO,
+                          env=dict(os.environ, PYTHONPATH=_path()))
     code, wall, peak = proc.stdout.split()
     if code != "0":
         raise SystemExit(f"trace-report exited {code}: {proc.stderr[-2000:]}")
     return float(wall), int(peak)
+
+
+def _path() -> str:
+    """PYTHONPATH with this checkout first: the processes measured run its code."""
+    return os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p)
 
 
 def events_of(summary: dict) -> int:
@@ -76,10 +82,10 @@ def bubble_check(summary: dict, cfg: Pipeline) -> str:
 
 
 def trace_reference(directory: str) -> str:
-    env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
-    subprocess.run(["trace-run", "--nproc-per-node", "4", "--out", directory, "--no-report",
-                    "-m", "sample_runs.train", *REFERENCE], check=True, env=env, cwd=REPO,
-                   stdout=subprocess.DEVNULL)
+    env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", PYTHONPATH=_path())
+    subprocess.run([sys.executable, "-m", "instrument.launch", "--nproc-per-node", "4",
+                    "--out", directory, "--no-report", "-m", "sample_runs.train", *REFERENCE],
+                   check=True, env=env, cwd=REPO, stdout=subprocess.DEVNULL)
     return directory
 
 

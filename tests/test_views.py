@@ -83,3 +83,20 @@ def test_report_views_draws_one_graph_per_distinct_work_and_names_its_ranks():
     assert shared.graph.ranks == (0,) and shared.graph.total.ops == 4 + 2 + 1
     assert shared.graph.total.time_ns == 160
     assert alone.graph.total.ops == 9 + 2 + 1
+
+
+def test_report_views_keep_the_merged_graphs_pruned_and_their_functions():
+    """The unpruned merged graphs are dropped once drawn pruned (tens of MiB for many ranks):
+    the views keep every pruned page and, of the unpruned whole-recording graph, its functions
+    and what they issued."""
+    from viz.callgraph import FUNCTION, CallGraph, build_callgraph
+    groups = {0: work(0), 1: work(1, time_scale=2.0), 2: work(2, count=9)}
+    views = report_views(_Analysis(groups))
+    graphs = [p.graph for p in views.graphs] + [p.graph for p in views.zooms.values()] + \
+        [p.graph for p in views.module_zooms.values()]
+    assert all(g.hidden is not None for g in graphs)           # pruned, every one
+    assert not [v for v in vars(views).values() if isinstance(v, CallGraph)]
+    full = build_callgraph([g for r in sorted(groups) for g in groups[r]], world=range(3))
+    assert [(f.id, f.file, f.name, f.line, f.total) for f in views.functions] == \
+        [(d.id, d.file, d.name, d.line, d.total) for d in full.nodes(FUNCTION)]
+    assert {f.name for f in views.functions} == {"main", "step"}

@@ -17,13 +17,15 @@ from typing import Optional
 
 from tracer import TraceError
 
+from .columns import Records
 from .critical_path import critical_paths, path_intervals
 from .crossrank import CrossRank, cross_rank
 from .engine import Engine
+from .groups import SharedGroups
 from .metrics import metrics_of
 from .rank import analyse_rank_file, count_rank_file, p2p_of_file, path_modules_file
 from .run import Run, RunError
-from .lanes import Timeline
+from .lanes import P2PLink, Timeline
 from .timeline import DRAWN_OPS, assemble, match_p2p
 
 
@@ -98,11 +100,14 @@ def analyse(run: Run, engine: Optional[Engine] = None, kineto: Optional[dict] = 
     if not endpoints:
         raise RunError(f"{run.dir}: no readable trace: " + "; ".join(unreadable.values()))
     links, send_ends = match_p2p(endpoints)
-    budget = max(DRAWN_OPS // len(run.files), 1_000)
+    links = Records.of(P2PLink, links)
     readable = sorted(endpoints)
+    del endpoints           # every rank's sends and receives: freed before the results come
+    budget = max(DRAWN_OPS // len(run.files), 1_000)
+    shared = SharedGroups()
     analysed, late = _split(readable, engine.map(analyse_rank_file, [
         (run.files[r], r, send_ends.get(r, {}), budget, tuple(kineto.get(r, ())))
-        for r in readable]))
+        for r in readable], then=lambda result: _shared(result, shared)))
     analysis = _reduce(run, analysed, {**unreadable, **late}, links)
     _path_modules(analysis, engine)
     return analysis
@@ -118,6 +123,19 @@ def _path_modules(analysis: RunAnalysis, engine: Engine) -> None:
         for rank_modules in found.values():
             for module, ns in rank_modules.get(path.step, {}).items():
                 path.modules[module] = path.modules.get(module, 0) + ns
+
+
+def _shared(result, shared: SharedGroups):
+    """A rank's result (RankAnalysis or RankCounts) with its op groups on the frames and names
+    ``shared`` holds (one copy for all ranks); an unreadable trace's error as it is."""
+    if isinstance(result, TraceError):
+        return result
+    whole = shared.of(result.groups)
+    if hasattr(result, "counted_groups"):
+        result.counted_groups = whole if result.counted_groups is result.groups else \
+            shared.of(result.counted_groups)
+    result.groups = whole
+    return result
 
 
 def _split(ranks: list, results: list) -> tuple:
@@ -150,8 +168,10 @@ def recount(analysis: RunAnalysis, steps: frozenset,
     and its metrics are kept as they are; each trace is read once more."""
     engine = engine or Engine(jobs=1)
     order = sorted(analysis.ranks)
+    shared = SharedGroups()
     counts, _ = _split(order, engine.map(count_rank_file, [
-        (analysis.ranks[r].path, r, steps, analysis.ranks[r].exports) for r in order]))
+        (analysis.ranks[r].path, r, steps, analysis.ranks[r].exports) for r in order],
+        then=lambda result: _shared(result, shared)))
     ranks = {rank: replace(mine, groups=counts[rank].groups, op_counts=counts[rank].op_counts,
                            op_counts_by_phase=counts[rank].op_counts_by_phase,
                            comm=counts[rank].comm, steps=counts[rank].steps)

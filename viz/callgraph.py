@@ -20,6 +20,7 @@ from typing import Iterable, Optional, Sequence
 import networkx as nx
 
 from .groups import MEASURES, NO_STACK, Frame, OpGroup, Weights, total_of
+from .rank_weights import freeze_per_rank, total_over_ranks
 from .source import definition_line
 
 FUNCTION, OPS, COMM, HIDDEN = "function", "ops", "comm", "hidden"
@@ -29,7 +30,8 @@ FUNCTION, OPS, COMM, HIDDEN = "function", "ops", "comm", "hidden"
 @dataclass
 class NodeData:
     """A call-graph node: a function, the ops or a collective of a call site, or a note of what
-    pruning hid. Weights are inclusive (everything issued below the node)."""
+    pruning hid. Weights are inclusive (everything issued below the node). Once the graph is
+    built, ``per_rank`` is a read-only :class:`viz.rank_weights.RankWeights`."""
 
     id: str
     type: str
@@ -49,7 +51,7 @@ class NodeData:
 
     @property
     def total(self) -> Weights:
-        return total_of(self.per_rank.values())
+        return total_over_ranks(self.per_rank)
 
     @property
     def ranks(self) -> tuple:
@@ -66,7 +68,7 @@ class EdgeData:
 
     @property
     def total(self) -> Weights:
-        return total_of(self.per_rank.values())
+        return total_over_ranks(self.per_rank)
 
 
 @dataclass
@@ -134,6 +136,7 @@ def build_callgraph(groups: Iterable[OpGroup], *, world: Sequence[int] = (),
         build.leaf(grp, frames)
     build.inclusive()
     nodes, edges = build.nodes, build.edges
+    freeze_per_rank(list(nodes.values()) + list(edges.values()))
     g = nx.DiGraph()
     g.add_nodes_from((node_id, {"data": data}) for node_id, data in nodes.items())
     g.add_edges_from((a, b, {"data": data}) for (a, b), data in edges.items())
@@ -213,6 +216,7 @@ class _GraphBuilder:
                 index = child
             for direction, w in by_direction.items():
                 at_node[index][(rank, direction)].add(w)
+        self.paths.clear()          # a merged graph of many ranks: memory for what follows
         for index in range(len(parents) - 1, -1, -1):     # children were created after parents
             parent = parents[index]
             if parent >= 0 and index in at_node:
@@ -221,7 +225,7 @@ class _GraphBuilder:
         for index, fns in enumerate(fn_paths):
             if index in at_node:
                 self._credit(fns, frames_of[parents[index]].line if len(fns) >= 2 else None,
-                             at_node[index])
+                             at_node.pop(index))
         for fid, low in lowest_line.items():
             data = self.nodes[fid]
             data.line = definition_line(data.file, data.name, low)
@@ -272,6 +276,12 @@ def prune(cg: CallGraph, *, max_nodes: int = 150, min_share: float = 0.005,
             break
         budget -= len(keep) + notes - max_nodes
     out = g.subgraph(keep).copy()
+    # Copies of the kept nodes' and edges' data, their per-rank weights in a table of their own
+    # (below): the pruned graph does not hold the whole graph's table once that is dropped.
+    for _, attrs in out.nodes(data=True):
+        attrs["data"] = replace(attrs["data"])
+    for _, _, attrs in out.edges(data=True):
+        attrs["data"] = replace(attrs["data"])
     for parent in sorted(keep):
         lost = [c for c in g.successors(parent) if c not in keep]
         if not lost:
@@ -285,6 +295,8 @@ def prune(cg: CallGraph, *, max_nodes: int = 150, min_share: float = 0.005,
                 note.by_direction[direction].add(w)
         out.add_node(note.id, data=note)
         out.add_edge(parent, note.id, data=EdgeData(note.per_rank, note.by_direction))
+    freeze_per_rank([d["data"] for _, d in out.nodes(data=True)]
+                    + [d["data"] for _, _, d in out.edges(data=True)])
     hidden = Hidden()
     for n in g:
         if n in keep:
@@ -336,7 +348,8 @@ def trim_common_prefix(groups: Sequence[OpGroup]) -> list:
     cut = max(n - 1, 0)
     if not cut:
         return groups
-    return [replace(grp, path=grp.path[cut:]) for grp in groups]
+    trimmed: dict = {}       # one trimmed copy of each path, however many groups share it
+    return [replace(grp, path=trimmed.setdefault(grp.path, grp.path[cut:])) for grp in groups]
 
 
 # ------------------------------------------------------------------------------ per line

@@ -67,16 +67,16 @@ class _Counted:
     def __getattr__(self, name):
         return getattr(self._engine, name)
 
-    def map(self, fn: Callable, tasks: list) -> list:
+    def map(self, fn: Callable, tasks: list, then: Optional[Callable] = None) -> list:
         self._progress.expect(len(tasks))
         if self._engine.jobs == 1 and not self._engine.dask:
             # one task at a time in this process: the bar moves after each rank
             out = []
             for task in tasks:
-                out.extend(self._engine.map(fn, [task]))
+                out.extend(self._engine.map(fn, [task], then))
                 self._progress.advance()
             return out
-        out = self._engine.map(fn, tasks)
+        out = self._engine.map(fn, tasks, then)
         self._progress.advance(len(tasks))
         return out
 

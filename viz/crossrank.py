@@ -28,7 +28,7 @@ and source line.
 from __future__ import annotations
 
 import statistics
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -277,8 +277,10 @@ def _ranks(ranks) -> str:
 
 
 def _commonest(items):
-    items = [i for i in items if i is not None]
-    return max(set(items), key=items.count) if items else None
+    """The most frequent item (None left out); among equally frequent ones, the first seen, so
+    the choice does not follow the set order of string hashes, which differs between runs."""
+    counts = Counter(i for i in items if i is not None)
+    return counts.most_common(1)[0][0] if counts else None
 
 
 def _where(frame) -> str:

@@ -68,20 +68,25 @@ class Engine:
                 sum(_size(p) for p in files.values()) < POOL_MIN_BYTES:
             self.jobs = 1
 
-    def map(self, fn: Callable, tasks: list) -> list:
-        """``[guarded(fn, *args) for args in tasks]``, wherever the engine runs them."""
+    def map(self, fn: Callable, tasks: list, then: Optional[Callable] = None) -> list:
+        """``[then(guarded(fn, *args)) for args in tasks]``, wherever the engine runs them;
+        ``then`` (default: none) runs in this process on each result as it is taken, in task
+        order (from Dask, once all are gathered), so what the results hold all together can
+        shrink as they come in."""
+        then = then or _same
         if self.dask:
             client = self._dask_client()
             futures = client.map(guarded, [fn] * len(tasks), *zip(*tasks), pure=False)
-            return client.gather(futures)
+            return [then(result) for result in client.gather(futures)]
         if self.jobs == 1 or len(tasks) == 1:
-            return [guarded(fn, *args) for args in tasks]
+            return [then(guarded(fn, *args)) for args in tasks]
         if self._pool is None:
             context = multiprocessing.get_context("forkserver")
             context.set_forkserver_preload(["viz.rank"])
             self._pool = ProcessPoolExecutor(max_workers=min(self.jobs, len(tasks)),
                                              mp_context=context)
-        return list(self._pool.map(guarded, [fn] * len(tasks), *zip(*tasks)))
+        return [then(result) for result in self._pool.map(guarded, [fn] * len(tasks),
+                                                          *zip(*tasks))]
 
     def _dask_client(self):
         if self._client is None:
@@ -96,6 +101,10 @@ class Engine:
                 raise EngineError(f"--dask {self.dask}: no scheduler answered "
                                   f"({str(exc).splitlines()[0] if str(exc) else exc})") from None
         return self._client
+
+
+def _same(result):
+    return result
 
 
 def _size(path: str) -> int:

@@ -195,3 +195,47 @@ def op_groups(trace, durations: Optional[np.ndarray] = None,
             time_ns=float(times[g]), bytes=int(byte_sums[g]),
             flops=op_flops(op, shapes) * count))
     return out
+
+
+class SharedGroups:
+    """One copy of equal frames, attribution paths and names across many ranks' op groups.
+
+    Each rank's groups arrive from its task (unpickled from a worker) with copies of their own,
+    though the ranks of a data-parallel group record the same call sites, paths, shapes and
+    modules: :meth:`of` rebuilds a rank's groups on the copies seen first, so what a run's
+    groups hold besides their counts grows with its distinct call sites, not with its ranks.
+    Frames equal to :data:`NO_STACK` become NO_STACK itself (pickling loses its identity)."""
+
+    def __init__(self):
+        self._names: dict = {}
+        self._frames: dict = {NO_STACK: NO_STACK}
+        self._paths: dict = {}
+
+    def _name(self, text: Optional[str]) -> Optional[str]:
+        return None if text is None else self._names.setdefault(text, text)
+
+    def _frame(self, frame: Optional[Frame]) -> Optional[Frame]:
+        if frame is None:
+            return None
+        shared = self._frames.get(frame)
+        if shared is None:
+            shared = self._frames[frame] = Frame(self._name(frame.file), frame.line,
+                                                 self._name(frame.function),
+                                                 self._name(frame.qualname))
+        return shared
+
+    def _path(self, frames: Optional[tuple]) -> Optional[tuple]:
+        if frames is None:
+            return None
+        shared = self._paths.get(frames)
+        if shared is None:
+            shared = tuple(self._frame(f) for f in frames)
+            self._paths[shared] = shared
+        return shared
+
+    def of(self, groups: list) -> list:
+        """``groups`` with their frames, paths and names replaced by the shared copies."""
+        name = self._name
+        return [OpGroup(g.rank, self._path(g.path), self._frame(g.boundary), self._path(g.via),
+                        name(g.op), name(g.phase), name(g.kind), name(g.shapes), name(g.module),
+                        g.count, g.time_ns, g.bytes, g.flops) for g in groups]

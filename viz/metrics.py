@@ -9,7 +9,6 @@ whole analysis is O(n log n) in the events of a step, however many steps and pas
 from __future__ import annotations
 
 import bisect
-from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
@@ -147,26 +146,62 @@ def _step_theory(index: "_Index", lane: RankLanes, step: int, run_theory) -> Opt
 
 # ---------------------------------------------------------------------------- indexes
 class _Index:
-    """Per-(rank, step) passes and receives, and each rank's compute as a prefix sum."""
+    """Per-(rank, step) passes and receives and sends (:class:`_ByStep`), and each rank's
+    compute as a prefix sum."""
 
     def __init__(self, timeline: Timeline):
         self.timeline = timeline
-        self.passes: dict = defaultdict(list)     # (rank, step) -> passes in start order
-        self.recvs: dict = {}                     # (rank, step) -> recv (starts, ends), by start
-        self.sends: dict = {}                     # (rank, step) -> sorted send starts
-        self.compute = {}                         # rank -> Prefix of its compute
-        for rank, lane in timeline.ranks.items():
-            self.compute[rank] = Prefix(lane.compute)
-            for p in lane.passes:
-                self.passes[(rank, p.step)].append(p)
-            for kind, into in (("recv", self.recvs), ("send", self.sends)):
-                at = lane.comm.where("kind", kind)        # in start order
-                step, start = lane.comm.column("step")[at], lane.comm.column("start")[at]
-                end = lane.comm.column("end")[at]
-                for s in np.unique(step).tolist():
-                    mine = step == s
-                    into[(rank, s)] = (start[mine].tolist(), end[mine].tolist()) \
-                        if kind == "recv" else sorted(start[mine].tolist())
+        self.compute = {rank: Prefix(lane.compute) for rank, lane in timeline.ranks.items()}
+        ranks = timeline.ranks
+        pass_steps = {rank: lane.passes.column("step") for rank, lane in ranks.items()}
+        # (rank, step) -> passes in start order
+        self.passes = _ByStep(pass_steps, lambda rank, step: list(
+            ranks[rank].passes[pass_steps[rank] == step]))
+        comm = {kind: {rank: _spans(lane, kind) for rank, lane in ranks.items()}
+                for kind in ("recv", "send")}
+        # (rank, step) -> recv (starts, ends), by start
+        self.recvs = _ByStep({r: step for r, (step, _, _) in comm["recv"].items()},
+                             lambda rank, step: _of_step(comm["recv"][rank], step))
+        # (rank, step) -> sorted send starts
+        self.sends = _ByStep({r: step for r, (step, _, _) in comm["send"].items()},
+                             lambda rank, step: sorted(_of_step(comm["send"][rank], step)[0]))
+
+
+def _spans(lane: RankLanes, kind: str) -> tuple:
+    """(step, start, end) arrays of the rank's communication of ``kind``, in start order."""
+    at = lane.comm.where("kind", kind)
+    return (lane.comm.column("step")[at], lane.comm.column("start")[at],
+            lane.comm.column("end")[at])
+
+
+def _of_step(spans: tuple, step: int) -> tuple:
+    step_of, start, end = spans
+    mine = step_of == step
+    return start[mine].tolist(), end[mine].tolist()
+
+
+class _ByStep:
+    """(rank, step) -> what a rank did in a step, built when asked (``build(rank, step)``):
+    a run's passes and P2P times as Python objects, all at once, cost tens of MiB for 64 ranks.
+    The entries of the step asked last are kept, so the ranks of a pipeline group, asked in
+    turn for one step, build each once. ``steps``: rank -> the step of each of its records."""
+
+    def __init__(self, steps: dict, build):
+        self._keys = {(rank, s) for rank, col in steps.items() for s in np.unique(col).tolist()}
+        self._build = build
+        self._step, self._kept = None, {}
+
+    def __contains__(self, key) -> bool:
+        return key in self._keys
+
+    def get(self, key, default=None):
+        if key not in self._keys:
+            return default
+        if key[1] != self._step:
+            self._step, self._kept = key[1], {}
+        if key not in self._kept:
+            self._kept[key] = self._build(*key)
+        return self._kept[key]
 
 
 def _seconds(ns: int) -> float:
@@ -298,9 +333,14 @@ def metrics_of(timeline: Timeline) -> dict:
     theory = _theory(timeline.config, pass_s) if any(
         lane.passes for lane in timeline.ranks.values()) else None
     replayed = replayed_bubbles(timeline, index.passes, index.sends, index.compute)
+    by_step = {}          # step by step: each pipeline group's passes are built once a step
+    for step in sorted({s for lane in timeline.ranks.values() for s in lane.steps}):
+        for rank, lane in timeline.ranks.items():
+            if step in lane.steps:
+                by_step[(rank, step)] = _step_metrics(index, lane, step, replayed, theory)
     out = {}
     for rank, lane in timeline.ranks.items():
-        steps = [_step_metrics(index, lane, s, replayed, theory) for s in sorted(lane.steps)]
+        steps = [by_step[(rank, s)] for s in sorted(lane.steps)]
         m = RankMetrics(rank, steps, tuple(counted[rank]), theoretical_bubble_fraction=theory,
                         passes=pass_s)
         if lane.clock_error_ns is not None:

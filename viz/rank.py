@@ -22,11 +22,12 @@ from tracer.kineto import DeviceRecords, load_chrome_trace
 from tracer.labels import PHASES
 from tracer.ops import PSEUDO_OPS, group_ranks
 
+from .columns import Records
 from .device import attribute
 from .device_lanes import on_device
 from .groups import op_groups
 from .intervals import Prefix
-from .lanes import RankLanes, counted_steps
+from .lanes import P2PEnd, RankLanes, counted_steps
 from .timeline import DRAWN_OPS, RankRows, p2p_endpoints, rank_lanes
 
 
@@ -61,9 +62,10 @@ class RankAnalysis:
         return self.meta.get("config") or {}
 
 
-def p2p_of_file(path: str, rank: int) -> list:
-    """The first pass over a rank's trace: its sends and receives (viz.timeline)."""
-    return p2p_endpoints(RankRows(load_trace(path), rank))
+def p2p_of_file(path: str, rank: int) -> Records:
+    """The first pass over a rank's trace: its sends and receives (viz.timeline), as columns
+    (a pipeline stage of a long run has thousands)."""
+    return Records(P2PEnd, p2p_endpoints(RankRows(load_trace(path), rank)))
 
 
 def analyse_rank_file(path: str, rank: int, send_ends: dict, op_budget: int = DRAWN_OPS,

@@ -134,7 +134,7 @@ def _write_graph_pages(writer: PageWriter, views: ReportViews, graphs: list,
     soon as it is drawn, so a report of many graphs holds few SVGs in memory at once.
     Returns function id -> zoom page."""
     zoom_links = {fid: os.path.basename(p.rel) for fid, p in views.zooms.items()}
-    trained = views.trained
+    zoomed = views.zoomed
 
     def href(file, line):
         return f"../{views.source_pages[file]}#L{line}" if file in views.source_pages else None
@@ -144,8 +144,8 @@ def _write_graph_pages(writer: PageWriter, views: ReportViews, graphs: list,
         name = os.path.splitext(os.path.basename(page.rel))[0]
         writer.write_text(f"callgraphs/{name}.svg", svg)
         zoom_rows = [] if page is views.setup else [
-            dict(name=trained.node(fid).name, where=views.paths.get(trained.node(fid).file, ""),
-                 href=zoom_links[fid], w=trained.node(fid).total)
+            dict(name=zoomed[fid].name, where=views.paths.get(zoomed[fid].file, ""),
+                 href=zoom_links[fid], w=zoomed[fid].total)
             for fid in views.zooms if fid in page.graph.graph
             and views.zooms[fid].rel != page.rel]
         writer.write(page.rel, "callgraph.html", title=page.title, note=page.note,

@@ -18,7 +18,7 @@ from typing import Optional
 from .analysis import RunAnalysis
 from .callgraph import (FUNCTION, HIDDEN, CallGraph, build_callgraph, importance, prune,
                         source_lines, total_of, trim_common_prefix)
-from .groups import NO_STACK
+from .groups import NO_STACK, Weights
 from .modules import NO_MODULE, module_tree
 from .source import display_paths
 
@@ -113,12 +113,29 @@ def groups_outside(whole: list, part: list) -> list:
     return out
 
 
+@dataclass(frozen=True)
+class FunctionRow:
+    """A function of a merged call graph, with everything it issued (all ranks)."""
+
+    id: str
+    file: str
+    name: str
+    line: int
+    total: Weights
+
+
+def function_rows(graph: CallGraph) -> list:
+    """The function nodes of ``graph``, in its order."""
+    return [FunctionRow(d.id, d.file, d.name, d.line, d.total) for d in graph.nodes(FUNCTION)]
+
+
 @dataclass
 class ReportViews:
-    """Everything the report draws besides the timeline."""
+    """Everything the report draws besides the timeline. The merged graphs are kept pruned
+    only: of the unpruned ones (tens of MiB for many ranks), just their functions."""
 
-    full: CallGraph           # merged call graph of all ranks, whole recording, unpruned
-    trained: CallGraph        # merged call graph of all ranks, training steps, unpruned
+    functions: list           # FunctionRow of the merged graph, whole recording
+    zoomed: dict              # function node id -> its FunctionRow, training steps (zooms)
     graphs: list              # GraphPage: training steps, all ranks merged, then one per
                               # distinct rank structure (:func:`same_work`)
     setup: Optional[GraphPage]  # the other steps (setup, step 0, unfinished), all ranks merged
@@ -147,12 +164,17 @@ def report_views(analysis: RunAnalysis, options: ReportOptions = ReportOptions()
     files = {f.file for g in everything for f in g.path}
     files |= {g.boundary.file for g in everything if g.boundary}
     full = build_callgraph(everything, world=world)
+    functions = function_rows(full)
     steps = split.text(split.counted)
     trained = full if training is None else build_callgraph(merged, world=world)
+    del full
     graphs = [GraphPage("callgraphs/all.html", f"Call graph: all ranks merged, {steps}",
                         _pruned(trained, options),
                         "Ops and time are summed over ranks; a purple node is reached by some "
                         "ranks only.")]
+    zooms = _function_zooms(trained, graphs[0].graph, merged, world, options)
+    zoomed = {row.id: row for row in function_rows(trained) if row.id in zooms}
+    del trained             # the rank graphs, setup graph and module zooms are built without it
     rank_graphs = {}
     # every readable rank has a graph, recounted or not; ranks that did the same work share one
     for ranks in same_work({rank: groups.get(rank, []) for rank in whole}):
@@ -171,8 +193,7 @@ def report_views(analysis: RunAnalysis, options: ReportOptions = ReportOptions()
                           "recording is here too. Ops and time are summed over ranks.")
     tree = module_tree(merged)
     return ReportViews(
-        full=full, trained=trained, graphs=graphs, setup=setup,
-        zooms=_function_zooms(trained, graphs[0].graph, merged, world, options),
+        functions=functions, zoomed=zoomed, graphs=graphs, setup=setup, zooms=zooms,
         module_zooms=_module_zooms(tree, merged, world, options), tree=tree,
         rank_trees={rank: module_tree(g) for rank, g in whole.items()},
         lines=source_lines(everything), paths=display_paths(files),
@@ -281,8 +302,8 @@ def _slugs(files) -> dict:
 def defined_functions(views: ReportViews, zoom_links: dict) -> dict:
     """file -> the functions of the merged graph defined in it (for the source pages)."""
     out = defaultdict(list)
-    for data in views.full.nodes(FUNCTION):
-        out[data.file].append(dict(name=data.name, line=data.line, zoom=zoom_links.get(data.id),
-                                   w=data.total))
+    for row in views.functions:
+        out[row.file].append(dict(name=row.name, line=row.line, zoom=zoom_links.get(row.id),
+                                  w=row.total))
     return out
 

@@ -54,13 +54,17 @@ class PageWriter:
             shutil.copyfile(os.path.join(_TEMPLATES, SCRIPT), os.path.join(self.out_dir, SCRIPT))
             self._script_written = True
         depth = rel_path.count("/")
-        html = self.env.get_template(template).render(root="../" * depth, script=SCRIPT,
-                                                      **context)
-        return self.write_text(rel_path, html)
+        # streamed piece by piece: a page with a big inline SVG is never whole in memory
+        return self.write_text(rel_path, self.env.get_template(template).generate(
+            root="../" * depth, script=SCRIPT, **context))
 
-    def write_text(self, rel_path: str, text: str) -> str:
+    def write_text(self, rel_path: str, text) -> str:
+        """Write ``text`` (a str, or an iterable of str pieces) to ``out_dir/rel_path``."""
         path = os.path.join(self.out_dir, rel_path)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "w", encoding="utf-8") as fh:
-            fh.write(text)
+            if isinstance(text, str):
+                fh.write(text)
+            else:
+                fh.writelines(text)
         return path
