@@ -26,7 +26,7 @@ class AnnotationStack:
         self.phase_hint: Optional[int] = None   # phase named by the innermost range naming one
         # outside recorded steps nothing reads current or phase_hint: the ranges are still
         # kept (one may enclose the next recorded step) but not encoded until recording starts
-        self._live, self._stale = True, False
+        self._live = True
 
     def push(self, label: str, attrs: dict) -> tuple:
         entry = (label, attrs, phase_of_attrs(label, attrs))
@@ -83,14 +83,12 @@ class AnnotationStack:
         """Whether ops are being recorded (current and phase_hint read); they are brought up to
         date when recording starts."""
         self._live = live
-        if live and self._stale:
+        if live:
             self._refresh()
 
     def _refresh(self) -> None:
         if not self._live:
-            self._stale = True
             return
-        self._stale = False
         if not self._entries:
             self.current, self.phase_hint = -1, None
             return

@@ -114,17 +114,19 @@ class _Rank:
         j = int(np.searchsorted(self.comm_ends, t, side="left")) - 1
         return max(best, int(self.comm_ends[j]) if j >= 0 else -1)
 
-    def span(self, index: int):
-        """The comm span of trace row ``index``, or None."""
+    def send_start(self, index: int) -> int:
+        """When the send of trace row ``index`` was posted (KeyError: no such send)."""
         at = self.lane.comm.find("index", index)
-        return self.lane.comm[at] if at >= 0 else None
+        span = self.lane.comm[at] if at >= 0 else None
+        if span is None or span.kind != "send":
+            raise KeyError(index)
+        return span.start
 
 
 def critical_paths(timeline: Timeline, cross: CrossRank) -> list:
     """The critical path of every step that some rank counted (viz.timeline.counted_steps)."""
     ranks = {r: _Rank(lane) for r, lane in timeline.ranks.items()}
     sender = {(link.dst, link.dst_index): (link.src, link.src_index) for link in timeline.links}
-    send_span = _SendSpans(ranks)
     matched = {(r, c.index): m for m in cross.matched for r, c in m.spans.items()}
     steps = sorted({s for lane in timeline.ranks.values() for s in counted_steps(lane)})
     out = []
@@ -134,27 +136,13 @@ def critical_paths(timeline: Timeline, cross: CrossRank) -> list:
             continue
         last = max(ends, key=lambda r: (ends[r], -r))
         path = Path(step, last)
-        _walk(path, ranks, timeline, last, ends[last], sender, send_span, matched)
+        _walk(path, ranks, timeline, last, ends[last], sender, matched)
         out.append(path)
     return out
 
 
-class _SendSpans:
-    """(rank, trace row) -> that send's span, looked up in the rank's columns when asked."""
-
-    def __init__(self, ranks: dict):
-        self.ranks = ranks
-
-    def __getitem__(self, key: tuple):
-        rank, index = key
-        span = self.ranks[rank].span(index) if rank in self.ranks else None
-        if span is None or span.kind != "send":
-            raise KeyError(key)
-        return span
-
-
 def _walk(path: Path, ranks: dict, timeline: Timeline, rank: int, t: int, sender: dict,
-          send_span: dict, matched: dict) -> None:
+          matched: dict) -> None:
     step = path.step
     segs = path.segments
     seen = set()          # (rank, t) already jumped to: zero-length jumps never cycle
@@ -175,10 +163,10 @@ def _walk(path: Path, ranks: dict, timeline: Timeline, rank: int, t: int, sender
             t = before
             continue
         src = sender.get((rank, c.index)) if c.kind == "recv" else None
+        posted = ranks[src[0]].send_start(src[1]) if src is not None else None
         m = matched.get((rank, c.index)) if c.kind not in P2P else None
-        if src is not None and max(c.start, lo) <= send_span[src].start <= t \
-                and (src[0], send_span[src].start) not in seen:
-            posted = send_span[src].start        # the sender was the late one
+        if posted is not None and max(c.start, lo) <= posted <= t \
+                and (src[0], posted) not in seen:      # the sender was the late one
             _add(segs, Segment(rank, posted, t, TRANSFER, f"recv from rank {src[0]}"))
             rank, t = src[0], posted
             seen.add((rank, t))
