@@ -1,5 +1,20 @@
 """paratrace: see what a parallel PyTorch training run really does."""
-from setuptools import find_packages, setup
+import os
+import platform
+import sys
+
+from setuptools import Extension, find_packages, setup
+
+# The recorder's hot path in C (tracer/csrc/), for CPython >= 3.11. Optional: where it does
+# not build (no compiler) the install goes on and the recorder runs the same code in Python.
+HOT_PATH_SOURCES = [f"tracer/csrc/{name}.c"
+                    for name in ("module", "ptrmap", "walk_tables", "stackwalk", "shapekeys")]
+HOT_PATH = [Extension("tracer._hotpath", HOT_PATH_SOURCES, depends=["tracer/csrc/hotpath.h"],
+                      # only PyInit__hotpath is exported (its helpers' names are plain)
+                      extra_compile_args=[] if os.name == "nt" else ["-fvisibility=hidden"],
+                      optional=True)]
+if sys.version_info < (3, 11) or platform.python_implementation() != "CPython":
+    HOT_PATH = []
 
 setup(
     name="paratrace",
@@ -9,6 +24,7 @@ setup(
     python_requires=">=3.9",
     packages=find_packages(include=["tracer*", "instrument*", "viz*", "sample_runs*"]),
     package_data={"viz": ["templates/*"], "sample_runs": ["data/*"]},
+    ext_modules=HOT_PATH,
     install_requires=[
         "torch>=2.4",
         "pyarrow>=14",

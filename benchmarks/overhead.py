@@ -8,6 +8,8 @@ time and the process's CPU time:
 - a bare no-op TorchDispatchMode whose ``__torch_dispatch__`` only calls the op (the floor any
   dispatch-mode recorder pays);
 - paratrace with stacks, shapes and modules on;
+- the same with the Python twins of its C hot path (tracer/csrc/), where that is built:
+  what the extension buys;
 - paratrace outside its recorded steps (``steps="0"``: only the warm-up step is recorded, the
   timed steps are not), against untraced: what a ``--steps`` window costs the other steps;
 - torch.profiler(with_stack=True, record_shapes=True);
@@ -44,11 +46,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import tracer  # noqa: E402
+import tracer.session  # noqa: E402
 from sample_runs.config import parse_config  # noqa: E402
 from sample_runs.parallel.process_groups import single_process_groups  # noqa: E402
 from sample_runs.train import train  # noqa: E402
 from tracer.format import TraceWriter  # noqa: E402
 from tracer.ops import PSEUDO_OPS  # noqa: E402
+from tracer.shapes import PyShapeSignatures  # noqa: E402
+from tracer.stacks import PyStackInterner, StackInterner  # noqa: E402
 
 _COMMON = ["--tp", "1", "--pp", "1", "--no-sp", "--layers", "4", "--heads", "4",
            "--micro-batch-size", "2", "--microbatches", "2"]
@@ -120,6 +125,8 @@ class Recorders:
         self.factories = {"untraced": contextlib.nullcontext, "no-op dispatch mode": NoopMode,
                           "paratrace": self.paratrace, "paratrace, unrecorded step":
                           self.paratrace_unrecorded, "torch.profiler": self.profiler}
+        if StackInterner.HOT_PATH == "c":      # what the C hot path buys (tracer/csrc/)
+            self.factories["paratrace, Python hot path"] = self.paratrace_python
         if debug_mode:
             self.factories["DebugMode"] = self.debug_mode
         # what each part of the recording costs: paratrace with one of them off
@@ -134,6 +141,17 @@ class Recorders:
         out = self._out()
         self.last_trace[self.model] = os.path.join(out, "rank-0.arrow")
         return tracer.trace(out, clock_sync=False, flush_interval=self.flush_interval)
+
+    def paratrace_python(self):
+        """paratrace with the Python twins of its C hot path (as where it is not built)."""
+        saved = tracer.session.StackInterner, tracer.session.ShapeSignatures
+        tracer.session.StackInterner = PyStackInterner
+        tracer.session.ShapeSignatures = PyShapeSignatures
+        try:
+            return tracer.trace(self._out(), clock_sync=False,
+                                flush_interval=self.flush_interval)
+        finally:
+            tracer.session.StackInterner, tracer.session.ShapeSignatures = saved
 
     def _without(self, part: str):
         return lambda: tracer.trace(self._out(), clock_sync=False,
@@ -302,23 +320,28 @@ def instructions(recorders: Recorders, models: list, steps: int = 4) -> None:
     the process starts with callgrind's instrumentation off and `_callgrind` turns it on and off
     (callgrind_control) when the run says it reached them, so imports and warm-up cost little."""
     names = ["untraced", "no-op dispatch mode", "paratrace", "paratrace, unrecorded step",
+             *[n for n in recorders.factories if n.endswith("Python hot path")],
              *recorders.ablations]
     for model in models:
         recorders.model = model
         step_times(model, 3, recorders.paratrace)
         ops_per_step = _ops_per_step(tracer.load(recorders.last_trace[model]))
-        per_step = {name: _callgrind(name, model, steps) / steps for name in names}
-        base, floor = per_step["untraced"], per_step["no-op dispatch mode"]
-        print(f"\n{model}: instructions a step under callgrind ({ops_per_step} ops a step)")
-        print(f"{'recorder':28s} {'per step':>12s} {'extra/op':>9s} {'x floor':>8s}")
-        for name, count in per_step.items():
-            extra = (count - base) / ops_per_step
-            print(f"{name:28s} {count / 1e6:10.1f}M {extra:9.0f} "
-                  f"{(count - base) / (floor - base):8.2f}")
+        per_step = {name: [n / steps for n in _callgrind(name, model, steps)] for name in names}
+        print(f"\n{model}: instructions a step under callgrind ({ops_per_step} ops a step); "
+              f"all threads, then the main thread alone")
+        print(f"{'recorder':28s}" + f" {'per step':>10s} {'extra/op':>9s} {'x floor':>8s}" * 2)
+        for name, counts in per_step.items():
+            line = f"{name:28s}"
+            for i, count in enumerate(counts):
+                base, floor = per_step["untraced"][i], per_step["no-op dispatch mode"][i]
+                line += (f" {count / 1e6:9.1f}M {(count - base) / ops_per_step:9.0f} "
+                         f"{(count - base) / (floor - base):8.2f}")
+            print(line)
 
 
-def _callgrind(name: str, model: str, steps: int) -> int:
-    """Instructions of `steps` steps (after two warm-up steps) of one recorder on one model."""
+def _callgrind(name: str, model: str, steps: int) -> tuple:
+    """Instructions of `steps` steps (after two warm-up steps) of one recorder on one model:
+    (every thread's, the main thread's)."""
     import glob
     import subprocess
     tag = tempfile.mkdtemp(prefix="paratrace-callgrind-")
@@ -345,7 +368,7 @@ def _callgrind(name: str, model: str, steps: int) -> int:
             with open(log) as f:
                 raise SystemExit(f"overhead.py: {name} under callgrind exited with "
                                  f"{proc.returncode}: {f.read()[-2000:]}")
-        total = 0
+        total = main = 0
         for path in sorted(glob.glob(os.path.join(tag, "out.*"))):
             with open(path) as f:
                 count = sum(int(line.split()[1]) for line in f
@@ -357,7 +380,9 @@ def _callgrind(name: str, model: str, steps: int) -> int:
             if os.environ.get("CALLGRIND_THREADS"):
                 print(f"  {name} {os.path.basename(path)}: {count / 1e6:.1f}M", file=sys.stderr)
             total += count
-        return total
+            if path.endswith("-01"):          # callgrind numbers threads from 1: the main one
+                main = count
+        return total, main
     finally:
         shutil.rmtree(tag, ignore_errors=True)
 

@@ -28,13 +28,14 @@ def env_int(name: str) -> Optional[int]:
         return None
 
 
-def start_meta(rank: int, world_size: int, options: dict, clock_pairs: list) -> dict:
-    """The metadata of a trace's first batch."""
+def start_meta(rank: int, world_size: int, options: dict, clock_pairs: list,
+               hot_path: str) -> dict:
+    """The metadata of a trace's first batch (``hot_path``: "c" or "python", tracer/_native.py)."""
     return {
         "format_version": FORMAT_VERSION, "rank": rank, "world_size": world_size,
         "pid": os.getpid(), "host": socket.gethostname(), "start_ns": time.perf_counter_ns(),
         "start_unix": time.time(), "argv": list(sys.argv), "options": options,
-        "torch": torch.__version__, "python": sys.version.split()[0],
+        "torch": torch.__version__, "python": sys.version.split()[0], "hot_path": hot_path,
         "local_rank": env_int("LOCAL_RANK"), "node_rank": env_int("GROUP_RANK"),
         "clock_pairs": clock_pairs,
     }

@@ -68,7 +68,7 @@ class Session:
         self._dicts = Dictionaries(self._stacks)
         self._op_ids = self._dicts.op
         self._modules = ModuleTracker(self._dicts.module)
-        self._shapes = ShapeSignatures(self._dicts.shapes)
+        self._shapes = ShapeSignatures(self._dicts.shapes).id_of
         self._annotations = AnnotationStack(self._dicts.annotation)
         self._flusher = Flusher(self._dicts, lambda: self._op_ids(ops.OP_STEP),
                                 opts.flush_interval, self._after_flush, self._flusher_failed)
@@ -115,7 +115,8 @@ class Session:
         if _active.ACTIVE is not None:
             raise RuntimeError("a paratrace trace is already active in this process")
         os.makedirs(self.out_dir, exist_ok=True)
-        meta = start_meta(self.rank, self.world_size, self.options.meta(), self._pairs)
+        meta = start_meta(self.rank, self.world_size, self.options.meta(), self._pairs,
+                          self._stacks.HOT_PATH)
         # NOTE: the first op dispatched through any Python mode imports torch._dynamo (seconds);
         # pay that before recording so it does not distort the first step's timeline.
         importlib.import_module("torch._dynamo")

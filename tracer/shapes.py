@@ -2,22 +2,22 @@
 ``f32[4,64] f32[64,64]``; a list argument is bracketed, ``[f32[4],f32[4]]``."""
 from __future__ import annotations
 
+import inspect
+
 import torch
 
+from ._native import native_hot_path
 from .ops import dtype_name
 
 _Tensor = torch.Tensor
 _Parameter = torch.nn.Parameter
 
 
-class ShapeSignatures:
-    """Tensor inputs of an op -> the id of their signature (each signature is formatted once)."""
+class _PyShapeKeys:
+    """ShapeSignatures' hot path in Python: the twin of tracer/csrc/'s ShapeKeys, which
+    replaces it where the extension is built."""
 
-    def __init__(self, intern):
-        self._intern = intern          # text -> id
-        self._ids: dict = {}           # (dtype, shape, ..., (list's (dtype, shape)...), ...) -> id
-
-    def __call__(self, args) -> int:
+    def id_of(self, args) -> int:
         """Hot path: one flat key of the tensors' dtypes and shapes, one dict lookup."""
         key = ()
         for a in args:
@@ -33,7 +33,27 @@ class ShapeSignatures:
                 key += (tuple([(t.dtype, t.shape) for t in a if isinstance(t, _Tensor)]),)
         sid = self._ids.get(key)
         if sid is None:
-            sid = self._ids[key] = self._intern(_text(key))
+            sid = self._new(key)
+        return sid
+
+
+class _Signatures:
+    """Tensor inputs of an op -> the id of their signature (each signature is formatted once).
+    The hot path (``id_of``) is its base's: ShapeSignatures' is C where the extension is built,
+    PyShapeSignatures' Python."""
+
+    def __init__(self, intern):
+        self._intern = intern          # text -> id
+        self._ids = {}                 # (dtype, shape, ..., (list's (dtype, shape)...), ...) -> id
+        self._kind_of_type = _KIND_OF_TYPE
+        self._kind = _kind
+        self._tensor, self._parameter = _Tensor, _Parameter
+        # the C twin's: its own keys (packed bytes), and the attributes it reads
+        self._byte_ids = {}
+        self._dtype_attr, self._shape_attr = _descriptor("dtype"), _descriptor("shape")
+
+    def _new(self, key: tuple) -> int:
+        sid = self._ids[key] = self._intern(_text(key))
         return sid
 
 
@@ -41,6 +61,15 @@ class ShapeSignatures:
 # an exact Tensor (an int, a Parameter); an argument's kind is looked up by its type instead.
 _OTHER, _TENSOR, _SEQUENCE = 1, 2, 3
 _KIND_OF_TYPE: dict = {}
+
+
+def _descriptor(name: str):
+    """The getset descriptor that ``tensor.<name>`` runs on a plain Tensor and a Parameter
+    (torch's C attribute), or None if either class resolves the name to something else."""
+    found = [inspect.getattr_static(cls, name, None) for cls in (_Tensor, _Parameter)]
+    if found[0] is found[1] and type(found[0]).__name__ == "getset_descriptor":
+        return found[0]
+    return None
 
 
 def _kind(cls) -> int:
@@ -63,3 +92,11 @@ def _text(key: tuple) -> str:
             parts.append(one(key[i], key[i + 1]))
             i += 2
     return " ".join(parts)
+
+
+class PyShapeSignatures(_Signatures, _PyShapeKeys):
+    """ShapeSignatures whose hot path is Python (tests; where the C extension is not built)."""
+
+
+class ShapeSignatures(_Signatures, getattr(native_hot_path(), "ShapeKeys", _PyShapeKeys)):
+    """The signatures the recorder uses: the C hot path where it is built, else Python's."""

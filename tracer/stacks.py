@@ -17,6 +17,8 @@ import os
 import sys
 import sysconfig
 
+from ._native import native_hot_path
+
 USER, LIBRARY, INTERNAL = 2, 1, 0
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -69,62 +71,10 @@ def _library_dirs() -> tuple:
     return tuple(sorted(dirs, key=len, reverse=True))
 
 
-class StackInterner:
-    """Captures the current Python stack and interns it: each unique stack gets one small id.
-
-    Call sites form a tree: a node is a frame's (code, instruction) under its caller's node, so
-    a node stands for the whole stack from the outermost frame down to it. The stack id of a
-    node (its kept frames as JSON, interned) is computed once, when the node is made. A capture
-    only walks the frames that changed since the last one: the frames of the last capture are
-    held (the *path*) until the next, and a frame found on the path at the same instruction is
-    the same frame, suspended in the same call, so everything outward of it is unchanged.
-    """
-
-    def __init__(self, depth: int = 32, library_frames: bool = False, user_paths=()):
-        self.depth = max(1, int(depth))
-        self.library_frames = library_frames
-        self._lib_dirs = _library_dirs()
-        self._dispatch_files = _dispatch_files()
-        self._user_dirs = tuple(os.path.abspath(p) + os.sep for p in user_paths) + (_SAMPLE_RUNS,)
-        self._kind_of_code: dict = {}   # id(code) -> (kind, resumable, code)
-        self._siblings: dict = {}       # (parent node, id(code)) -> {f_lasti: node}
-        self._node_parent: list = []    # node -> parent node, -1 for the outermost frame
-        self._node_frame: list = []     # node -> (kind, [file, line, function, qualname])
-        self._node_sid: list = []       # node -> stack id, -1 until an op is issued there
-        self._text_ids: dict = {}       # stack text -> stack id (several nodes share one)
-        self._root_sid = -1             # stack id of a stack with no frame kept at all
-        # the last capture's kept frames, outermost first: [frame, f_lasti, node, the
-        # {f_lasti: node} of its code under its caller, its caller's node]
-        self._path: list = []
-        self._path_pos: dict = {}       # frame -> index in the path (frames hash by identity)
-        # the frame the last capture started from (held, so it cannot be another frame at the
-        # same address; None: a generator's, which another caller may resume), its
-        # instruction then, its path entry (None: it was one of paratrace's or torch's dispatch
-        # frames, and the stack is its callers', which cannot change while it lives), and the
-        # stack id
-        self._last_start = None
-        self._last_lasti = -1
-        self._last_entry = None
-        self._last_sid = -1
-        self.values: list = []      # id -> JSON text of [[file, line, function, qualname], ...]
-
-    def classify(self, code) -> tuple:
-        filename = code.co_filename
-        path = os.path.abspath(filename) if not filename.startswith("<") else filename
-        if path.startswith(_INTERNAL_DIRS) or path in self._dispatch_files:
-            kind = INTERNAL
-        elif path.startswith(self._user_dirs):
-            kind = USER
-        elif filename.startswith("<") or path.startswith(self._lib_dirs):
-            kind = LIBRARY
-        else:
-            kind = USER
-        # NOTE: keyed by id(code): hashing a code object rehashes its bytecode and constants
-        # every time; the code object is kept alive in the value so its id cannot be reused.
-        # A generator or coroutine frame can be resumed by another caller at the same
-        # instruction, so it never vouches for the frames outward of it.
-        known = self._kind_of_code[id(code)] = (kind, bool(code.co_flags & _RESUMABLE), code)
-        return known
+class _PyStackWalk:
+    """StackInterner's hot path in Python: the twin of tracer/csrc/'s StackWalk, which
+    replaces it where the extension is built. Both work on the subclass's tables (set up in its
+    __init__) and call back its classify, _new_node, _sid and _root off the hot path."""
 
     def capture(self, frame) -> int:
         """Intern the stack that starts at ``frame`` (innermost) and return its id.
@@ -229,6 +179,67 @@ class StackInterner:
                 self._path_pos.pop(gone[0], None)
             del path[at + 1:]
 
+
+class _Interning:
+    """Captures the current Python stack and interns it: each unique stack gets one small id.
+
+    Call sites form a tree: a node is a frame's (code, instruction) under its caller's node, so
+    a node stands for the whole stack from the outermost frame down to it. The stack id of a
+    node (its kept frames as JSON, interned) is computed once, when the node is made. A capture
+    only walks the frames that changed since the last one: the frames of the last capture are
+    held (the *path*) until the next, and a frame found on the path at the same instruction is
+    the same frame, suspended in the same call, so everything outward of it is unchanged.
+    
+    This class holds the tables and everything off the hot path; the hot path (``capture``)
+    is its base's: StackInterner's is C where the extension is built, PyStackInterner's Python.
+    """
+
+    def __init__(self, depth: int = 32, library_frames: bool = False, user_paths=()):
+        self.depth = max(1, int(depth))
+        self.library_frames = library_frames
+        self._lib_dirs = _library_dirs()
+        self._dispatch_files = _dispatch_files()
+        self._user_dirs = tuple(os.path.abspath(p) + os.sep for p in user_paths) + (_SAMPLE_RUNS,)
+        self._kind_of_code: dict = {}   # id(code) -> (kind, resumable, code)
+        self._siblings: dict = {}       # (parent node, id(code)) -> {f_lasti: node}
+        self._node_parent: list = []    # node -> parent node, -1 for the outermost frame
+        self._node_frame: list = []     # node -> (kind, [file, line, function, qualname])
+        self._node_sid: list = []       # node -> stack id, -1 until an op is issued there
+        self._text_ids: dict = {}       # stack text -> stack id (several nodes share one)
+        self._root_sid = -1             # stack id of a stack with no frame kept at all
+        # the last capture's kept frames, outermost first: [frame, f_lasti, node, the
+        # {f_lasti: node} of its code under its caller, its caller's node]
+        self._path: list = []
+        self._path_pos: dict = {}       # frame -> index in the path (frames hash by identity)
+        # the frame the last capture started from (held, so it cannot be another frame at the
+        # same address; None: a generator's, which another caller may resume), its
+        # instruction then, its path entry (None: it was one of paratrace's or torch's dispatch
+        # frames, and the stack is its callers', which cannot change while it lives), and the
+        # stack id
+        self._last_start = None
+        self._last_lasti = -1
+        self._last_entry = None
+        self._last_sid = -1
+        self.values: list = []      # id -> JSON text of [[file, line, function, qualname], ...]
+
+    def classify(self, code) -> tuple:
+        filename = code.co_filename
+        path = os.path.abspath(filename) if not filename.startswith("<") else filename
+        if path.startswith(_INTERNAL_DIRS) or path in self._dispatch_files:
+            kind = INTERNAL
+        elif path.startswith(self._user_dirs):
+            kind = USER
+        elif filename.startswith("<") or path.startswith(self._lib_dirs):
+            kind = LIBRARY
+        else:
+            kind = USER
+        # NOTE: keyed by id(code): hashing a code object rehashes its bytecode and constants
+        # every time; the code object is kept alive in the value so its id cannot be reused.
+        # A generator or coroutine frame can be resumed by another caller at the same
+        # instruction, so it never vouches for the frames outward of it.
+        known = self._kind_of_code[id(code)] = (kind, bool(code.co_flags & _RESUMABLE), code)
+        return known
+
     def _sid(self, node: int) -> int:
         if node < 0:
             return self._root()
@@ -288,6 +299,21 @@ class StackInterner:
         """Drop the references to the frames of the last capture (end or pause of recording)."""
         self._last_start = self._last_entry = None
         self._path, self._path_pos = [], {}
+
+
+class PyStackInterner(_Interning, _PyStackWalk):
+    """A StackInterner whose hot path is Python (tests; where the C extension is not built)."""
+
+    HOT_PATH = "python"
+
+
+_StackWalk = getattr(native_hot_path(), "StackWalk", _PyStackWalk)
+
+
+class StackInterner(_Interning, _StackWalk):
+    """The stack interner the recorder uses: the C hot path where it is built, else Python's."""
+
+    HOT_PATH = "python" if _StackWalk is _PyStackWalk else "c"    # the trace's meta says it
 
 
 def decode_stack(text: str) -> tuple:

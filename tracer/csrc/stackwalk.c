@@ -1,0 +1,237 @@
+/* StackWalk: StackInterner.capture in C; tracer/stacks.py's _PyStackWalk is its twin. */
+#include "hotpath.h"
+
+/* _walk: the frames from ``start`` outward up to the first one on the path. */
+static PyObject *
+walk_frames(StackWalk *self, PyFrameObject *start)
+{
+    PyFrameObject *frame = start, *f = NULL;
+    PyObject *changed = NULL, *lasti = NULL, *parent = NULL, *entry = NULL;
+    Py_ssize_t node = -1, sid, at = -1;
+    int bits = -1;
+
+    Py_INCREF(frame);
+    while (frame != NULL) {           /* skip paratrace's and dispatch frames */
+        bits = frame_bits(self, frame);
+        if (bits < 0)
+            goto error;
+        if ((bits & ~RESUMABLE) != INTERNAL)
+            break;
+        PyFrameObject *back = PyFrame_GetBack(frame);
+        Py_DECREF(frame);
+        frame = back;
+    }
+    if (frame == NULL) {
+        set_last(self, Py_None, Py_None, self->last_lasti);
+        sid = node_sid(self, -1);
+        if (sid < 0 && PyErr_Occurred())
+            return NULL;
+        self->last_sid = sid;
+        return PyLong_FromSsize_t(sid);
+    }
+    changed = PyList_New(0);
+    if (changed == NULL)
+        goto error;
+    f = frame;
+    Py_INCREF(f);
+    for (;;) {                        /* up to the first frame on the path */
+        PyObject *pos = PyDict_GetItemWithError(self->path_pos, (PyObject *)f);
+        if (pos != NULL) {            /* the same live frame: its callers are too */
+            at = PyLong_AsSsize_t(pos);
+            if (at < 0 || at >= PyList_GET_SIZE(self->path)) {
+                if (!PyErr_Occurred())
+                    PyErr_SetString(PyExc_RuntimeError, "StackWalk: a frame's path index is stale");
+                goto error;
+            }
+            if (move_entry(self, PyList_GET_ITEM(self->path, at), f, PyFrame_GetLasti(f)) < 0)
+                goto error;
+            break;
+        }
+        if (PyErr_Occurred())
+            goto error;
+        if ((bits & ~RESUMABLE) != INTERNAL && PyList_Append(changed, (PyObject *)f) < 0)
+            goto error;
+        PyFrameObject *back = PyFrame_GetBack(f);
+        Py_DECREF(f);
+        f = back;
+        if (f == NULL) {
+            at = -1;
+            break;
+        }
+        bits = frame_bits(self, f);
+        if (bits < 0)
+            goto error;
+    }
+    Py_CLEAR(f);
+    if (drop_after(self, at) < 0)
+        goto error;
+    if (at >= 0) {
+        node = PyLong_AsSsize_t(PyList_GET_ITEM(PyList_GET_ITEM(self->path, at), 2));
+        if (node == -1 && PyErr_Occurred())
+            goto error;
+    }
+    for (Py_ssize_t i = PyList_GET_SIZE(changed) - 1; i >= 0; i--) {
+        PyFrameObject *g = (PyFrameObject *)PyList_GET_ITEM(changed, i);
+        PyCodeObject *code = PyFrame_GetCode(g);
+        PyObject *lastis = sibling_table(self, code, node);          /* borrowed */
+        bits = code_bits(self, code);
+        Py_DECREF(code);
+        if (lastis == NULL || bits < 0)
+            goto error;
+        parent = PyLong_FromSsize_t(node);
+        lasti = PyLong_FromLong(PyFrame_GetLasti(g));
+        if (parent == NULL || lasti == NULL)
+            goto error;
+        node = child_node(self, lastis, parent, g, lasti);
+        if (node < 0)
+            goto error;
+        if (!(bits & RESUMABLE)) {
+            /* NOTE: a generator's frame is never looked up: another caller may resume it */
+            PyObject *index = PyLong_FromSsize_t(PyList_GET_SIZE(self->path));
+            if (index == NULL)
+                goto error;
+            int failed = PyDict_SetItem(self->path_pos, (PyObject *)g, index);
+            Py_DECREF(index);
+            if (failed < 0)
+                goto error;
+        }
+        PyObject *value = PyLong_FromSsize_t(node);
+        if (value == NULL)
+            goto error;
+        entry = PyList_New(5);
+        if (entry == NULL) {
+            Py_DECREF(value);
+            goto error;
+        }
+        Py_INCREF(g);
+        Py_INCREF(lastis);
+        PyList_SET_ITEM(entry, 0, (PyObject *)g);
+        PyList_SET_ITEM(entry, 1, lasti);          /* steals */
+        PyList_SET_ITEM(entry, 2, value);
+        PyList_SET_ITEM(entry, 3, lastis);
+        PyList_SET_ITEM(entry, 4, parent);
+        lasti = parent = NULL;
+        if (PyList_Append(self->path, entry) < 0)
+            goto error;
+        Py_CLEAR(entry);
+    }
+    Py_CLEAR(changed);
+    int start_bits = frame_bits(self, start), frame_bits_ = frame_bits(self, frame);
+    if (start_bits < 0 || frame_bits_ < 0)
+        goto error;
+    int resumable = (start_bits | frame_bits_) & RESUMABLE;
+    PyObject *last_entry = Py_None;
+    if (frame == start) {
+        Py_ssize_t n = PyList_GET_SIZE(self->path);
+        if (n == 0) {
+            PyErr_SetString(PyExc_RuntimeError, "StackWalk: the path is empty after a walk");
+            goto error;
+        }
+        last_entry = PyList_GET_ITEM(self->path, n - 1);
+    }
+    set_last(self, resumable ? Py_None : (PyObject *)start, last_entry, PyFrame_GetLasti(start));
+    Py_CLEAR(frame);
+    sid = node_sid(self, node);
+    if (sid < 0 && PyErr_Occurred())
+        return NULL;
+    self->last_sid = sid;
+    return PyLong_FromSsize_t(sid);
+
+error:
+    Py_XDECREF(frame);
+    Py_XDECREF(f);
+    Py_XDECREF(changed);
+    Py_XDECREF(parent);
+    Py_XDECREF(lasti);
+    Py_XDECREF(entry);
+    return NULL;
+}
+
+static PyObject *
+walk_capture(StackWalk *self, PyObject *arg)
+{
+    if (!PyFrame_Check(arg)) {
+        PyErr_SetString(PyExc_TypeError, "capture() takes a frame");
+        return NULL;
+    }
+    if (!walk_ready(self))
+        return NULL;
+    PyFrameObject *frame = (PyFrameObject *)arg;
+    Py_ssize_t sid;
+    if (arg == self->last_start) {
+        int lasti = PyFrame_GetLasti(frame);
+        if (lasti == self->last_lasti || self->last_entry == Py_None || self->last_entry == NULL)
+            /* the same instruction (e.g. every op of one loss.backward()), or a dispatch
+               frame: the stack is its callers', which cannot change while it lives */
+            return PyLong_FromSsize_t(self->last_sid);
+        /* the same function, a later instruction (half of all captures) */
+        Py_ssize_t node = move_entry(self, self->last_entry, frame, lasti);
+        if (node < 0)
+            return NULL;
+        sid = node_sid(self, node);
+        if (sid < 0 && PyErr_Occurred())
+            return NULL;
+        self->last_lasti = lasti;
+        self->last_sid = sid;
+        return PyLong_FromSsize_t(sid);
+    }
+    PyObject *pos = PyDict_GetItemWithError(self->path_pos, arg);
+    if (pos == NULL) {
+        if (PyErr_Occurred())
+            return NULL;
+        return walk_frames(self, frame);
+    }
+    /* a function on the last stack (a call it made returned): the frames it called go */
+    Py_ssize_t at = PyLong_AsSsize_t(pos);
+    if (at < 0 || at >= PyList_GET_SIZE(self->path)) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_RuntimeError, "StackWalk: a frame's path index is stale");
+        return NULL;
+    }
+    if (drop_after(self, at) < 0)
+        return NULL;
+    PyObject *entry = PyList_GET_ITEM(self->path, at);
+    int lasti = PyFrame_GetLasti(frame);
+    set_last(self, arg, entry, lasti);
+    Py_ssize_t node = move_entry(self, entry, frame, lasti);
+    if (node < 0)
+        return NULL;
+    sid = node_sid(self, node);
+    if (sid < 0 && PyErr_Occurred())
+        return NULL;
+    self->last_sid = sid;
+    return PyLong_FromSsize_t(sid);
+}
+
+static PyMethodDef walk_methods[] = {
+    {"capture", (PyCFunction)walk_capture, METH_O,
+     "Intern the stack that starts at frame (innermost) and return its id."},
+    {NULL},
+};
+
+static PyMemberDef walk_members[] = {
+    {"_kind_of_code", T_OBJECT, offsetof(StackWalk, kind_of_code), 0, NULL},
+    {"_siblings", T_OBJECT, offsetof(StackWalk, siblings), 0, NULL},
+    {"_node_sid", T_OBJECT, offsetof(StackWalk, node_sid), 0, NULL},
+    {"_path", T_OBJECT, offsetof(StackWalk, path), 0, NULL},
+    {"_path_pos", T_OBJECT, offsetof(StackWalk, path_pos), 0, NULL},
+    {"_last_start", T_OBJECT, offsetof(StackWalk, last_start), 0, NULL},
+    {"_last_entry", T_OBJECT, offsetof(StackWalk, last_entry), 0, NULL},
+    {"_last_lasti", T_PYSSIZET, offsetof(StackWalk, last_lasti), 0, NULL},
+    {"_last_sid", T_PYSSIZET, offsetof(StackWalk, last_sid), 0, NULL},
+    {NULL},
+};
+
+PyTypeObject StackWalkType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "tracer._hotpath.StackWalk",
+    .tp_basicsize = sizeof(StackWalk),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "StackInterner's capture in C (tracer/stacks.py has its Python twin).",
+    .tp_new = PyType_GenericNew,
+    .tp_traverse = (traverseproc)walk_traverse,
+    .tp_clear = (inquiry)walk_clear,
+    .tp_dealloc = (destructor)walk_dealloc,
+    .tp_methods = walk_methods,
+    .tp_members = walk_members,
+};
