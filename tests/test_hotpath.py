@@ -132,6 +132,49 @@ def _frames_outward(frame):
         frame = frame.f_back
 
 
+@pytest.mark.parametrize("base", [StackInterner, PyStackInterner])
+def test_a_capture_that_another_capture_interrupts_keeps_every_stack_right(base):
+    """Making a node runs Python, where another recording thread may capture and change the
+    path under the walk. Simulated deterministically: each new node first captures from an
+    unrelated frame. No capture may fail, and every stack must be a fresh walk's."""
+    elsewhere = []
+
+    class Interrupted(base):
+        def _new_node(self, parent, frame, lasti, lastis):
+            if elsewhere and not self._inside:
+                self._inside = True
+                try:
+                    self.capture(elsewhere[-1])
+                finally:
+                    self._inside = False
+            return super()._new_node(parent, frame, lasti, lastis)
+
+    interner = Interrupted()
+    interner._inside = False
+
+    def other_thread(depth):           # an unrelated stack, kept alive while captures run
+        if depth:
+            return other_thread(depth - 1)
+        elsewhere.append(sys._getframe(0))
+
+    other_thread(3)
+
+    def check(frame):
+        fresh = PyStackInterner()
+        assert interner.values[interner.capture(frame)] == fresh.values[fresh.capture(frame)]
+
+    def descend(k):
+        check(sys._getframe(0))
+        if k:
+            descend(k - 1)
+            check(sys._getframe(0))      # the same frame after a call returned
+        check(sys._getframe(0))
+
+    for depth in (5, 2, 7):
+        descend(depth)
+        other_thread(depth)
+
+
 @needs_c
 def test_c_capture_rejects_what_is_not_a_frame_and_an_interner_that_is_not_set_up():
     from tracer import _hotpath

@@ -74,7 +74,12 @@ def _library_dirs() -> tuple:
 class _PyStackWalk:
     """StackInterner's hot path in Python: the twin of tracer/csrc/'s StackWalk, which
     replaces it where the extension is built. Both work on the subclass's tables (set up in its
-    __init__) and call back its classify, _new_node, _sid and _root off the hot path."""
+    __init__) and call back its classify, _new_node, _sid and _root off the hot path.
+
+    NOTE: two threads that record share the tables. A stack id is always right (a node's stack
+    is its own parent chain, whatever the path holds), so a capture sets the last-capture state
+    in one step at its end, and a path index that another thread's capture made stale sends
+    the walk back to an empty path rather than into an IndexError."""
 
     def capture(self, frame) -> int:
         """Intern the stack that starts at ``frame`` (innermost) and return its id.
@@ -96,17 +101,26 @@ class _PyStackWalk:
                 node = self._new_node(entry[4], frame, lasti, entry[3])
             entry[1], entry[2] = lasti, node
             sid = self._node_sid[node]
-            self._last_lasti, self._last_sid = lasti, sid if sid >= 0 else self._sid(node)
-            return self._last_sid
+            if sid < 0:
+                sid = self._sid(node)
+            if self._last_entry is entry:
+                self._last_lasti, self._last_sid = lasti, sid
+            return sid
         at = self._path_pos.get(frame)
         if at is None:
             return self._walk(frame)
         # a function on the last stack (a call it made returned): the frames it called go
-        self._drop_after(at)
+        if at < len(self._path):
+            self._drop_after(at)
+        if at >= len(self._path):                     # see the class's note
+            self._reset_path()
+            return self._walk(frame)
         entry = self._path[at]
-        self._last_start, self._last_lasti, self._last_entry = frame, frame.f_lasti, entry
-        self._last_sid = self._sid(self._move(entry, frame, frame.f_lasti))
-        return self._last_sid
+        lasti = frame.f_lasti
+        sid = self._sid(self._move(entry, frame, lasti))
+        self._last_start, self._last_lasti, self._last_entry, self._last_sid = \
+            frame, lasti, entry, sid
+        return sid
 
     def _move(self, entry: list, frame, lasti: int) -> int:
         """The node of the path entry of ``frame``, now at ``lasti`` (the entry follows it)."""
@@ -126,19 +140,25 @@ class _PyStackWalk:
                 break
             frame = frame.f_back
         if frame is None:
-            self._last_start = None
-            self._last_sid = self._root()
-            return self._last_sid
+            sid = self._root()
+            self._last_start, self._last_sid = None, sid
+            return sid
         # NOTE: nodes are keyed by f_lasti, not f_lineno: reading f_lineno decodes the line
         # table (microseconds a frame); lines are read only when a node is made.
         path = self._path
         pos = self._path_pos
         changed = []                              # kept frames not on the path, innermost first
         f = frame
+        node = -1
+        innermost = None                          # the path entry of ``frame``, once known
         while True:                               # up to the first frame on the path
             at = pos.get(f)
             if at is not None:                    # the same live frame: its callers are too
-                self._move(path[at], f, f.f_lasti)
+                if at >= len(path):               # see the class's note
+                    self._reset_path()
+                    return self._walk(start)
+                innermost = path[at]
+                node = self._move(innermost, f, f.f_lasti)
                 break
             if known[0] != INTERNAL:
                 changed.append(f)
@@ -148,7 +168,6 @@ class _PyStackWalk:
                 break
             known = kinds.get(id(f.f_code)) or self.classify(f.f_code)
         self._drop_after(at)
-        node = path[at][2] if at >= 0 else -1
         siblings = self._siblings
         for f in reversed(changed):
             code_id = id(f.f_code)
@@ -163,13 +182,19 @@ class _PyStackWalk:
             if not kinds[code_id][1]:
                 # NOTE: a generator's frame is never looked up: another caller may resume it
                 pos[f] = len(path)
-            path.append([f, lasti, node, lastis, parent])
+            innermost = [f, lasti, node, lastis, parent]
+            path.append(innermost)
         resumable = kinds[id(start.f_code)][1] or kinds[id(frame.f_code)][1]
-        self._last_start = None if resumable else start
-        self._last_lasti = start.f_lasti
-        self._last_entry = path[-1] if frame is start else None
-        self._last_sid = self._sid(node)
-        return self._last_sid
+        sid = self._sid(node)
+        self._last_start, self._last_lasti, self._last_entry, self._last_sid = (
+            None if resumable else start, start.f_lasti,
+            innermost if frame is start else None, sid)
+        return sid
+
+    def _reset_path(self) -> None:
+        self._last_start = self._last_entry = None
+        self._path_pos.clear()
+        del self._path[:]
 
     def _drop_after(self, at: int) -> None:
         """Forget the path's frames inward of index ``at`` (-1: all of them)."""

@@ -81,7 +81,9 @@ Py_ssize_t child_node(StackWalk *self, PyObject *lastis, PyObject *parent, PyFra
                       PyObject *lasti);
 Py_ssize_t move_entry(StackWalk *self, PyObject *entry, PyFrameObject *frame, int lasti);
 int drop_after(StackWalk *self, Py_ssize_t at);
-void set_last(StackWalk *self, PyObject *start, PyObject *entry, Py_ssize_t lasti);
+int reset_path(StackWalk *self);
+void set_last(StackWalk *self, PyObject *start, PyObject *entry, Py_ssize_t lasti,
+              Py_ssize_t sid);
 
 extern PyTypeObject StackWalkType;   /* stackwalk.c */
 extern PyTypeObject ShapeKeysType;   /* shapekeys.c */

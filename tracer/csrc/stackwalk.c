@@ -1,14 +1,32 @@
 /* StackWalk: StackInterner.capture in C; tracer/stacks.py's _PyStackWalk is its twin. */
 #include "hotpath.h"
 
-/* _walk: the frames from ``start`` outward up to the first one on the path. */
+/* A capture's answer: the stack id, or NULL with the error (a negative id without one: said). */
 static PyObject *
-walk_frames(StackWalk *self, PyFrameObject *start)
+sid_result(Py_ssize_t sid)
+{
+    if (sid >= 0)
+        return PyLong_FromSsize_t(sid);
+    if (!PyErr_Occurred())
+        PyErr_SetString(PyExc_RuntimeError, "StackWalk: a stack id is negative");
+    return NULL;
+}
+
+/* _walk: the frames from ``start`` outward up to the first one on the path.
+ *
+ * NOTE: a new node or stack runs Python (_new_node, _sid, classify), where another thread that
+ * records may capture too and change the path. That cannot make a stack wrong (a node's stack
+ * is its own parent chain, whatever the path holds), but it can leave an index found here
+ * beyond the path's end: then the path is forgotten and the walk starts again
+ * (``retries`` times). */
+static PyObject *
+walk_frames(StackWalk *self, PyFrameObject *start, int retries)
 {
     PyFrameObject *frame = start, *f = NULL;
     PyObject *changed = NULL, *lasti = NULL, *parent = NULL, *entry = NULL;
+    PyObject *innermost = NULL;       /* the path entry of ``frame``, once known */
     Py_ssize_t node = -1, sid, at = -1;
-    int bits = -1;
+    int bits = -1, stale = 0;
 
     Py_INCREF(frame);
     while (frame != NULL) {           /* skip paratrace's and dispatch frames */
@@ -22,12 +40,10 @@ walk_frames(StackWalk *self, PyFrameObject *start)
         frame = back;
     }
     if (frame == NULL) {
-        set_last(self, Py_None, Py_None, self->last_lasti);
         sid = node_sid(self, -1);
-        if (sid < 0 && PyErr_Occurred())
-            return NULL;
-        self->last_sid = sid;
-        return PyLong_FromSsize_t(sid);
+        if (sid >= 0)
+            set_last(self, Py_None, Py_None, self->last_lasti, sid);
+        return sid_result(sid);
     }
     changed = PyList_New(0);
     if (changed == NULL)
@@ -38,12 +54,16 @@ walk_frames(StackWalk *self, PyFrameObject *start)
         PyObject *pos = PyDict_GetItemWithError(self->path_pos, (PyObject *)f);
         if (pos != NULL) {            /* the same live frame: its callers are too */
             at = PyLong_AsSsize_t(pos);
-            if (at < 0 || at >= PyList_GET_SIZE(self->path)) {
-                if (!PyErr_Occurred())
-                    PyErr_SetString(PyExc_RuntimeError, "StackWalk: a frame's path index is stale");
+            if (at == -1 && PyErr_Occurred())
                 goto error;
+            if (at < 0 || at >= PyList_GET_SIZE(self->path)) {
+                stale = 1;
+                break;
             }
-            if (move_entry(self, PyList_GET_ITEM(self->path, at), f, PyFrame_GetLasti(f)) < 0)
+            innermost = PyList_GET_ITEM(self->path, at);
+            Py_INCREF(innermost);
+            node = move_entry(self, innermost, f, PyFrame_GetLasti(f));
+            if (node < 0)
                 goto error;
             break;
         }
@@ -63,13 +83,20 @@ walk_frames(StackWalk *self, PyFrameObject *start)
             goto error;
     }
     Py_CLEAR(f);
+    if (stale) {
+        Py_CLEAR(changed);
+        Py_CLEAR(frame);
+        Py_CLEAR(innermost);
+        if (retries <= 0) {
+            PyErr_SetString(PyExc_RuntimeError, "StackWalk: the path keeps changing under a walk");
+            return NULL;
+        }
+        if (reset_path(self) < 0)
+            return NULL;
+        return walk_frames(self, start, retries - 1);
+    }
     if (drop_after(self, at) < 0)
         goto error;
-    if (at >= 0) {
-        node = PyLong_AsSsize_t(PyList_GET_ITEM(PyList_GET_ITEM(self->path, at), 2));
-        if (node == -1 && PyErr_Occurred())
-            goto error;
-    }
     for (Py_ssize_t i = PyList_GET_SIZE(changed) - 1; i >= 0; i--) {
         PyFrameObject *g = (PyFrameObject *)PyList_GET_ITEM(changed, i);
         PyCodeObject *code = PyFrame_GetCode(g);
@@ -113,6 +140,10 @@ walk_frames(StackWalk *self, PyFrameObject *start)
         lasti = parent = NULL;
         if (PyList_Append(self->path, entry) < 0)
             goto error;
+        if (i == 0) {                 /* the innermost kept frame: ``frame`` */
+            Py_XSETREF(innermost, entry);
+            entry = NULL;
+        }
         Py_CLEAR(entry);
     }
     Py_CLEAR(changed);
@@ -120,24 +151,24 @@ walk_frames(StackWalk *self, PyFrameObject *start)
     if (start_bits < 0 || frame_bits_ < 0)
         goto error;
     int resumable = (start_bits | frame_bits_) & RESUMABLE;
-    PyObject *last_entry = Py_None;
-    if (frame == start) {
-        Py_ssize_t n = PyList_GET_SIZE(self->path);
-        if (n == 0) {
-            PyErr_SetString(PyExc_RuntimeError, "StackWalk: the path is empty after a walk");
-            goto error;
-        }
-        last_entry = PyList_GET_ITEM(self->path, n - 1);
-    }
-    set_last(self, resumable ? Py_None : (PyObject *)start, last_entry, PyFrame_GetLasti(start));
-    Py_CLEAR(frame);
     sid = node_sid(self, node);
-    if (sid < 0 && PyErr_Occurred())
-        return NULL;
-    self->last_sid = sid;
+    if (sid < 0) {
+        sid_result(sid);
+        goto error;
+    }
+    if (innermost == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "StackWalk: a walk kept no frame");
+        goto error;
+    }
+    /* NOTE: all four at once, after the last call that may run Python */
+    set_last(self, resumable ? Py_None : (PyObject *)start, frame == start ? innermost : Py_None,
+             PyFrame_GetLasti(start), sid);
+    Py_CLEAR(innermost);
+    Py_CLEAR(frame);
     return PyLong_FromSsize_t(sid);
 
 error:
+    Py_XDECREF(innermost);
     Py_XDECREF(frame);
     Py_XDECREF(f);
     Py_XDECREF(changed);
@@ -160,47 +191,48 @@ walk_capture(StackWalk *self, PyObject *arg)
     Py_ssize_t sid;
     if (arg == self->last_start) {
         int lasti = PyFrame_GetLasti(frame);
-        if (lasti == self->last_lasti || self->last_entry == Py_None || self->last_entry == NULL)
+        PyObject *entry = self->last_entry;
+        if (lasti == self->last_lasti || entry == Py_None || entry == NULL)
             /* the same instruction (e.g. every op of one loss.backward()), or a dispatch
                frame: the stack is its callers', which cannot change while it lives */
             return PyLong_FromSsize_t(self->last_sid);
         /* the same function, a later instruction (half of all captures) */
-        Py_ssize_t node = move_entry(self, self->last_entry, frame, lasti);
-        if (node < 0)
-            return NULL;
-        sid = node_sid(self, node);
-        if (sid < 0 && PyErr_Occurred())
-            return NULL;
-        self->last_lasti = lasti;
-        self->last_sid = sid;
-        return PyLong_FromSsize_t(sid);
+        Py_INCREF(entry);
+        Py_ssize_t node = move_entry(self, entry, frame, lasti);
+        sid = node < 0 ? -1 : node_sid(self, node);
+        if (sid >= 0 && self->last_start == arg && self->last_entry == entry) {
+            self->last_lasti = lasti;    /* (unless another thread's capture moved them) */
+            self->last_sid = sid;
+        }
+        Py_DECREF(entry);
+        return sid_result(sid);
     }
     PyObject *pos = PyDict_GetItemWithError(self->path_pos, arg);
     if (pos == NULL) {
         if (PyErr_Occurred())
             return NULL;
-        return walk_frames(self, frame);
+        return walk_frames(self, frame, 2);
     }
     /* a function on the last stack (a call it made returned): the frames it called go */
     Py_ssize_t at = PyLong_AsSsize_t(pos);
-    if (at < 0 || at >= PyList_GET_SIZE(self->path)) {
-        if (!PyErr_Occurred())
-            PyErr_SetString(PyExc_RuntimeError, "StackWalk: a frame's path index is stale");
+    if (at == -1 && PyErr_Occurred())
         return NULL;
+    if (at >= 0 && at < PyList_GET_SIZE(self->path) && drop_after(self, at) < 0)
+        return NULL;
+    if (at < 0 || at >= PyList_GET_SIZE(self->path)) {      /* see walk_frames */
+        if (reset_path(self) < 0)
+            return NULL;
+        return walk_frames(self, frame, 2);
     }
-    if (drop_after(self, at) < 0)
-        return NULL;
     PyObject *entry = PyList_GET_ITEM(self->path, at);
+    Py_INCREF(entry);
     int lasti = PyFrame_GetLasti(frame);
-    set_last(self, arg, entry, lasti);
     Py_ssize_t node = move_entry(self, entry, frame, lasti);
-    if (node < 0)
-        return NULL;
-    sid = node_sid(self, node);
-    if (sid < 0 && PyErr_Occurred())
-        return NULL;
-    self->last_sid = sid;
-    return PyLong_FromSsize_t(sid);
+    sid = node < 0 ? -1 : node_sid(self, node);
+    if (sid >= 0)
+        set_last(self, arg, entry, lasti, sid);
+    Py_DECREF(entry);
+    return sid_result(sid);
 }
 
 static PyMethodDef walk_methods[] = {

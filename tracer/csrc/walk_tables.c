@@ -187,27 +187,42 @@ child_node(StackWalk *self, PyObject *lastis, PyObject *parent, PyFrameObject *f
 Py_ssize_t
 move_entry(StackWalk *self, PyObject *entry, PyFrameObject *frame, int lasti)
 {
-    PyObject *old = PyList_GET_ITEM(entry, 1);
-    long was = PyLong_AsLong(old);
+    /* NOTE: held: a new node runs Python (_new_node), and another thread recording then may
+       drop this entry from the path */
+    Py_INCREF(entry);
+    Py_ssize_t node = -1;
+    long was = PyLong_AsLong(PyList_GET_ITEM(entry, 1));
     if (was == -1 && PyErr_Occurred())
-        return -1;
+        goto done;
     if (was != lasti) {
         PyObject *key = PyLong_FromLong(lasti);
         if (key == NULL)
-            return -1;
-        Py_ssize_t node = child_node(self, PyList_GET_ITEM(entry, 3), PyList_GET_ITEM(entry, 4),
-                                     frame, key);
+            goto done;
+        node = child_node(self, PyList_GET_ITEM(entry, 3), PyList_GET_ITEM(entry, 4), frame, key);
         PyObject *value = node < 0 ? NULL : PyLong_FromSsize_t(node);
         if (value == NULL) {
             Py_DECREF(key);
             if (!PyErr_Occurred())
                 PyErr_SetString(PyExc_RuntimeError, "StackWalk: a node id is negative");
-            return -1;
+            node = -1;
+            goto done;
         }
         PyList_SetItem(entry, 1, key);      /* steals both */
         PyList_SetItem(entry, 2, value);
     }
-    return PyLong_AsSsize_t(PyList_GET_ITEM(entry, 2));
+    node = PyLong_AsSsize_t(PyList_GET_ITEM(entry, 2));
+done:
+    Py_DECREF(entry);
+    return node;
+}
+
+/* Forget the whole path (a capture found it changed under it: see walk_frames). */
+int
+reset_path(StackWalk *self)
+{
+    set_last(self, Py_None, Py_None, -1, -1);
+    PyDict_Clear(self->path_pos);
+    return PyList_SetSlice(self->path, 0, PyList_GET_SIZE(self->path), NULL);
 }
 
 /* _drop_after: forget the path's frames inward of index ``at`` (-1: all of them). */
@@ -229,7 +244,7 @@ drop_after(StackWalk *self, Py_ssize_t at)
 }
 
 void
-set_last(StackWalk *self, PyObject *start, PyObject *entry, Py_ssize_t lasti)
+set_last(StackWalk *self, PyObject *start, PyObject *entry, Py_ssize_t lasti, Py_ssize_t sid)
 {
     PyObject *old_start = self->last_start, *old_entry = self->last_entry;
     Py_INCREF(start);
@@ -237,6 +252,7 @@ set_last(StackWalk *self, PyObject *start, PyObject *entry, Py_ssize_t lasti)
     self->last_start = start;
     self->last_entry = entry;
     self->last_lasti = lasti;
-    Py_XDECREF(old_start);
+    self->last_sid = sid;
+    Py_XDECREF(old_start);     /* last: freeing a frame may run Python */
     Py_XDECREF(old_entry);
 }
