@@ -19,4 +19,3 @@ def native_hot_path():
     except ImportError:
         return None
     return _hotpath
-

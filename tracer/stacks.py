@@ -214,7 +214,7 @@ class _Interning:
     only walks the frames that changed since the last one: the frames of the last capture are
     held (the *path*) until the next, and a frame found on the path at the same instruction is
     the same frame, suspended in the same call, so everything outward of it is unchanged.
-    
+
     This class holds the tables and everything off the hot path; the hot path (``capture``)
     is its base's: StackInterner's is C where the extension is built, PyStackInterner's Python.
     """
