@@ -56,6 +56,11 @@ class _Signatures:
         sid = self._ids[key] = self._intern(_text(key))
         return sid
 
+    def _id_of_new(self, args) -> int:
+        """The C twin's miss: the id of arguments whose packed key it has not seen, from the
+        Python twin's key."""
+        return _PyShapeKeys.id_of(self, args)
+
 
 # NOTE: isinstance(x, torch.Tensor) goes through Tensor's metaclass, ~100 ns for anything but
 # an exact Tensor (an int, a Parameter); an argument's kind is looked up by its type instead.

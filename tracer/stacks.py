@@ -113,7 +113,7 @@ class _PyStackWalk:
         if at < len(self._path):
             self._drop_after(at)
         if at >= len(self._path):                     # see the class's note
-            self._reset_path()
+            self.release()
             return self._walk(frame)
         entry = self._path[at]
         lasti = frame.f_lasti
@@ -155,7 +155,7 @@ class _PyStackWalk:
             at = pos.get(f)
             if at is not None:                    # the same live frame: its callers are too
                 if at >= len(path):               # see the class's note
-                    self._reset_path()
+                    self.release()
                     return self._walk(start)
                 innermost = path[at]
                 node = self._move(innermost, f, f.f_lasti)
@@ -190,11 +190,6 @@ class _PyStackWalk:
             None if resumable else start, start.f_lasti,
             innermost if frame is start else None, sid)
         return sid
-
-    def _reset_path(self) -> None:
-        self._last_start = self._last_entry = None
-        self._path_pos.clear()
-        del self._path[:]
 
     def _drop_after(self, at: int) -> None:
         """Forget the path's frames inward of index ``at`` (-1: all of them)."""

@@ -30,7 +30,7 @@
 
 /* Attribute and method names, interned once (module.c). */
 extern PyObject *str_classify, *str_new_node, *str_sid, *str_root, *str_dtype, *str_shape,
-    *str_new;
+    *str_id_of_new;
 
 /* A small open-addressing table from (pointer, integer) to a value, holding a reference to one
    object per entry so that its key cannot be freed and its address reused while it is there. It

@@ -1,7 +1,8 @@
 /* The tracer._hotpath module: its two types and the names they look up (hotpath.h). */
 #include "hotpath.h"
 
-PyObject *str_classify, *str_new_node, *str_sid, *str_root, *str_dtype, *str_shape, *str_new;
+PyObject *str_classify, *str_new_node, *str_sid, *str_root, *str_dtype, *str_shape,
+    *str_id_of_new;
 
 static struct PyModuleDef hotpath_module = {
     PyModuleDef_HEAD_INIT,
@@ -19,7 +20,7 @@ PyInit__hotpath(void)
         (str_root = PyUnicode_InternFromString("_root")) == NULL ||
         (str_dtype = PyUnicode_InternFromString("dtype")) == NULL ||
         (str_shape = PyUnicode_InternFromString("shape")) == NULL ||
-        (str_new = PyUnicode_InternFromString("_new")) == NULL)
+        (str_id_of_new = PyUnicode_InternFromString("_id_of_new")) == NULL)
         return NULL;
     if (PyType_Ready(&StackWalkType) < 0 || PyType_Ready(&ShapeKeysType) < 0)
         return NULL;

@@ -3,8 +3,7 @@
 
 typedef struct {
     PyObject_HEAD
-    PyObject *ids;            /* structured key -> signature id (the Python twin's; _new sets) */
-    PyObject *byte_ids;       /* the same keys packed as bytes -> signature id (this one's) */
+    PyObject *byte_ids;       /* packed key -> signature id (a new one: the Python twin's) */
     PyObject *kind_of_type;   /* type -> 1 other, 2 tensor, 3 sequence */
     PyObject *kind;           /* type -> its kind, cached in kind_of_type */
     PyObject *tensor;         /* torch.Tensor */
@@ -19,7 +18,6 @@ typedef struct {
 static int
 keys_traverse(ShapeKeys *self, visitproc visit, void *arg)
 {
-    Py_VISIT(self->ids);
     Py_VISIT(self->byte_ids);
     Py_VISIT(self->kind_of_type);
     Py_VISIT(self->kind);
@@ -33,7 +31,6 @@ keys_traverse(ShapeKeys *self, visitproc visit, void *arg)
 static int
 keys_clear(ShapeKeys *self)
 {
-    Py_CLEAR(self->ids);
     Py_CLEAR(self->byte_ids);
     Py_CLEAR(self->kind_of_type);
     Py_CLEAR(self->kind);
@@ -147,87 +144,28 @@ done:
     return failed;
 }
 
-/* Append a tensor's dtype and shape to ``key`` (the structured key, made on a miss only). */
+/* A list argument: 'L', each tensor in it, 'E'. */
 static int
-append_tensor(PyObject *key, PyObject *tensor)
-{
-    PyObject *dtype = PyObject_GetAttr(tensor, str_dtype);
-    if (dtype == NULL)
-        return -1;
-    int failed = PyList_Append(key, dtype);
-    Py_DECREF(dtype);
-    if (failed < 0)
-        return -1;
-    PyObject *shape = PyObject_GetAttr(tensor, str_shape);
-    if (shape == NULL)
-        return -1;
-    failed = PyList_Append(key, shape);
-    Py_DECREF(shape);
-    return failed;
-}
-
-/* A list argument's structured key: a tuple of (dtype, shape) for each tensor in it; packed:
-   'L', each tensor, 'E'. */
-static PyObject *
-sequence_key(ShapeKeys *self, PyObject *seq, Packed *p)
+pack_sequence(ShapeKeys *self, Packed *p, PyObject *seq)
 {
     PyObject *items = PySequence_Fast(seq, "not a sequence");
     if (items == NULL)
-        return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(items);
-    PyObject *pairs = p == NULL ? PyList_New(0) : NULL, *pair = NULL, *result = NULL;
-    if (p == NULL && pairs == NULL)
-        goto done;
-    if (p != NULL && pack(p, "L", 1) < 0)
-        goto done;
-    for (Py_ssize_t i = 0; i < n; i++) {
+        return -1;
+    int failed = pack(p, "L", 1);
+    for (Py_ssize_t i = 0; !failed && i < PySequence_Fast_GET_SIZE(items); i++) {
         PyObject *t = PySequence_Fast_GET_ITEM(items, i);
         int is_tensor = PyObject_IsInstance(t, self->tensor);
-        if (is_tensor < 0)
-            goto done;
-        if (!is_tensor)
-            continue;
-        if (p != NULL) {
-            if (pack_tensor(self, p, t, 0) < 0)
-                goto done;
-            continue;
-        }
-        pair = PyList_New(0);
-        if (pair == NULL || append_tensor(pair, t) < 0)
-            goto done;
-        PyObject *tuple = PyList_AsTuple(pair);
-        Py_CLEAR(pair);
-        if (tuple == NULL)
-            goto done;
-        int failed = PyList_Append(pairs, tuple);
-        Py_DECREF(tuple);
-        if (failed < 0)
-            goto done;
+        failed = is_tensor < 0 ? -1 : is_tensor ? pack_tensor(self, p, t, 0) : 0;
     }
-    if (p != NULL) {
-        if (pack(p, "E", 1) == 0) {
-            result = Py_None;
-            Py_INCREF(result);
-        }
-    }
-    else {
-        result = PyList_AsTuple(pairs);
-    }
-done:
     Py_DECREF(items);
-    Py_XDECREF(pairs);
-    Py_XDECREF(pair);
-    return result;
+    return failed ? -1 : pack(p, "E", 1);
 }
 
-/* The key of an op's positional arguments: packed into ``p`` when it is not NULL (the hot
-   path), else structured, the Python twin's key (a new tuple). */
-static PyObject *
-args_key(ShapeKeys *self, PyObject *items, Packed *p)
+/* The packed key of an op's positional arguments: what the Python twin's key holds (its
+   tensors' dtypes and sizes, a list argument's bracketed), as bytes. */
+static int
+pack_args(ShapeKeys *self, Packed *p, PyObject *items)
 {
-    PyObject *key = p == NULL ? PyList_New(0) : NULL, *result = NULL;
-    if (p == NULL && key == NULL)
-        return NULL;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(items);
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *a = PySequence_Fast_GET_ITEM(items, i);
@@ -235,52 +173,35 @@ args_key(ShapeKeys *self, PyObject *items, Packed *p)
         int plain = cls == self->tensor || cls == self->parameter;   /* most arguments */
         long kind = plain ? KIND_TENSOR : type_kind(self, cls);
         if (kind < 0)
-            goto done;
+            return -1;
         if (kind == KIND_TENSOR) {
-            if (p != NULL ? pack_tensor(self, p, a, plain) : append_tensor(key, a))
-                goto done;
+            if (pack_tensor(self, p, a, plain) < 0)
+                return -1;
         }
         else if (kind == KIND_SEQUENCE) {
             Py_ssize_t size = PyObject_Length(a);
             if (size < 0)
-                goto done;
+                return -1;
             if (size == 0)
                 continue;
             PyObject *first = PySequence_GetItem(a, 0);
             if (first == NULL)
-                goto done;
+                return -1;
             long first_kind = type_kind(self, (PyObject *)Py_TYPE(first));
             Py_DECREF(first);
             if (first_kind < 0)
-                goto done;
-            if (first_kind != KIND_TENSOR)
-                continue;
-            PyObject *inner = sequence_key(self, a, p);
-            if (inner == NULL)
-                goto done;
-            int failed = p != NULL ? 0 : PyList_Append(key, inner);
-            Py_DECREF(inner);
-            if (failed < 0)
-                goto done;
+                return -1;
+            if (first_kind == KIND_TENSOR && pack_sequence(self, p, a) < 0)
+                return -1;
         }
     }
-    if (p != NULL) {
-        result = Py_None;
-        Py_INCREF(result);
-    }
-    else {
-        result = PyList_AsTuple(key);
-    }
-done:
-    Py_XDECREF(key);
-    return result;
+    return 0;
 }
 
 static PyObject *
 keys_id_of(ShapeKeys *self, PyObject *ops_args)
 {
-    if (self->ids == NULL || !PyDict_Check(self->ids) || self->byte_ids == NULL ||
-        !PyDict_Check(self->byte_ids) || self->kind_of_type == NULL ||
+    if (self->byte_ids == NULL || !PyDict_Check(self->byte_ids) || self->kind_of_type == NULL ||
         !PyDict_Check(self->kind_of_type) || self->kind == NULL || self->tensor == NULL ||
         self->parameter == NULL) {
         PyErr_SetString(PyExc_TypeError, "ShapeKeys: its tables are not set up");
@@ -291,10 +212,9 @@ keys_id_of(ShapeKeys *self, PyObject *ops_args)
         return NULL;
     Packed p = {.len = 0, .cap = sizeof p.inline_data};
     p.data = p.inline_data;
-    PyObject *packed = NULL, *sid = NULL, *done = args_key(self, items, &p);
-    if (done == NULL)
+    PyObject *packed = NULL, *sid = NULL;
+    if (pack_args(self, &p, items) < 0)
         goto done;
-    Py_DECREF(done);
     packed = PyBytes_FromStringAndSize(p.data, p.len);
     if (packed == NULL)
         goto done;
@@ -305,12 +225,8 @@ keys_id_of(ShapeKeys *self, PyObject *ops_args)
     }
     if (PyErr_Occurred())
         goto done;
-    /* a new signature: its structured key, to the subclass to format and intern */
-    PyObject *key = args_key(self, items, NULL);
-    if (key == NULL)
-        goto done;
-    sid = PyObject_CallMethodOneArg((PyObject *)self, str_new, key);
-    Py_DECREF(key);
+    /* a key not seen yet: the Python twin's id of these arguments (formatted once) */
+    sid = PyObject_CallMethodOneArg((PyObject *)self, str_id_of_new, ops_args);
     if (sid != NULL && PyDict_SetItem(self->byte_ids, packed, sid) < 0)
         Py_CLEAR(sid);
 done:
@@ -328,7 +244,6 @@ static PyMethodDef keys_methods[] = {
 };
 
 static PyMemberDef keys_members[] = {
-    {"_ids", T_OBJECT, offsetof(ShapeKeys, ids), 0, NULL},
     {"_byte_ids", T_OBJECT, offsetof(ShapeKeys, byte_ids), 0, NULL},
     {"_dtype_attr", T_OBJECT, offsetof(ShapeKeys, dtype_attr), 0, NULL},
     {"_shape_attr", T_OBJECT, offsetof(ShapeKeys, shape_attr), 0, NULL},
