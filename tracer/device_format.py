@@ -15,7 +15,7 @@ import os
 import numpy as np
 import pyarrow as pa
 
-from .format import TraceError
+from .format import TraceError, write_options
 from .kineto import KINDS, DeviceRecords, empty
 
 FORMAT_NAME = "paratrace.device"
@@ -40,7 +40,7 @@ class DeviceWriter:
         self._sink = pa.OSFile(path, "wb")
         self._writer = pa.ipc.new_stream(
             self._sink, SCHEMA.with_metadata(header),
-            options=pa.ipc.IpcWriteOptions(compression="zstd", emit_dictionary_deltas=False))
+            options=write_options(dictionary_deltas=False))
         self.records = 0
 
     def write(self, records: DeviceRecords, meta: dict) -> None:
