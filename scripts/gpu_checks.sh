@@ -6,6 +6,7 @@
 #
 #   bash scripts/gpu_checks.sh PART[,PART...] [DIR]
 #
+# tests,trace fit in one command (at most 480 s), overhead in another (540 s).
 # Parts (docs/gpu.md and docs/overhead.md say what each measures):
 #   tests     pytest -m gpu: CUPTI windows attribute every kernel; trace-run on one GPU, NCCL
 #   overhead  issue 15's ratios on the small and hidden-1024 reference GPT (benchmarks/overhead.py)
@@ -42,7 +43,7 @@ status install $?
 for part in ${PARTS//,/ }; do
     case $part in
     tests)
-        timeout 300 python3 -m pytest -m gpu tests -q -p no:cacheprovider > "$DIR/tests.log" 2>&1
+        timeout 240 python3 -m pytest -m gpu tests -q -p no:cacheprovider > "$DIR/tests.log" 2>&1
         status tests $? ;;
     overhead)
         timeout 540 python3 benchmarks/overhead.py --device cuda --models small,large \
@@ -50,12 +51,12 @@ for part in ${PARTS//,/ }; do
         status overhead $? ;;
     trace)
         run=$(mktemp -d)/small
-        timeout 240 "$TRACE_RUN" --nproc-per-node 1 --out "$run" --no-report -m sample_runs.train \
+        timeout 180 "$TRACE_RUN" --nproc-per-node 1 --out "$run" --no-report -m sample_runs.train \
             "${SMALL[@]}" --device cuda --steps 4 > "$DIR/trace.log" 2>&1
         status trace $?
         [ -d "$run" ] && tar -czf "$DIR/traces.tgz" -C "$(dirname "$run")" small
         # 4 ranks on fewer GPUs: one line naming the option, no traceback, non-zero
-        timeout 120 "$TRACE_RUN" --nproc-per-node 4 --out "$(dirname "$run")/default" --no-report \
+        timeout 60 "$TRACE_RUN" --nproc-per-node 4 --out "$(dirname "$run")/default" --no-report \
             -m sample_runs.train --device cuda > "$DIR/fewer-gpus.log" 2>&1
         status fewer-gpus-exit $? ;;
     esac
