@@ -87,8 +87,9 @@ def write_options(dictionary_deltas: bool) -> pa.ipc.IpcWriteOptions:
 
     NOTE: not on Arrow's thread pool (``use_threads=True``, its default): a batch has about 40
     buffers of a few KB, and handing each to the pool cost more than compressing it: a
-    1,339-row batch took 0.59 to 0.78 ms of the process's CPU through the pool, 0.30 ms on the
-    flusher's thread (docs/overhead.md). The write releases the GIL either way."""
+    1,339-row batch took 0.76 ms of the process's CPU through the pool, 0.40 ms on the writing
+    thread (benchmarks/trace_write.py, docs/overhead.md). The write releases the GIL either
+    way."""
     return pa.ipc.IpcWriteOptions(compression="zstd", use_threads=False,
                                   emit_dictionary_deltas=dictionary_deltas)
 
