@@ -1,0 +1,61 @@
+"""The benchmarks still run and print every line docs/ quotes (tiny settings; their numbers are
+not checked here: timings are benchmarks, never tests). A session lent a GPU runs
+benchmarks/overhead.py there with no time to mend it (scripts/gpu_checks.sh)."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+from conftest import CPU_ONLY
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NUMBER = r"-?\d+\.\d+"
+
+
+def _run(*args, timeout=300):
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=REPO, env={**os.environ, **CPU_ONLY})
+
+
+def test_overhead_prints_every_recorder_and_every_target():
+    proc = _run("benchmarks/overhead.py", "--rounds", "1", "--steps", "2", "--models", "tiny",
+                "--reader-events", "20000")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = proc.stdout
+    recorders = ["untraced", "no-op dispatch mode", "paratrace", "paratrace, unrecorded step",
+                 "torch.profiler"]
+    for name in recorders:
+        # wall, main-thread CPU and all-thread CPU: step, extra, extra/op each
+        assert re.search(rf"^{re.escape(name)}\s+(?:{NUMBER}ms\s+{NUMBER}\s+{NUMBER}us\s+)"
+                         rf"{{2}}{NUMBER}ms\s+{NUMBER}\s+{NUMBER}us$", out, re.M), (name, out)
+    for clock in ("wall", "main", "cpu "):
+        assert re.search(rf"^{clock}: paratrace extra / no-op mode extra\s+{NUMBER} .*"
+                         rf"/ profiler extra\s+{NUMBER} .*unrecorded / untraced step\s+"
+                         rf"{NUMBER}", out, re.M), (clock, out)
+    assert re.search(rf"^bytes per event on disk: {NUMBER} \(\d+ events", out, re.M), out
+    match = re.search(r"^reader: [\d,]+ events/s on a ([\d,]+)-event trace", out, re.M)
+    assert match and int(match.group(1).replace(",", "")) >= 20000, out
+
+
+def test_overhead_on_cuda_without_a_gpu_says_so_in_one_line():
+    proc = _run("benchmarks/overhead.py", "--device", "cuda", timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1].endswith(
+        "--device cuda: torch sees no CUDA GPU on this machine"), proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_trace_write_compares_every_write_option():
+    proc = _run("benchmarks/trace_write.py", "--rounds", "1", "--reps", "2")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = {line.split("  ")[0]: line for line in proc.stdout.splitlines()}
+    for name in ("zstd, writing thread (paratrace)", "zstd, Arrow's thread pool",
+                 "lz4, writing thread", "uncompressed"):
+        assert re.fullmatch(rf"{re.escape(name)}\s+{NUMBER}ms\s+{NUMBER}\s+{NUMBER}ms\s+"
+                            rf"{NUMBER}", lines.get(name, "")), proc.stdout
+    # the same rows, compressed or not: compression must shrink them
+    sizes = {name: float(line.split()[-1]) for name, line in lines.items()
+             if line.split()[-1:] and re.fullmatch(NUMBER, line.split()[-1])}
+    assert sizes["zstd, writing thread (paratrace)"] < sizes["uncompressed"] / 4
