@@ -51,11 +51,11 @@ def test_trace_write_compares_every_write_option():
     proc = _run("benchmarks/trace_write.py", "--rounds", "1", "--reps", "2")
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = {line.split("  ")[0]: line for line in proc.stdout.splitlines()}
+    sizes = {}
     for name in ("zstd, writing thread (paratrace)", "zstd, Arrow's thread pool",
                  "lz4, writing thread", "uncompressed"):
         assert re.fullmatch(rf"{re.escape(name)}\s+{NUMBER}ms\s+{NUMBER}\s+{NUMBER}ms\s+"
                             rf"{NUMBER}", lines.get(name, "")), proc.stdout
+        sizes[name] = float(lines[name].split()[-1])      # bytes an event
     # the same rows, compressed or not: compression must shrink them
-    sizes = {name: float(line.split()[-1]) for name, line in lines.items()
-             if line.split()[-1:] and re.fullmatch(NUMBER, line.split()[-1])}
     assert sizes["zstd, writing thread (paratrace)"] < sizes["uncompressed"] / 4
