@@ -193,9 +193,12 @@ def describe(verdict: Verdict, hang: dict) -> str:
     """The one line trace-run prints when the watchdog ends a run."""
     timeout = f"{hang['timeout_s']:g}s"
     if verdict.kind == COLLECTIVE:
-        late = _join(hang["never_arrived"]) or "unknown"
-        return (f"no rank made progress for {timeout}: rank(s) {late} never arrived at the "
-                "collective the others wait in; ending the workers")
+        if not hang["never_arrived"]:     # all in: they disagree on it, or the backend hangs
+            return (f"no rank made progress for {timeout}: every rank waits in a collective and "
+                    "none is missing from it (ranks that disagree on a collective hang so: the "
+                    "report checks); ending the workers")
+        return (f"no rank made progress for {timeout}: rank(s) {_join(hang['never_arrived'])} "
+                "never arrived at the collective the others wait in; ending the workers")
     if verdict.kind == LEFT_BEHIND:
         return (f"rank(s) {_join(verdict.lingering)} recorded nothing for {timeout} after rank(s) "
                 f"{_join(verdict.finished)} finished; ending the workers")

@@ -3,6 +3,7 @@ them never imports torch or the recorder's hot path), modules stay focused."""
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -109,3 +110,14 @@ def test_modules_and_functions_stay_focused():
             long_modules.append((str(path.relative_to(REPO)), n))
     assert not long_modules, f"modules over {MAX_MODULE_LINES} lines: {long_modules}"
     assert not long_functions, f"functions over {MAX_FUNCTION_LINES} lines: {long_functions}"
+
+
+def test_every_module_has_its_line_in_docs_architecture():
+    """docs/architecture.md's tables name every module of the recorder, the analyses and the
+    launcher (in backticks), so a reader finds where each piece lives."""
+    text = (REPO / "docs" / "architecture.md").read_text()
+    named = set(re.findall(r"`([A-Za-z_]\w*)/?`", text))
+    missing = [name for name in modules()
+               if name.split(".")[0] in ("tracer", "viz", "instrument") and "." in name
+               and name.rsplit(".", 1)[1] not in named]
+    assert not missing, f"modules docs/architecture.md does not name: {missing}"

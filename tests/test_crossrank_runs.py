@@ -46,6 +46,10 @@ def test_a_kind_mismatch_is_named_with_both_source_lines(tmp_path):
                 rf"kind: rank 0: all_reduce \(at \S+crossrank_mismatch.py:{reduce_line}\); "
                 rf"rank 1: broadcast \(at \S+crossrank_mismatch.py:{broadcast_line}\)")
     assert re.search(expected, proc.stderr), proc.stderr
+    # both ranks are in collective #2: the watchdog names no rank as missing, and says why
+    assert ("trace-run: no rank made progress for 8s: every rank waits in a collective and none "
+            "is missing from it") in proc.stderr, proc.stderr
+    assert json.loads((tmp_path / "run.json").read_text())["hang"]["never_arrived"] == []
     summary = json.loads((tmp_path / "summary.json").read_text())["cross_rank"]
     (m,) = summary["mismatches"]
     assert (m["seq"], m["what"], m["group"]) == (2, "kind", [0, 1])

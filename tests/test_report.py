@@ -249,6 +249,15 @@ def test_index_puts_the_hang_first_and_escapes_trace_text(tmp_path):
     assert "ranks/rank-3.html" not in html and not (tmp_path / "out/ranks/rank-3.html").exists()
 
 
+def test_a_hang_with_no_rank_missing_says_so_rather_than_naming_none():
+    from viz.pages import _hang_title
+    every = {"timeout_s": 8, "kind": "collective", "never_arrived": [], "ranks": {}}
+    assert _hang_title(every) == \
+        "Hang: every rank waited in a collective, none was missing from it (watchdog timeout 8 s)"
+    assert _hang_title(dict(every, never_arrived=[1, 3])) == \
+        "Hang: ranks 1, 3 never arrived (watchdog timeout 8 s)"
+
+
 def test_a_run_that_recorded_nothing_still_gets_a_report(tmp_path):
     """A rank that failed before its first op: empty graphs, the failure shown, links intact."""
     traces = tmp_path / "traces"

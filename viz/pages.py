@@ -240,8 +240,10 @@ def _hang_title(hang: dict) -> str:
     if kind == "exit" and behind:
         return (f"Hang: rank{'s' if len(behind) != 1 else ''} {', '.join(map(str, behind))} "
                 f"closed the trace but did not exit{timeout}")
+    if not never:
+        return f"Hang: every rank waited in a collective, none was missing from it{timeout}"
     return (f"Hang: rank{'s' if len(never) != 1 else ''} "
-            f"{', '.join(str(r) for r in never) or '?'} never arrived{timeout}")
+            f"{', '.join(str(r) for r in never)} never arrived{timeout}")
 
 
 _LEDE_KEYS = (("tp", "tp {}"), ("sp", "sp"), ("pp", "pp {}"), ("dp", "dp {}"),
