@@ -295,6 +295,12 @@ def test_write_timeline_svg_and_chrome_trace(tmp_path):
     assert any("F micro-batch 1 chunk 0" in t for t in titles)
     assert "pipeline bubble 33% (theory 33%, replayed with free comm 33%)" in texts
     assert any(t == "step boundary" for t in texts)
+    # every text's class is one the stylesheet styles (class_ once came out as "class-")
+    style = next(svg.iter(ns + "style")).text
+    classes = {t.get("class") for t in svg.iter(ns + "text")} - {None}
+    assert {"axis", "rank", "lane", "metric", "steplabel"} <= classes
+    assert all(f".{c}{{" in style for c in classes), classes
+    assert not any(k.endswith("-") for t in svg.iter(ns + "text") for k in t.attrib)
     check_chrome_trace(json.loads((out / files["chrome_trace"]).read_text())["traceEvents"], 4)
 
 

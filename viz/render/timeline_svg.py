@@ -75,7 +75,9 @@ class _Canvas:
         return np.stack([iv[first, 0], iv[last, 1]], axis=1)
 
     def text(self, x: float, y: float, text: str, **attrs) -> None:
-        extra = "".join(f' {k.replace("_", "-")}={quoteattr(str(v))}' for k, v in attrs.items())
+        # class_ -> class (a Python keyword), text_anchor -> text-anchor
+        extra = "".join(f' {k.rstrip("_").replace("_", "-")}={quoteattr(str(v))}'
+                        for k, v in attrs.items())
         self.parts.append(f'<text x="{x:.1f}" y="{y:.1f}"{extra}>{escape(text)}</text>')
 
 
