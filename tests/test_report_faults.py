@@ -175,6 +175,29 @@ def test_bad_run_directories_are_one_line_and_exit_2(tmp_path, case, reason):
     assert proc.stderr.count("\n") == 1 and proc.stdout == ""
 
 
+@pytest.mark.parametrize("record, reason", [
+    ({"world_size": "two"}, "world_size is 'two', not a positive integer"),
+    ({"world_size": 2.5}, "world_size is 2.5, not a positive integer"),
+    ({"world_size": True}, "world_size is True, not a positive integer"),
+    ({"ranks": [0, 1]}, "ranks is list, not an object keyed by rank"),
+    ({"ranks": {"0": "x"}}, "ranks['0'] is str, not an object"),
+    ({"ranks": {"zero": {}}}, "ranks has the key 'zero', not a rank"),
+    ({"ranks": {"0": {"exit_code": "1"}}}, "ranks['0'].exit_code is '1', not an integer"),
+    ({"hang": 5}, "hang is int, not an object"),
+    ({"hang": {"never_arrived": "1"}}, "hang.never_arrived is '1', not a list of ranks"),
+    ({"hang": {"ranks": {"0": 3}}}, "hang.ranks['0'] is int, not an object"),
+    ({"command": 7}, "command is int, not a string or a list"),
+])
+def test_wrongly_typed_run_record_is_one_line_and_exit_2(run, record, reason):
+    """A hand-edited or foreign run.json: its first unusable field named, not a traceback."""
+    (run / rundir.RUN_RECORD).write_text(json.dumps(record))
+    for name in ("trace-report", "trace-diff"):
+        proc = console(name, str(run), *([str(run)] if name == "trace-diff" else []))
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr == (f"{name}: error: {run / rundir.RUN_RECORD}: unreadable run "
+                               f"record ({reason})\n")
+
+
 def _read_only(path: Path, *command: str) -> subprocess.CompletedProcess:
     """Run ``command`` with ``path`` on a read-only bind mount (a user and mount namespace of
     its own: root's permission checks ignore chmod, a read-only mount stops everyone)."""

@@ -39,6 +39,60 @@ class Run:
         return tracer.load(self.files[rank])
 
 
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _rank_keyed(value, name: str) -> str:
+    """Why ``value`` is not a JSON object of rank -> object, or ''."""
+    if not isinstance(value, dict):
+        return f"{name} is {type(value).__name__}, not an object keyed by rank"
+    for key, entry in value.items():
+        if not key.isdigit():
+            return f"{name} has the key {key!r}, not a rank"
+        if not isinstance(entry, dict):
+            return f"{name}[{key!r}] is {type(entry).__name__}, not an object"
+    return ""
+
+
+def _wrong_field(info: dict) -> str:
+    """The first field of run.json the report reads whose type is wrong, said in a few words;
+    '' when they are all usable (a hand-edited or foreign run.json must not crash a report)."""
+    size = info.get("world_size")
+    if size is not None and not (_is_int(size) and size >= 1):
+        return f"world_size is {size!r}, not a positive integer"
+    for key in ("exit_code",):
+        if info.get(key) is not None and not _is_int(info[key]):
+            return f"{key} is {info[key]!r}, not an integer"
+    command = info.get("command")
+    if command is not None and not isinstance(command, (str, list)):
+        return f"command is {type(command).__name__}, not a string or a list"
+    if info.get("ranks") is not None:
+        wrong = _rank_keyed(info["ranks"], "ranks")
+        if wrong:
+            return wrong
+        for key, entry in info["ranks"].items():
+            code = entry.get("exit_code")
+            if code is not None and not _is_int(code):
+                return f"ranks[{key!r}].exit_code is {code!r}, not an integer"
+            for text in ("status", "error"):
+                if entry.get(text) is not None and not isinstance(entry[text], str):
+                    return f"ranks[{key!r}].{text} is {entry[text]!r}, not a string"
+    hang = info.get("hang")
+    if hang is not None:
+        if not isinstance(hang, dict):
+            return f"hang is {type(hang).__name__}, not an object"
+        if hang.get("ranks") is not None:
+            wrong = _rank_keyed(hang["ranks"], "hang.ranks")
+            if wrong:
+                return wrong
+        for key in ("never_arrived", "lingering"):
+            ranks = hang.get(key)
+            if ranks is not None and not (isinstance(ranks, list) and all(map(_is_int, ranks))):
+                return f"hang.{key} is {ranks!r}, not a list of ranks"
+    return ""
+
+
 def open_run(path: str) -> Run:
     """Open a run directory. Raises RunError if it is not one or holds no trace file."""
     if not os.path.isdir(path):
@@ -59,6 +113,9 @@ def open_run(path: str) -> Run:
             raise RunError(f"{info_path}: unreadable run record ({exc})") from None
         if not isinstance(info, dict):
             raise RunError(f"{info_path}: unreadable run record (not a JSON object)")
+        wrong = _wrong_field(info)
+        if wrong:
+            raise RunError(f"{info_path}: unreadable run record ({wrong})")
     if not files:
         raise RunError(f"{path}: no trace files (rank-<R>.arrow) found")
     return Run(os.path.abspath(path), traces_dir, dict(sorted(files.items())), info)
