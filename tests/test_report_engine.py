@@ -78,6 +78,29 @@ def test_an_unreachable_dask_scheduler_is_one_line_and_exit_2(run, tmp_path):
                                   "answered") and proc.stderr.count("\n") == 1, proc.stderr
 
 
+def test_a_dask_address_without_a_port_is_one_line_and_exit_2(run, tmp_path):
+    command = os.path.join(os.path.dirname(sys.executable), "trace-report")
+    proc = subprocess.run([command, run, "--out", str(tmp_path), "--dask", "garbage"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr == ("trace-report: error: --dask garbage: not a scheduler address "
+                           "(missing port number in address 'garbage'; e.g. "
+                           "tcp://host:8786)\n"), proc.stderr
+
+
+@pytest.mark.parametrize("name, args, message", [
+    ("trace-report", ["--jobs", "2", "--dask", "tcp://127.0.0.1:9"],
+     "argument --dask: not allowed with argument --jobs"),
+    ("trace-diff", ["--top", "-1"], "argument --top: must be a whole number >= 0, got '-1'"),
+])
+def test_contradictory_or_negative_options_are_one_line_and_exit_2(run, name, args, message):
+    command = os.path.join(os.path.dirname(sys.executable), name)
+    runs = [run] * (2 if name == "trace-diff" else 1)
+    proc = subprocess.run([command, *runs, *args], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stderr == f"{name}: error: {message} " \
+        f"(see {name} --help)\n", proc.stderr
+
+
 def test_bad_jobs_is_one_line_and_exit_2(run, tmp_path):
     command = os.path.join(os.path.dirname(sys.executable), "trace-report")
     proc = subprocess.run([command, run, "--jobs", "0"], capture_output=True, text=True,

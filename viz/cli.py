@@ -188,21 +188,29 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(EXIT_USAGE)
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text!r}")
-    return value
+def _at_least(minimum: int):
+    """An argparse type: a whole number >= ``minimum``."""
+    def whole(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = minimum - 1
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be a whole number >= {minimum}, "
+                                             f"got {text!r}")
+        return value
+    return whole
+
+
+_positive = _at_least(1)
 
 
 def _engine_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--jobs", type=_positive, default=None, metavar="N",
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--jobs", type=_positive, default=None, metavar="N",
                         help="analyse ranks in N worker processes (default: one per core; "
                         "small runs stay in one process)")
-    parser.add_argument("--dask", metavar="ADDRESS", default=None,
+    where.add_argument("--dask", metavar="ADDRESS", default=None,
                         help="analyse ranks on a Dask cluster (tcp://host:port of its "
                         "scheduler; its workers must see the traces at the same paths; "
                         "pip install 'paratrace[dask]')")
@@ -239,7 +247,8 @@ def diff_main(argv=None) -> int:
     parser.add_argument("run_a", help="the baseline run directory")
     parser.add_argument("run_b", help="the changed run directory")
     parser.add_argument("--out", help="write diff.json and diff.html here")
-    parser.add_argument("--top", type=int, default=15, help="rows in the terminal table")
+    parser.add_argument("--top", type=_at_least(0), default=15, metavar="N",
+                        help="rows in the terminal table (default 15)")
     _engine_options(parser)
     args = parser.parse_args(argv)
     from .render.progress import for_stderr

@@ -97,10 +97,17 @@ class Engine:
                                   "'paratrace[dask]'") from None
             try:
                 self._client = Client(self.dask, timeout=DASK_TIMEOUT_S)
+            except ValueError as exc:             # dask's own address parsing
+                raise EngineError(f"--dask {self.dask}: not a scheduler address "
+                                  f"({_first_line(exc)}; e.g. tcp://host:8786)") from None
             except (OSError, TimeoutError) as exc:
                 raise EngineError(f"--dask {self.dask}: no scheduler answered "
-                                  f"({str(exc).splitlines()[0] if str(exc) else exc})") from None
+                                  f"({_first_line(exc)})") from None
         return self._client
+
+
+def _first_line(exc: Exception) -> str:
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
 def _same(result):
