@@ -122,8 +122,31 @@ def resolve_target(args: argparse.Namespace) -> Target:
     return Target(args.training_script, None, list(args.training_script_args))
 
 
+def check_out(out: Optional[str]) -> None:
+    """Refuse an --out that cannot hold a new run, touching nothing (so the error comes before
+    torch's launcher prints anything): empty, a file, or a directory of another run's traces
+    (its run directory, or the traces directory itself)."""
+    if out is None:
+        return
+    if not out.strip():
+        raise UsageError("--out must name a directory (got '')")
+    path = os.path.abspath(out)
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise UsageError(f"--out {path} is a file, not a directory")
+    for holder in (path, os.path.join(path, rundir.TRACES)):
+        try:
+            names = os.listdir(holder)
+        except OSError:
+            continue
+        if any(rundir.parse_rank_file(name) is not None for name in names):
+            what = "already holds traces of another run" if holder != path else \
+                "is a directory of another run's traces (rank-<R>.arrow)"
+            raise UsageError(f"--out {path} {what}; choose a new DIR")
+
+
 def prepare_out(out: Optional[str]) -> str:
     """Create DIR/traces and check it is writable; refuse to mix with an earlier run's traces."""
+    check_out(out)
     if out is None:
         out = os.path.join("traces", datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
         if os.path.exists(out):
@@ -136,8 +159,6 @@ def prepare_out(out: Optional[str]) -> str:
             pass
     except OSError as exc:
         raise UsageError(f"cannot write to --out {out}: {exc.strerror or exc}") from None
-    if any(rundir.parse_rank_file(name) is not None for name in os.listdir(traces)):
-        raise UsageError(f"--out {out} already holds traces of another run; choose a new DIR")
     return out
 
 
@@ -161,7 +182,7 @@ def check_own_options(args: argparse.Namespace) -> None:
     from tracer.options import parse_steps
     if args.stack_depth < 1:
         raise UsageError(f"--stack-depth must be at least 1 (got {args.stack_depth})")
-    if args.timeout is not None and not args.timeout > 0:
+    if args.timeout is not None and not 0 < args.timeout < float("inf"):
         raise UsageError(f"--timeout must be a positive number of seconds (got {args.timeout:g})")
     try:
         parse_steps(args.steps)

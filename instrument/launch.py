@@ -32,8 +32,8 @@ from torch.distributed.launcher.api import elastic_launch
 from tracer import rundir
 
 from . import gather, preflight, run_record
-from .cli import (EXIT_USAGE, Target, UsageError, build_parser, check_own_options, prepare_out,
-                  resolve_target, worker_args)
+from .cli import (EXIT_USAGE, Target, UsageError, build_parser, check_out, check_own_options,
+                  prepare_out, resolve_target, worker_args)
 from .monitor import Monitor, say
 from .preflight import describe_launch_error, is_this_machine, launch_config, rendezvous_host
 from .run_record import Outcome
@@ -62,8 +62,9 @@ def prepare(args) -> tuple:
     """Check everything before launching: (what to run, torch's LaunchConfig, the run DIR)."""
     target = resolve_target(args)
     check_own_options(args)
+    check_out(args.out)
+    preflight.check_reference_gpt_device(target.module, target.args, args.nproc_per_node)
     config = launch_config(args)
-    preflight.check_reference_gpt_device(target.module, target.args, config.nproc_per_node)
     out = prepare_out(args.out)
     return target, config, out
 

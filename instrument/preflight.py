@@ -103,9 +103,11 @@ def check_options(args: argparse.Namespace) -> None:
                              f"such as 0,1 (got {args.local_ranks_filter!r})") from None
 
 
-def check_reference_gpt_device(target_module, target_args: list, nproc_per_node: int) -> None:
+def check_reference_gpt_device(target_module, target_args: list, nproc_per_node: str) -> None:
     """The reference GPT with ``--device cuda`` on a node with fewer GPUs than ranks: one line
-    before anything launches, rather than a failure in every rank."""
+    before anything launches (torch's launcher included), rather than a failure in every
+    rank. ``nproc_per_node`` as given; a value that is not a count is left to
+    :func:`launch_config` to refuse."""
     if target_module != "sample_runs.train":
         return
     choice = "auto"
@@ -116,13 +118,19 @@ def check_reference_gpt_device(target_module, target_args: list, nproc_per_node:
             choice = arg.split("=", 1)[1]
     if choice != "cuda":
         return                  # auto falls back to the CPU in the workers and says so
+    try:
+        nproc = torchrun.determine_local_world_size(nproc_per_node)
+    except ValueError:
+        return
+    if nproc < 1:
+        return
     import torch
 
     from sample_runs.config import ConfigError
     from sample_runs.device import choose_placement
     try:
         choose_placement(choice, gpus=torch.cuda.device_count(),
-                         local_world_size=nproc_per_node)
+                         local_world_size=nproc)
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
 

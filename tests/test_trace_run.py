@@ -26,8 +26,8 @@ ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **CPU_ONLY)
 PHASES = ("launching ", "recording step ", "gathering traces from ", "building the report")
 
 
-def trace_run(*args, cwd, timeout=180) -> subprocess.CompletedProcess:
-    return subprocess.run(["trace-run", *map(str, args)], cwd=cwd, env=ENV, text=True,
+def trace_run(*args, cwd, timeout=180, env=ENV) -> subprocess.CompletedProcess:
+    return subprocess.run(["trace-run", *map(str, args)], cwd=cwd, env=env, text=True,
                           capture_output=True, timeout=timeout)
 
 
@@ -139,6 +139,8 @@ def test_torch_pipelining_script_runs_unchanged(tmp_path):
     (["no_such_script.py"], "script not found: no_such_script.py"),
     (["--out", "/proc/cannot-write-here", C10D], "cannot write to --out"),
     (["--steps", "3-1", C10D], "--steps: bad step selection"),
+    # refused before torch's launcher prints its OMP_NUM_THREADS banner (2 processes)
+    (["--nproc-per-node", "2", "--out", "", C10D], "--out must name a directory (got '')"),
     # values torch's agent only rejects once launched (an empty AssertionError, a traceback, a
     # rendezvous that never completes): refused first, naming the option
     (["--nproc-per-node", "0", C10D], "--nproc-per-node must be a number of processes of at "
@@ -154,7 +156,10 @@ def test_torch_pipelining_script_runs_unchanged(tmp_path):
      "ranks per node or --device cpu"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
-    proc = trace_run(*args, cwd=tmp_path, timeout=60)
+    # without OMP_NUM_THREADS, torch's launcher prints a banner for 2+ processes: none may
+    # come before a refusal (nothing is launched here)
+    env = {k: v for k, v in ENV.items() if k != "OMP_NUM_THREADS"}
+    proc = trace_run(*args, cwd=tmp_path, timeout=60, env=env)
     assert proc.returncode == 2
     assert_no_traceback(proc)
     lines = [line for line in proc.stderr.splitlines() if line.strip()]

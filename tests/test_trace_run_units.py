@@ -135,7 +135,11 @@ def test_the_collector_is_the_strongest_claim_then_the_lowest_group_rank():
     (["--signals-to-handle", "SIGTERM,SIGBOGUS"], "--signals-to-handle: no signal named SIGBOGUS"),
     (["--local-addr", "999.1.1.1"], "--local-addr 999.1.1.1: cannot resolve it"),
     (["--timeout", "-5"], "--timeout must be a positive number of seconds (got -5)"),
+    (["--timeout", "inf"], "--timeout must be a positive number of seconds (got inf)"),
     (["--stack-depth", "0"], "--stack-depth must be at least 1 (got 0)"),
+    (["--steps", ","], "--steps: bad step selection ',': it selects no step"),
+    (["--steps", "-1"], "--steps: bad step selection '-1': a range needs its first step "
+                        "(steps count from 0: '0-1'"),
     (["--log-dir", "FILE"], "afile is a file, not a directory"),
 ])
 def test_bad_torchrun_option_values_are_one_line_naming_the_option(tmp_path, capsys, args,
@@ -149,6 +153,29 @@ def test_bad_torchrun_option_values_are_one_line_naming_the_option(tmp_path, cap
     assert code == 2
     assert len(err) == 1 and err[0].startswith("trace-run: error: ") and message in err[0], err
     assert not out.exists()               # refused before anything was created or launched
+
+
+@pytest.mark.parametrize("case, message", [
+    ("empty", "--out must name a directory (got '')"),
+    ("a file", "is a file, not a directory"),
+    ("a run", "already holds traces of another run; choose a new DIR"),
+    ("its traces", "is a directory of another run's traces (rank-<R>.arrow); choose a new DIR"),
+])
+def test_an_out_that_cannot_hold_a_new_run_is_refused_untouched(tmp_path, capsys, monkeypatch,
+                                                                case, message):
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "earlier"
+    (run / "traces").mkdir(parents=True)
+    (run / "traces" / "rank-0.arrow").write_bytes(b"an earlier run's trace")
+    (tmp_path / "afile").write_text("")
+    out = {"empty": "", "a file": str(tmp_path / "afile"), "a run": str(run),
+           "its traces": str(run / "traces")}[case]
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    code = launch.main(["--out", out, __file__])
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert code == 2
+    assert len(err) == 1 and err[0].startswith("trace-run: error: --out ") and message in err[0]
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
 
 
 def test_a_launch_error_without_a_message_still_says_where_it_came_from():

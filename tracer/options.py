@@ -17,16 +17,21 @@ def parse_steps(spec) -> Optional[Callable[[int], bool]]:
         part = part.strip()
         if not part:
             continue
+        if part.startswith("-"):     # '-1' reads as "the last step" to a Python user
+            raise ValueError(f"bad step selection {spec!r}: a range needs its first step "
+                             f"(steps count from 0: '0{part}'; '2-' is step 2 onwards)")
         try:
             if "-" in part:
                 lo, hi = part.split("-", 1)
-                ranges.append((int(lo) if lo else 0, int(hi) if hi else None))
+                ranges.append((int(lo), int(hi) if hi else None))
             else:
                 ranges.append((int(part), int(part)))
         except ValueError:
             raise ValueError(f"bad step selection {spec!r}: use e.g. '1-3', '0,2', '2-'") from None
         if ranges[-1][0] < 0 or (ranges[-1][1] is not None and ranges[-1][1] < ranges[-1][0]):
             raise ValueError(f"bad step selection {spec!r}: ranges must be ascending, >= 0")
+    if not ranges:
+        raise ValueError(f"bad step selection {spec!r}: it selects no step; use e.g. '1-3'")
     return lambda step: any(lo <= step and (hi is None or step <= hi) for lo, hi in ranges)
 
 
