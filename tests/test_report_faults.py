@@ -218,6 +218,18 @@ def test_read_only_run_directory_says_where_to_write_instead(run, tmp_path):
     assert (elsewhere / "index.html").exists() and not (run / "index.html").exists()
 
 
+def test_a_report_is_not_written_over_another_runs(run, tmp_path):
+    other = two_ranks(tmp_path / "other")
+    before = {p.name: p.read_bytes() for p in other.rglob("*") if p.is_file()}
+    proc = console("trace-report", str(run), "--out", str(other))
+    assert proc.returncode == 2
+    assert proc.stderr == f"trace-report: error: --out {other} is another run's directory; its " \
+                          "report would be overwritten (choose a new DIR)\n"
+    assert {p.name: p.read_bytes() for p in other.rglob("*") if p.is_file()} == before
+    # its own directory, given as --out, is where the report goes by default
+    assert console("trace-report", str(run), "--out", str(run)).returncode == 0
+
+
 def test_trace_diff_names_damage_per_run_and_exits_1(tmp_path):
     a = two_ranks(tmp_path / "a")
     b = two_ranks(tmp_path / "b")

@@ -44,6 +44,7 @@ def build(run_dir: str, out_dir: Optional[str] = None, *,
     progress = progress or Progress()
     run = open_run(run_dir)
     out_dir = out_dir or run_dir
+    _check_not_another_run(out_dir, run)
     _check_writable(out_dir)
     exports = kineto_ranks(kineto, run)
     with Engine(jobs, dask) as engine:
@@ -137,6 +138,24 @@ def kineto_ranks(entries, run) -> dict:
             raise RunError(f"--kineto {path}: rank {rank} has no trace in {run.dir}")
         out.setdefault(rank, []).append(path)
     return out
+
+
+def _check_not_another_run(out_dir: str, run) -> None:
+    """Refuse to write a report over another run's (its summary.json and index.html)."""
+    from tracer import rundir
+
+    from .run import RunError
+    if os.path.realpath(out_dir) == os.path.realpath(run.dir):
+        return
+    for holder in (out_dir, os.path.join(out_dir, rundir.TRACES)):
+        try:
+            names = os.listdir(holder)
+        except OSError:
+            continue
+        if rundir.RUN_RECORD in names or any(rundir.parse_rank_file(name) is not None
+                                              for name in names):
+            raise RunError(f"--out {out_dir} is another run's directory; its report would be "
+                           "overwritten (choose a new DIR)")
 
 
 def _check_writable(path: str) -> None:
