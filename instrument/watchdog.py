@@ -28,6 +28,7 @@ from typing import Optional
 
 import tracer
 from tracer import rundir
+from tracer.ops import group_ranks
 
 _P2P = ("send", "recv")
 COLLECTIVE, LEFT_BEHIND, EXIT = "collective", "left_behind", "exit"
@@ -52,9 +53,7 @@ class Collective:
 
     def members(self) -> list:
         """Global ranks of the group; [] if the tracer could not resolve it (``?name``)."""
-        if not self.group or self.group.startswith("?"):
-            return []
-        return [int(r) for r in self.group.split(",")]
+        return list(group_ranks(self.group))
 
 
 def read_statuses(traces_dir: str) -> dict:
@@ -81,9 +80,12 @@ def launched_seqs(traces_dir: str, rank: int) -> dict:
         return {}
     table = t.table
     groups, seqs = table.column("group").to_pylist(), table.column("seq").to_pylist()
+    kinds = table.column("kind").to_pylist()
     highest: dict = {}
-    for group, seq in zip(groups, seqs):
-        if group is not None and seq is not None and seq > highest.get(group, -1):
+    for group, seq, kind in zip(groups, seqs, kinds):
+        # point-to-point operations have sequence numbers of their own
+        if group is not None and seq is not None and kind not in _P2P \
+                and seq > highest.get(group, -1):
             highest[group] = seq
     return highest
 
@@ -104,7 +106,8 @@ def never_arrived(statuses: dict, launched: dict, absent_arrived: bool = False) 
         if status.get("last_collective"):
             seen.append(Collective.of(status["last_collective"]))
         highest = launched.get(rank, {}).get(c.group, -1)
-        highest = max([highest] + [s.seq for s in seen if s.group == c.group and s.seq is not None])
+        highest = max([highest] + [s.seq for s in seen if s.group == c.group
+                                    and s.seq is not None and s.kind not in _P2P])
         return highest >= c.seq
 
     def posted_peer_op(rank: int, peer: int) -> bool:

@@ -108,6 +108,29 @@ def test_members_that_disagree_are_named_with_their_source_lines(tmp_path, what,
     assert "ranks 0,1:" in text and "rank 2:" in text and "/src/train_2.py:42" in text
 
 
+def test_twin_process_groups_and_p2p_are_numbered_apart(tmp_path):
+    """The recorder's numbering (Flight Recorder's): a send does not move the collectives' count
+    and a later group over the same ranks (``0,1@2``) counts on its own, so ranks that order
+    them differently still match; a real disagreement on the twin group names it."""
+    rs = ranks(2)
+    a, b = rs
+    a.comm("send", 0, 1, 5, peer=1, group=(0, 1))
+    b.comm("recv", 10, 11, 12, peer=0, group=(0, 1))
+    for r in rs:
+        r.comm("all_reduce", 20, 21, 30, group=(0, 1), nbytes=64)
+    a.comm("all_reduce", 40, 41, 50, group="0,1@2", nbytes=16, stack=site(0))
+    b.comm("all_reduce", 40, 41, 50, group="0,1@2", nbytes=32, stack=site(1))
+    cross = analysed(tmp_path, rs).cross
+    assert [(m.group, m.seq) for m in cross.matched] == [("0,1", 0)]
+    assert cross.unmatched_p2p == 0
+    (m,) = cross.mismatches
+    assert (m.group, m.seq, m.what) == ("0,1@2", 0, "size")
+    assert m.describe().startswith("collective #0 of group [0,1 (process group 2)]: ranks "
+                                   "disagree on its size")
+    assert (m.to_json()["group"], m.to_json()["process_group"]) == ([0, 1], "2")
+    assert [(row["group"], row["process_group"]) for row in cross.table()] == [([0, 1], None)]
+
+
 def test_a_rank_that_never_issued_a_collective_is_missing(tmp_path):
     """The usual hang: ranks 0 and 1 wait in collective #2, rank 2 never got there."""
     rs = ranks(3)
@@ -189,8 +212,9 @@ def test_summary_cross_rank_object(tmp_path):
     assert out["stragglers"] == [{"rank": 1, "late_s": pytest.approx(10 * U / 1e9)}]
     assert out["wait_s"] == {"0": pytest.approx(10 * U / 1e9), "1": 0.0}
     (row,) = out["collectives"]
-    assert set(row) == {"kind", "group", "count", "bytes", "median_s", "algbw_GBps",
-                        "busbw_GBps", "site"}
+    assert set(row) == {"kind", "group", "process_group", "count", "bytes", "median_s",
+                        "algbw_GBps", "busbw_GBps", "site"}
+    assert row["process_group"] is None          # the only process group over its ranks
     assert row["busbw_GBps"] == pytest.approx(row["algbw_GBps"] / 2)
 
 

@@ -56,3 +56,30 @@ def test_a_kind_mismatch_is_named_with_both_source_lines(tmp_path):
     html = (tmp_path / "index.html").read_text()
     first = re.search(r'<div class="banner (\w+)"><strong>(.*?)</strong>', html)
     assert first.group(1) == "mismatch" and "ranks disagree on its kind" in first.group(2)
+
+
+def test_p2p_and_twin_process_groups_in_other_orders_are_no_mismatch(tmp_path):
+    """Flight Recorder's numbering: per process group, collectives apart from send/recv. A send
+    before a collective on one rank and after it on the other, and two groups over the same
+    ranks used in opposite orders, are legal; numbered by member set alone, they read as
+    'never issued it' and 'disagree on its size' (6 false mismatch lines on this script)."""
+    proc = trace_run(tmp_path, 2, "crossrank_orders.py")
+    assert proc.returncode == 0, proc.stderr
+    assert "mismatch" not in proc.stderr, proc.stderr
+    cross = json.loads((tmp_path / "summary.json").read_text())["cross_rank"]
+    assert (cross["matched"], cross["unmatched"], cross["unmatched_p2p"],
+            cross["mismatch_count"]) == (6, 0, 0, 0)
+    rows = {row["process_group"]: row for row in cross["collectives"]}
+    assert len(rows) == 3 and None in rows        # the world, and A and B by torch's names
+    a, b = (name for name in rows if name is not None)
+    assert [(rows[n]["group"], rows[n]["count"], rows[n]["bytes"]) for n in (None, a, b)] == \
+        [([0, 1], 2, 2 * 16 * 4), ([0, 1], 2, 2 * 4 * 4), ([0, 1], 2, 2 * 64 * 4)]
+    import tracer
+    records = [r for r in tracer.load(str(tmp_path / "traces" / "rank-0.arrow")).records()
+               if r["kind"]]
+    # rank 0's sends count 0, 1 on their own; the world's all-reduces too
+    assert [(r["kind"], r["seq"]) for r in records if r["group"] == (0, 1)][:2] == \
+        [("send", 0), ("all_reduce", 0)]
+    assert [r["seq"] for r in records if r["kind"] == "send"] == [0, 1]
+    html = (tmp_path / "crossrank.html").read_text()
+    assert f"(process group {a})" in html and f"(process group {b})" in html

@@ -17,7 +17,8 @@ import pytest
 import tracer
 from conftest import CPU_ONLY
 from instrument import gather
-from instrument.watchdog import never_arrived
+from instrument.watchdog import launched_seqs, never_arrived
+from tracer.synthetic import SyntheticRank
 
 SCRIPTS = Path(__file__).parent / "scripts"
 C10D = str(SCRIPTS / "trace_run_c10d.py")
@@ -195,6 +196,27 @@ def test_never_arrived_compares_sequence_numbers_per_group():
     assert never_arrived({0: {"inflight": [dict(stuck, group="0,4")]}}, {}) == [4]
     # multi-node: ranks of other nodes are out of sight, not suspects
     assert never_arrived({0: {"inflight": [dict(stuck, group="0,4")]}}, {}, True) == []
+    # a send's sequence number counts sends and receives, not collectives: rank 1's last
+    # operation, send #3, says nothing about collective #3 of the group
+    mine = {"kind": "all_reduce", "group": "0,1", "seq": 3, "peer": None}
+    sent = {"kind": "send", "group": "0,1", "seq": 3, "peer": 0}
+    assert never_arrived({0: {"inflight": [mine]}, 1: {"inflight": [], "last_collective": sent}},
+                         {1: {"0,1": 2}}) == [1]
+    # a later process group over the same ranks is a group of its own (0,1@2)
+    twin = dict(mine, group="0,1@2", seq=0)
+    assert never_arrived({0: {"inflight": [twin]}, 1: {"inflight": [], "last_collective": mine}},
+                         {1: {"0,1": 3}}) == [1]
+
+
+def test_launched_seqs_counts_collectives_not_sends(tmp_path):
+    r = SyntheticRank(0, 2)
+    for i in range(5):
+        r.comm("send", 10 * i, 10 * i + 1, 10 * i + 2, peer=1, group=(0, 1))
+    r.comm("all_reduce", 60, 61, 62, group=(0, 1))
+    r.comm("all_reduce", 70, 71, 72, group="0,1@2")
+    r.comm("all_reduce", 80, 81, 82, group="0,1@2")
+    r.write(tmp_path)
+    assert launched_seqs(str(tmp_path), 0) == {"0,1": 0, "0,1@2": 1}
 
 
 def test_collector_takes_only_this_runs_token_and_rank_file_names(tmp_path):

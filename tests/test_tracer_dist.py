@@ -70,8 +70,12 @@ def test_every_c10d_collective_kind_is_recorded_once_with_group_bytes_and_comple
                 assert e["peer"] == 1 - rank
             if e["kind"] == "broadcast":
                 assert e["peer"] == 1                     # the root, as a global rank
-        seqs = [e["seq"] for e in trace.records() if e["kind"] and e["group"] == (0, 1)]
-        assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
+        # numbered per group, collectives and send/recv apart (Flight Recorder's seq_id and
+        # p2p_seq_id): 0, 1, 2, ... each
+        for p2p in (False, True):
+            seqs = [e["seq"] for e in trace.records() if e["kind"] and e["group"] == (0, 1)
+                    and (e["kind"] in ("send", "recv")) == p2p]
+            assert seqs == list(range(len(seqs))), (p2p, seqs)
 
 
 def test_functional_collectives_pair_with_their_waits(collectives):

@@ -25,6 +25,7 @@ from . import ops, rows
 from .labels import PHASE_BACKWARD, PHASE_FORWARD
 
 COMM_ROW = rows.COMM_ROW
+P2P_KINDS = frozenset(("send", "recv"))       # ops.KINDS of point-to-point operations
 _current_node = torch._C._current_autograd_node
 
 
@@ -79,8 +80,12 @@ class CommTracker:
                 else comm.async_default
         elif comm.api == "functional":
             async_op = True
-        seq = self._group_seq.get(gid, 0)
-        self._group_seq[gid] = seq + 1
+        # two counts per process group, as Flight Recorder keeps them: its collectives, which
+        # every member numbers alike, and its point-to-point operations, which pairs of
+        # members issue in whatever numbers their schedule needs
+        counter = (gid, comm.kind in P2P_KINDS)
+        seq = self._group_seq.get(counter, 0)
+        self._group_seq[counter] = seq + 1
         cid = self._next_cid
         self._next_cid += 1
         record = CommRecord(kind=self._dicts.kind(comm.kind), group=gid, peer=peer,
@@ -88,7 +93,8 @@ class CommTracker:
                             async_op=async_op, seq=seq, cid=cid, t_ret=t_ret, t0=t0, t1=None,
                             phase=phase, step=step, thread=thread)
         self.pending[cid] = self._unwritten[cid] = record
-        self.last = {"kind": comm.kind, "group": list(ranks), "seq": seq, "peer": peer,
+        self.last = {"kind": comm.kind, "group": self._dicts.group.values[gid], "seq": seq,
+                     "peer": peer,
                      "bytes": nbytes, "t0": t0, "step": step}
         if comm.api == "c10d":
             work = out[-1] if isinstance(out, (tuple, list)) else out
@@ -121,7 +127,7 @@ class CommTracker:
                     ranks = tuple(dist.get_process_group_ranks(pg))
             except Exception:
                 ranks = ()
-            gid = self._dicts.group(",".join(map(str, ranks)) if ranks else f"?{key}")
+            gid = self._dicts.group(_group_text(pg, ranks) if ranks else f"?{key}")
             cached = self._groups[key] = (gid, ranks)
         return cached
 
@@ -229,6 +235,25 @@ class CommTracker:
 
     def inflight(self) -> list:
         return [self.describe(r) for r in list(self.pending.values())]
+
+
+def _group_text(pg, ranks) -> str:
+    """How a trace names a process group (:func:`tracer.ops.group_text`): its global ranks,
+    ``0,1,2,3``; for a process group over the same ranks as one created before it (Megatron's
+    tensor-parallel group spanning the world, say), the ranks and torch's name for it, ``0,1@2``,
+    so that its collectives are matched apart from the other's. Which process group over a set
+    of ranks came first is the same on every member (process groups are created in the same
+    order everywhere), so every member names it alike."""
+    try:
+        from torch.distributed.distributed_c10d import _world
+        members = set(ranks)
+        for other, mapping in list(_world.pg_group_ranks.items()):
+            if set(mapping) == members:
+                return ops.group_text(ranks, name=None if other.group_name == pg.group_name
+                                      else pg.group_name)
+    except Exception:          # a torch without these internals: the ranks alone
+        pass
+    return ops.group_text(ranks)
 
 
 def _tensor_bytes(value):

@@ -25,7 +25,8 @@ import numpy as np
 import pyarrow as pa
 
 FORMAT_NAME = "paratrace.trace"
-FORMAT_VERSION = 2     # 2: phases 3-5 (recompute, grad_sync, optimizer)
+FORMAT_VERSION = 3     # 2: phases 3-5 (recompute, grad_sync, optimizer); 3: a group may
+#                        name its process group (0,1@2), and P2P has sequence numbers apart
 META_KEY = b"paratrace.meta"
 
 

@@ -158,8 +158,7 @@ class Trace:
                 else:
                     rec[name] = None if v == -1 and name not in ("t0", "step") else v
             rec["phase"] = PHASES[rec["phase"]]
-            rec["group"] = tuple(int(r) for r in rec["group"].split(",")) \
-                if rec["group"] and not rec["group"].startswith("?") else None
+            rec["group"] = ops.group_ranks(rec["group"]) or None
             rec["stack"] = self.stack(int(cols["stack"][i]))
             rec["fwd_stack"] = self.stack(int(cols["fwd_stack"][i]))
             rec["annotation"] = list(self.annotation(int(cols["annotation"][i])))

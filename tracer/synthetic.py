@@ -89,11 +89,14 @@ class SyntheticRank:
              stack: Optional[Sequence] = None, module: Optional[str] = None,
              thread: int = 0, seq: Optional[int] = None) -> None:
         """A collective or P2P op launched at ``t0``, returning at ``t_ret`` and completed at
-        ``t1`` (None: never completed). Its per-group sequence number counts up per group
-        (``seq``: this one instead, as a rank that skipped collectives would record)."""
+        ``t1`` (None: never completed). Its per-group sequence number counts up per group,
+        apart for collectives and for send/recv as the recorder counts (``seq``: this one
+        instead, as a rank that skipped collectives would record). ``group``: ranks, or the
+        trace's text of the group (``"0,1@2"``)."""
         text = group if isinstance(group, str) else ops.group_text(tuple(group))
-        seq = self._seq.get(text, 0) if seq is None else seq
-        self._seq[text] = seq + 1
+        counter = (text, kind in ("send", "recv"))
+        seq = self._seq.get(counter, 0) if seq is None else seq
+        self._seq[counter] = seq + 1
         self.row(t0=self.t(t0), t_ret=self.t(t_ret), t1=None if t1 is None else self.t(t1),
                  op=op or _C10D_OPS.get(kind, f"c10d.{kind}.default"), kind=kind, group=text,
                  peer=peer, bytes=nbytes, dtype=dtype, seq=seq, cid=self._cid,

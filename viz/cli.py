@@ -87,6 +87,7 @@ def problem_lines(analysis, most: int = 5, reported: frozenset = frozenset()) ->
     usual cause of a hang), then damaged or missing traces. A rank that stopped before
     collectives the others issued gets that said once: folded into its damage line if it has
     one, left out if it is in ``reported`` (ranks whose failure the caller already named)."""
+    from tracer.ops import group_label
     mismatches = [m for m in analysis.cross.mismatches if m.what != "unknown"]
     lines = [f"mismatch: {m.describe()}" for m in mismatches[:most]]
     if len(mismatches) > most:
@@ -101,7 +102,7 @@ def problem_lines(analysis, most: int = 5, reported: frozenset = frozenset()) ->
         damage[rank] = analysis.damage_of(rank)
     for rank, found in sorted(cut.items()):
         ends = (f"the trace ends before {len(found)} collective(s) the other ranks issued "
-                f"(from #{found[0].seq} of group [{found[0].group}])")
+                f"(from #{found[0].seq} of group [{group_label(found[0].group)}])")
         if damage.get(rank):
             damage[rank][-1] += f"; {ends}, not compared"
         elif rank not in reported:

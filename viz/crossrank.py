@@ -32,7 +32,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Optional
 
-from tracer.ops import group_ranks
+from tracer.ops import group_label, group_ranks, process_group_name
 
 from .lanes import SLOTS, Timeline
 
@@ -111,14 +111,16 @@ class Mismatch:
     sides: tuple                 # ((value, ranks, sites), ...): who issued what, from where
 
     def to_json(self) -> dict:
-        return {"group": list(group_ranks(self.group)), "seq": self.seq, "what": self.what,
+        return {"group": list(group_ranks(self.group)),
+                "process_group": process_group_name(self.group), "seq": self.seq,
+                "what": self.what,
                 "sides": [{"value": value, "ranks": list(ranks),
                            "sites": sorted({_where(s) for s in sites if s is not None})}
                           for value, ranks, sites in self.sides],
                 "text": self.describe()}
 
     def describe(self) -> str:
-        head = f"collective #{self.seq} of group [{self.group}]"
+        head = f"collective #{self.seq} of group [{group_label(self.group)}]"
         if self.what in ("missing", "unknown"):
             (kind, issued, sites), (_, absent, _) = self.sides
             where = ", ".join(sorted({_where(s) for s in sites if s is not None})) or "?"
@@ -175,7 +177,8 @@ class CrossRank:
             total = sum(m.size for m in calls)
             transfer = sum(m.transfer_ns for m in calls) / 1e9
             algbw = total / transfer / 1e9 if transfer > 0 and total else None
-            out.append({"kind": kind, "group": list(group_ranks(group)), "count": len(calls),
+            out.append({"kind": kind, "group": list(group_ranks(group)),
+                        "process_group": process_group_name(group), "count": len(calls),
                         "bytes": total,
                         "median_s": statistics.median(m.transfer_ns for m in calls) / 1e9,
                         "algbw_GBps": algbw,

@@ -20,7 +20,7 @@ from tracer import load as load_trace
 from tracer.device_format import read_device
 from tracer.kineto import DeviceRecords, load_chrome_trace
 from tracer.labels import PHASES
-from tracer.ops import PSEUDO_OPS, group_ranks
+from tracer.ops import PSEUDO_OPS, group_ranks, process_group_name
 
 from .columns import Records
 from .device import attribute
@@ -224,7 +224,8 @@ def comm_rows(trace: Trace) -> list:
     for (k, p, g), (count, total) in sorted(totals.items(), key=lambda kv: (
             kinds[kv[0][0]], kv[0][1], groups[kv[0][2]])):
         rows.append({"kind": kinds[k], "phase": PHASES[p], "group": list(group_ranks(groups[g])),
-                     "count": count, "bytes": total})
+                     "process_group": process_group_name(groups[g]), "count": count,
+                     "bytes": total})
     return rows
 
 
