@@ -273,3 +273,40 @@ def test_a_run_that_recorded_nothing_still_gets_a_report(tmp_path):
         for link in parse(page).links:
             path = urlsplit(link).path
             assert not path or (page.parent / unquote(path)).exists(), f"{page}: {link}"
+
+
+def test_front_page_and_modules_say_only_what_applies(tmp_path):
+    """No pipeline: the lede names no schedule or micro-batches, no 'sp' without TP, and the
+    bubble column shows no theory; the modules page counts every phase's ops (the optimizer's
+    were in no column of 'forward / backward / other')."""
+    traces = tmp_path / "traces"
+    config = {"tp": 1, "sp": True, "pp": 1, "dp": 2, "schedule": "1f1b", "microbatches": 4}
+    for rank in (0, 1):
+        r = SyntheticRank(rank, 2, config)
+        t = 0
+        for step in range(3):
+            for phase, n in (("forward", 3), ("backward", 5), ("grad_sync", 0),
+                             ("optimizer", 7)):
+                for _ in range(n):
+                    r.op(t, t + 4, phase=phase, module=None if phase == "optimizer"
+                         else "GPT.block", stack=[("/src/train.py", 5, "step", "step")])
+                    t += 5
+            r.comm("all_reduce", t, t + 1, t + 9, group=(0, 1), phase="grad_sync",
+                   stack=[("/src/train.py", 9, "step", "step")])
+            t += 10
+            r.next_step(t)
+        r.write(traces)
+    out = tmp_path / "out"
+    html = Path(build(str(tmp_path), str(out))[0]).read_text()
+    lede = re.search(r'<p class="lede">(.*?)</p>', html, re.S)
+    assert lede, html[:2000]
+    words = re.sub(r"<[^>]+>", " ", lede.group(1))
+    assert "dp 2" in words and "sp" not in words.split() and "1f1b" not in words \
+        and "micro-batches" not in words, words
+    assert "(0 %)" not in html and 'title="no compute bubble"' in html
+    modules = (out / "modules.html").read_text()
+    cells = {re.sub(r"<[^>]+>", "", name).strip(): phases for name, phases in re.findall(
+        r'<tr>\s*<td>(.*?)</td>.*?<td class="phases">(.*?)</td>', modules, re.S)}
+    # steps 1 and 2 counted (step 0 is the setup), 2 ranks
+    assert cells["(no module)"].split("<br>") == ["grad sync 4", "optimizer 28"]
+    assert cells["GPT"].split("<br>") == ["forward 12", "backward 20"]

@@ -12,6 +12,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Iterable
 
+from tracer.labels import PHASES
+
 from .callgraph import OpGroup, Weights
 
 NO_MODULE = "(no module)"
@@ -37,6 +39,11 @@ class ModuleRow:
     @property
     def ranks(self) -> tuple:
         return tuple(sorted(r for r, w in self.per_rank.items() if w.ops))
+
+    def ops_by_phase(self) -> list:
+        """(phase, ops) of every phase with ops in the module: forward to optimizer, then other."""
+        return [(p, self.by_direction[p].ops) for p in PHASES[1:] + PHASES[:1]
+                if p in self.by_direction and self.by_direction[p].ops]
 
 
 def _natural(path: str) -> list:

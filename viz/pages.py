@@ -106,7 +106,9 @@ def headline_rows(analysis: RunAnalysis, summary: dict) -> list:
                    overlap=_percent(time.get("overlap_fraction")),
                    bubble=_percent(bubble if bubble is not None else time.get("bubble_fraction")),
                    bubble_kind="pipeline" if bubble is not None else "no compute",
-                   theory=_percent(time.get("theoretical_bubble_fraction")), bar=[])
+                   # the schedule's theory is about a pipeline bubble: none without one
+                   theory=_percent(time.get("theoretical_bubble_fraction"))
+                   if bubble is not None else "", bar=[])
         if wall:
             c, e = min(compute or 0, wall) / wall, min(exposed or 0, wall) / wall
             row["bar"] = [("compute", 100 * c), ("comm", 100 * min(e, 1 - c)),
@@ -251,13 +253,25 @@ _LEDE_KEYS = (("tp", "tp {}"), ("sp", "sp"), ("pp", "pp {}"), ("dp", "dp {}"),
               ("virtual_stages", "{} virtual stages"))
 
 
+# keys that mean something only when another size is above 1
+_LEDE_NEEDS = {"sp": "tp", "schedule": "pp", "microbatches": "pp", "virtual_stages": "pp"}
+
+
+def _above_one(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 1
+
+
 def lede(analysis: RunAnalysis) -> list:
     """The run in a few words for the front page: ranks, then the parallel configuration
     (``tracer.record_config``'s usual keys, those present; sizes of 1 and false flags left
     out)."""
     parts = [f"{analysis.world_size} rank{'s' if analysis.world_size != 1 else ''}"]
+    config = analysis.config
     for key, text in _LEDE_KEYS:
-        value = analysis.config.get(key)
+        needs = _LEDE_NEEDS.get(key)
+        if needs in config and not _above_one(config[needs]):
+            continue            # sequence parallelism without TP, a schedule without a pipeline
+        value = config.get(key)
         if isinstance(value, bool):
             if value:
                 parts.append(text.format(value))
