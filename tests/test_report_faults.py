@@ -157,6 +157,42 @@ def test_a_missing_rank_of_the_world_is_named_and_exits_1(run):
     assert line == f"trace-report: rank 2: no trace file in {run / 'traces'}"
 
 
+def test_a_world_of_missing_ranks_is_one_line_not_one_per_rank(run):
+    (run / rundir.RUN_RECORD).write_text(json.dumps({"world_size": 1000}))
+    proc = console("trace-report", str(run))
+    assert proc.returncode == 1
+    assert lines(proc) == [f"trace-report: ranks 2-999: no trace file in {run / 'traces'}"]
+    html = (run / "index.html").read_text()
+    assert html.count('class="banner missing"') == 1 and "ranks 2-999: no trace" in html
+
+
+def test_traces_whose_metadata_names_another_rank_are_left_out(tmp_path):
+    """Renamed or copied files: a trace is used only as the rank its own metadata names, and a
+    stray high-numbered copy does not make the world that large (it once made 99,998 lines)."""
+    run = two_ranks(tmp_path / "run")
+    traces = run / "traces"
+    SyntheticRank(2, 3).write(tmp_path / "third")
+    shutil.copy(traces / "rank-1.arrow", traces / "rank-100000.arrow")
+    shutil.copy(traces / "rank-1.arrow", traces / "rank-01.arrow")     # not a rank file name
+    proc = console("trace-report", str(run))
+    assert proc.returncode == 1
+    assert lines(proc) == [f"trace-report: {traces / 'rank-100000.arrow'}: its metadata says "
+                           "rank 1, not 100000 (renamed, or copied from another run); rank "
+                           "100000 is left out"]
+    assert summary(run)["world_size"] == 2
+    # two ranks' files swapped: neither is used as the other, and the run says so
+    os.replace(traces / "rank-100000.arrow", tmp_path / "spare")
+    os.replace(traces / "rank-0.arrow", tmp_path / "zero")
+    os.replace(traces / "rank-1.arrow", traces / "rank-0.arrow")
+    os.replace(tmp_path / "zero", traces / "rank-1.arrow")
+    shutil.copy(tmp_path / "third" / "rank-2.arrow", traces / "rank-2.arrow")
+    proc = console("trace-report", str(run))
+    assert proc.returncode == 1
+    assert lines(proc) == [
+        f"trace-report: {traces / f'rank-{r}.arrow'}: its metadata says rank {1 - r}, not {r} "
+        f"(renamed, or copied from another run); rank {r} is left out" for r in (0, 1)]
+
+
 @pytest.mark.parametrize("case, reason", [
     ("no traces", "no trace files (rank-<R>.arrow) found"),
     ("all unreadable", "no readable trace"),

@@ -25,7 +25,8 @@ SUMMARY = "summary.json"
 INDEX = "index.html"
 
 TRACE_EXT, DEVICE_EXT, STATUS_EXT, STACK_EXT = "arrow", "device.arrow", "status.json", "stack.txt"
-RANK_FILE = re.compile(r"^rank-(\d+)\.(arrow|device\.arrow|status\.json|stack\.txt)$")
+# ranks as the recorder writes them: rank-01.arrow is no rank file
+RANK_FILE = re.compile(r"^rank-(0|[1-9]\d*)\.(arrow|device\.arrow|status\.json|stack\.txt)$")
 
 
 def rank_file(rank: int, ext: str = TRACE_EXT) -> str:

@@ -47,8 +47,15 @@ class RunAnalysis:
 
     @property
     def missing(self) -> list:
-        """Ranks of the world with no readable trace."""
-        return [r for r in range(self.world_size) if r not in self.ranks]
+        """Ranks of the world with no readable trace, and rank files outside the world (files of
+        another run) that could not be used."""
+        return sorted({r for r in range(self.world_size) if r not in self.ranks}
+                      | set(self.unreadable))
+
+    def absent(self) -> list:
+        """Ranks of the world without any trace file."""
+        return [r for r in range(self.world_size)
+                if r not in self.ranks and r not in self.unreadable]
 
     def status(self, rank: int) -> str:
         """ok | failed | missing (DESIGN.md's summary.json statuses)."""
@@ -75,7 +82,21 @@ class RunAnalysis:
     def damage(self) -> list:
         """One line per trace that is missing, unreadable or damaged: the file, what is wrong,
         what was kept."""
-        return [line for rank in range(self.world_size) for line in self.damage_of(rank)]
+        return [line for rank in self.with_files() for line in self.damage_of(rank)] \
+            + self.absent_lines()
+
+    def with_files(self) -> list:
+        """Ranks with a trace file, readable or not (in the world or not)."""
+        return sorted(set(self.ranks) | set(self.unreadable))
+
+    def absent_runs(self) -> list:
+        """``rank 3``, ``ranks 2-999``: each run of consecutive ranks without a trace file (a
+        run.json of 1,000 ranks beside 2 traces is one line, not 998)."""
+        return [_ranks_text(first, last) for first, last in _runs(self.absent())]
+
+    def absent_lines(self) -> list:
+        return [f"{ranks}: no trace file in {self.run.traces_dir}"
+                for ranks in self.absent_runs()]
 
     def damage_of(self, rank: int) -> list:
         """:meth:`damage`'s lines about ``rank``."""
@@ -84,6 +105,21 @@ class RunAnalysis:
         if rank not in self.ranks:
             return [f"rank {rank}: no trace file in {self.run.traces_dir}"]
         return list(self.ranks[rank].warnings)
+
+
+def _runs(ranks: list) -> list:
+    """(first, last) of each run of consecutive ranks."""
+    out: list = []
+    for r in ranks:
+        if out and out[-1][1] == r - 1:
+            out[-1][1] = r
+        else:
+            out.append([r, r])
+    return [tuple(pair) for pair in out]
+
+
+def _ranks_text(first: int, last: int) -> str:
+    return f"rank {first}" if first == last else f"ranks {first}-{last}"
 
 
 def analyse(run: Run, engine: Optional[Engine] = None, kineto: Optional[dict] = None
@@ -152,8 +188,11 @@ def _split(ranks: list, results: list) -> tuple:
 def _reduce(run: Run, ranks: dict, unreadable: dict, links: list) -> RunAnalysis:
     """The cross-rank analyses, from the per-rank results."""
     config = next((r.config for _, r in sorted(ranks.items()) if r.config), {})
-    world = max([run.world_size_hint]
-                + [int(r.meta.get("world_size", 1)) for r in ranks.values()])
+    # trace-run's record says the world size; else the traces that could be read (their own
+    # metadata and file names): a stray rank-100000.arrow that cannot be read must not make a
+    # world of 100,001 ranks
+    world = run.info.get("world_size") or max(
+        [int(r.meta.get("world_size") or 1) for r in ranks.values()] + [max(ranks) + 1])
     timeline = assemble({rank: r.lanes for rank, r in ranks.items()}, links, config, world)
     cross = cross_rank(timeline)
     return RunAnalysis(run, world, ranks, unreadable, timeline, metrics_of(timeline), cross,

@@ -97,9 +97,7 @@ def problem_lines(analysis, most: int = 5, reported: frozenset = frozenset()) ->
         if m.what == "unknown":
             for rank in m.sides[1][1]:
                 cut.setdefault(rank, []).append(m)
-    damage = {}
-    for rank in range(analysis.world_size):
-        damage[rank] = analysis.damage_of(rank)
+    damage = {rank: analysis.damage_of(rank) for rank in analysis.with_files()}
     for rank, found in sorted(cut.items()):
         ends = (f"the trace ends before {len(found)} collective(s) the other ranks issued "
                 f"(from #{found[0].seq} of group [{group_label(found[0].group)}])")
@@ -112,7 +110,8 @@ def problem_lines(analysis, most: int = 5, reported: frozenset = frozenset()) ->
             if mine.meta.get("error"):
                 why += f" ({mine.meta['error']})"
             lines.append(f"rank {rank}: {ends}: {why}, so they are not compared")
-    return lines + [line for rank in sorted(damage) for line in damage[rank]]
+    return lines + [line for rank in sorted(damage) for line in damage[rank]] \
+        + analysis.absent_lines()
 
 
 def kineto_ranks(entries, run) -> dict:

@@ -214,15 +214,16 @@ def problems(analysis: RunAnalysis) -> list:
                                 last=info.get("last_collective"),
                                 inflight=info.get("inflight"), stack=info.get("stack")))
         out.append(dict(level="hang", title=_hang_title(hang), details=details))
-    for rank in range(analysis.world_size):
+    for rank in analysis.with_files():
         status = analysis.status(rank)
         if status == "failed":
             out.append(dict(level="failed", title=f"rank {rank} failed: "
                             f"{analysis.error(rank) or 'no error recorded'}", details=[]))
         elif status == "missing":
-            reason = analysis.unreadable.get(rank)
-            out.append(dict(level="missing", title=f"rank {rank}: no trace"
-                            + (f" ({reason})" if reason else ""), details=[]))
+            out.append(dict(level="missing", title=f"rank {rank}: no trace "
+                            f"({analysis.unreadable[rank]})", details=[]))
+    for ranks in analysis.absent_runs():
+        out.append(dict(level="missing", title=f"{ranks}: no trace (no trace file)", details=[]))
     for rank, mine in sorted(analysis.ranks.items()):
         for warning in mine.warnings:
             out.append(dict(level="warning", title=f"rank {rank}: {warning}", details=[]))

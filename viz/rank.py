@@ -15,7 +15,7 @@ from typing import Optional
 
 import numpy as np
 
-from tracer import Trace, rundir
+from tracer import Trace, TraceError, rundir
 from tracer import load as load_trace
 from tracer.device_format import read_device
 from tracer.kineto import DeviceRecords, load_chrome_trace
@@ -64,8 +64,24 @@ class RankAnalysis:
 
 def p2p_of_file(path: str, rank: int) -> Records:
     """The first pass over a rank's trace: its sends and receives (viz.timeline), as columns
-    (a pipeline stage of a long run has thousands)."""
-    return Records(P2PEnd, p2p_endpoints(RankRows(load_trace(path), rank)))
+    (a pipeline stage of a long run has thousands). Raises TraceError if the trace's own
+    metadata says it is not rank ``rank``'s."""
+    trace = load_trace(path)
+    check_identity(trace, path, rank)
+    return Records(P2PEnd, p2p_endpoints(RankRows(trace, rank)))
+
+
+def check_identity(trace: Trace, path: str, rank: int) -> None:
+    """The recorder names a trace file after its rank (renaming it when the process group says
+    otherwise), so a file whose metadata names another rank, or a rank outside its world, was
+    renamed or copied from elsewhere: using it would match collectives of different ranks."""
+    meta = trace.meta
+    own, size = meta.get("rank"), meta.get("world_size")
+    if isinstance(own, int) and own != rank:
+        raise TraceError(f"{path}: its metadata says rank {own}, not {rank} (renamed, or "
+                         "copied from another run)")
+    if isinstance(size, int) and rank >= size:
+        raise TraceError(f"{path}: rank {rank} is outside its own world of {size} ranks")
 
 
 def analyse_rank_file(path: str, rank: int, send_ends: dict, op_budget: int = DRAWN_OPS,

@@ -29,11 +29,6 @@ class Run:
     files: dict                                     # rank -> trace file path
     info: dict = field(default_factory=dict)        # run.json, {} when absent
 
-    @property
-    def world_size_hint(self) -> int:
-        """The world size known without reading a trace: run.json's, or the highest rank file."""
-        return max([self.info.get("world_size") or 0, max(self.files) + 1])
-
     def load(self, rank: int) -> Trace:
         """Read one rank's trace. Raises tracer.TraceError (one line naming the file)."""
         return tracer.load(self.files[rank])
