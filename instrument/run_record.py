@@ -101,7 +101,8 @@ def failed_rank(rank: int, failure, first: int) -> dict:
         message = f"exit code {failure.exitcode}"
     terminated = rank != first and failure.exitcode in _ENDED
     if terminated:
-        message = f"ended by the launcher after rank {first} failed ({message})"
+        # the message is this rank's own (what it raised, or the signal that ended it)
+        message = f"ended by the launcher after rank {first} failed; its own end: {message}"
     return {"status": "failed", "exit_code": failure.exitcode, "error": str(message),
             "terminated": terminated}
 

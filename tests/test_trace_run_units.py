@@ -250,7 +250,8 @@ def test_the_first_failure_is_the_rank_that_stopped_first_not_torchs_whole_secon
     assert outcome.ranks["0"] == {"status": "failed", "exit_code": -9, "terminated": False,
                                   "error": "Signal 9 (SIGKILL) received by PID 7"}
     assert outcome.ranks["1"]["terminated"] is True
-    assert outcome.ranks["1"]["error"].startswith("ended by the launcher after rank 0 failed")
+    assert outcome.ranks["1"]["error"] == ("ended by the launcher after rank 0 failed; its own "
+                                           "end: RuntimeError: Connection closed by peer")
     # a rank without a status file (it died before its tracer started): torch's answer stands
     (tmp_path / "rank-1.status.json").unlink()
     outcome = run_record.Outcome()
