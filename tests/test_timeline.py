@@ -14,7 +14,7 @@ from tracer.format import COLUMN_NAMES
 from tracer.labels import PHASE_BACKWARD, PHASE_FORWARD
 from tracer.synthetic import SyntheticRank, write_run
 from viz import intervals, metrics
-from viz.analysis import analyse
+from viz.analysis import analyse, recount
 from viz.lanes import P2PLink
 from viz.render import chrome_trace
 from viz.report import write_timeline
@@ -250,6 +250,25 @@ def test_send_ends_at_matched_recv_and_links_feed_chrome_flows(tmp_path):
     tl.links += [P2PLink(0, send.index, 7, 0), P2PLink(0, send.index, 1, 10 ** 9)]
     trace = json.loads(chrome_trace.render(tl))
     check_chrome_trace(trace["traceEvents"], expected_flows=4)
+
+
+def test_op_tables_weigh_a_send_waited_late_as_the_timeline_does(tmp_path):
+    """An isend waited 100 units later, whose receive completed after 30: the op groups (the
+    front page's top collectives, the rank pages, trace-diff's recount) count 30, not 100; a
+    send that completed before its receive keeps its own 5."""
+    r0, r1 = synthetic(0, 2), synthetic(1, 2)
+    for r in (r0, r1):
+        r.next_step(0)
+    r0.comm("send", 0, 1, 100, peer=1)
+    r1.comm("recv", 0, 1, 30, peer=0)
+    r0.comm("send", 110, 111, 115, peer=1)
+    r1.comm("recv", 105, 106, 130, peer=0)
+    analysis = analysed(tmp_path, [r0, r1])
+    for mine in (analysis.ranks[0], recount(analysis, frozenset({1})).ranks[0]):
+        (send,) = [g for g in mine.groups if g.kind == "send"]
+        assert (send.count, send.time_ns) == (2, (30 + 5) * U)
+    (send,) = [g for g in analysis.ranks[0].counted_groups if g.kind == "send"]
+    assert send.time_ns == (30 + 5) * U
 
 
 def check_chrome_trace(events, expected_flows):

@@ -209,7 +209,8 @@ def recount(analysis: RunAnalysis, steps: frozenset,
     order = sorted(analysis.ranks)
     shared = SharedGroups()
     counts, _ = _split(order, engine.map(count_rank_file, [
-        (analysis.ranks[r].path, r, steps, analysis.ranks[r].exports) for r in order],
+        (analysis.ranks[r].path, r, steps, analysis.ranks[r].exports,
+         analysis.ranks[r].send_caps) for r in order],
         then=lambda result: _shared(result, shared)))
     ranks = {rank: replace(mine, groups=counts[rank].groups, op_counts=counts[rank].op_counts,
                            op_counts_by_phase=counts[rank].op_counts_by_phase,

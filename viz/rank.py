@@ -51,6 +51,7 @@ class RankAnalysis:
     counted_groups: list = field(default_factory=list)   # op groups of those steps only
     exports: tuple = ()           # torch.profiler exports merged into its GPU activity
     op_counts_by_phase: dict = field(default_factory=dict)   # phase -> op -> calls
+    send_caps: dict = field(default_factory=dict)  # row -> a capped send's duration (host)
 
     @property
     def status(self) -> str:
@@ -122,7 +123,8 @@ def analyse_rank(trace: Trace, rank: int, send_ends: dict, op_budget: int = DRAW
     lanes = rank_lanes(rows, send_ends if dev is None else {}, op_budget)
     if dev is not None:
         lanes = on_device(lanes, rows, dev)
-    durations = None if dev is None else dev.row_ns
+    caps = {} if dev is not None else send_caps(lanes)
+    durations = dev.row_ns if dev is not None else host_durations(trace, caps)
     counted = tuple(counted_steps(lanes))
     frames: dict = {}         # the stacks' frames, shared by both groupings
     groups = op_groups(trace, durations, frames)
@@ -132,8 +134,32 @@ def analyse_rank(trace: Trace, rank: int, send_ends: dict, op_budget: int = DRAW
         op_counts=op_counts(trace), op_counts_by_phase=op_counts_by_phase(trace),
         comm=comm_rows(trace), lanes=lanes, last_op=last_op(trace),
         device=None if dev is None else dev.summary(trace.dictionary("op"), trace.col("op")),
-        counted_steps=counted,
+        counted_steps=counted, send_caps=caps,
         counted_groups=_groups_over(trace, counted, durations, frames, all_steps=groups))
+
+
+def send_caps(lanes: RankLanes) -> dict:
+    """trace row -> duration of each send whose end the timeline moved to its matched
+    receive's completion (docs/metrics.md): a send posted early and waited late was not in
+    flight all that time, in the op tables either."""
+    comm = lanes.comm
+    if not len(comm):
+        return {}
+    capped = comm.values("capped")
+    index, start, end = comm.values("index"), comm.values("start"), comm.values("end")
+    return {int(i): int(b - a) for i, a, b, c in zip(index, start, end, capped) if c}
+
+
+def host_durations(trace: Trace, caps: dict) -> Optional[np.ndarray]:
+    """Each row's host duration with the capped sends' (``caps``), or None when none is
+    capped (op_groups then takes the rows' own intervals)."""
+    if not caps:
+        return None
+    t0, t1 = trace.col("t0"), trace.col("t1")
+    out = np.where(t1 >= 0, t1 - t0, 0).clip(min=0)
+    rows = np.fromiter(caps, dtype=np.int64, count=len(caps))
+    out[rows] = np.fromiter(caps.values(), dtype=np.int64, count=len(caps))
+    return out
 
 
 def _groups_over(trace: Trace, steps, durations: Optional[np.ndarray],
@@ -156,13 +182,16 @@ class RankCounts:
     op_counts_by_phase: dict
 
 
-def count_rank_file(path: str, rank: int, steps: frozenset, kineto: tuple = ()) -> RankCounts:
-    """Op groups (device time where there is GPU activity), op and communication counts of one
-    rank's trace over ``steps`` only."""
+def count_rank_file(path: str, rank: int, steps: frozenset, kineto: tuple = (),
+                    caps: Optional[dict] = None) -> RankCounts:
+    """Op groups (device time where there is GPU activity; else host time, the sends in
+    ``caps`` capped as in the analysis), op and communication counts of one rank's trace over
+    ``steps`` only."""
     trace = load_trace(path)
     records, _ = device_records(path, rank, kineto)
     dev = attribute(trace, records) if records is not None and len(records) else None
-    groups = _groups_over(trace, steps, None if dev is None else dev.row_ns)
+    groups = _groups_over(trace, steps, dev.row_ns if dev is not None
+                          else host_durations(trace, caps or {}))
     mask = np.isin(trace.col("step"), sorted(steps))
     if not mask.all():
         trace = trace.select(mask)
