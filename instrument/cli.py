@@ -117,6 +117,8 @@ def resolve_target(args: argparse.Namespace) -> Target:
         if not found:
             raise UsageError(f"no module named {name!r}")
         return Target(None, name, list(args.training_script_args))
+    if os.path.isdir(args.training_script):
+        raise UsageError(f"script {args.training_script} is a directory, not a Python file")
     if not os.path.isfile(args.training_script):
         raise UsageError(f"script not found: {args.training_script}")
     return Target(args.training_script, None, list(args.training_script_args))

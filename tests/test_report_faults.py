@@ -197,11 +197,15 @@ def test_traces_whose_metadata_names_another_rank_are_left_out(tmp_path):
     ("no traces", "no trace files (rank-<R>.arrow) found"),
     ("all unreadable", "no readable trace"),
     ("not a directory", "no such run directory"),
+    ("traces a file", "traces: not a directory (a run's traces go there)"),
 ])
 def test_bad_run_directories_are_one_line_and_exit_2(tmp_path, case, reason):
     target = tmp_path / "run"
     if case == "no traces":
         target.mkdir()
+    elif case == "traces a file":
+        target.mkdir()
+        (target / "traces").write_text("not a directory")
     elif case == "all unreadable":
         (target / "traces").mkdir(parents=True)
         (target / "traces" / "rank-0.arrow").write_bytes(b"junk")
@@ -252,6 +256,23 @@ def test_read_only_run_directory_says_where_to_write_instead(run, tmp_path):
     proc = _read_only(run, report, str(run), "--out", str(elsewhere))
     assert proc.returncode == 0, proc.stderr
     assert (elsewhere / "index.html").exists() and not (run / "index.html").exists()
+
+
+@pytest.mark.parametrize("what, message", [
+    ("garbage", "{path}: not a torch.profiler Chrome trace"),
+    ("a directory", "--kineto {path}: a directory, not a torch.profiler export"),
+])
+def test_a_kineto_argument_that_is_no_export_says_so(run, tmp_path, what, message):
+    """On a run of two ranks, before asking which rank an export is."""
+    path = tmp_path / "export"
+    if what == "garbage":
+        path.write_bytes(b"\x00 not json")
+    else:
+        path.mkdir()
+    proc = console("trace-report", str(run), "--out", str(tmp_path / "out"), "--kineto",
+                   str(path))
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith("trace-report: error: " + message.format(path=path))
 
 
 def test_a_report_is_not_written_over_another_runs(run, tmp_path):

@@ -155,6 +155,14 @@ def test_bad_torchrun_option_values_are_one_line_naming_the_option(tmp_path, cap
     assert not out.exists()               # refused before anything was created or launched
 
 
+def test_a_script_that_is_a_directory_is_named_so(tmp_path, capsys):
+    code = launch.main(["--out", str(tmp_path / "run"), str(tmp_path)])
+    assert code == 2
+    assert capsys.readouterr().err == \
+        f"trace-run: error: script {tmp_path} is a directory, not a Python file\n"
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize("case, message", [
     ("empty", "--out must name a directory (got '')"),
     ("a file", "is a file, not a directory"),

@@ -117,7 +117,7 @@ def problem_lines(analysis, most: int = 5, reported: frozenset = frozenset()) ->
 def kineto_ranks(entries, run) -> dict:
     """rank -> exports, from ``[R=]FILE`` entries: the rank given, else the export's
     distributedInfo.rank, else the only rank of a one-rank run."""
-    from tracer.kineto import rank_of_export
+    from tracer.kineto import load_chrome_trace, rank_of_export
 
     from .run import RunError
     out: dict = {}
@@ -125,11 +125,13 @@ def kineto_ranks(entries, run) -> dict:
         head, sep, tail = entry.partition("=")
         path, rank = (tail, int(head)) if sep and head.isdigit() else (entry, None)
         if not os.path.isfile(path):
-            raise RunError(f"--kineto {path}: no such file")
+            raise RunError(f"--kineto {path}: " + ("a directory, not a torch.profiler export"
+                                                    if os.path.isdir(path) else "no such file"))
         if rank is None:
             rank = rank_of_export(path)
         if rank is None:
             if len(run.files) != 1:
+                load_chrome_trace(path)       # a file that is no export at all says so first
                 raise RunError(f"--kineto {path}: the export does not say its rank "
                                f"(distributedInfo.rank) and the run has {len(run.files)} "
                                f"ranks: give it as R={path}")

@@ -93,6 +93,9 @@ def open_run(path: str) -> Run:
     if not os.path.isdir(path):
         raise RunError(f"{path}: not a directory" if os.path.exists(path)
                        else f"{path}: no such run directory")
+    sub = os.path.join(path, rundir.TRACES)
+    if os.path.exists(sub) and not os.path.isdir(sub):
+        raise RunError(f"{sub}: not a directory (a run's traces go there)")
     traces_dir = rundir.traces_dir(path)
     try:
         files = rundir.rank_files(traces_dir)
