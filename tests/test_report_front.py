@@ -14,6 +14,7 @@ import re
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from test_report import blank, check_links, parse
@@ -45,22 +46,45 @@ def counted_steps(summary: dict) -> set:
 
 def top_by_time(run_dir: str, steps: set, comm: bool) -> list:
     """Ops (or collectives by kind and phase) by summed duration over ``steps``, all ranks,
-    straight from the trace columns: what the front page's tables must say."""
+    straight from the trace columns: what the front page's tables must say. A send ends no
+    later than the receive that took its data (docs/metrics.md): the k-th send from a to b in a
+    group pairs with the k-th receive on b from a, on the aligned clock."""
     from tracer import load
     from tracer.labels import PHASES
     from tracer.ops import PSEUDO_OPS
+    traces = {int(p.stem.split("-")[1]): load(str(p))
+              for p in Path(run_dir, "traces").glob("rank-*.arrow")}
+    ends, queues = {}, {}                 # (rank, row) -> aligned end; pairing queues
+    for rank, t in sorted(traces.items()):
+        kinds, groups = t.dictionary("kind"), t.dictionary("group")
+        g0, g1 = t.global_times()
+        for i, (kind, group, peer) in enumerate(zip(t.col("kind").tolist(),
+                                                    t.col("group").tolist(),
+                                                    t.col("peer").tolist())):
+            if kind >= 0 and kinds[kind] in ("send", "recv"):
+                is_recv = kinds[kind] == "recv"
+                pair = (groups[group], peer, rank) if is_recv else (groups[group], rank, peer)
+                queues.setdefault(pair, ([], []))[is_recv].append((rank, i, int(g1[i])))
+    for sends, recvs in queues.values():
+        for (rank, i, _), (_, _, recv_end) in zip(sends, recvs):
+            ends[(rank, i)] = recv_end
     totals: Counter = Counter()
     calls: Counter = Counter()
-    for path in sorted(Path(run_dir, "traces").glob("rank-*.arrow")):
-        t = load(str(path))
+    for rank, t in sorted(traces.items()):
         ops, kinds = t.dictionary("op"), t.dictionary("kind")
-        for op, kind, phase, step, t0, t1 in zip(
+        g0, g1 = t.global_times()
+        ret = t.col("t_ret") + t.clock_offset(np.maximum(t.col("t_ret"), 0))
+        for i, (op, kind, phase, step, t0, t1) in enumerate(zip(
                 t.col("op").tolist(), t.col("kind").tolist(), t.col("phase").tolist(),
-                t.col("step").tolist(), t.col("t0").tolist(), t.col("t1").tolist()):
+                t.col("step").tolist(), t.col("t0").tolist(), t.col("t1").tolist())):
             if step not in steps or ops[op] in PSEUDO_OPS or (kind >= 0) != comm:
                 continue
             key = f"{kinds[kind]} ({PHASES[phase]})" if comm else ops[op]
-            totals[key] += max(t1 - t0, 0) if t1 >= 0 else 0
+            ns = max(t1 - t0, 0) if t1 >= 0 else 0
+            limit = ends.get((rank, i))
+            if limit is not None and t1 >= 0 and 0 <= limit < g1[i]:
+                ns = int(max(limit, max(ret[i], g0[i]))) - int(g0[i])
+            totals[key] += ns
             calls[key] += 1
     return [(key, calls[key], ns) for key, ns in totals.most_common(5)]
 

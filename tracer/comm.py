@@ -94,8 +94,7 @@ class CommTracker:
                             phase=phase, step=step, thread=thread)
         self.pending[cid] = self._unwritten[cid] = record
         self.last = {"kind": comm.kind, "group": self._dicts.group.values[gid], "seq": seq,
-                     "peer": peer,
-                     "bytes": nbytes, "t0": t0, "step": step}
+                     "peer": peer, "bytes": nbytes, "t0": t0, "step": step}
         if comm.api == "c10d":
             work = out[-1] if isinstance(out, (tuple, list)) else out
             self._track_work(work, record)

@@ -56,9 +56,8 @@ def _wrong_field(info: dict) -> str:
     size = info.get("world_size")
     if size is not None and not (_is_int(size) and size >= 1):
         return f"world_size is {size!r}, not a positive integer"
-    for key in ("exit_code",):
-        if info.get(key) is not None and not _is_int(info[key]):
-            return f"{key} is {info[key]!r}, not an integer"
+    if info.get("exit_code") is not None and not _is_int(info["exit_code"]):
+        return f"exit_code is {info['exit_code']!r}, not an integer"
     command = info.get("command")
     if command is not None and not isinstance(command, (str, list)):
         return f"command is {type(command).__name__}, not a string or a list"
