@@ -143,6 +143,70 @@ def test_front_page_answers_what_happened(report, browser, tmp_path):
         assert re.search(rf'<tr id="{line}" class="hot">', html), link
 
 
+# every cell of the top-ops and top-collectives tables is what a click at its centre hits
+# (the two tables side by side once overlapped: a long op name pushed one under the other)
+_CELLS_HIT = """(() => { const bad = [];
+  for (const s of document.querySelectorAll('.tops > section')) {
+    const sr = s.getBoundingClientRect();
+    for (const td of s.querySelectorAll('td')) {
+      td.scrollIntoView({block: 'center'});
+      const r = td.getBoundingClientRect(), x = r.left + r.width / 2, y = r.top + r.height / 2;
+      if (x > sr.right && getComputedStyle(s).overflowX !== 'visible') continue;  // scrolls
+      const hit = document.elementFromPoint(x, y);
+      if (!hit || !td.contains(hit)) bad.push(td.textContent.trim().slice(0, 40));
+    }
+  }
+  return bad; })()"""
+
+
+@pytest.fixture(scope="module")
+def long_names(tmp_path_factory) -> Path:
+    """A report whose top ops and collectives carry long op names and source lines (a CPU
+    flash-attention backward, a deep site-packages path, long qualnames)."""
+    from tracer.synthetic import SyntheticRank
+    root = tmp_path_factory.mktemp("long-names")
+    site = [("/opt/venvs/project/lib/python3.11/site-packages/megatron/core/transformer/"
+             "dot_product_attention_with_a_long_module_name.py", 1234, "forward",
+             "DotProductAttentionWithALongName.forward_with_an_even_longer_qualname")]
+    names = ["aten._scaled_dot_product_flash_attention_for_cpu_backward.default",
+             "aten._efficient_attention_forward_with_a_long_overload.default", "aten.mm.default",
+             "aten.native_layer_norm_backward.default", "aten.embedding_dense_backward.default"]
+    for rank in range(2):
+        r = SyntheticRank(rank, 2)
+        for step in range(3):
+            base = 1000 * step
+            for i, name in enumerate(names):
+                r.op(base + 10 * i, base + 10 * i + 9 - i, name=name, stack=site)
+            for i, kind in enumerate(("all_reduce", "all_gather", "reduce_scatter")):
+                r.comm(kind, base + 100 + 20 * i, base + 101 + 20 * i, base + 115 + 20 * i,
+                       group=(0, 1), stack=site)
+            r.next_step(base + 500)
+        r.write(root / "run" / "traces")
+    return Path(build(str(root / "run"), str(root / "out"))[0])
+
+
+@pytest.mark.parametrize("width", [1400, 1920])
+def test_the_top_tables_do_not_overlap_side_by_side(long_names, browser, width):
+    browser.call("Emulation.setDeviceMetricsOverride", {
+        "width": width, "height": 900, "deviceScaleFactor": 1, "mobile": False})
+    try:
+        browser.open(long_names.as_uri())
+        tops = browser.js("[...document.querySelectorAll('.tops > section')]"
+                          ".map(s => s.getBoundingClientRect().top)")
+        assert len(tops) == 2 and tops[0] == tops[1]          # side by side at this width
+        assert browser.js(_CELLS_HIT) == []
+        # names wrap at '.', '_' and '/' rather than scroll, and not letter by letter (a name
+        # broken anywhere made a first row 25 lines tall)
+        fit = browser.js("[...document.querySelectorAll('.tops > section')].map(s => ["
+                         "s.scrollWidth - s.clientWidth, Math.max(...[...s.querySelectorAll('tr')]"
+                         ".map(tr => tr.getBoundingClientRect().height)) / "
+                         "parseFloat(getComputedStyle(s.querySelector('td')).fontSize)])")
+        assert all(overflow <= 0 and rows_em < 7 for overflow, rows_em in fit), fit
+    finally:
+        browser.call("Emulation.setDeviceMetricsOverride", {
+            "width": 1200, "height": 800, "deviceScaleFactor": 1, "mobile": False})
+
+
 def test_call_graphs_open_on_the_training_step(report):
     summary = json.loads((report / "summary.json").read_text())
     whole = sum(sum(r["op_counts"].values()) for r in summary["ranks"].values())

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 
 import jinja2
+from markupsafe import Markup, escape
 
 from . import fmt_bytes, fmt_count, fmt_flops, fmt_ranks, fmt_time
 
@@ -30,12 +32,21 @@ def _brief(value) -> str:
     return json.dumps(value, separators=(", ", ": "), default=str)
 
 
+_BREAK_AFTER = re.compile(r"([._/:])")
+
+
+def _breakable(value) -> Markup:
+    """Escaped text with a line-break opportunity (<wbr>) after each '.', '_', '/' and ':',
+    so a long op name or path wraps inside a narrow table column instead of widening it."""
+    return Markup(_BREAK_AFTER.sub(r"\1<wbr>", str(escape(value))))
+
+
 def environment() -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(_TEMPLATES), autoescape=True,
                              undefined=jinja2.StrictUndefined, trim_blocks=True,
                              lstrip_blocks=True)
     env.filters.update(time=fmt_time, bytes=fmt_bytes, count=fmt_count, flops=fmt_flops,
-                       ranks=fmt_ranks, brief=_brief)
+                       ranks=fmt_ranks, brief=_brief, breakable=_breakable)
     return env
 
 
