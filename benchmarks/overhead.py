@@ -229,6 +229,30 @@ def report(times: dict, recorders: Recorders, models: list) -> None:
             print(f"{clock:4s}: paratrace extra / no-op mode extra {para / floor:5.2f} (target "
                   f"<= 2, stretch 1.5); / profiler extra {para / prof:5.2f} (target <= 1); "
                   f"unrecorded / untraced step {1 + off:5.3f} (target 1)")
+        print(paired_line(times, model, clocks))
+
+
+def paired_line(times: dict, model: str, clocks: tuple) -> str:
+    """paratrace's extra over the floor's within each round (the three run back to back, so a
+    drift of the machine between rounds cancels): median and quartiles over rounds, per clock.
+    On a model whose floor adds a fifth to the step, a 2 % wobble of one step moves that ratio
+    by a tenth, which the ratio of medians above hides."""
+    parts = []
+    for i, clock in enumerate(clocks):
+        ratios = sorted(
+            (para[i] - base[i]) / (floor[i] - base[i])
+            for base, floor, para in zip(times[model, "untraced"],
+                                         times[model, "no-op dispatch mode"],
+                                         times[model, "paratrace"])
+            if floor[i] > base[i])
+        if not ratios:
+            parts.append(f"{clock} -")
+            continue
+        q1, q3 = np.percentile(ratios, [25, 75])
+        parts.append(f"{clock} {statistics.median(ratios):.2f} [{q1:.2f}, {q3:.2f}]")
+    rounds = len(times[model, "untraced"])
+    return (f"per round: paratrace extra / no-op mode extra, median [quartiles] of {rounds} "
+            f"rounds: {', '.join(parts)}")
 
 
 def _ops_per_step(trace) -> int:

@@ -34,6 +34,10 @@ def test_overhead_prints_every_recorder_and_every_target():
         assert re.search(rf"^{clock}: paratrace extra / no-op mode extra\s+{NUMBER} .*"
                          rf"/ profiler extra\s+{NUMBER} .*unrecorded / untraced step\s+"
                          rf"{NUMBER}", out, re.M), (clock, out)
+    # paired within each round: median [quartiles], or '-' where the floor added nothing
+    paired = rf"(?:{NUMBER} \[{NUMBER}, {NUMBER}\]|-)"
+    assert re.search(rf"^per round: paratrace extra / no-op mode extra, median \[quartiles\] "
+                     rf"of 1 rounds: wall {paired}, main {paired}, cpu {paired}$", out, re.M), out
     assert re.search(rf"^bytes per event on disk: {NUMBER} \(\d+ events", out, re.M), out
     match = re.search(r"^reader: [\d,]+ events/s on a ([\d,]+)-event trace", out, re.M)
     assert match and int(match.group(1).replace(",", "")) >= 20000, out
