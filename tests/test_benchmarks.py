@@ -24,8 +24,8 @@ def test_overhead_prints_every_recorder_and_every_target():
                 "--reader-events", "20000")
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = proc.stdout
-    recorders = ["untraced", "no-op dispatch mode", "paratrace", "paratrace, unrecorded step",
-                 "torch.profiler"]
+    recorders = ["untraced", "no-op dispatch mode", "no-op mode, no Dynamo wrapper", "paratrace",
+                 "paratrace, unrecorded step", "torch.profiler"]
     for name in recorders:
         # wall, main-thread CPU and all-thread CPU: step, extra, extra/op each
         assert re.search(rf"^{re.escape(name)}\s+(?:{NUMBER}ms\s+{NUMBER}\s+{NUMBER}us\s+)"
@@ -34,6 +34,8 @@ def test_overhead_prints_every_recorder_and_every_target():
         assert re.search(rf"^{clock}: paratrace extra / no-op mode extra\s+{NUMBER} .*"
                          rf"/ profiler extra\s+{NUMBER} .*unrecorded / untraced step\s+"
                          rf"{NUMBER}", out, re.M), (clock, out)
+    assert re.search(rf"^paratrace extra / extra of the no-op mode without torch's Dynamo "
+                     rf"wrapper: wall {NUMBER}, main {NUMBER}, cpu {NUMBER}$", out, re.M), out
     # paired within each round: median [quartiles], or '-' where the floor added nothing
     paired = rf"(?:{NUMBER} \[{NUMBER}, {NUMBER}\]|-)"
     assert re.search(rf"^per round: paratrace extra / no-op mode extra, median \[quartiles\] "
