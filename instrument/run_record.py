@@ -68,21 +68,30 @@ class Outcome:
 
 
 def first_to_stop(ranks: list, traces_dir: str) -> Optional[int]:
-    """Of these failed ranks, the one whose tracer last wrote its status file first: the root
-    cause, as the others stopped because of it. None unless every one has a status file.
+    """Of these failed ranks, the one whose last sign of life came first: the root cause, as
+    the others stopped because of it. A rank's last sign of life is the latest write to its
+    status file or its trace; None unless every rank has one of them.
 
     NOTE: torch's own first failure compares whole seconds, taken from the error file of a rank
     that raised but from the moment the agent noticed a rank killed by a signal: a peer that
     raised "connection closed" a moment after a SIGKILL can come out first. A status file is
-    rewritten every 0.25 s while a rank lives and once more when its trace closes, so its
-    modification time is the rank's last sign of life.
+    rewritten every 0.25 s while a rank lives and once more when its trace closes, and the trace
+    at every flush. The trace counts too because it exists from the rank's first moment of
+    recording, while the first status file waits for the flusher's first turn: a rank killed
+    before that turn (a starved flusher on a loaded machine) leaves no status file, and asking
+    torch instead can blame its peer.
     """
     stopped = {}
     for rank in ranks:
-        try:
-            stopped[rank] = os.path.getmtime(rundir.status_file(traces_dir, rank))
-        except OSError:
+        times = []
+        for path in (rundir.status_file(traces_dir, rank), rundir.trace_file(traces_dir, rank)):
+            try:
+                times.append(os.path.getmtime(path))
+            except OSError:
+                continue
+        if not times:
             return None
+        stopped[rank] = max(times)
     return min(stopped, key=stopped.get) if stopped else None
 
 

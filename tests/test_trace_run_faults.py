@@ -33,6 +33,19 @@ def last_stdout_line(proc) -> str:
     return proc.stdout.strip().splitlines()[-1]
 
 
+def _why(proc, out) -> str:
+    """trace-run's stderr, run.json's ranks and each status file's modification time."""
+    lines = [f"exit {proc.returncode}", proc.stderr[-4000:]]
+    try:
+        info = run_json(out)
+        lines.append(f"first_failure {info['first_failure']}, ranks {info['ranks']}")
+    except (OSError, ValueError) as exc:
+        lines.append(f"run.json: {exc}")
+    for status in sorted((out / "traces").glob("*.status.json")):
+        lines.append(f"{status.name}: mtime {status.stat().st_mtime_ns}")
+    return "\n".join(lines)
+
+
 def test_a_rank_that_raises_is_marked_failed_and_the_others_stay_readable(tmp_path):
     out = tmp_path / "raise"
     proc = trace_run("--nproc-per-node", 2, "--out", out, C10D, "--raise-on", 1,
@@ -59,7 +72,9 @@ def test_a_rank_killed_with_sigkill_mid_step(tmp_path):
     out = tmp_path / "kill"
     proc = trace_run("--nproc-per-node", 2, "--out", out, C10D, "--kill", 0, "--sleep", 0.4,
                      cwd=tmp_path)
-    assert proc.returncode == 128 + signal.SIGKILL
+    # NOTE: once in a full suite (2026-11-25) this exited 1, blaming rank 1; say everything
+    # the run left, so that a recurrence shows which rank was taken for the first failure and why
+    assert proc.returncode == 128 + signal.SIGKILL, _why(proc, out)
     found = problems(proc.stderr)
     # one line for the kill (rank 1 failing after it is folded into it), one from the report
     # builder for the trace that never closed; no second line about either

@@ -299,3 +299,24 @@ def test_compile_eagerly_reaches_the_recorder_of_every_rank(tmp_path, flag, mode
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"graphs": graphs}
     trace = tracer.load(tmp_path / "run" / "traces" / "rank-0.arrow")
     assert trace.meta["options"]["compiled"] == mode
+
+
+def _touch(path, mtime: float) -> None:
+    path.write_text("{}")
+    os.utime(path, (mtime, mtime))
+
+
+def test_the_first_failure_is_the_rank_whose_last_sign_of_life_came_first(tmp_path):
+    from tracer import rundir
+    traces = str(tmp_path)
+    # rank 0 killed at t=100 before its flusher's first turn: a trace, no status file; rank 1
+    # raised "connection reset" at 100.2, its trace and final status written then
+    _touch(tmp_path / os.path.basename(rundir.trace_file(traces, 0)), 99.0)
+    _touch(tmp_path / os.path.basename(rundir.trace_file(traces, 1)), 100.2)
+    _touch(tmp_path / os.path.basename(rundir.status_file(traces, 1)), 100.2)
+    assert run_record.first_to_stop([1, 0], traces) == 0
+    # the latest of a rank's two files counts: rank 0's status at 100.5 is after rank 1's end
+    _touch(tmp_path / os.path.basename(rundir.status_file(traces, 0)), 100.5)
+    assert run_record.first_to_stop([0, 1], traces) == 1
+    # a rank with neither file: nothing to compare, torch's answer is used instead
+    assert run_record.first_to_stop([0, 1, 2], traces) is None
