@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import gc
 import os
 import shutil
 import statistics
@@ -133,7 +132,7 @@ class Recorders:
 
     def __init__(self, tmp: str, debug_mode: bool, flush_interval: float = 0.25):
         self.tmp = tmp
-        self.flush_interval = flush_interval   # paratrace's (see instructions())
+        self.flush_interval = flush_interval   # paratrace's (see overhead_callgrind.py)
         self.runs = 0
         self.last_trace: dict = {}          # model -> trace file of its last full recording
         self.model = None
@@ -322,16 +321,18 @@ def main() -> None:
         if args.hot_loop:
             hot_loop(recorders, args.hot_loop, args.seconds)
         elif args.one_run:
+            from overhead_callgrind import handshake
             name, model, steps = args.one_run
             recorders.model = model
             factories = {**recorders.factories, **recorders.ablations}
             # NOTE: two warm-up steps: the flusher's first flush, after the first step, imports
             # what writing needs; it must not fall into the counted steps by chance
-            hook, done = _handshake(args.handshake, 2) if args.handshake else (None, None)
+            hook, done = handshake(args.handshake, 2) if args.handshake else (None, None)
             step_times(model, int(steps), factories[name], hook)
             if done:
                 done()
         elif args.instructions:
+            from overhead_callgrind import instructions
             instructions(recorders, args.models.split(","))
         else:
             run(recorders, args)
@@ -355,98 +356,6 @@ def run(recorders: Recorders, args) -> None:
           f"bytes; target <= 48)")
     rate, n = reader_rate(trace, args.reader_events, recorders.tmp)
     print(f"reader: {rate:,.0f} events/s on a {n:,}-event trace (target >= 1,000,000)")
-
-
-def instructions(recorders: Recorders, models: list, steps: int = 4) -> None:
-    """Instructions a step (all threads) of each recorder under valgrind's callgrind: what a
-    loaded machine cannot disturb. Only the `steps` steps after the warm-up steps are counted:
-    the process starts with callgrind's instrumentation off and `_callgrind` turns it on and off
-    (callgrind_control) when the run says it reached them, so imports and warm-up cost little."""
-    names = ["untraced", "no-op dispatch mode", UNWRAPPED, "paratrace",
-             "paratrace, unrecorded step",
-             *[n for n in recorders.factories if n.endswith("Python hot path")],
-             *recorders.ablations]
-    for model in models:
-        recorders.model = model
-        step_times(model, 3, recorders.paratrace)
-        ops_per_step = _ops_per_step(tracer.load(recorders.last_trace[model]))
-        per_step = {name: [n / steps for n in _callgrind(name, model, steps)] for name in names}
-        print(f"\n{model}: instructions a step under callgrind ({ops_per_step} ops a step); "
-              f"all threads, then the main thread alone")
-        print(f"{'recorder':28s}" + f" {'per step':>10s} {'extra/op':>9s} {'x floor':>8s}" * 2)
-        for name, counts in per_step.items():
-            line = f"{name:28s}"
-            for i, count in enumerate(counts):
-                base, floor = per_step["untraced"][i], per_step["no-op dispatch mode"][i]
-                line += (f" {count / 1e6:9.1f}M {(count - base) / ops_per_step:9.0f} "
-                         f"{(count - base) / (floor - base):8.2f}")
-            print(line)
-
-
-def _callgrind(name: str, model: str, steps: int) -> tuple:
-    """Instructions of `steps` steps (after two warm-up steps) of one recorder on one model:
-    (every thread's, the main thread's)."""
-    import glob
-    import subprocess
-    tag = tempfile.mkdtemp(prefix="paratrace-callgrind-")
-    cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--separate-threads=yes",
-           f"--callgrind-out-file={tag}/out.%p", sys.executable, os.path.abspath(__file__),
-           "--one-run", name, model, str(steps + 2), "--handshake", tag]
-    try:
-        # string hashes decide dict and set layouts: fixed, so that runs repeat exactly
-        env = {**os.environ, "PYTHONHASHSEED": "0"}
-        log = os.path.join(tag, "stderr")         # a file: a full pipe would stall the run
-        with open(log, "w") as err:
-            proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env)
-        for marker, command in (("ready", "on"), ("done", "off")):
-            while not os.path.exists(os.path.join(tag, marker)):
-                if proc.poll() is not None:
-                    with open(log) as f:
-                        raise SystemExit(f"overhead.py: {name} under callgrind exited with "
-                                         f"{proc.returncode}: {f.read()[-2000:]}")
-                time.sleep(0.1)
-            subprocess.run(["callgrind_control", "-i", command, str(proc.pid)], check=True,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            open(os.path.join(tag, marker + ".ack"), "w").close()
-        if proc.wait():
-            with open(log) as f:
-                raise SystemExit(f"overhead.py: {name} under callgrind exited with "
-                                 f"{proc.returncode}: {f.read()[-2000:]}")
-        total = main = 0
-        for path in sorted(glob.glob(os.path.join(tag, "out.*"))):
-            with open(path) as f:
-                count = sum(int(line.split()[1]) for line in f
-                            if line.startswith(("summary:", "totals:")))
-            keep = os.environ.get("CALLGRIND_KEEP")     # a directory for callgrind_annotate
-            if keep:
-                shutil.copy(path, os.path.join(keep, f"{name.replace(' ', '_')}."
-                                                     f"{os.path.basename(path)}"))
-            if os.environ.get("CALLGRIND_THREADS"):
-                print(f"  {name} {os.path.basename(path)}: {count / 1e6:.1f}M", file=sys.stderr)
-            total += count
-            if path.endswith("-01"):          # callgrind numbers threads from 1: the main one
-                main = count
-        return total, main
-    finally:
-        shutil.rmtree(tag, ignore_errors=True)
-
-
-def _handshake(tag: str, warm_steps: int):
-    """An optimizer step hook for `--one-run --handshake`: after the warm-up steps it says
-    "ready" and waits until the counting is on; at the end of the run "done" (see _callgrind)."""
-    count = [0]
-
-    def say(marker: str) -> None:
-        open(os.path.join(tag, marker), "w").close()
-        while not os.path.exists(os.path.join(tag, marker + ".ack")):
-            time.sleep(0.02)
-
-    def hook(*_):
-        count[0] += 1
-        if count[0] == warm_steps:
-            gc.collect()      # every run starts counting with the collector's generations empty
-            say("ready")
-    return hook, lambda: say("done")
 
 
 def hot_loop(recorders: Recorders, model: str, seconds: float) -> None:

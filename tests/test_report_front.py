@@ -197,7 +197,8 @@ def test_the_top_tables_do_not_overlap_side_by_side(long_names, browser, width):
         assert browser.js(_CELLS_HIT) == []
         # names wrap at '.', '_', '/' and ':' rather than scroll, and not letter by letter (a
         # name broken anywhere made a first row 38 lines tall at 1400 px)
-        fit = browser.js("[...document.querySelectorAll('.tops > section')].map(s => ["
+        # (each table scrolls in its own box: base.html)
+        fit = browser.js("[...document.querySelectorAll('.tops > section > table')].map(s => ["
                          "s.scrollWidth - s.clientWidth, Math.max(...[...s.querySelectorAll('tr')]"
                          ".map(tr => tr.getBoundingClientRect().height)) / "
                          "parseFloat(getComputedStyle(s.querySelector('td')).fontSize)])")
