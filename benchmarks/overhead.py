@@ -159,14 +159,15 @@ class Recorders:
 
     def paratrace_python(self):
         """paratrace with the Python twins of its C hot path (as where it is not built)."""
-        saved = tracer.session.StackInterner, tracer.session.ShapeSignatures
-        tracer.session.StackInterner = PyStackInterner
-        tracer.session.ShapeSignatures = PyShapeSignatures
+        session = tracer.session
+        saved = session.StackInterner, session.ShapeSignatures, session.C_ON_OP
+        session.StackInterner, session.ShapeSignatures = PyStackInterner, PyShapeSignatures
+        session.C_ON_OP = False
         try:
             return tracer.trace(self._out(), clock_sync=False,
                                 flush_interval=self.flush_interval)
         finally:
-            tracer.session.StackInterner, tracer.session.ShapeSignatures = saved
+            session.StackInterner, session.ShapeSignatures, session.C_ON_OP = saved
 
     def _without(self, part: str):
         return lambda: tracer.trace(self._out(), clock_sync=False,

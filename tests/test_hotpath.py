@@ -341,7 +341,10 @@ def test_either_hot_path_records_the_same_rows(tmp_path):
     c_rows, py_rows = runs["c"][1], runs["python"][1]
     assert len(c_rows) == len(py_rows) > 300
     assert c_rows == py_rows
+    # every branch of on_op (and of its C twin, tracer/csrc/onop.c) was taken
+    assert {r["phase"] for r in c_rows} == {"forward", "backward", "recompute", "grad_sync",
+                                           "optimizer", "other"}
     cat = next(r for r in c_rows if r["op"] == "aten.cat.default")
     assert cat["shapes"] == "[f32[4,8],f32[4,8]]"
-    assert [f[2] for f in cat["stack"]] == ["forward", "main", "<module>"]
+    assert [f[3] for f in cat["stack"]] == ["Block.forward", "Model.forward", "main", "<module>"]
     assert any(r["phase"] == "backward" and r["fwd_stack"] for r in c_rows)

@@ -41,6 +41,19 @@ class RecordingMode(TorchDispatchMode):
             return self._on_subclass(func, types, args, kwargs or _NO_KWARGS)
         return self._on_op(func, args, kwargs or _NO_KWARGS)
 
+    def dispatch_in_c(self, op_dispatch, session) -> None:
+        """torch calls ``op_dispatch`` (tracer._hotpath.OpDispatch) for this mode instead of
+        __torch_dispatch__: it records plain ops in C and hands everything else to the method
+        below (torch looks the name up on the instance and only asks that its __self__ be the
+        mode). The C path has no Python frame of its own, the method two: the frame an op is
+        attributed to is the same on either (the caller of the dispatch)."""
+        in_python = type(self).__torch_dispatch__.__get__(self)
+        self.__torch_dispatch__ = op_dispatch(self, session, in_python)
+
+    def dispatch_in_python(self) -> None:
+        """Undo dispatch_in_c (and the reference cycle it makes through the mode)."""
+        self.__dict__.pop("__torch_dispatch__", None)
+
     @classmethod
     def skip_dynamo(cls) -> None:
         """Dynamo runs __torch_dispatch__, and everything it calls, without tracing it (what

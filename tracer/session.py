@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from . import _active, compiled, ops, rows, rundir, status
 from ._mode import RecordingMode
+from ._native import native_hot_path
 from .annotations import AnnotationStack, Range
 from .clock import ClockAlignment
 from .comm import CommTracker, special_op
@@ -52,9 +53,15 @@ except AttributeError:  # pragma: no cover - very old torch: no backward attribu
 
 MAX_QUEUE = 200_000          # events held in memory before the hot path flushes itself
 MAX_NODES = 1 << 18          # forward autograd nodes remembered (this and the last window)
+# on_op's common path in C (tracer/csrc/onop.c): the fields it reads are its base's members
+_HOT = native_hot_path()
+_SessionState = getattr(_HOT, "SessionState", object)
+# False: this module's on_op takes every op, as where the extension is not built (the Python
+# hot path benchmarks/overhead.py compares with); read when a Session is made
+C_ON_OP = _SessionState is not object
 
 
-class Session:
+class Session(_SessionState):
     """Records this process into ``out_dir/rank-<R>.arrow``. Use through :func:`tracer.trace`."""
 
     def __init__(self, out_dir: str, options: Optional[TraceOptions] = None, **option_values):
@@ -62,13 +69,15 @@ class Session:
         self.options = options if options is not None else TraceOptions(**option_values)
         opts = self.options
         self._in_window = opts.in_window()
-        self._record_shapes = opts.record_shapes
-        self._record_stacks = opts.record_stacks
+        self._record_shapes = bool(opts.record_shapes)
+        self._record_stacks = bool(opts.record_stacks)
         self._stacks = StackInterner(opts.stack_depth, opts.library_frames, opts.user_paths)
+        self._c_on_op = C_ON_OP
         self._dicts = Dictionaries(self._stacks)
         self._op_ids = self._dicts.op
         self._modules = ModuleTracker(self._dicts.module)
-        self._shapes = ShapeSignatures(self._dicts.shapes).id_of
+        self._signatures = ShapeSignatures(self._dicts.shapes)
+        self._shapes = self._signatures.id_of
         self._annotations = AnnotationStack(self._dicts.annotation)
         self._flusher = Flusher(self._dicts, lambda: self._op_ids(ops.OP_STEP),
                                 opts.flush_interval, self._after_flush, self._flusher_failed)
@@ -87,6 +96,7 @@ class Session:
         self._fwd_of_node, self._fwd_prev = {}, {}
         self._last_seq, self.step_index, self._explicit_steps, self._in_optimizer = -1, 0, False, 0
         self._recompute = 0                # checkpointing recomputations running (phases.py)
+        self._torch_state = (_current_node, _grad_enabled, _graph_task, _sequence_nr)   # C's
         self._rules = PhaseRules(self, self._modules, self._annotations)
         self._recording, self._paused = self._window(0), 0
         self._passthrough = not self._recording   # the hot path records nothing
@@ -115,8 +125,9 @@ class Session:
         if _active.ACTIVE is not None:
             raise RuntimeError("a paratrace trace is already active in this process")
         os.makedirs(self.out_dir, exist_ok=True)
+        in_c = {self._stacks.HOT_PATH, "c" if self._c_on_op else "python"}
         meta = start_meta(self.rank, self.world_size, self.options.meta(), self._pairs,
-                          self._stacks.HOT_PATH)
+                          in_c.pop() if len(in_c) == 1 else "mixed")
         # NOTE: the first op dispatched through any Python mode imports torch._dynamo (seconds);
         # pay that before recording so it does not distort the first step's timeline.
         importlib.import_module("torch._dynamo")
@@ -130,6 +141,8 @@ class Session:
         RecordingMode.skip_dynamo()
         self._mode = RecordingMode(self.on_op, compiled=self.options.compiled != "eager")
         self._mode._on_subclass = SubclassOps(self, self._mode)     # DTensor (dtensor.py)
+        if self._c_on_op:
+            self._mode.dispatch_in_c(_HOT.OpDispatch, self)
         self._mode.__enter__()
         self._owner = threading.get_ident()
         if not self._recording:
@@ -145,6 +158,7 @@ class Session:
         if self._mode is not None:
             self._mode.resume()          # __exit__ pops the top of the stack: it must be there
             self._mode.__exit__(None, None, None)
+            self._mode.dispatch_in_python()
             self._mode = None
         if exc_type is None or (exc_type is SystemExit and exc.code in (0, None)):
             self.status = "ok"
@@ -230,8 +244,11 @@ class Session:
         """Run one dispatched op and queue its row (OP_ROW, then COMM_ROW for collectives).
 
         The hot path: every aten op of a recorded step comes through here, so it reads cached
-        specs, builds one tuple and leaves everything else to the flusher. Outside recorded
-        steps the mode is off the dispatch stack and nothing here runs.
+        specs, packs one record and leaves everything else to the flusher. Outside recorded
+        steps the mode is off the dispatch stack and nothing here runs. Where the C extension
+        is built, tracer/csrc/onop.c does the same for plain ops, step for step, without this
+        frame (the mode's __torch_dispatch__ is C, _mode.py); this method is its twin, and
+        takes the rest: collectives, special ops, an op's first call, tensor subclasses.
         """
         entry = self._specs.get(id(func))
         if entry is None:

@@ -1,10 +1,10 @@
-/* tracer._hotpath: the recorder's two hottest loops in C, the stack capture's walk and the shape
- * signature's key.
+/* tracer._hotpath: the recorder's hot path in C: the common path of Session.on_op (onop.c), the
+ * stack capture's walk and the shape signature's key.
  *
- * Each is a base class whose Python twin (tracer/stacks.py: _PyStackWalk, tracer/shapes.py:
- * _PyShapeKeys) does the same, step for step, on the same Python containers; the subclass in
- * Python (StackInterner, ShapeSignatures) owns everything off the hot path: classifying a code
- * object, making a node, interning a stack's or a signature's text. These files only replace
+ * Each is a base class whose Python twin (tracer/session.py: Session.on_op, tracer/stacks.py:
+ * _PyStackWalk, tracer/shapes.py: _PyShapeKeys) does the same, step for step, on the same Python containers; the subclass in
+ * Python (Session, StackInterner, ShapeSignatures) owns everything off the hot path: collectives,
+ * classifying an op or a code object, making a node, interning a stack's or a signature's text. These files only replace
  * interpreted bytecode with C on the paths every recorded op takes; they keep no state of their own
  * beyond the Python objects it shares with its subclass, so the two implementations agree by
  * construction and tests/test_hotpath.py holds them to it.
@@ -30,7 +30,8 @@
 
 /* Attribute and method names, interned once (module.c). */
 extern PyObject *str_classify, *str_new_node, *str_sid, *str_root, *str_dtype, *str_shape,
-    *str_id_of_new;
+    *str_id_of_new, *str_capture, *str_id_of, *str_applied_at, *str_phase_hint, *str_current,
+    *str_sequence_nr, *str_thread, *str_flusher, *str_flush;
 
 /* A small open-addressing table from (pointer, integer) to a value, holding a reference to one
    object per entry so that its key cannot be freed and its address reused while it is there. It
@@ -85,7 +86,45 @@ int reset_path(StackWalk *self);
 void set_last(StackWalk *self, PyObject *start, PyObject *entry, Py_ssize_t lasti,
               Py_ssize_t sid);
 
+PyObject *walk_capture(StackWalk *self, PyObject *frame);
+
 extern PyTypeObject StackWalkType;   /* stackwalk.c */
 extern PyTypeObject ShapeKeysType;   /* shapekeys.c */
+PyObject *shape_keys_id_of(PyObject *self, PyObject *ops_args);   /* a ShapeKeys' id_of */
+
+/* tracer/labels.py's phases and tracer/session.py's bounds (a test holds them equal) */
+#define PHASE_OTHER 0
+#define PHASE_FORWARD 1
+#define PHASE_BACKWARD 2
+#define PHASE_RECOMPUTE 3
+#define PHASE_GRAD_SYNC 4
+#define PHASE_OPTIMIZER 5
+#define MAX_QUEUE 200000
+#define MAX_NODES (1 << 18)
+#define ROW_FIELDS 12          /* tracer/rows.py's RECORD: twelve little-endian int64 */
+
+/* SessionState: the base of tracer.session.Session (sessiontypes.c); on_op's C path (onop.c) */
+typedef struct {
+    PyObject_HEAD
+    char passthrough, device_wanted, pg_seen, record_stacks, record_shapes;
+    int open_ranges, recompute, in_optimizer;
+    long long step_index, last_seq, last_event_ns;
+    PyObject *specs;          /* id(op overload) -> (op id, comm, special, call, overload) */
+    PyObject *queue, *push;   /* the flusher's deque and its append */
+    PyObject *threads;        /* thread ident -> thread number */
+    PyObject *fwd_of_node, *fwd_prev;   /* autograd node sequence number -> origin */
+    PyObject *funcol;         /* functional collectives pending (comm.py) */
+    PyObject *modules, *annotations, *stacks, *signatures, *rules;
+    PyObject *torch_state;    /* (current node, grad enabled, graph task id, sequence number) */
+    PtrMap entries;           /* op overload -> its entry of specs (held) */
+} SessionState;
+
+PyObject *session_on_op(SessionState *s, PyObject *func, PyObject *args, PyObject *kwargs,
+                        int *handled);
+long long now_ns(void);
+
+extern PyTypeObject SessionStateType, OpDispatchType;   /* sessiontypes.c */
+PyObject *hot_now(PyObject *module, PyObject *unused);
+int add_onop_constants(PyObject *module);
 
 #endif

@@ -237,6 +237,13 @@ done:
     return sid;
 }
 
+/* id_of for the C on_op (onop.c), which checked the type */
+PyObject *
+shape_keys_id_of(PyObject *self, PyObject *ops_args)
+{
+    return keys_id_of((ShapeKeys *)self, ops_args);
+}
+
 static PyMethodDef keys_methods[] = {
     {"id_of", (PyCFunction)keys_id_of, METH_O,
      "The signature id of an op's positional arguments (their tensors' dtypes and shapes)."},

@@ -178,7 +178,7 @@ error:
     return NULL;
 }
 
-static PyObject *
+PyObject *
 walk_capture(StackWalk *self, PyObject *arg)
 {
     if (!PyFrame_Check(arg)) {
