@@ -106,6 +106,10 @@ static PyObject *
 dispatch_call(OpDispatch *self, PyObject *const *argv, size_t nargsf, PyObject *kwnames)
 {
     Py_ssize_t n = PyVectorcall_NARGS(nargsf);
+    if (self->session == NULL || self->fallback == NULL) {    /* cleared by the collector */
+        PyErr_SetString(PyExc_RuntimeError, "OpDispatch: called after it was cleared");
+        return NULL;
+    }
     /* torch calls (func, types, args[, kwargs]); () types: plain tensors */
     if (kwnames == NULL && (n == 3 || n == 4) && PyTuple_Check(argv[1]) &&
         PyTuple_GET_SIZE(argv[1]) == 0 && PyTuple_Check(argv[2])) {
@@ -115,8 +119,8 @@ dispatch_call(OpDispatch *self, PyObject *const *argv, size_t nargsf, PyObject *
             kwargs = NULL;
         if (kwargs == NULL || PyDict_Check(kwargs)) {
             int handled;
-            PyObject *out = session_on_op((SessionState *)self->session, argv[0], argv[2], kwargs,
-                                  &handled);
+            PyObject *out = session_on_op((SessionState *)self->session, argv[0], argv[2],
+                                          kwargs, &handled);
             if (handled)
                 return out;
         }
