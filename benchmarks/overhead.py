@@ -159,15 +159,14 @@ class Recorders:
 
     def paratrace_python(self):
         """paratrace with the Python twins of its C hot path (as where it is not built)."""
-        session = tracer.session
-        saved = session.StackInterner, session.ShapeSignatures, session.C_ON_OP
-        session.StackInterner, session.ShapeSignatures = PyStackInterner, PyShapeSignatures
-        session.C_ON_OP = False
+        saved = tracer.session.StackInterner, tracer.session.ShapeSignatures
+        tracer.session.StackInterner = PyStackInterner     # and so Python's on_op (session.py)
+        tracer.session.ShapeSignatures = PyShapeSignatures
         try:
             return tracer.trace(self._out(), clock_sync=False,
                                 flush_interval=self.flush_interval)
         finally:
-            session.StackInterner, session.ShapeSignatures, session.C_ON_OP = saved
+            tracer.session.StackInterner, tracer.session.ShapeSignatures = saved
 
     def _without(self, part: str):
         return lambda: tracer.trace(self._out(), clock_sync=False,

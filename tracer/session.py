@@ -56,9 +56,7 @@ MAX_NODES = 1 << 18          # forward autograd nodes remembered (this and the l
 # on_op's common path in C (tracer/csrc/onop.c): the fields it reads are its base's members
 _HOT = native_hot_path()
 _SessionState = getattr(_HOT, "SessionState", object)
-# False: this module's on_op takes every op, as where the extension is not built (the Python
-# hot path benchmarks/overhead.py compares with); read when a Session is made
-C_ON_OP = _SessionState is not object
+C_ON_OP = _SessionState is not object     # built, and not PARATRACE_PURE_PYTHON
 
 
 class Session(_SessionState):
@@ -72,7 +70,6 @@ class Session(_SessionState):
         self._record_shapes = bool(opts.record_shapes)
         self._record_stacks = bool(opts.record_stacks)
         self._stacks = StackInterner(opts.stack_depth, opts.library_frames, opts.user_paths)
-        self._c_on_op = C_ON_OP
         self._dicts = Dictionaries(self._stacks)
         self._op_ids = self._dicts.op
         self._modules = ModuleTracker(self._dicts.module)
@@ -125,9 +122,8 @@ class Session(_SessionState):
         if _active.ACTIVE is not None:
             raise RuntimeError("a paratrace trace is already active in this process")
         os.makedirs(self.out_dir, exist_ok=True)
-        in_c = {self._stacks.HOT_PATH, "c" if self._c_on_op else "python"}
         meta = start_meta(self.rank, self.world_size, self.options.meta(), self._pairs,
-                          in_c.pop() if len(in_c) == 1 else "mixed")
+                          self._stacks.HOT_PATH)
         # NOTE: the first op dispatched through any Python mode imports torch._dynamo (seconds);
         # pay that before recording so it does not distort the first step's timeline.
         importlib.import_module("torch._dynamo")
@@ -141,7 +137,10 @@ class Session(_SessionState):
         RecordingMode.skip_dynamo()
         self._mode = RecordingMode(self.on_op, compiled=self.options.compiled != "eager")
         self._mode._on_subclass = SubclassOps(self, self._mode)     # DTensor (dtensor.py)
-        if self._c_on_op:
+        # the C on_op calls the C stack walk and shape keys; with their Python twins (the
+        # Python hot path benchmarks/overhead.py measures) this module's on_op takes every op
+        if C_ON_OP and isinstance(self._stacks, _HOT.StackWalk) and \
+                isinstance(self._signatures, _HOT.ShapeKeys):
             self._mode.dispatch_in_c(_HOT.OpDispatch, self)
         self._mode.__enter__()
         self._owner = threading.get_ident()

@@ -30,7 +30,7 @@
 
 /* Attribute and method names, interned once (module.c). */
 extern PyObject *str_classify, *str_new_node, *str_sid, *str_root, *str_dtype, *str_shape,
-    *str_id_of_new, *str_capture, *str_id_of, *str_applied_at, *str_phase_hint, *str_current,
+    *str_id_of_new, *str_applied_at, *str_phase_hint, *str_current,
     *str_sequence_nr, *str_thread, *str_flusher, *str_flush;
 
 /* A small open-addressing table from (pointer, integer) to a value, holding a reference to one

@@ -2,7 +2,7 @@
 #include "hotpath.h"
 
 PyObject *str_classify, *str_new_node, *str_sid, *str_root, *str_dtype, *str_shape,
-    *str_id_of_new, *str_capture, *str_id_of, *str_applied_at, *str_phase_hint, *str_current,
+    *str_id_of_new, *str_applied_at, *str_phase_hint, *str_current,
     *str_sequence_nr, *str_thread, *str_flusher, *str_flush;
 
 static PyMethodDef hotpath_functions[] = {
@@ -31,8 +31,7 @@ PyInit__hotpath(void)
     if (intern(&str_classify, "classify") < 0 || intern(&str_new_node, "_new_node") < 0 ||
         intern(&str_sid, "_sid") < 0 || intern(&str_root, "_root") < 0 ||
         intern(&str_dtype, "dtype") < 0 || intern(&str_shape, "shape") < 0 ||
-        intern(&str_id_of_new, "_id_of_new") < 0 || intern(&str_capture, "capture") < 0 ||
-        intern(&str_id_of, "id_of") < 0 || intern(&str_applied_at, "applied_at") < 0 ||
+        intern(&str_id_of_new, "_id_of_new") < 0 || intern(&str_applied_at, "applied_at") < 0 ||
         intern(&str_phase_hint, "phase_hint") < 0 || intern(&str_current, "current") < 0 ||
         intern(&str_sequence_nr, "_sequence_nr") < 0 || intern(&str_thread, "_thread") < 0 ||
         intern(&str_flusher, "_flusher") < 0 || intern(&str_flush, "flush") < 0)

@@ -77,7 +77,9 @@ is_ready(SessionState *s)
 {
     return s->queue && s->push && s->threads && PyDict_Check(s->threads) && s->fwd_of_node &&
         PyDict_Check(s->fwd_of_node) && s->fwd_prev && PyDict_Check(s->fwd_prev) && s->funcol &&
-        s->modules && s->annotations && s->stacks && s->signatures && s->rules &&
+        s->modules && s->annotations && s->rules && s->stacks && s->signatures &&
+        PyObject_TypeCheck(s->stacks, &StackWalkType) &&
+        PyObject_TypeCheck(s->signatures, &ShapeKeysType) &&
         s->torch_state && PyTuple_Check(s->torch_state) && PyTuple_GET_SIZE(s->torch_state) == 4;
 }
 
@@ -99,10 +101,7 @@ capture(SessionState *s, PyFrameObject *frame, long long *out)
         *out = -1;
         return 0;
     }
-    PyObject *sid = PyObject_TypeCheck(s->stacks, &StackWalkType)
-        ? walk_capture((StackWalk *)s->stacks, (PyObject *)frame)
-        : PyObject_CallMethodOneArg(s->stacks, str_capture, (PyObject *)frame);
-    return as_ll(sid, out);
+    return as_ll(walk_capture((StackWalk *)s->stacks, (PyObject *)frame), out);
 }
 
 static int
@@ -112,10 +111,7 @@ shape_id(SessionState *s, PyObject *args, long long *out)
         *out = -1;
         return 0;
     }
-    PyObject *sid = PyObject_TypeCheck(s->signatures, &ShapeKeysType)
-        ? shape_keys_id_of(s->signatures, args)
-        : PyObject_CallMethodOneArg(s->signatures, str_id_of, args);
-    return as_ll(sid, out);
+    return as_ll(shape_keys_id_of(s->signatures, args), out);
 }
 
 /* on_op's forward branch: the origin of the autograd nodes made since the last op */
