@@ -119,6 +119,7 @@ typedef struct {
     PtrMap entries;           /* op overload -> its entry of specs (held) */
 } SessionState;
 
+int session_is_ready(SessionState *s);   /* on_op can take the C path */
 PyObject *session_on_op(SessionState *s, PyObject *func, PyObject *args, PyObject *kwargs,
                         int *handled);
 long long now_ns(void);

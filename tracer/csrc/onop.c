@@ -72,8 +72,8 @@ entry_of(SessionState *s, PyObject *func)
     return map_add(&s->entries, func, 0, entry, entry) < 0 ? NULL : entry;
 }
 
-static int
-is_ready(SessionState *s)
+int
+session_is_ready(SessionState *s)
 {
     return s->queue && s->push && s->threads && PyDict_Check(s->threads) && s->fwd_of_node &&
         PyDict_Check(s->fwd_of_node) && s->fwd_prev && PyDict_Check(s->fwd_prev) && s->funcol &&
@@ -290,7 +290,7 @@ PyObject *
 session_on_op(SessionState *s, PyObject *func, PyObject *args, PyObject *kwargs, int *handled)
 {
     *handled = 0;
-    if (!is_ready(s))
+    if (!session_is_ready(s))
         return NULL;
     PyObject *entry = entry_of(s, func);
     if (entry == NULL) {

@@ -80,6 +80,20 @@ static PyMemberDef state_members[] = {
     {NULL},
 };
 
+/* Whether on_op's C path can run for this session: a test holds it true for an ordinary
+   session, since a field the Python side stopped setting (a rename) silently sends every op
+   to the Python twin and only the wall time would show it. */
+static PyObject *
+state_c_ready(SessionState *s, void *closure)
+{
+    return PyBool_FromLong(session_is_ready(s));
+}
+
+static PyGetSetDef state_getset[] = {
+    {"_c_ready", (getter)state_c_ready, NULL, "on_op's C path can run", NULL},
+    {NULL},
+};
+
 PyTypeObject SessionStateType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "tracer._hotpath.SessionState",
@@ -91,6 +105,7 @@ PyTypeObject SessionStateType = {
     .tp_clear = (inquiry)state_clear,
     .tp_dealloc = (destructor)state_dealloc,
     .tp_members = state_members,
+    .tp_getset = state_getset,
 };
 
 /* ------------------------------------------------------------------ OpDispatch */
