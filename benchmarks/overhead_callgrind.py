@@ -16,9 +16,10 @@ import sys
 import tempfile
 import time
 
-import overhead
 import tracer
-from overhead import UNWRAPPED, Recorders, _ops_per_step, step_times
+from overhead_recorders import UNWRAPPED, Recorders, ops_per_step, step_times
+
+OVERHEAD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "overhead.py")
 
 
 def instructions(recorders: Recorders, models: list, steps: int = 4) -> None:
@@ -34,17 +35,17 @@ def instructions(recorders: Recorders, models: list, steps: int = 4) -> None:
     for model in models:
         recorders.model = model
         step_times(model, 3, recorders.paratrace)
-        ops_per_step = _ops_per_step(tracer.load(recorders.last_trace[model]))
+        per_op = ops_per_step(tracer.load(recorders.last_trace[model]))
         per_step = {name: [n / steps for n in callgrind_counts(name, model, steps)]
                     for name in names}
-        print(f"\n{model}: instructions a step under callgrind ({ops_per_step} ops a step); "
+        print(f"\n{model}: instructions a step under callgrind ({per_op} ops a step); "
               f"all threads, then the main thread alone")
         print(f"{'recorder':28s}" + f" {'per step':>10s} {'extra/op':>9s} {'x floor':>8s}" * 2)
         for name, counts in per_step.items():
             line = f"{name:28s}"
             for i, count in enumerate(counts):
                 base, floor = per_step["untraced"][i], per_step["no-op dispatch mode"][i]
-                line += (f" {count / 1e6:9.1f}M {(count - base) / ops_per_step:9.0f} "
+                line += (f" {count / 1e6:9.1f}M {(count - base) / per_op:9.0f} "
                          f"{(count - base) / (floor - base):8.2f}")
             print(line)
 
@@ -55,7 +56,7 @@ def callgrind_counts(name: str, model: str, steps: int) -> tuple:
     tag = tempfile.mkdtemp(prefix="paratrace-callgrind-")
     cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--separate-threads=yes",
            f"--callgrind-out-file={tag}/out.%p", sys.executable,
-           os.path.abspath(overhead.__file__),
+           OVERHEAD,
            "--one-run", name, model, str(steps + 2), "--handshake", tag]
     try:
         # string hashes decide dict and set layouts: fixed, so that runs repeat exactly
