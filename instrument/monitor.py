@@ -24,9 +24,11 @@ def say(message: str) -> None:
 
 
 class StepProgress:
-    """``recording step k`` (``step k/N`` when the script recorded its number of steps with
+    """``recorded k steps`` (``k/N steps`` when the script recorded its number of steps with
     ``tracer.record_config(steps=N)``), printed when the slowest rank advances, at most once
-    per ``interval_s``. ``k`` is the tracer's step index: steps the slowest rank completed."""
+    per ``interval_s``. ``k`` counts the steps the slowest rank completed, as a script counts
+    them from 1, so the line never runs ahead of, nor reads a step behind, the script's own
+    ``step k`` line; nothing is said before the first step ends."""
 
     def __init__(self, ranks: int, emit: Callable[[str], None],
                  interval_s: float = STEP_LINE_INTERVAL_S):
@@ -45,11 +47,12 @@ class StepProgress:
         if not steps or not all(isinstance(k, int) for k in steps):
             return None
         slowest = min(steps)
-        if self.shown is not None and slowest <= self.shown:
+        if slowest < 1 or (self.shown is not None and slowest <= self.shown):
             return None
         self.shown, self._shown_at = slowest, now
         total = total_steps(statuses)
-        line = f"recording step {slowest}" + (f"/{total}" if total else "")
+        line = f"recorded {slowest}" + (f"/{total}" if total else "") + \
+            (" step" if slowest == 1 and not total else " steps")
         self.emit(line)
         return line
 

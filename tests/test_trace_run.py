@@ -24,7 +24,7 @@ SCRIPTS = Path(__file__).parent / "scripts"
 C10D = str(SCRIPTS / "trace_run_c10d.py")
 ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **CPU_ONLY)
 # trace-run's progress lines on stderr; every other line of its own names a problem
-PHASES = ("launching ", "recording step ", "gathering traces from ", "building the report")
+PHASES = ("launching ", "recorded ", "gathering traces from ", "building the report")
 
 
 def trace_run(*args, cwd, timeout=180, env=ENV) -> subprocess.CompletedProcess:

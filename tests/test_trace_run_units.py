@@ -80,16 +80,15 @@ def test_step_lines_only_when_the_slowest_rank_advances_at_most_once_a_second():
     progress = StepProgress(2, lines.append)
     at = lambda t, s0, s1, config=None: progress.observe(
         {0: status(step=s0, config=config), 1: status(step=s1, config=config)}, t)
-    progress.observe({0: status(step=0)}, 0.0)          # rank 1 not started: nothing known
-    at(0.1, 0, 0)
+    progress.observe({0: status(step=1)}, 0.0)          # rank 1 not started: nothing known
+    at(0.1, 0, 0)                                        # no step has ended yet
     at(0.5, 1, 0)                                        # the slowest has not moved
     at(1.2, 1, 1)
     at(1.3, 2, 2)                                        # too soon after the last line
     at(2.4, 2, 2)
     at(3.5, 5, 5, config={"steps": 5, "tp": 2})
     at(4.6, 5, 5, config={"steps": 5})
-    assert lines == ["recording step 0", "recording step 1", "recording step 2",
-                     "recording step 5/5"]
+    assert lines == ["recorded 1 step", "recorded 2 steps", "recorded 5/5 steps"]
 
 
 @pytest.mark.parametrize("config", [None, {}, {"steps": "3"}, {"steps": True}, {"steps": 0},
@@ -97,7 +96,7 @@ def test_step_lines_only_when_the_slowest_rank_advances_at_most_once_a_second():
 def test_step_lines_without_a_usable_total(config):
     lines = []
     StepProgress(1, lines.append).observe({0: status(step=2, config=config)}, 0.0)
-    assert lines == ["recording step 2"]
+    assert lines == ["recorded 2 steps"]
 
 
 def test_the_collector_is_the_strongest_claim_then_the_lowest_group_rank():
