@@ -258,7 +258,7 @@ def report_main(argv=None) -> int:
     except _errors() as exc:
         return _fail(parser.prog, _message(exc))
     _print(index)
-    return EXIT_UNREADABLE if analysis.missing else 0
+    return EXIT_UNREADABLE if analysis.any_missing else 0
 
 
 def diff_main(argv=None) -> int:

@@ -67,7 +67,7 @@ def build_report(analysis: RunAnalysis, summary: dict, out_dir: str, *,
                 training = training_steps(analysis, steps, engine)
     with progress.phase("building the call graphs"):
         views = report_views(analysis, options, training=training)
-    world = tuple(range(analysis.world_size))
+    world = tuple(sorted(analysis.ranks))       # the ranks the module tables sum over
     graphs = views.graphs + ([views.setup] if views.setup else []) + \
         list(views.zooms.values()) + list(views.module_zooms.values())
     zoom_links = _write_graph_pages(writer, views, graphs, progress)
