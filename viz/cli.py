@@ -160,6 +160,18 @@ def _check_not_another_run(out_dir: str, run) -> None:
                            "overwritten (choose a new DIR)")
 
 
+def _still_written(out_dir: str) -> str:
+    """Why ``out_dir`` must not be written now (a trace-run still writes that run: its traces,
+    run.json and report would mix with this report), or ''. Reading a live run's traces into
+    another ``--out`` is fine: they are readable while they grow."""
+    from tracer import rundir
+    pid = rundir.run_writer(out_dir)
+    if pid is None:
+        return ""
+    return (f"{out_dir} is still being written by trace-run (pid {pid or 'unknown'}); run "
+            "trace-report when it has ended, or write elsewhere with --out DIR")
+
+
 def _check_writable(path: str) -> None:
     from .run import RunError
     try:
@@ -250,6 +262,9 @@ def report_main(argv=None) -> int:
     _engine_options(parser)
     args = parser.parse_args(argv)
     from .render.progress import for_stderr
+    busy = _still_written(args.out or args.run_dir)
+    if busy:
+        return _fail(parser.prog, busy)
     try:
         with for_stderr() as progress:
             index, analysis = build(args.run_dir, args.out, warn=_stderr(parser.prog),
