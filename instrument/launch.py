@@ -31,7 +31,7 @@ from torch.distributed.launcher.api import elastic_launch
 
 from tracer import rundir
 
-from . import gather, preflight, run_record
+from . import gather, orphans, preflight, run_record
 from .cli import (EXIT_USAGE, Target, UsageError, build_parser, check_out, check_own_options,
                   prepare_out, resolve_target, worker_args)
 from .monitor import Monitor, say
@@ -48,6 +48,7 @@ def main(argv: Optional[list] = None) -> int:
     args = build_parser().parse_args(command[1:])
     try:
         target, config, out = prepare(args)
+        lock = hold_out(out)
     except UsageError as exc:
         print(f"trace-run: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -56,6 +57,8 @@ def main(argv: Optional[list] = None) -> int:
     except KeyboardInterrupt:   # a second Ctrl-C while gathering or building the report
         say("interrupted")
         return 128 + signal.SIGINT
+    finally:
+        os.close(lock)
 
 
 def prepare(args) -> tuple:
@@ -67,6 +70,25 @@ def prepare(args) -> tuple:
     config = launch_config(args)
     out = prepare_out(args.out)
     return target, config, out
+
+
+def hold_out(out: str) -> int:
+    """Take DIR's lock for the whole run (launch, record, gather, report): a second trace-run
+    on DIR, or a trace-report writing into it, is refused while this one writes. Checked
+    again under the lock: a run may have filled DIR since :func:`prepare` looked."""
+    try:
+        lock = rundir.lock_run(out)
+    except rundir.RunLocked as exc:
+        raise UsageError(f"--out {out} is being written by another trace-run (pid "
+                         f"{exc.pid or 'unknown'}); choose a new DIR") from None
+    except OSError as exc:
+        raise UsageError(f"cannot write to --out {out}: {exc.strerror or exc}") from None
+    try:
+        check_out(out)
+    except UsageError:
+        os.close(lock)
+        raise
+    return lock
 
 
 def run(args, config, target: Target, out: str, command: list) -> int:
@@ -118,6 +140,7 @@ def launch(config, argv: list, traces_dir: str, target: Target, *,
            timeout: Optional[float]) -> Outcome:
     """Launch through torch's elastic agent and classify how each rank ended."""
     say(f"launching {describe_launch(config, target)}")
+    os.environ.update(orphans.become_subreaper())   # workers die with trace-run (orphans.py)
     outcome = Outcome()
     monitor = Monitor(traces_dir, ranks=config.nproc_per_node, timeout_s=timeout,
                       multi_node=config.max_nodes > 1).start()
@@ -135,6 +158,7 @@ def launch(config, argv: list, traces_dir: str, target: Target, *,
         outcome.error, outcome.exit_code = describe_launch_error(exc, config), EXIT_LAUNCH
     finally:
         monitor.stop()
+        orphans.end_orphans()    # what SIGKILLed workers forked, handed to trace-run
     if monitor.hang is not None:
         outcome.add_hang(monitor.hang, EXIT_HANG)
     return outcome
