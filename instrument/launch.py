@@ -115,7 +115,8 @@ def run(args, config, target: Target, out: str, command: list) -> int:
         record["exit_code"] = record["exit_code"] or 1
     # a launch that never started a worker has nothing to draw: its one line said it all
     nothing = outcome.error is not None and not record["ranks"]
-    return report(out, record["exit_code"], args.no_report or nothing, said_failed(record))
+    return report(out, record["exit_code"], args.no_report or nothing, said_failed(record),
+                  sources=not args.no_source)
 
 
 def start_collector(args, config, traces_dir: str) -> gather.Collector:
@@ -259,12 +260,14 @@ def gather_traces(record: dict, collector: gather.Collector, node: dict, traces_
                                                         record["first_failure"])
 
 
-def report(out: str, exit_code: int, no_report: bool, reported: frozenset = frozenset()) -> int:
-    """Build the report (unless --no-report); the last line on stdout is its path, or DIR."""
+def report(out: str, exit_code: int, no_report: bool, reported: frozenset = frozenset(), *,
+           sources: bool = True) -> int:
+    """Build the report (unless --no-report; ``sources=False``: --no-source); the last line on
+    stdout is its path, or DIR."""
     index = None
     if not no_report:
         say("building the report")
-        index = build_report(out, reported)
+        index = build_report(out, reported, sources)
     print(index or out, flush=True)
     return exit_code
 
@@ -277,7 +280,8 @@ def said_failed(record: dict) -> frozenset:
                      if info["status"] == "failed" and not info.get("terminated"))
 
 
-def build_report(out: str, reported: frozenset = frozenset()) -> Optional[str]:
+def build_report(out: str, reported: frozenset = frozenset(), sources: bool = True
+                 ) -> Optional[str]:
     """viz.cli.build; None (with a one-line message) if nothing could be built. viz names each
     damaged or missing trace itself, one line each, and the ranks in ``reported`` (failures
     already said) no second time."""
@@ -288,7 +292,7 @@ def build_report(out: str, reported: frozenset = frozenset()) -> Optional[str]:
         say(f"report builder unavailable ({exc})")
         return None
     try:
-        index, _ = build(out, warn=say, reported=reported)
+        index, _ = build(out, warn=say, reported=reported, sources=sources)
         return index
     except (RunError, OSError, ValueError) as exc:
         say(f"no report: {exc}")

@@ -125,6 +125,17 @@ def test_empty_file_is_named_and_exits_1(run):
     assert f"{trace_file(run, 1)}: empty file (0 bytes)" in line, line
 
 
+def test_a_fifo_is_named_for_what_it_is_and_exits_1(run):
+    path = trace_file(run, 1)
+    path.unlink()
+    os.mkfifo(path)
+    proc = console("trace-report", str(run))
+    assert proc.returncode == 1
+    (line,) = lines(proc)
+    assert line == (f"trace-report: {path}: a FIFO (named pipe), not a trace file; rank 1 is "
+                    "left out")
+
+
 def test_newer_format_is_named_and_exits_1(run):
     """A trace written by a later paratrace: the format's own header, a higher version."""
     path = trace_file(run, 1)

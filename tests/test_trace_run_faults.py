@@ -25,8 +25,8 @@ import pytest
 
 import tracer
 from gpt_helpers import free_port
-from test_trace_run import (C10D, ENV, assert_no_traceback, comm_counts, own_lines, problems,
-                            run_json, script_line, trace_run)
+from trace_run_helpers import (C10D, ENV, assert_no_traceback, comm_counts, own_lines, problems,
+                               run_json, script_line, trace_run)
 
 
 def last_stdout_line(proc) -> str:

@@ -19,6 +19,7 @@ import errno
 import fcntl
 import os
 import re
+import stat
 from typing import Optional
 
 TRACES = "traces"
@@ -77,6 +78,24 @@ def rank_files(directory: str, ext: str = TRACE_EXT) -> dict:
         if rank is not None:
             out[rank] = os.path.join(directory, name)
     return out
+
+
+_KINDS = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
+          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISDIR, "a directory"))
+
+
+def not_regular(path: str) -> Optional[str]:
+    """What ``path`` is when it is no regular file (links followed), e.g. ``a FIFO (named
+    pipe)``; None for a regular file or none at all. Reading one would block (a FIFO) or
+    never end (a device), and its size of 0 says nothing about what it holds."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    if stat.S_ISREG(mode):
+        return None
+    return next((kind for test, kind in _KINDS if test(mode)), "not a regular file")
 
 
 class RunLocked(Exception):

@@ -27,14 +27,15 @@ def _stderr(prog: str) -> Callable[[str], None]:
 def build(run_dir: str, out_dir: Optional[str] = None, *,
           warn: Optional[Callable[[str], None]] = None, jobs: Optional[int] = None,
           dask: Optional[str] = None, kineto: tuple = (), progress=None,
-          reported: frozenset = frozenset()) -> tuple:
+          reported: frozenset = frozenset(), sources: bool = True) -> tuple:
     """Analyse the run in ``run_dir`` and write summary.json and the report into ``out_dir``
     (default: ``run_dir``). Returns (index.html's path, the analysis). Each damaged or missing
     trace goes to ``warn`` as one line; the per-rank work runs in ``jobs`` processes (default:
     one per core) or on the Dask scheduler at ``dask``; ``kineto``: torch.profiler exports
     (``[R=]FILE``) to merge; ``progress`` (viz.render.progress.Progress, default: none shown)
-    follows the work; ``reported``: ranks whose failure the caller already named. Raises
-    viz.run.RunError or tracer.kineto.KinetoError."""
+    follows the work; ``reported``: ranks whose failure the caller already named;
+    ``sources=False``: no source file is read (``--no-source``). Raises viz.run.RunError or
+    tracer.kineto.KinetoError."""
     from .analysis import analyse
     from .engine import Engine
     from .render.progress import Progress
@@ -55,7 +56,8 @@ def build(run_dir: str, out_dir: Optional[str] = None, *,
             (warn or _stderr("trace-report"))(line)
         summary = build_summary(analysis)
         write_summary(summary, out_dir)
-        index = build_report(analysis, summary, out_dir, engine=engine, progress=progress)
+        index = build_report(analysis, summary, out_dir, engine=engine, progress=progress,
+                             sources=sources)
     return index, analysis
 
 
@@ -259,6 +261,9 @@ def report_main(argv=None) -> int:
     parser.add_argument("--kineto", nargs="+", default=[], metavar="[R=]FILE",
                         help="torch.profiler Chrome-trace exports (.json or .json.gz) to merge "
                         "as GPU time: rank R's, or the rank its distributedInfo names")
+    parser.add_argument("--no-source", action="store_true",
+                        help="read no source file: source pages list only the lines that "
+                        "issued ops (a report to share)")
     _engine_options(parser)
     args = parser.parse_args(argv)
     from .render.progress import for_stderr
@@ -269,7 +274,7 @@ def report_main(argv=None) -> int:
         with for_stderr() as progress:
             index, analysis = build(args.run_dir, args.out, warn=_stderr(parser.prog),
                                     jobs=args.jobs, dask=args.dask, kineto=args.kineto,
-                                    progress=progress)
+                                    progress=progress, sources=not args.no_source)
     except _errors() as exc:
         return _fail(parser.prog, _message(exc))
     _print(index)
