@@ -2,12 +2,12 @@
 rank that leaves with os._exit or sys.exit mid-step, one --out for two runs, SIGKILL to
 trace-run and the processes a script forks; plus the first-failure rules on constructed files.
 
-| case                                             | exit | what is checked                        |
-|--------------------------------------------------|------|----------------------------------------|
-| rank 1 os._exit(0) in step 2, a forked child each | 1    | its rows kept, blamed, children ended  |
-| rank 1 sys.exit(3) in step 2                     | 3    | blamed with its status                 |
-| a second trace-run / trace-report on a live run  | 2    | one line each                          |
-| SIGKILL to trace-run, ranks deaf to SIGTERM      |      | workers and children gone, traces kept |
+| case                                            | exit | what is checked                         |
+|-------------------------------------------------|------|-----------------------------------------|
+| rank 1 os._exit(0) in step 2, a forked child each | 1  | its rows kept, blamed, children ended   |
+| rank 1 sys.exit(3) in step 2                    | 3    | blamed with its status                  |
+| a second trace-run / trace-report on a live run | 2    | one line each                           |
+| SIGKILL to trace-run, ranks deaf to SIGTERM     |      | workers, children gone; traces closed   |
 """
 from __future__ import annotations
 
