@@ -89,9 +89,9 @@ def keep_earlier_attempt(traces_dir: str, rank: int) -> None:
 
 
 def _orphaned() -> None:
-    """trace-run died and this worker is still here after the kernel's SIGTERM (its main
-    thread held in C): close the trace from this thread, unless the main thread is closing it
-    already (then give it a while), and leave."""
+    """trace-run died and this worker is still here after the kernel's SIGTERM (its script
+    ignores SIGTERM, or its main thread is held in C): close the trace from this thread, unless
+    the main thread is closing it already (then give it a while), and leave."""
     try:
         session = tracer.active()
         if session is not None and session.status == "running":

@@ -6,7 +6,8 @@ The command line is torchrun's own parser (``torch.distributed.run.get_args_pars
 trace-run's options added, so every torchrun option, in both spellings, means what it means to
 torchrun. A run goes parse -> launch -> record -> gather -> report:
 
-- **parse** (:func:`prepare`): every option checked before anything starts (cli, preflight);
+- **parse** (:func:`prepare`): every option checked before anything starts (cli, preflight),
+  then DIR locked for the whole run (:func:`hold_out`: one trace-run per directory);
 - **launch** (:func:`launch`): torch's elastic agent (``elastic_launch``) spawns, monitors and
   ends the workers; each runs ``instrument.bootstrap`` (the tracer, then the user's script as
   ``__main__``) while :class:`~instrument.monitor.Monitor` prints progress and watches for hangs;
