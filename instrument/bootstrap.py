@@ -10,6 +10,7 @@ once per rank. Before the user's code runs this module:
   ``traces/rank-<R>.stack.txt`` (the watchdog sends it when the run hangs: faulthandler writes
   from C, so it works even while the main thread is blocked inside a collective);
 - on multi-node runs, tells trace-run where the collector for its node's traces is (gather.py);
+- ends when trace-run dies, and then ends what its script forked too (orphans.py);
 
 then runs the script as ``__main__`` with its own argv inside ``tracer.trace(...)``. A raised
 exception still propagates after the tracer recorded it: the process exits non-zero and torch's
@@ -23,6 +24,7 @@ import os
 import runpy
 import signal
 import sys
+import time
 from typing import Optional
 
 from torch.distributed.elastic.multiprocessing.errors import record
@@ -30,7 +32,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 import tracer
 from tracer import rundir
 
-from . import gather
+from . import gather, orphans
 
 
 class Terminated(KeyboardInterrupt):
@@ -86,6 +88,23 @@ def keep_earlier_attempt(traces_dir: str, rank: int) -> None:
             os.replace(os.path.join(traces_dir, name), os.path.join(keep, name))
 
 
+def _orphaned() -> None:
+    """trace-run died and this worker is still here after the kernel's SIGTERM (its script
+    ignores SIGTERM, or its main thread is held in C): close the trace from this thread, unless
+    the main thread is closing it already (then give it a while), and leave."""
+    try:
+        session = tracer.active()
+        if session is not None and session.status == "running":
+            from tracer import exits
+            exits.leave(session, 128 + signal.SIGTERM, ended_by="trace-run ended (killed?) and "
+                        f"the worker did not stop on SIGTERM within {orphans.GRACE_S:g}s")
+        deadline = time.monotonic() + 10
+        while tracer.active() is not None and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        os._exit(128 + signal.SIGTERM)
+
+
 def _rank() -> int:
     try:
         return int(os.environ.get("RANK", "0"))
@@ -100,6 +119,7 @@ def main(argv: Optional[list] = None) -> None:
     os.makedirs(traces_dir, exist_ok=True)
     keep_earlier_attempt(traces_dir, _rank())
     signal.signal(signal.SIGTERM, _on_sigterm)
+    orphans.die_with_launcher(_orphaned)
     # Kept open for the life of the process: faulthandler writes to its file descriptor.
     stack_file = open(rundir.stack_file(traces_dir, _rank()), "w")
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
@@ -129,6 +149,11 @@ def main(argv: Optional[list] = None) -> None:
         # The trace is closed: nothing is left to flush, so a SIGTERM from here on just ends
         # the process (raised now, it would land in an atexit handler as a traceback).
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        if orphans.orphaned():      # no trace-run left to end what the script forked
+            # NOTE: the kernel sends the death signal again as it hands this process on to
+            # the next parent: it must not cut the ending of the group short
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            orphans.end_own_group()
 
 
 if __name__ == "__main__":

@@ -65,6 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
                      "(default: compiled code runs compiled, one range per compiled graph)")
     own.add_argument("--no-report", action="store_true",
                      help="only record: skip summary.json and the HTML report")
+    own.add_argument("--no-source", action="store_true",
+                     help="the report reads no source file (source pages list only the lines "
+                     "that issued ops): a report to share")
     own.add_argument("--timeout", type=float, metavar="SECONDS", default=None,
                      help="end the run when no rank makes progress for this long while one "
                      "waits in a collective, or a rank records nothing this long after another "

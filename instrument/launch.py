@@ -6,7 +6,8 @@ The command line is torchrun's own parser (``torch.distributed.run.get_args_pars
 trace-run's options added, so every torchrun option, in both spellings, means what it means to
 torchrun. A run goes parse -> launch -> record -> gather -> report:
 
-- **parse** (:func:`prepare`): every option checked before anything starts (cli, preflight);
+- **parse** (:func:`prepare`): every option checked before anything starts (cli, preflight),
+  then DIR locked for the whole run (:func:`hold_out`: one trace-run per directory);
 - **launch** (:func:`launch`): torch's elastic agent (``elastic_launch``) spawns, monitors and
   ends the workers; each runs ``instrument.bootstrap`` (the tracer, then the user's script as
   ``__main__``) while :class:`~instrument.monitor.Monitor` prints progress and watches for hangs;
@@ -31,7 +32,7 @@ from torch.distributed.launcher.api import elastic_launch
 
 from tracer import rundir
 
-from . import gather, preflight, run_record
+from . import gather, orphans, preflight, run_record
 from .cli import (EXIT_USAGE, Target, UsageError, build_parser, check_out, check_own_options,
                   prepare_out, resolve_target, worker_args)
 from .monitor import Monitor, say
@@ -48,6 +49,7 @@ def main(argv: Optional[list] = None) -> int:
     args = build_parser().parse_args(command[1:])
     try:
         target, config, out = prepare(args)
+        lock = hold_out(out)
     except UsageError as exc:
         print(f"trace-run: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -56,6 +58,8 @@ def main(argv: Optional[list] = None) -> int:
     except KeyboardInterrupt:   # a second Ctrl-C while gathering or building the report
         say("interrupted")
         return 128 + signal.SIGINT
+    finally:
+        os.close(lock)
 
 
 def prepare(args) -> tuple:
@@ -67,6 +71,25 @@ def prepare(args) -> tuple:
     config = launch_config(args)
     out = prepare_out(args.out)
     return target, config, out
+
+
+def hold_out(out: str) -> int:
+    """Take DIR's lock for the whole run (launch, record, gather, report): a second trace-run
+    on DIR, or a trace-report writing into it, is refused while this one writes. Checked
+    again under the lock: a run may have filled DIR since :func:`prepare` looked."""
+    try:
+        lock = rundir.lock_run(out)
+    except rundir.RunLocked as exc:
+        raise UsageError(f"--out {out} is being written by another trace-run (pid "
+                         f"{exc.pid or 'unknown'}); choose a new DIR") from None
+    except OSError as exc:
+        raise UsageError(f"cannot write to --out {out}: {exc.strerror or exc}") from None
+    try:
+        check_out(out)
+    except UsageError:
+        os.close(lock)
+        raise
+    return lock
 
 
 def run(args, config, target: Target, out: str, command: list) -> int:
@@ -93,7 +116,8 @@ def run(args, config, target: Target, out: str, command: list) -> int:
         record["exit_code"] = record["exit_code"] or 1
     # a launch that never started a worker has nothing to draw: its one line said it all
     nothing = outcome.error is not None and not record["ranks"]
-    return report(out, record["exit_code"], args.no_report or nothing, said_failed(record))
+    return report(out, record["exit_code"], args.no_report or nothing, said_failed(record),
+                  sources=not args.no_source)
 
 
 def start_collector(args, config, traces_dir: str) -> gather.Collector:
@@ -118,6 +142,7 @@ def launch(config, argv: list, traces_dir: str, target: Target, *,
            timeout: Optional[float]) -> Outcome:
     """Launch through torch's elastic agent and classify how each rank ended."""
     say(f"launching {describe_launch(config, target)}")
+    os.environ.update(orphans.become_subreaper())   # workers die with trace-run (orphans.py)
     outcome = Outcome()
     monitor = Monitor(traces_dir, ranks=config.nproc_per_node, timeout_s=timeout,
                       multi_node=config.max_nodes > 1).start()
@@ -135,6 +160,7 @@ def launch(config, argv: list, traces_dir: str, target: Target, *,
         outcome.error, outcome.exit_code = describe_launch_error(exc, config), EXIT_LAUNCH
     finally:
         monitor.stop()
+        orphans.end_orphans()    # what SIGKILLed workers forked, handed to trace-run
     if monitor.hang is not None:
         outcome.add_hang(monitor.hang, EXIT_HANG)
     return outcome
@@ -235,12 +261,14 @@ def gather_traces(record: dict, collector: gather.Collector, node: dict, traces_
                                                         record["first_failure"])
 
 
-def report(out: str, exit_code: int, no_report: bool, reported: frozenset = frozenset()) -> int:
-    """Build the report (unless --no-report); the last line on stdout is its path, or DIR."""
+def report(out: str, exit_code: int, no_report: bool, reported: frozenset = frozenset(), *,
+           sources: bool = True) -> int:
+    """Build the report (unless --no-report; ``sources=False``: --no-source); the last line on
+    stdout is its path, or DIR."""
     index = None
     if not no_report:
         say("building the report")
-        index = build_report(out, reported)
+        index = build_report(out, reported, sources)
     print(index or out, flush=True)
     return exit_code
 
@@ -253,7 +281,8 @@ def said_failed(record: dict) -> frozenset:
                      if info["status"] == "failed" and not info.get("terminated"))
 
 
-def build_report(out: str, reported: frozenset = frozenset()) -> Optional[str]:
+def build_report(out: str, reported: frozenset = frozenset(), sources: bool = True
+                 ) -> Optional[str]:
     """viz.cli.build; None (with a one-line message) if nothing could be built. viz names each
     damaged or missing trace itself, one line each, and the ranks in ``reported`` (failures
     already said) no second time."""
@@ -264,7 +293,7 @@ def build_report(out: str, reported: frozenset = frozenset()) -> Optional[str]:
         say(f"report builder unavailable ({exc})")
         return None
     try:
-        index, _ = build(out, warn=say, reported=reported)
+        index, _ = build(out, warn=say, reported=reported, sources=sources)
         return index
     except (RunError, OSError, ValueError) as exc:
         say(f"no report: {exc}")

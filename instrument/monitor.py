@@ -1,5 +1,6 @@
 """What trace-run says while the workers run: phase lines on stderr, step progress, and the
-hang watchdog, all fed by one thread that reads the tracer's live status files.
+hang watchdog, all fed by one thread that reads the tracer's live status files; the same
+thread ends what finished or dead ranks forked (orphans.Strays).
 
 Every line trace-run prints on stderr starts with ``trace-run:`` (:func:`say`); stdout is kept
 for the training's own output and, last, the report's path.
@@ -12,6 +13,7 @@ import time
 from typing import Callable, Optional
 
 from . import watchdog
+from .orphans import Strays
 from .watchdog import HangDetector, read_statuses
 
 POLL_S = 0.5
@@ -80,6 +82,7 @@ class Monitor:
         self.progress = StepProgress(ranks, say)
         self.detector = HangDetector(timeout_s) if timeout_s else None
         self.hang: Optional[dict] = None
+        self.strays = Strays()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="paratrace-monitor", daemon=True)
 
@@ -96,6 +99,7 @@ class Monitor:
 
     def _run(self) -> None:
         while not self._stop.wait(self.poll_s):
+            self.strays.tick()
             statuses = read_statuses(self.traces_dir)
             now = time.monotonic()
             self.progress.observe(statuses, now)

@@ -18,7 +18,7 @@ from typing import Optional
 import tracer
 from tracer import rundir
 
-from .watchdog import read_statuses
+from .watchdog import P2P, Collective, highest_seqs, read_statuses
 
 SCHEMA = "paratrace.run/1"
 # Exit codes of workers ended from outside (SIGTERM/SIGINT/SIGKILL by the agent or watchdog).
@@ -41,14 +41,22 @@ class Outcome:
     error: Optional[str] = None                    # the launch itself failed (rendezvous...)
 
     def add_failures(self, failed, traces_dir: str) -> None:
-        """torch's ChildFailedError: every failed rank, the first one and the exit status."""
-        first = first_to_stop(list(failed.failures), traces_dir)
+        """torch's ChildFailedError: every failed rank, the first one and the exit status. A
+        rank that left through os._exit or sys.exit while a failed rank waited for it counts
+        as failed too, whatever its exit status (torch's agent saw a 0 as a success)."""
+        left = left_early(traces_dir, read_statuses(traces_dir), set(failed.failures))
+        first = first_to_stop(sorted(set(failed.failures) | set(left)), traces_dir)
         if first is None:
             first, _ = failed.get_first_failure()
         self.first_failure = first
-        self.exit_code = exit_status(failed.failures[first].exitcode)
+        code = failed.failures[first].exitcode if first in failed.failures else \
+            left[first]["code"]
+        self.exit_code = exit_status(code)
         for rank, failure in failed.failures.items():
             self.ranks[str(rank)] = failed_rank(rank, failure, first)
+        for rank, how in left.items():
+            self.ranks[str(rank)] = {"status": "failed", "exit_code": how["code"],
+                                     "error": how["error"], "terminated": False}
 
     def add_hang(self, hang: dict, exit_code: int) -> None:
         """The watchdog ended the run: blame the ranks it named; the others were ended."""
@@ -67,10 +75,53 @@ class Outcome:
                         terminated=int(rank) not in culprits)
 
 
+def left_early(traces_dir: str, statuses: dict, failed: set) -> dict:
+    """rank -> {"code", "error"} of each rank whose trace says it left through os._exit or
+    sys.exit (tracer/exits.py) while a failed rank waited for it in a collective it never
+    launched: ``exited with status 0 (os._exit) in step 2 while rank 0 waited in all_reduce
+    #8``. A rank that left after its last collective (a script that ends with os._exit(0)) is
+    no such rank. Reads the traces of the ranks waited for only."""
+    waited: dict = {}
+    for rank in sorted(failed):
+        status = statuses.get(rank) or {}
+        for d in (status.get("failed_collectives") or []) + (status.get("inflight") or []):
+            c = Collective.of(d)
+            members = [c.peer] if c.kind in P2P else c.members()
+            for other in members:
+                if other is not None and other != rank:
+                    waited.setdefault(other, []).append((rank, c))
+    out = {}
+    for rank, waits in waited.items():
+        mine = statuses.get(rank) or {}
+        if not mine.get("final") or mine.get("failed_collectives"):
+            continue              # killed, or a waiter itself: it left through no exit call
+        try:
+            trace = tracer.load(rundir.trace_file(traces_dir, rank))
+        except tracer.TraceError:
+            continue
+        how = trace.meta.get("exit")
+        if not isinstance(how, dict):
+            continue
+        launched = highest_seqs(trace)
+        missed = [(w, c) for w, c in waits
+                  if c.kind in P2P or c.seq is None or launched.get(c.group, -1) < c.seq]
+        if missed:
+            waiters = sorted({w for w, _ in missed})
+            c = missed[0][1]
+            out[rank] = {"code": how.get("code"), "error": (
+                f"exited with status {how.get('code')} ({how.get('how')}) in step "
+                f"{how.get('step')} while rank{'s' if len(waiters) > 1 else ''} "
+                f"{', '.join(map(str, waiters))} waited in {c.kind}"
+                + (f" #{c.seq}" if c.seq is not None and c.kind not in P2P else ""))}
+    return out
+
+
 def first_to_stop(ranks: list, traces_dir: str) -> Optional[int]:
     """Of these failed ranks, the one whose last sign of life came first: the root cause, as
-    the others stopped because of it. A rank's last sign of life is the latest write to its
-    status file or its trace; None unless every rank has one of them.
+    the others stopped because of it. A rank's last sign of life is its status file's last
+    write, as the time it wrote in it (``now_ns``: the machine's monotonic clock, to the
+    nanosecond, the same for every rank of a node) where every rank has one; else the latest
+    modification time of its status file or its trace; None unless every rank has one of them.
 
     NOTE: torch's own first failure compares whole seconds, taken from the error file of a rank
     that raised but from the moment the agent noticed a rank killed by a signal: a peer that
@@ -80,7 +131,17 @@ def first_to_stop(ranks: list, traces_dir: str) -> Optional[int]:
     recording, while the first status file waits for the flusher's first turn: a rank killed
     before that turn (a starved flusher on a loaded machine) leaves no status file, and asking
     torch instead can blame its peer.
+    NOTE: modification times come from the kernel's coarse clock (a tick of some
+    milliseconds): a killed rank's last write and its peer's final one could tie, and a tie
+    went to whichever rank came first in torch's list (the flaky
+    test_a_rank_killed_with_sigkill_mid_step blamed rank 1 once). The status file's own time
+    cannot tie, and orders them as they happened: the killed rank wrote its last before it
+    died, the peer its final one after it saw the death.
     """
+    statuses = read_statuses(traces_dir)
+    written = {r: (statuses.get(r) or {}).get("now_ns") for r in ranks}
+    if ranks and all(isinstance(ns, int) for ns in written.values()):
+        return min(ranks, key=written.get)
     stopped = {}
     for rank in ranks:
         times = []

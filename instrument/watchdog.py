@@ -30,7 +30,7 @@ import tracer
 from tracer import rundir
 from tracer.ops import group_ranks
 
-_P2P = ("send", "recv")
+P2P = ("send", "recv")
 COLLECTIVE, LEFT_BEHIND, EXIT = "collective", "left_behind", "exit"
 EXIT_GRACE_S = 30.0       # a closed trace, a live process: torch's own shutdown grace
 
@@ -75,16 +75,20 @@ def read_statuses(traces_dir: str) -> dict:
 def launched_seqs(traces_dir: str, rank: int) -> dict:
     """group -> highest collective sequence number ``rank`` launched, from its trace on disk."""
     try:
-        t = tracer.load(rundir.trace_file(traces_dir, rank))
+        return highest_seqs(tracer.load(rundir.trace_file(traces_dir, rank)))
     except tracer.TraceError:
         return {}
-    table = t.table
+
+
+def highest_seqs(trace) -> dict:
+    """group -> highest collective sequence number launched in ``trace``."""
+    table = trace.table
     groups, seqs = table.column("group").to_pylist(), table.column("seq").to_pylist()
     kinds = table.column("kind").to_pylist()
     highest: dict = {}
     for group, seq, kind in zip(groups, seqs, kinds):
         # point-to-point operations have sequence numbers of their own
-        if group is not None and seq is not None and kind not in _P2P \
+        if group is not None and seq is not None and kind not in P2P \
                 and seq > highest.get(group, -1):
             highest[group] = seq
     return highest
@@ -107,21 +111,21 @@ def never_arrived(statuses: dict, launched: dict, absent_arrived: bool = False) 
             seen.append(Collective.of(status["last_collective"]))
         highest = launched.get(rank, {}).get(c.group, -1)
         highest = max([highest] + [s.seq for s in seen if s.group == c.group
-                                    and s.seq is not None and s.kind not in _P2P])
+                                    and s.seq is not None and s.kind not in P2P])
         return highest >= c.seq
 
     def posted_peer_op(rank: int, peer: int) -> bool:
         if rank not in statuses:
             return absent_arrived
         status = statuses[rank]
-        return any(d.get("kind") in _P2P and d.get("peer") == peer
+        return any(d.get("kind") in P2P and d.get("peer") == peer
                    for d in status.get("inflight") or [])
 
     missing = set()
     for rank, status in statuses.items():
         for d in status.get("inflight") or []:
             c = Collective.of(d)
-            if c.kind in _P2P:
+            if c.kind in P2P:
                 if c.peer is not None and not posted_peer_op(c.peer, rank):
                     missing.add(c.peer)
             elif c.seq is not None:

@@ -32,7 +32,7 @@ from viz.groups import op_groups
 from viz.flops import flops
 from viz.modules import module_tree
 from viz.render.callgraph_svg import render_svg, to_dot
-from viz.source import display_paths
+from viz.source import RecordedSources, display_paths, reading
 from viz.run import open_run
 
 REPO = Path(__file__).resolve().parent.parent
@@ -68,8 +68,10 @@ def groups(run):
 
 @pytest.fixture(scope="module")
 def merged(run, groups):
-    return build_callgraph([g for r in sorted(groups) for g in groups[r]],
-                           world=range(len(run.files)))
+    # definition lines come from the source files the recording hashed (viz.source)
+    with reading(RecordedSources(run.load(r).meta for r in run.files)):
+        return build_callgraph([g for r in sorted(groups) for g in groups[r]],
+                               world=range(len(run.files)))
 
 
 def line_of(path: str, text: str) -> int:

@@ -36,11 +36,12 @@ def console(name: str, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([command, *args], capture_output=True, text=True, timeout=240)
 
 
-def two_ranks(directory: Path) -> Path:
-    """A healthy constructed run of two ranks: ops, an all-reduce per step, step markers."""
+def two_ranks(directory: Path, world: int = 2) -> Path:
+    """A healthy constructed run of two ranks: ops, an all-reduce per step, step markers;
+    ``world``: the world size their metadata says (ranks 2.. then have no trace)."""
     ranks = []
     for rank in (0, 1):
-        r = SyntheticRank(rank, 2, {"tp": 2, "pp": 1, "dp": 1})
+        r = SyntheticRank(rank, world, {"tp": 2, "pp": 1, "dp": 1})
         t = 0
         for step in range(STEPS):
             for _ in range(OPS_PER_STEP):
@@ -124,6 +125,17 @@ def test_empty_file_is_named_and_exits_1(run):
     assert f"{trace_file(run, 1)}: empty file (0 bytes)" in line, line
 
 
+def test_a_fifo_is_named_for_what_it_is_and_exits_1(run):
+    path = trace_file(run, 1)
+    path.unlink()
+    os.mkfifo(path)
+    proc = console("trace-report", str(run))
+    assert proc.returncode == 1
+    (line,) = lines(proc)
+    assert line == (f"trace-report: {path}: a FIFO (named pipe), not a trace file; rank 1 is "
+                    "left out")
+
+
 def test_newer_format_is_named_and_exits_1(run):
     """A trace written by a later paratrace: the format's own header, a higher version."""
     path = trace_file(run, 1)
@@ -149,21 +161,48 @@ def test_unclosed_trace_of_a_killed_rank_is_named_and_exits_0(tmp_path):
     assert summary(tmp_path)["ranks"]["0"]["status"] == "failed"
 
 
-def test_a_missing_rank_of_the_world_is_named_and_exits_1(run):
+def test_a_missing_rank_of_the_world_is_named_and_exits_1(tmp_path):
+    run = two_ranks(tmp_path / "run", world=3)
     (run / rundir.RUN_RECORD).write_text(json.dumps({"world_size": 3}))
     proc = console("trace-report", str(run))
     assert proc.returncode == 1
     (line,) = lines(proc)
     assert line == f"trace-report: rank 2: no trace file in {run / 'traces'}"
+    assert summary(run)["missing_ranks"] == [[2, 2]] and "2" not in summary(run)["ranks"]
 
 
-def test_a_world_of_missing_ranks_is_one_line_not_one_per_rank(run):
-    (run / rundir.RUN_RECORD).write_text(json.dumps({"world_size": 1000}))
+@pytest.mark.parametrize("world", [1000, 10**7])
+def test_a_world_of_missing_ranks_is_one_line_not_one_per_rank(tmp_path, world):
+    """Two traces of a world of 10^7 ranks (their own metadata says so): runs of absent ranks
+    in every output, nothing written or held per absent rank."""
+    run = two_ranks(tmp_path / "run", world=world)
     proc = console("trace-report", str(run))
     assert proc.returncode == 1
-    assert lines(proc) == [f"trace-report: ranks 2-999: no trace file in {run / 'traces'}"]
+    assert lines(proc) == [f"trace-report: ranks 2-{world - 1}: no trace file in "
+                           f"{run / 'traces'}"]
     html = (run / "index.html").read_text()
-    assert html.count('class="banner missing"') == 1 and "ranks 2-999: no trace" in html
+    assert html.count('class="banner missing"') == 1 and f"ranks 2-{world - 1}: no trace" in html
+    assert html.count(f"<td>2-{world - 1}</td>") == 2          # one row in each rank table
+    got = summary(run)
+    assert (got["world_size"], list(got["ranks"]), got["missing_ranks"]) == \
+        (world, ["0", "1"], [[2, world - 1]])
+    for page in ("index.html", "summary.json", "crossrank.html", "modules.html"):
+        assert (run / page).stat().st_size < 100_000, page
+
+
+def test_a_forged_world_size_in_run_json_is_named_and_set_aside(run):
+    """20 bytes of run.json saying a million ranks beside 2 traces of a world of 2 (once: a
+    614 MB index.html, a 296 MB summary.json, 79 s and 2.3 GB)."""
+    (run / rundir.RUN_RECORD).write_text('{"world_size": 1000000}')
+    proc = console("trace-report", str(run))
+    assert proc.returncode == 0, proc.stderr
+    assert lines(proc) == [f"trace-report: {run / 'run.json'}: world_size 1000000 does not "
+                           "match the traces (the traces say 2); the report uses 2"]
+    got = summary(run)
+    assert (got["world_size"], list(got["ranks"]), got["missing_ranks"]) == (2, ["0", "1"], [])
+    html = (run / "index.html").read_text()
+    assert "world_size 1000000 does not match the traces" in html
+    assert (run / "index.html").stat().st_size < 100_000
 
 
 def test_traces_whose_metadata_names_another_rank_are_left_out(tmp_path):

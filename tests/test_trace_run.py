@@ -1,70 +1,22 @@
 """trace-run as users run it: the real command in a subprocess, real gloo workers.
 
 Healthy runs and the command line here; faults in test_trace_run_faults.py, multi-node runs in
-test_trace_run_nodes.py (both use the helpers below), pure functions in test_trace_run_units.py.
+test_trace_run_nodes.py (all use tests/trace_run_helpers.py), pure functions in test_trace_run_units.py.
 Scripts under tests/scripts/ know nothing about paratrace. Every run uses 2 ranks and a tiny
 model; single-node runs need no port (trace-run lets the rendezvous pick one, as torchrun does).
 """
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-from pathlib import Path
 
 import pytest
 
 import tracer
-from conftest import CPU_ONLY
 from instrument import gather
 from instrument.watchdog import launched_seqs, never_arrived
 from tracer.synthetic import SyntheticRank
-
-SCRIPTS = Path(__file__).parent / "scripts"
-C10D = str(SCRIPTS / "trace_run_c10d.py")
-ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **CPU_ONLY)
-# trace-run's progress lines on stderr; every other line of its own names a problem
-PHASES = ("launching ", "recorded ", "gathering traces from ", "building the report")
-
-
-def trace_run(*args, cwd, timeout=180, env=ENV) -> subprocess.CompletedProcess:
-    return subprocess.run(["trace-run", *map(str, args)], cwd=cwd, env=env, text=True,
-                          capture_output=True, timeout=timeout)
-
-
-def run_json(out: Path) -> dict:
-    return json.loads((out / "run.json").read_text())
-
-
-def comm_counts(trace) -> dict:
-    counts: dict = {}
-    for rec in trace.records():
-        if rec["kind"]:
-            counts[rec["kind"]] = counts.get(rec["kind"], 0) + 1
-    return counts
-
-
-def assert_no_traceback(proc: subprocess.CompletedProcess) -> None:
-    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
-
-
-def own_lines(stderr: str) -> list:
-    """trace-run's own lines on stderr, without the prefix."""
-    return [line[len("trace-run: "):] for line in stderr.splitlines()
-            if line.startswith("trace-run: ")]
-
-
-def problems(stderr: str) -> list:
-    """trace-run's lines that are not progress: one per problem, never twice the same."""
-    lines = [line for line in own_lines(stderr) if not line.startswith(PHASES)]
-    assert len(lines) == len(set(lines)), lines
-    return lines
-
-
-def script_line(script, text: str) -> int:
-    """The line number of ``text`` in a test script (so edits above it don't break tests)."""
-    lines = Path(script).read_text().splitlines()
-    return next(i for i, line in enumerate(lines, 1) if text in line)
+from trace_run_helpers import (C10D, ENV, PHASES, SCRIPTS, assert_no_traceback, comm_counts,
+                               own_lines, problems, run_json, trace_run)
 
 
 def test_plain_c10d_run_records_every_rank_and_builds_the_report(tmp_path):

@@ -5,6 +5,8 @@ per problem, no traceback of its own), the exit status, run.json and the traces 
 |-----------------------------------------|------|----------------------------------------------|
 | a rank raises                           | 1    | test_a_rank_that_raises_...                  |
 | a rank SIGKILLed mid-step               | 137  | test_a_rank_killed_with_sigkill_mid_step     |
+| a rank leaves with os._exit / sys.exit  | 1, N | test_trace_run_exits.py                      |
+| SIGKILL to trace-run, a second run      | 2    | test_trace_run_exits.py                      |
 | a hung collective (--timeout)           | 124  | test_a_hang_under_timeout_...                |
 | a rank hangs after its peers exited     | 124  | test_a_rank_left_behind_after_its_peers_...  |
 | a slow start is no hang                 | 0    | test_a_slow_start_is_not_a_hang              |
@@ -25,8 +27,8 @@ import pytest
 
 import tracer
 from gpt_helpers import free_port
-from test_trace_run import (C10D, ENV, assert_no_traceback, comm_counts, own_lines, problems,
-                            run_json, script_line, trace_run)
+from trace_run_helpers import (C10D, ENV, assert_no_traceback, comm_counts, own_lines, problems,
+                               run_json, script_line, trace_run)
 
 
 def last_stdout_line(proc) -> str:
@@ -72,8 +74,11 @@ def test_a_rank_killed_with_sigkill_mid_step(tmp_path):
     out = tmp_path / "kill"
     proc = trace_run("--nproc-per-node", 2, "--out", out, C10D, "--kill", 0, "--sleep", 0.4,
                      cwd=tmp_path)
-    # NOTE: once in a full suite (2026-11-25) this exited 1, blaming rank 1; say everything
-    # the run left, so that a recurrence shows which rank was taken for the first failure and why
+    # NOTE: once in a full suite (2026-11-25) this exited 1, blaming rank 1: the first failure
+    # compared file modification times, which tie within a kernel clock tick (a tie went to the
+    # rank torch listed first). It now compares the ns each rank wrote into its status file
+    # (run_record.first_to_stop), which cannot tie and follows the order of events. Should it
+    # recur, the message says everything the run left: which rank was taken and why.
     assert proc.returncode == 128 + signal.SIGKILL, _why(proc, out)
     found = problems(proc.stderr)
     # one line for the kill (rank 1 failing after it is folded into it), one from the report

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import tracer
 from gpt_helpers import free_port
-from test_trace_run import C10D, ENV, comm_counts, run_json
+from trace_run_helpers import C10D, ENV, comm_counts, run_json
 
 SENT = "trace-run: traces of ranks {} sent to the collecting node ("
 

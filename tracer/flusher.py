@@ -3,9 +3,10 @@
 The hot path appends packed records (rows.py) to :attr:`Flusher.queue`; every
 ``flush_interval`` seconds, soon after a step ends (:meth:`Flusher.wake`), when the queue grows
 past what the session allows, and at close, :meth:`Flusher.flush` writes them with the
-metadata updates gathered since the last batch. Everything that touches the writer goes through
-one lock, so a rename (the process group arrives with another rank) or a metadata update from
-another thread cannot interleave with a write.
+metadata updates gathered since the last batch, and the content hashes of the source files the
+batch's new stacks name (``sources``, process_info.SourceHashes). Everything that touches the
+writer goes through one lock, so a rename (the process group arrives with another rank) or a
+metadata update from another thread cannot interleave with a write.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from typing import Callable, Optional
 
 from . import rows
 from .format import TraceWriter, rename
+from .process_info import SourceHashes
 
 # NOTE: each batch costs about half a millisecond and 2 KB however few its rows; steps shorter
 # than this share a flush (their rows still go in batches that end at a step boundary). At
@@ -37,6 +39,7 @@ class Flusher:
         self._interval = interval
         self._after_flush, self._on_error = after_flush, on_error
         self._meta: dict = {}
+        self._sources = SourceHashes()
         self._stop = threading.Event()
         self._wake = threading.Event()     # set: write now
         self._thread: Optional[threading.Thread] = None
@@ -113,6 +116,9 @@ class Flusher:
                 return
             queue = self.queue
             records = b"".join([queue.popleft() for _ in range(len(queue))])
+            sources = self._sources.fresh(self._dicts.stacks.values)
+            if sources:               # the reader merges this key batch by batch
+                self._meta["sources"] = {**self._meta.get("sources", {}), **sources}
             meta, self._meta = self._meta, {}
             if not records and not meta:
                 return

@@ -24,6 +24,8 @@ from typing import Optional
 import numpy as np
 import pyarrow as pa
 
+from .rundir import not_regular
+
 FORMAT_NAME = "paratrace.trace"
 FORMAT_VERSION = 3     # 2: phases 3-5 (recompute, grad_sync, optimizer); 3: a group may
 #                        name its process group (0,1@2), and P2P has sequence numbers apart
@@ -207,6 +209,9 @@ def read_stream(path: str):
     """
     if not os.path.exists(path):
         raise TraceError(f"{path}: no such trace file")
+    kind = not_regular(path)
+    if kind:
+        raise TraceError(f"{path}: {kind}, not a trace file")
     if os.path.getsize(path) == 0:
         raise TraceError(f"{path}: empty file (0 bytes): the rank wrote nothing")
     try:

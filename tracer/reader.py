@@ -20,7 +20,7 @@ from .format import COLUMNS, DICT_COLUMNS, SCHEMA, read_stream
 from .labels import PHASES
 from .stacks import decode_stack
 
-_META_MERGE_DICTS = ("config",)
+_META_MERGE_DICTS = ("config", "sources")
 
 
 class Trace:

@@ -2,6 +2,7 @@
 the watchdog read them.
 
     DIR/run.json                    trace-run's record of the run (instrument.run_record)
+    DIR/.trace-run.lock             held (flock) by the trace-run writing DIR, with its pid
     DIR/node.json                   multi-node: what this node learned at start (gather)
     DIR/summary.json, index.html    the report (viz)
     DIR/traces/rank-<R>.arrow       one trace per rank (tracer.format)
@@ -14,12 +15,16 @@ Torch-free: reading a run never imports torch.
 """
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
 import re
+import stat
 from typing import Optional
 
 TRACES = "traces"
 RUN_RECORD = "run.json"
+LOCK = ".trace-run.lock"
 NODE_RECORD = "node.json"
 SUMMARY = "summary.json"
 INDEX = "index.html"
@@ -73,3 +78,77 @@ def rank_files(directory: str, ext: str = TRACE_EXT) -> dict:
         if rank is not None:
             out[rank] = os.path.join(directory, name)
     return out
+
+
+_KINDS = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
+          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISDIR, "a directory"))
+
+
+def not_regular(path: str) -> Optional[str]:
+    """What ``path`` is when it is no regular file (links followed), e.g. ``a FIFO (named
+    pipe)``; None for a regular file or none at all. Reading one would block (a FIFO) or
+    never end (a device), and its size of 0 says nothing about what it holds."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    if stat.S_ISREG(mode):
+        return None
+    return next((kind for test, kind in _KINDS if test(mode)), "not a regular file")
+
+
+class RunLocked(Exception):
+    """Another process holds the run directory's lock; ``pid`` is its process id (0 unknown)."""
+
+    def __init__(self, pid: int):
+        super().__init__(f"held by process {pid or '(unknown)'}")
+        self.pid = pid
+
+
+def lock_run(run_dir: str) -> int:
+    """Take ``DIR/.trace-run.lock`` for this process: one trace-run per output directory.
+
+    An flock (not a lock file's existence) so that a SIGKILLed holder leaves no stale lock:
+    the kernel drops it with the holder's last descriptor. The descriptor is close-on-exec, so
+    workers started by the holder never inherit (and outlive it with) the lock. Returns the
+    descriptor, to keep open while writing and :func:`os.close` after. Raises RunLocked, or
+    OSError when the file cannot be created."""
+    fd = os.open(os.path.join(run_dir, LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        holder = _holder(fd)
+        os.close(fd)
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            raise RunLocked(holder) from None
+        raise
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return fd
+
+
+def run_writer(run_dir: str) -> Optional[int]:
+    """The process id of the trace-run still writing ``run_dir`` (0 if it cannot be read), or
+    None when nobody holds its lock (the run ended, was killed, or never had one)."""
+    try:
+        fd = os.open(os.path.join(run_dir, LOCK), os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        # NOTE: a shared lock taken for an instant: a trace-run taking the lock in that same
+        # instant is refused (one line), never given a directory another run writes
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    except OSError:
+        return _holder(fd)
+    finally:
+        os.close(fd)
+
+
+def _holder(fd: int) -> int:
+    try:
+        return int(os.pread(fd, 32, 0).decode().strip() or 0)
+    except (OSError, ValueError):
+        return 0

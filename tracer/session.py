@@ -19,7 +19,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from . import _active, compiled, ops, rows, rundir, status
+from . import _active, compiled, exits, ops, rows, rundir, status
 from ._mode import RecordingMode
 from ._native import native_hot_path
 from .annotations import AnnotationStack, Range
@@ -134,6 +134,7 @@ class Session(_SessionState):
         self._undo.append(patch_process_group(on_init=self._on_pg_init,
                                               on_destroy=self._on_pg_destroy,
                                               on_work_waited=self._comm.work_waited))
+        self._undo.append(exits.patch_os_exit(self))      # os._exit closes the trace first
         RecordingMode.skip_dynamo()
         self._mode = RecordingMode(self.on_op, compiled=self.options.compiled != "eager")
         self._mode._on_subclass = SubclassOps(self, self._mode)     # DTensor (dtensor.py)
@@ -159,6 +160,8 @@ class Session(_SessionState):
             self._mode.__exit__(None, None, None)
             self._mode.dispatch_in_python()
             self._mode = None
+        if exc_type is SystemExit:
+            self._flusher.add_meta(exits.exit_meta("sys.exit", exc.code, self.step_index))
         if exc_type is None or (exc_type is SystemExit and exc.code in (0, None)):
             self.status = "ok"
             if dist.is_available() and dist.is_initialized():
@@ -187,8 +190,7 @@ class Session(_SessionState):
             "end_unix": time.time(), "last_step": self.step_index,
             "last_collective": self._comm.last, "inflight": self._comm.inflight(),
             "failed_collectives": self._comm.failed, **pairs_meta(self._pairs),
-            "device_time": self._device.meta() if self._device is not None else None,
-        })
+            "device_time": self._device.meta() if self._device is not None else None})
         self._flusher.flush()
         self._stacks.release()
         self._write_status(final=True)

@@ -12,10 +12,11 @@ metrics (:mod:`viz.metrics`) from the per-rank results alone.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field, replace
 from typing import Optional
 
-from tracer import TraceError
+from tracer import TraceError, rundir
 
 from .columns import Records
 from .critical_path import critical_paths, path_intervals
@@ -44,18 +45,37 @@ class RunAnalysis:
     paths: list                       # viz.critical_path.Path of each counted step
     count_steps: Optional[frozenset] = None   # counts cover these steps only (trace-diff)
     config: dict = field(default_factory=dict)
+    world_note: Optional[str] = None  # why the world is not what run.json says (world_of)
 
     @property
     def missing(self) -> list:
         """Ranks of the world with no readable trace, and rank files outside the world (files of
-        another run) that could not be used."""
+        another run) that could not be used. NOTE: one entry per rank of the world: callers
+        that only need to know whether any is missing use :attr:`any_missing`."""
         return sorted({r for r in range(self.world_size) if r not in self.ranks}
                       | set(self.unreadable))
 
+    @property
+    def any_missing(self) -> bool:
+        """Whether some rank of the world has no readable trace (bounded by the trace files)."""
+        return bool(self.unreadable) or len(self.ranks) < self.world_size
+
     def absent(self) -> list:
-        """Ranks of the world without any trace file."""
-        return [r for r in range(self.world_size)
-                if r not in self.ranks and r not in self.unreadable]
+        """(first, last) of each run of consecutive ranks of the world without any trace file;
+        computed from the files, so a world of 10^7 ranks beside 2 traces is one pair."""
+        return _gaps(self.with_files(), self.world_size)
+
+    def listed(self) -> list:
+        """Ranks that get a row of their own: those with a trace file and those trace-run's
+        run.json says something about (a rank that died before its tracer started), inside
+        the world. The others are absent, listed as runs (:meth:`unlisted`)."""
+        reported = {int(r) for r in (self.run.info.get("ranks") or {})
+                    if int(r) < self.world_size}
+        return sorted(set(self.with_files()) | reported)
+
+    def unlisted(self) -> list:
+        """(first, last) of each run of ranks of the world without a row (:meth:`listed`)."""
+        return _gaps(self.listed(), self.world_size)
 
     def status(self, rank: int) -> str:
         """ok | failed | missing (DESIGN.md's summary.json statuses)."""
@@ -91,12 +111,14 @@ class RunAnalysis:
 
     def absent_runs(self) -> list:
         """``rank 3``, ``ranks 2-999``: each run of consecutive ranks without a trace file (a
-        run.json of 1,000 ranks beside 2 traces is one line, not 998)."""
-        return [_ranks_text(first, last) for first, last in _runs(self.absent())]
+        world of 1,000 ranks beside 2 traces is one line, not 998)."""
+        return [ranks_text(first, last) for first, last in self.absent()]
 
     def absent_lines(self) -> list:
-        return [f"{ranks}: no trace file in {self.run.traces_dir}"
-                for ranks in self.absent_runs()]
+        """What a user is told about the world: the note on its size (:func:`world_of`), then
+        each run of ranks without a trace file, one line each."""
+        return ([self.world_note] if self.world_note else []) + \
+            [f"{ranks}: no trace file in {self.run.traces_dir}" for ranks in self.absent_runs()]
 
     def damage_of(self, rank: int) -> list:
         """:meth:`damage`'s lines about ``rank``."""
@@ -107,18 +129,21 @@ class RunAnalysis:
         return list(self.ranks[rank].warnings)
 
 
-def _runs(ranks: list) -> list:
-    """(first, last) of each run of consecutive ranks."""
-    out: list = []
-    for r in ranks:
-        if out and out[-1][1] == r - 1:
-            out[-1][1] = r
-        else:
-            out.append([r, r])
-    return [tuple(pair) for pair in out]
+def _gaps(present: list, world: int) -> list:
+    """(first, last) of each run of ranks in ``range(world)`` not in ``present`` (sorted)."""
+    out, start = [], 0
+    for rank in present:
+        if rank >= world:
+            break
+        if rank > start:
+            out.append((start, rank - 1))
+        start = rank + 1
+    if start < world:
+        out.append((start, world - 1))
+    return out
 
 
-def _ranks_text(first: int, last: int) -> str:
+def ranks_text(first: int, last: int) -> str:
     return f"rank {first}" if first == last else f"ranks {first}-{last}"
 
 
@@ -188,15 +213,31 @@ def _split(ranks: list, results: list) -> tuple:
 def _reduce(run: Run, ranks: dict, unreadable: dict, links: list) -> RunAnalysis:
     """The cross-rank analyses, from the per-rank results."""
     config = next((r.config for _, r in sorted(ranks.items()) if r.config), {})
-    # trace-run's record says the world size; else the traces that could be read (their own
-    # metadata and file names): a stray rank-100000.arrow that cannot be read must not make a
-    # world of 100,001 ranks
-    world = run.info.get("world_size") or max(
-        [int(r.meta.get("world_size") or 1) for r in ranks.values()] + [max(ranks) + 1])
+    world, note = world_of(run, ranks)
     timeline = assemble({rank: r.lanes for rank, r in ranks.items()}, links, config, world)
     cross = cross_rank(timeline)
     return RunAnalysis(run, world, ranks, unreadable, timeline, metrics_of(timeline), cross,
-                       critical_paths(timeline, cross), config=config)
+                       critical_paths(timeline, cross), config=config, world_note=note)
+
+
+def world_of(run: Run, ranks: dict) -> tuple:
+    """(the world size, a one-line note or None). The readable traces say their world in their
+    metadata (the recorder takes it from the process group); run.json's ``world_size`` counts
+    where it agrees with them, or where they say nothing, and is otherwise named and set aside:
+    a 20-byte run.json saying 1,000,000 beside 2 traces of a world of 2 is not a world of a
+    million absent ranks. A stray rank-100000.arrow that cannot be read is no evidence either.
+    Nothing here, nor in the pages, costs anything per absent rank."""
+    said = sorted({size for r in ranks.values()
+                   if isinstance(size := r.meta.get("world_size"), int) and size >= 1})
+    least = max(ranks) + 1
+    recorded = max(said + [least])
+    claimed = run.info.get("world_size")
+    if claimed is None or (claimed in said and claimed >= least) or (not said and claimed >= least):
+        return claimed or recorded, None
+    where = os.path.join(run.dir, rundir.RUN_RECORD)
+    theirs = f"the traces say {recorded}" if said else f"a trace of rank {least - 1} is there"
+    return recorded, f"{where}: world_size {claimed} does not match the traces ({theirs}); " \
+        f"the report uses {recorded}"
 
 
 

@@ -27,14 +27,15 @@ def _stderr(prog: str) -> Callable[[str], None]:
 def build(run_dir: str, out_dir: Optional[str] = None, *,
           warn: Optional[Callable[[str], None]] = None, jobs: Optional[int] = None,
           dask: Optional[str] = None, kineto: tuple = (), progress=None,
-          reported: frozenset = frozenset()) -> tuple:
+          reported: frozenset = frozenset(), sources: bool = True) -> tuple:
     """Analyse the run in ``run_dir`` and write summary.json and the report into ``out_dir``
     (default: ``run_dir``). Returns (index.html's path, the analysis). Each damaged or missing
     trace goes to ``warn`` as one line; the per-rank work runs in ``jobs`` processes (default:
     one per core) or on the Dask scheduler at ``dask``; ``kineto``: torch.profiler exports
     (``[R=]FILE``) to merge; ``progress`` (viz.render.progress.Progress, default: none shown)
-    follows the work; ``reported``: ranks whose failure the caller already named. Raises
-    viz.run.RunError or tracer.kineto.KinetoError."""
+    follows the work; ``reported``: ranks whose failure the caller already named;
+    ``sources=False``: no source file is read (``--no-source``). Raises viz.run.RunError or
+    tracer.kineto.KinetoError."""
     from .analysis import analyse
     from .engine import Engine
     from .render.progress import Progress
@@ -55,7 +56,8 @@ def build(run_dir: str, out_dir: Optional[str] = None, *,
             (warn or _stderr("trace-report"))(line)
         summary = build_summary(analysis)
         write_summary(summary, out_dir)
-        index = build_report(analysis, summary, out_dir, engine=engine, progress=progress)
+        index = build_report(analysis, summary, out_dir, engine=engine, progress=progress,
+                             sources=sources)
     return index, analysis
 
 
@@ -160,6 +162,18 @@ def _check_not_another_run(out_dir: str, run) -> None:
                            "overwritten (choose a new DIR)")
 
 
+def _still_written(out_dir: str) -> str:
+    """Why ``out_dir`` must not be written now (a trace-run still writes that run: its traces,
+    run.json and report would mix with this report), or ''. Reading a live run's traces into
+    another ``--out`` is fine: they are readable while they grow."""
+    from tracer import rundir
+    pid = rundir.run_writer(out_dir)
+    if pid is None:
+        return ""
+    return (f"{out_dir} is still being written by trace-run (pid {pid or 'unknown'}); run "
+            "trace-report when it has ended, or write elsewhere with --out DIR")
+
+
 def _check_writable(path: str) -> None:
     from .run import RunError
     try:
@@ -247,18 +261,24 @@ def report_main(argv=None) -> int:
     parser.add_argument("--kineto", nargs="+", default=[], metavar="[R=]FILE",
                         help="torch.profiler Chrome-trace exports (.json or .json.gz) to merge "
                         "as GPU time: rank R's, or the rank its distributedInfo names")
+    parser.add_argument("--no-source", action="store_true",
+                        help="read no source file: source pages list only the lines that "
+                        "issued ops (a report to share)")
     _engine_options(parser)
     args = parser.parse_args(argv)
     from .render.progress import for_stderr
+    busy = _still_written(args.out or args.run_dir)
+    if busy:
+        return _fail(parser.prog, busy)
     try:
         with for_stderr() as progress:
             index, analysis = build(args.run_dir, args.out, warn=_stderr(parser.prog),
                                     jobs=args.jobs, dask=args.dask, kineto=args.kineto,
-                                    progress=progress)
+                                    progress=progress, sources=not args.no_source)
     except _errors() as exc:
         return _fail(parser.prog, _message(exc))
     _print(index)
-    return EXIT_UNREADABLE if analysis.missing else 0
+    return EXIT_UNREADABLE if analysis.any_missing else 0
 
 
 def diff_main(argv=None) -> int:

@@ -53,10 +53,20 @@ def line_views(text: Optional[list], per_line: dict) -> list:
     return out
 
 
+def row_ranks(analysis: RunAnalysis) -> list:
+    """The rank tables' rows in rank order: each rank with a row of its own (a trace file, or
+    an entry in run.json), and one ``ranks 2-999`` text per run of the others (no trace file,
+    nothing known), so a world of a million beside 2 traces is 3 rows."""
+    rows = [(rank, rank) for rank in analysis.listed()]
+    rows += [(first, f"{first}-{last}" if last > first else first)
+             for first, last in analysis.unlisted()]
+    return [rank for _, rank in sorted(rows, key=lambda row: row[0])]
+
+
 def rank_rows(analysis: RunAnalysis, summary: dict) -> list:
-    """One row per rank of the world for the index's rank table."""
+    """One row per rank of the index's rank table (:func:`row_ranks`)."""
     rows = []
-    for rank in range(analysis.world_size):
+    for rank in row_ranks(analysis):
         row = dict(rank=rank, status=analysis.status(rank), error=analysis.error(rank),
                    host="", events=0, w=Weights(), compute=Weights(), comm=Weights(), time={})
         mine = analysis.ranks.get(rank)
@@ -92,7 +102,7 @@ def headline_rows(analysis: RunAnalysis, summary: dict) -> list:
     says otherwise). ``bar``: compute, exposed communication and the rest as shares of the step,
     for the stacked bar."""
     rows = []
-    for rank in range(analysis.world_size):
+    for rank in row_ranks(analysis):
         entry = (summary.get("ranks") or {}).get(str(rank)) or {}
         time = entry.get("time") or {}
         steps = len(time.get("counted_steps") or ()) or 1
@@ -222,6 +232,8 @@ def problems(analysis: RunAnalysis) -> list:
         elif status == "missing":
             out.append(dict(level="missing", title=f"rank {rank}: no trace "
                             f"({analysis.unreadable[rank]})", details=[]))
+    if analysis.world_note:
+        out.append(dict(level="warning", title=analysis.world_note, details=[]))
     for ranks in analysis.absent_runs():
         out.append(dict(level="missing", title=f"{ranks}: no trace (no trace file)", details=[]))
     for rank, mine in sorted(analysis.ranks.items()):

@@ -39,7 +39,7 @@ from .render import chrome_trace, inline_svg, timeline_svg
 from .render.callgraph_svg import render_svg, to_dot
 from .render.html import PageWriter
 from .render.progress import Progress
-from .source import read_source
+from .source import RecordedSources, SourceText, reading
 from .views import (GraphPage, ReportOptions, ReportViews, defined_functions, report_views,
                     step_split)
 
@@ -49,10 +49,21 @@ TOP = 5             # ops and collectives on the front page
 
 def build_report(analysis: RunAnalysis, summary: dict, out_dir: str, *,
                  options: ReportOptions = ReportOptions(), engine: Optional[Engine] = None,
-                 progress: Optional[Progress] = None) -> str:
+                 progress: Optional[Progress] = None, sources: bool = True) -> str:
     """Write index.html and every page it links into ``out_dir``; return index.html's path.
     The call graphs show the training steps: each rank's groups over its counted steps, or a
-    recount on ``engine`` (default: this process) where they differ; ``progress`` shows how far it got."""
+    recount on ``engine`` (default: this process) where they differ; ``progress`` shows how far
+    it got. Source files are read only as the recording allows (viz.source); ``sources=False``
+    reads none (``--no-source``: a report to share)."""
+    recorded = RecordedSources(mine.meta for mine in analysis.ranks.values()) if sources \
+        else None
+    with reading(recorded):
+        return _write_report(analysis, summary, out_dir, options, engine, progress, recorded)
+
+
+def _write_report(analysis: RunAnalysis, summary: dict, out_dir: str, options: ReportOptions,
+                  engine: Optional[Engine], progress: Optional[Progress],
+                  recorded: Optional[RecordedSources]) -> str:
     progress = progress or Progress()
     os.makedirs(out_dir, exist_ok=True)
     writer = PageWriter(out_dir)
@@ -67,7 +78,7 @@ def build_report(analysis: RunAnalysis, summary: dict, out_dir: str, *,
                 training = training_steps(analysis, steps, engine)
     with progress.phase("building the call graphs"):
         views = report_views(analysis, options, training=training)
-    world = tuple(range(analysis.world_size))
+    world = tuple(sorted(analysis.ranks))       # the ranks the module tables sum over
     graphs = views.graphs + ([views.setup] if views.setup else []) + \
         list(views.zooms.values()) + list(views.module_zooms.values())
     zoom_links = _write_graph_pages(writer, views, graphs, progress)
@@ -77,7 +88,7 @@ def build_report(analysis: RunAnalysis, summary: dict, out_dir: str, *,
                             for path, p in views.module_zooms.items()}, world=world,
                      steps=views.split.text(views.split.counted))
         progress.advance()
-        _write_source_pages(writer, analysis, views, zoom_links, progress)
+        _write_source_pages(writer, views, zoom_links, progress, recorded)
         rank_rows = pages.rank_rows(analysis, summary)
         for row in rank_rows:
             mine = analysis.ranks.get(row["rank"])
@@ -175,25 +186,16 @@ def _steps_note(views: ReportViews, page) -> dict:
                 f"({split.text(split.other)})")
 
 
-def _write_source_pages(writer: PageWriter, analysis: RunAnalysis, views: ReportViews,
-                        zoom_links: dict, progress: Progress) -> None:
+def _write_source_pages(writer: PageWriter, views: ReportViews, zoom_links: dict,
+                        progress: Progress, recorded: Optional[RecordedSources]) -> None:
     defined = defined_functions(views, zoom_links)
-    started = min((r.meta.get("start_unix") or 0) for r in analysis.ranks.values())
     for file, rel in views.source_pages.items():
-        text = read_source(file)
+        text = recorded.text(file) if recorded is not None else SourceText(
+            None, why_not="source text left out (--no-source)")
         writer.write(rel, "source.html", title=views.paths.get(file, file), recorded_path=file,
-                     available=text is not None, stale=_changed_since(file, started),
-                     lines=pages.line_views(text, views.lines.get(file, {})),
+                     source=text, lines=pages.line_views(text.lines, views.lines.get(file, {})),
                      functions=sorted(defined.get(file, []), key=lambda d: d["line"]))
         progress.advance()
-
-
-def _changed_since(file: str, unix_time: float) -> bool:
-    """Whether a source file was modified after the run started (its lines may have moved)."""
-    try:
-        return bool(unix_time) and os.path.getmtime(file) > unix_time
-    except OSError:
-        return False
 
 
 def write_timeline(analysis: RunAnalysis, out_dir: str) -> dict:

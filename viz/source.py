@@ -4,15 +4,26 @@ Traces store absolute file paths of the recording machine. This module turns the
 paths for display (``sample_runs/model.py``, ``torch/nn/modules/linear.py``), finds where each
 function is defined (by parsing the file with ``ast``, never importing it), and reads the
 files for the report's source pages.
-Only ``.py`` files are read: a trace from someone else must not pull arbitrary local files into
-a report.
+
+What may be read: only the files the recording names *and* whose content here is the content
+it saw. The recorder keeps the sha256 and size of every source file its stacks name, with the
+root it lies under (the run's working directory, the script's directory, or the ``sys.path``
+entry a package was imported from: ``sources`` in the trace's metadata, tracer/process_info.py).
+:class:`RecordedSources` holds them; while one is active (:func:`reading`), :func:`read_source`
+and :func:`definition_lines` return a file's lines only if the file found at the recorded path
+has that hash, and nothing otherwise (nor with no recording active). So a trace from someone
+else that names a local ``secret.py`` gets none of it into a report (matching the hash means
+knowing the content already), and a file edited since the run is said to be changed instead of
+shown against lines that moved. ``trace-report --no-source`` activates none: no file is read.
 """
 from __future__ import annotations
 
 import ast
+import hashlib
 import os
 import re
-from functools import lru_cache
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Iterable, Optional
 
 _LIB_MARKERS = ("/site-packages/", "/dist-packages/")
@@ -65,24 +76,102 @@ def display_paths(files: Iterable[str]) -> dict:
     return out
 
 
-@lru_cache(maxsize=512)
-def read_source(file: str) -> Optional[list]:
-    """Lines of a recorded ``.py`` file if it is readable on this machine, else None."""
-    if not file.endswith(".py") or not os.path.isfile(file):
-        return None
+@dataclass(frozen=True)
+class SourceText:
+    """A recorded file as a report may show it: its ``lines`` (None when not shown), where they
+    came from, or why there are none."""
+
+    lines: Optional[list]
+    where: str = ""             # "the run's working directory /repo, as pkg/model.py"
+    why_not: str = ""           # why no text is shown
+    digest: str = ""            # the recorded sha256, shown abbreviated
+    size: int = 0
+
+
+_ROOTS = {"cwd": "the run's working directory", "script": "the script's directory",
+          "path": "the directory it was imported from (sys.path)",
+          "file": "its own directory"}
+
+
+class RecordedSources:
+    """The source files a recording names with their content hashes (every rank's ``sources``
+    metadata), and the text of those whose content here matches."""
+
+    def __init__(self, metas: Iterable[dict]):
+        self.recorded: dict = {}         # path -> {(sha256, size): entry}
+        for meta in metas:
+            for path, entry in (meta.get("sources") or {}).items():
+                if isinstance(path, str) and isinstance(entry, dict) and \
+                        isinstance(entry.get("sha256"), str) and \
+                        isinstance(entry.get("size"), int):
+                    self.recorded.setdefault(path, {})[(entry["sha256"], entry["size"])] = entry
+        self._texts: dict = {}
+        self._definitions: dict = {}
+
+    def text(self, file: str) -> SourceText:
+        """``file``'s text if the file at that path has the content the recording saw."""
+        if file not in self._texts:
+            self._texts[file] = self._check(file)
+        return self._texts[file]
+
+    def _check(self, file: str) -> SourceText:
+        seen = self.recorded.get(file)
+        if not seen:
+            return SourceText(None, why_not="the recording holds no content hash of this file "
+                              "(not one of its source files, over 2 MB, or recorded by an older "
+                              "paratrace), so no file here can be taken for it")
+        if not file.endswith(".py") or not os.path.isfile(file):
+            return SourceText(None, why_not="no such file on this machine")
+        try:
+            if os.path.getsize(file) > _MAX_SOURCE_BYTES:
+                return SourceText(None, why_not="the file here is over 2 MB")
+            with open(file, "rb") as fh:
+                data = fh.read(_MAX_SOURCE_BYTES + 1)
+        except OSError as exc:
+            return SourceText(None, why_not=f"unreadable here ({exc.strerror})")
+        entry = seen.get((hashlib.sha256(data).hexdigest(), len(data)))
+        if entry is None:
+            return SourceText(None, why_not="the file here is not the one the recording saw "
+                              "(its content hash differs): it changed since the run")
+        under = entry.get("under")
+        where = _ROOTS.get(entry.get("root"), "")
+        if isinstance(under, str) and file.startswith(under.rstrip("/") + "/"):
+            where = f"{where} {under}, as {file[len(under.rstrip('/')) + 1:]}"
+        return SourceText(data.decode("utf-8", errors="replace").splitlines(), where,
+                          digest=entry["sha256"], size=entry["size"])
+
+    def definitions(self, file: str) -> dict:
+        if file not in self._definitions:
+            self._definitions[file] = _definitions(self.text(file).lines)
+        return self._definitions[file]
+
+
+_ACTIVE: Optional[RecordedSources] = None
+
+
+@contextmanager
+def reading(sources: Optional[RecordedSources]):
+    """Within the block, :func:`read_source` and :func:`definition_lines` read what
+    ``sources`` allows (None: nothing at all, as ``--no-source``)."""
+    global _ACTIVE
+    before, _ACTIVE = _ACTIVE, sources
     try:
-        if os.path.getsize(file) > _MAX_SOURCE_BYTES:
-            return None
-        with open(file, encoding="utf-8", errors="replace") as fh:
-            return fh.read().splitlines()
-    except OSError:
-        return None
+        yield sources
+    finally:
+        _ACTIVE = before
 
 
-@lru_cache(maxsize=512)
+def read_source(file: str) -> Optional[list]:
+    """Lines of a recorded ``.py`` file if the active recording allows it (above), else None."""
+    return _ACTIVE.text(file).lines if _ACTIVE is not None else None
+
+
 def definition_lines(file: str) -> dict:
     """qualname -> line of its ``def``/``class`` in a readable source file ({} otherwise)."""
-    lines = read_source(file)
+    return _ACTIVE.definitions(file) if _ACTIVE is not None else {}
+
+
+def _definitions(lines: Optional[list]) -> dict:
     if lines is None:
         return {}
     try:

@@ -1,10 +1,11 @@
 """summary.json: the machine-readable digest of a run (schema ``paratrace.summary/1``).
 
 The contract is DESIGN.md's; tests and scripts read it, so keys keep their meaning and new keys
-are only added. Per rank: status, event count, op counts (in all and per phase),
-communication aggregated by
-(kind, phase, group), and the timeline's time metrics. A pure function of a
-:class:`viz.analysis.RunAnalysis`; the report takes the same dict rather than reading the file.
+are only added. Per rank: status, event count, op counts (in all and per phase), communication
+aggregated by (kind, phase, group), and the timeline's time metrics. Ranks of the world with no
+trace file and nothing in run.json are ``missing_ranks``, runs of ``[first, last]``, instead of
+an entry each. A pure function of a :class:`viz.analysis.RunAnalysis`; the report takes the
+same dict rather than reading the file.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ TIME_KEYS = ("wall_s", "compute_s", "comm_s", "exposed_comm_s", "idle_s", "overl
 def build_summary(analysis: RunAnalysis) -> dict:
     """The summary dict of an analysed run."""
     ranks = {}
-    for rank in range(analysis.world_size):
+    for rank in analysis.listed():
         entry = {"status": analysis.status(rank)}
         mine = analysis.ranks.get(rank)
         if mine is not None:
@@ -46,8 +47,11 @@ def build_summary(analysis: RunAnalysis) -> dict:
         if mine is not None and entry["status"] != "ok" and mine.last_op:
             entry["last_op"] = mine.last_op
         ranks[str(rank)] = entry
+    # the other ranks of the world have no trace file and nothing recorded: runs of them,
+    # not an entry each (a world of a million beside 2 traces stays a small file)
     return {"schema": SCHEMA, "world_size": analysis.world_size, "config": analysis.config,
             "command": analysis.run.info.get("command"), "ranks": ranks,
+            "missing_ranks": [list(pair) for pair in analysis.unlisted()],
             "cross_rank": dict(analysis.cross.to_json(),
                                critical_path=[p.to_json() for p in analysis.paths])}
 

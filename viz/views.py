@@ -155,7 +155,9 @@ def report_views(analysis: RunAnalysis, options: ReportOptions = ReportOptions()
                  training: Optional[RunAnalysis] = None) -> ReportViews:
     """``training``: ``analysis`` recounted over :func:`step_split`'s counted steps (None:
     every recorded step counts, the analysis is the training steps)."""
-    world = tuple(range(analysis.world_size))
+    # the ranks that recorded something: a node reached by all of them is reached by all
+    # (absent ranks of a large world would cost memory per rank and tell nothing)
+    world = tuple(sorted(analysis.ranks))
     split = step_split(analysis)
     whole = {rank: r.groups for rank, r in analysis.ranks.items()}
     groups = {rank: r.groups for rank, r in (training or analysis).ranks.items()}
