@@ -188,9 +188,9 @@ import os, sys, torch, tracer
 with tracer.trace(sys.argv[1]):
     torch.ones(4).add(1)
     pid = os.fork()
-    if pid == 0:                    # a forked child leaves as multiprocessing's workers do
-        torch.ones(4).mul(2)
-        os._exit(0)
+    if pid == 0:                    # a forked child leaves as multiprocessing's workers do,
+        torch.ones(4).mul(2)        # or by sys.exit, unwinding through the trace's __exit__
+        os._exit(0) if sys.argv[3] == "os._exit" else sys.exit(0)
     os.waitpid(pid, 0)
     torch.ones(4).sub(1)
     if sys.argv[2] == "exit":
@@ -198,12 +198,13 @@ with tracer.trace(sys.argv[1]):
 """
 
 
-@pytest.mark.parametrize("how", ["exit", "return"])
-def test_os_exit_closes_the_trace_but_never_from_a_forked_child(tmp_path, how):
+@pytest.mark.parametrize("how,child", [("exit", "os._exit"), ("return", "os._exit"),
+                                       ("return", "sys.exit")])
+def test_os_exit_closes_the_trace_but_never_from_a_forked_child(tmp_path, how, child):
     script = tmp_path / "forked.py"
     script.write_text(FORKED_EXIT)
     env = {k: v for k, v in ENV.items() if k not in ("RANK", "WORLD_SIZE")}
-    proc = subprocess.run([sys.executable, str(script), str(tmp_path / "t"), how], env=env,
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path / "t"), how, child], env=env,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == (3 if how == "exit" else 0), proc.stderr[-3000:]
     t = tracer.load(str(tmp_path / "t" / "rank-0.arrow"))

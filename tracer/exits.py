@@ -10,6 +10,12 @@ which unwinds through the session's ``__exit__``: its trace closes as for any en
 same ``exit`` entry. What no code in the process can cover: SIGKILL (the kernel ends it; the
 trace keeps everything up to the last flush, at most the flush interval before), ``os.abort``
 and fatal signals (faulthandler prints the stack), ``exec``.
+
+A process forked while recording (a DataLoader or multiprocessing worker, or ``os.fork`` in the
+script) holds a copy of the session, its queue and the trace file's descriptor. Whatever it
+then wrote (its own hot path flushing a full queue, its close when it leaves through the
+``with`` block) would land in the parent's file. :func:`detach_forked_child` makes the child's
+copy record nothing and close nothing.
 """
 from __future__ import annotations
 
@@ -54,6 +60,22 @@ def patch_os_exit(session) -> callable:
         if os._exit is _exit:
             os._exit = original
     return undo
+
+
+def detach_forked_child() -> None:
+    """In a child just forked from a recording process: its copy of the active session stops
+    recording, for good, and never writes (os.register_at_fork runs this in the child)."""
+    session = _active.ACTIVE
+    if session is None:
+        return
+    session._window = lambda step: False     # no step boundary turns recording back on
+    session._recording, session._passthrough = False, True
+    session._open = False                    # close() and os._exit's close write nothing
+    _active.ACTIVE = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=detach_forked_child)
 
 
 def leave(session, code, ended_by: Optional[str] = None) -> None:
