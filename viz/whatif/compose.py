@@ -81,15 +81,15 @@ class Programs:
                 events.append((max(call.wait, at), 1, WAIT, cid))
             else:
                 unwaited.append((call, cid))
-        done = 0.0
+        done = 0                      # ns of compute emitted (rounded places: no drift)
         for at, _, op, cid in sorted(events, key=lambda e: (e[0], e[1])):
-            at = min(max(at, 0.0), body.compute)
-            if at - done >= 1:
-                program.append(Node(COMPUTE, int(round(at - done))))
+            at = int(round(min(max(at, 0.0), body.compute)))
+            if at > done:
+                program.append(Node(COMPUTE, at - done))
                 done = at
             program.append(Node(op, cid))
-        if body.compute - done >= 1:
-            program.append(Node(COMPUTE, int(round(body.compute - done))))
+        if int(round(body.compute)) > done:
+            program.append(Node(COMPUTE, int(round(body.compute)) - done))
         if body.idle >= 1:
             program.append(Node(IDLE, int(round(body.idle))))
         if pass_key is not None:

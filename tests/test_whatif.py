@@ -1,0 +1,109 @@
+"""What-if predictions on constructed recordings with known times: exact values.
+
+The recordings (tests/whatif_helpers.py) are pipeline runs with one op per layer per pass, no
+host time and free or fixed-latency P2P, so every expected number comes from the papers'
+formulas (shared/ORACLES.md) or a count written out in the test.
+"""
+from __future__ import annotations
+
+import pytest
+
+from viz.analysis import analyse
+from viz.run import open_run
+from viz.whatif import TargetError, what_if
+from whatif_helpers import U, pipeline_run
+
+
+def whatif(tmp_path, targets, **run):
+    pipeline_run(tmp_path / "run", **run)
+    return what_if(analyse(open_run(str(tmp_path / "run"))), targets)
+
+
+def units(seconds: float) -> float:
+    return seconds * 1e9 / U
+
+
+def test_replay_reproduces_the_constructed_step(tmp_path):
+    """1F1B, p=2, m=4, a layer 10 units forward, 20 backward, 2 layers a stage: the schedule's
+    period is the makespan m(T_F+T_B) + (p-1)(T_F+T_B) = 4*60 + 60 = 300 units, and the replay
+    gives exactly the measured step and bubble on every rank."""
+    result = whatif(tmp_path, [])
+    assert units(result.measured["step_s"]) == pytest.approx(300)
+    assert units(result.replayed["step_s"]) == pytest.approx(300)
+    for rank in ("0", "1"):
+        measured, replayed = result.measured["ranks"][rank], result.replayed["ranks"][rank]
+        assert replayed["step_s"] == pytest.approx(measured["step_s"])
+        assert replayed["bubble_fraction"] == pytest.approx(measured["bubble_fraction"])
+        assert replayed["bubble_fraction"] == pytest.approx(1 / 5)     # (p-1)/(m+p-1)
+
+
+def test_replay_reproduces_a_step_with_p2p_latency(tmp_path):
+    """Latency 7 units on each message: the replay still gives the measured step exactly."""
+    result = whatif(tmp_path, [], latency=7)
+    assert result.replayed["step_s"] == pytest.approx(result.measured["step_s"])
+    assert result.replayed["exposed_comm_s"] == pytest.approx(result.measured["exposed_comm_s"])
+
+
+@pytest.mark.parametrize("p,m,v", [(2, 4, 2), (2, 8, 2), (4, 8, 2)])
+def test_uniform_passes_under_interleaving_give_the_papers_bubble(tmp_path, p, m, v):
+    """Recorded 1F1B with free P2P; predicted interleaved with v chunks: the layers re-split
+    into v chunks a rank, each pass 1/v of the time; bubble (p-1)/(v*m+p-1)."""
+    result = whatif(tmp_path, [{"schedule": "interleaved", "virtual_stages": v,
+                                "microbatches": m}], p=p, m=4, layers=p * v)
+    predicted = result.targets[0].measures
+    expected = (p - 1) / (v * m + p - 1)
+    assert predicted["bubble_fraction"] == pytest.approx(expected)
+    for rank in predicted["ranks"].values():
+        assert rank["bubble_fraction"] == pytest.approx(expected)
+    # a rank holds v of the p*v layers: m micro-batches of v*(10+20) units per step, the rest
+    # of the period is the bubble
+    busy = m * v * (10 + 20)
+    assert units(predicted["step_s"]) == pytest.approx(busy / (1 - expected))
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_microbatch_and_schedule_changes_give_the_papers_bubble(tmp_path, schedule):
+    """Passes repeat with their measured times: m=8 on p=2 gives (p-1)/(m+p-1) = 1/9 and a
+    period of (m+p-1)(T_F+T_B) = 9 * 60 units."""
+    result = whatif(tmp_path, [{"microbatches": 8, "schedule": schedule}])
+    predicted = result.targets[0].measures
+    assert predicted["bubble_fraction"] == pytest.approx(1 / 9)
+    assert units(predicted["step_s"]) == pytest.approx(9 * 60)
+
+
+def test_pipeline_degree_re_splits_the_layers(tmp_path):
+    """p=2 -> p=1 with dp 2 (the world stays 2): each rank runs all 4 layers, 4 micro-batches
+    of (4*10 + 4*20) units, nothing to wait for (no collective recorded: the buckets' all-reduce
+    comes from the free link) -> a step of 480 units, no bubble."""
+    result = whatif(tmp_path, [{"pp": 1}])
+    target = result.targets[0]
+    assert target.config["dp"] == 2 and target.config["pp"] == 1
+    assert units(target.measures["step_s"]) == pytest.approx(4 * (40 + 80))
+    assert target.measures["bubble_fraction"] == pytest.approx(0)
+    assert sorted(target.measures["ranks"]) == ["0", "1"]
+
+
+def test_pipeline_deepening_follows_the_schedule(tmp_path):
+    """p=2 -> p=4 (dp named: a world of 4): a stage holds one layer (10 + 20 units), 1F1B with
+    m=4 -> period (m+p-1)*30 = 210 units, bubble 3/7."""
+    result = whatif(tmp_path, [{"pp": 4, "dp": 1}])
+    predicted = result.targets[0].measures
+    assert units(predicted["step_s"]) == pytest.approx(7 * 30)
+    assert predicted["bubble_fraction"] == pytest.approx(3 / 7)
+
+
+@pytest.mark.parametrize("changes,message", [
+    ({"pp": 4}, "world size 2 is not a multiple of tp 1 x pp 4"),
+    ({"pp": 3, "dp": 1}, "layers 4 is not divisible by pp x virtual stages = 3"),
+    ({"tp": 3, "pp": 1, "dp": 1}, "--tp 3 does not divide heads 4"),
+    ({"schedule": "interleaved"}, "--schedule interleaved needs --virtual-stages >= 2"),
+    ({"schedule": "interleaved", "virtual_stages": 2, "microbatches": 3},
+     "--microbatches divisible by --pp"),
+    ({"virtual_stages": 2}, "--virtual-stages 2 needs --schedule interleaved"),
+])
+def test_impossible_targets_are_refused_in_one_line(tmp_path, changes, message):
+    pipeline_run(tmp_path / "run")
+    analysis = analyse(open_run(str(tmp_path / "run")))
+    with pytest.raises(TargetError) as err:
+        what_if(analysis, [changes])
+    assert message in str(err.value) and "\n" not in str(err.value)
