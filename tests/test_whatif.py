@@ -107,3 +107,79 @@ def test_impossible_targets_are_refused_in_one_line(tmp_path, changes, message):
     with pytest.raises(TargetError) as err:
         what_if(analysis, [changes])
     assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_tensor_degree_scales_compute_by_flops_and_adds_megatron_collectives(tmp_path):
+    """tp 1 -> 2 (dp named: a world of 4): every op is a column-parallel matmul whose time is
+    proportional to its FLOPs, so each pass takes half as long: period (m+p-1)(T_F+T_B)/2 =
+    5 * 30 units (the collectives ride the free link). Per micro-batch, without SP
+    (ORACLES.md): the first stage's forward 2 all-reduces a layer and the embedding's, the last
+    stage's 2 a layer and the loss's 3; backward 2 a layer and the LM head's on the last."""
+    result = whatif(tmp_path, [{"tp": 2, "dp": 1, "sp": False}])
+    target = result.targets[0]
+    assert units(target.measures["step_s"]) == pytest.approx(5 * 30, rel=1e-3)
+    expected = {(0, "F"): 2 * 2 + 1, (1, "F"): 2 * 2 + 3, (0, "B"): 2 * 2, (1, "B"): 2 * 2 + 1}
+    for rank, lane in target.timeline.ranks.items():
+        stage = rank // 2                      # Megatron's order: tp fastest
+        tp_group = f"{2 * stage},{2 * stage + 1}"
+        for p in lane.passes:
+            inside = [c for c in lane.comm if p.start <= c.start < p.end
+                      and c.kind == "all_reduce" and c.group == tp_group]
+            assert len(inside) == expected[(stage, p.kind)], (rank, p)
+        # the tied word embedding's gradient: once a step between the first and last stage
+        tied = [c for c in lane.comm if c.group == f"{rank % 2},{rank % 2 + 2}"
+                and c.kind == "all_reduce"]
+        assert len(tied) == len(lane.steps) and {c.nbytes for c in tied} == {256 * 64 // 2 * 4}
+
+
+def test_sequence_parallel_uses_gathers_and_scatters(tmp_path):
+    """tp 2 with SP: forward per layer 2 all-gathers of the shard (s/t*b*h*4 bytes) and 2
+    reduce-scatters of the whole activation; the last stage gathers once more before the head."""
+    result = whatif(tmp_path, [{"tp": 2, "dp": 1, "sp": True}])
+    lane = result.targets[0].timeline.ranks[2]                    # stage 1, tp rank 0
+    f = next(p for p in lane.passes if p.kind == "F")
+    inside = [c for c in lane.comm if f.start <= c.start <= f.end and c.kind != "recv"]
+    kinds = [c.kind for c in inside]
+    assert kinds.count("all_gather") == 2 * 2 + 1 and kinds.count("reduce_scatter") == 2 * 2
+    assert kinds.count("all_reduce") == 3
+    shard, whole = 64 // 2 * 2 * 64 * 4, 64 * 2 * 64 * 4
+    assert {c.nbytes for c in inside if c.kind == "all_gather"} == {shard}
+    assert {c.nbytes for c in inside if c.kind == "reduce_scatter"} == {whole}
+
+
+@pytest.mark.parametrize("m", [4, 8])
+def test_zb_h1_splits_the_backward_and_gives_the_papers_bubble(tmp_path, m):
+    """1F1B -> ZB-H1: every op is a linear layer's, so W is half of each backward (its input-
+    and weight-gradient matmuls have equal FLOPs): T_F = T_B = T_W = 20 units a stage; the
+    bubble is (p-1)(T_F+T_B-T_W) / ((p-1)(T_F+T_B-T_W) + m(T_F+T_B+T_W)) (Qi et al. 2023)."""
+    result = whatif(tmp_path, [{"schedule": "zb-h1", "microbatches": m}])
+    target = result.targets[0]
+    bubble = 1 * (20 + 20 - 20)
+    assert target.measures["bubble_fraction"] == pytest.approx(bubble / (bubble + m * 60))
+    kinds = [p.kind for p in target.timeline.ranks[0].passes if p.step == 1]
+    assert kinds.count("W") == kinds.count("B") == kinds.count("F") == m
+
+
+def test_alpha_beta_fit_and_the_ring_for_another_group_size():
+    """Collectives over 2 ranks taking 2a + S*b (a ring all-reduce: 2(n-1) steps of latency a,
+    2(n-1)/n * S bytes at b ns/byte): the fit recovers them; over 4 ranks the model gives the
+    ring's 6a + 1.5*S*b; a reduce-scatter (n-1 steps, (n-1)/n * S) over 2 ranks a + S*b/2."""
+    from viz.whatif.graph import Comm, ExecutionGraph
+    from viz.whatif.models import CollectiveModel, LinkModel
+    a, b = 40_000, 0.5
+    graph = ExecutionGraph({}, [], [], {})
+    for size in (1 << 14, 1 << 16, 1 << 18):
+        for _ in range(3):
+            t = 2 * a + size * b
+            graph.add_comm(Comm("all_reduce", (0, 1), size, (0, 1), {0: t, 1: t + 5},
+                                waited=True))
+    model = CollectiveModel.from_graph(graph, LinkModel.from_graph(graph))
+    fit = model.fits[("all_reduce", 2)]
+    assert fit.alpha == pytest.approx(2 * a) and fit.beta == pytest.approx(b)
+    assert fit.error == pytest.approx(0, abs=1e-12)
+    size = 1 << 20
+    ns, how = model.time("all_reduce", 4, size)
+    assert ns == pytest.approx(6 * a + 1.5 * size * b) and "over 2 ranks" in how
+    ns, how = model.time("reduce_scatter", 2, size)
+    assert ns == pytest.approx(a + 0.5 * size * b) and "no reduce_scatter recorded" in how
+    assert model.time("all_reduce", 2, size) == (pytest.approx(2 * a + size * b), None)

@@ -1,8 +1,10 @@
 """Constructed recordings for the what-if tests: pipeline runs of the reference GPT's shape
 with known pass times, written through tracer.synthetic (the recorder's own writer).
 
-Each pass runs one op per layer it holds, back to back (no host time between ops), in the
-module of that layer (``GPTChunk.blocks.<i>.attn.qkv``), so the per-layer cost is exact. The
+Each pass runs two matmuls per layer it holds, back to back (no host time between ops), in
+the module of that layer (``GPTChunk.blocks.<i>.attn.qkv``, a column-parallel linear), each
+taking time in proportion to its FLOPs (:data:`LAYER_OPS`), so the per-layer cost and the
+time-against-FLOPs model are exact. The
 times come from a dependency simulation of the schedule written here, independent of
 viz.whatif: a pass starts when its rank is free and its input has arrived ``latency`` after
 its producer ended; steps follow each other with no barrier between them (nothing but passes
@@ -17,6 +19,13 @@ BASE = 1_000_000_000
 
 MODEL = {"layers": 4, "hidden": 64, "heads": 4, "seq_len": 64, "vocab": 256,
          "micro_batch_size": 2, "sp": False, "tp": 1, "dp": 1, "virtual_stages": 1}
+
+
+# The ops of one layer's pass: (share of its time, input shapes). Each share is its FLOPs'
+# share (2*m*k*n: forward 1.57M and 3.15M, backward twice that with k = 128), so with the
+# backward costing twice the forward, time is exactly proportional to FLOPs.
+LAYER_OPS = {"F": [(1 / 3, "f32[128,64] f32[64,96]"), (2 / 3, "f32[128,64] f32[64,192]")],
+             "B": [(1 / 3, "f32[128,128] f32[128,96]"), (2 / 3, "f32[128,128] f32[128,192]")]}
 
 
 def one_f_one_b(p: int, r: int, m: int) -> list:
@@ -87,11 +96,13 @@ def pipeline_run(directory, *, p: int = 2, m: int = 4, schedule: str = "1f1b",
                     rank.comm("recv", posted, posted, ready, peer=source, group=(0, 1),
                               nbytes=32768, phase="forward" if kind == "F" else "backward")
                 cost = layer_f if kind == "F" else layer_b
-                for i, layer in enumerate(range(r * per, (r + 1) * per)):
-                    rank.op(ready + i * cost, ready + (i + 1) * cost, name="aten.mm.default",
-                            module=f"GPTChunk.blocks.{layer}.attn.qkv",
-                            phase="forward" if kind == "F" else "backward",
-                            shapes="f32[128,64] f32[64,192]")
+                at = ready
+                for layer in range(r * per, (r + 1) * per):
+                    for share, shapes in LAYER_OPS[kind]:
+                        rank.op(at, at + share * cost, name="aten.mm.default",
+                                module=f"GPTChunk.blocks.{layer}.attn.qkv",
+                                phase="forward" if kind == "F" else "backward", shapes=shapes)
+                        at += share * cost
                 target = r + 1 if kind == "F" else r - 1
                 if 0 <= target < p:
                     # arrives ``latency`` later: the receive completes then

@@ -137,16 +137,16 @@ class Plan:
         ns = self.rec.link(nbytes) if self.rec.link.fit.samples else self._link_fallback(nbytes)
         if kind == "F" and vs > 0:
             body.calls.insert(0, (0.0, Call("recv", peer(vs - 1), nbytes, ns, "pp",
-                                            (step, "F", mb, vs), 0.0)))
+                                            (step, "F", mb, vs, tp_i, dp_i), 0.0)))
         if kind == "B" and vs < stages - 1:
             body.calls.insert(0, (0.0, Call("recv", peer(vs + 1), nbytes, ns, "pp",
-                                            (step, "B", mb, vs), 0.0)))
+                                            (step, "B", mb, vs, tp_i, dp_i), 0.0)))
         if kind == "F" and vs < stages - 1:
             body.calls.append((compute, Call("send", peer(vs + 1), nbytes, ns, "pp",
-                                             (step, "F", mb, vs + 1))))
+                                             (step, "F", mb, vs + 1, tp_i, dp_i))))
         if kind == "B" and vs > 0:
             body.calls.append((compute, Call("send", peer(vs - 1), nbytes, ns, "pp",
-                                             (step, "B", mb, vs - 1))))
+                                             (step, "B", mb, vs - 1, tp_i, dp_i))))
         if mb == self.m - 1 and kind == ("W" if self.has_w else "B") and self.grid.dp > 1:
             body.calls += self._buckets(rank, src, action.chunk, compute)
         return body
