@@ -183,3 +183,17 @@ def test_alpha_beta_fit_and_the_ring_for_another_group_size():
     ns, how = model.time("reduce_scatter", 2, size)
     assert ns == pytest.approx(a + 0.5 * size * b) and "no reduce_scatter recorded" in how
     assert model.time("all_reduce", 2, size) == (pytest.approx(2 * a + size * b), None)
+
+
+def test_replay_on_the_device_clock_of_a_gpu_recording():
+    """The H100 fixture with its Kineto export merged: lanes on the device clock (kernels as
+    compute); its replay reproduces the measured step and bubble."""
+    from pathlib import Path
+    assets = Path(__file__).parent / "assets" / "gpu-h100"
+    analysis = analyse(open_run(str(assets / "trace")),
+                       kineto={0: (str(assets / "kineto.json.gz"),)})
+    assert analysis.timeline.ranks[0].clock == "device"
+    result = what_if(analysis, [])
+    assert result.replayed["step_s"] == pytest.approx(result.measured["step_s"])
+    assert result.replayed["bubble_fraction"] == pytest.approx(result.measured["bubble_fraction"])
+    assert result.replay.ranks[0].clock == "device"

@@ -10,7 +10,7 @@ their communications stay at the same share of the work.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from statistics import mean, median
+from statistics import mean
 from typing import Optional
 
 from .graph import BEGIN, COMPUTE, END, IDLE, LAUNCH, STEP, WAIT, ExecutionGraph
@@ -66,10 +66,20 @@ class RankAnatomy:
 
 def anatomy(graph: ExecutionGraph) -> dict:
     """rank -> :class:`RankAnatomy` of every program of ``graph``."""
-    return {rank: _cut(graph, rank, program) for rank, program in graph.programs.items()}
+    try:
+        pp = max(int(graph.config.get("pp") or 1), 1)
+    except (TypeError, ValueError):
+        pp = 1
+    return {rank: _cut(graph, rank, program, pp) for rank, program in graph.programs.items()}
 
 
-def _cut(graph: ExecutionGraph, rank: int, program: list) -> RankAnatomy:
+def local_chunk(key, pp: int) -> int:
+    """The rank's chunk of a pass: torch.distributed.pipelining's passes name the global
+    stage, which is chunk * pp + rank in its looped placement."""
+    return key.chunk // pp if key.source in ("schedule", "record_function") else key.chunk
+
+
+def _cut(graph: ExecutionGraph, rank: int, program: list, pp: int) -> RankAnatomy:
     out = RankAnatomy(rank)
     part: Optional[Part] = None
     current: Optional[PassPart] = None      # the pass under way, or the last one ended
@@ -84,7 +94,8 @@ def _cut(graph: ExecutionGraph, rank: int, program: list) -> RankAnatomy:
             key = graph.passes[value]
             if current is not None:
                 current.after = part
-            current = PassPart(key.kind, key.microbatch, key.chunk, key.step, Part())
+            current = PassPart(key.kind, key.microbatch, local_chunk(key, pp), key.step,
+                               Part())
             out.passes.append(current)
             part, in_pass = current.body, True
         elif op == END:
@@ -119,8 +130,3 @@ def mean_part(parts: list, keep=lambda event: True) -> Part:
     scale = compute / typical.compute if typical.compute > 0 else 1.0
     events = [(at * scale, op, cid) for at, op, cid in typical.events if keep((at, op, cid))]
     return Part(compute, mean(p.idle for p in parts), events)
-
-
-def median_of(values) -> float:
-    values = list(values)
-    return median(values) if values else 0.0

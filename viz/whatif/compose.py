@@ -126,18 +126,6 @@ class Programs:
         return cid
 
 
-def stretched(body: Body, compute: float) -> Body:
-    """``body`` with ``compute`` instead of its own, its calls at the same shares of it."""
-    scale = compute / body.compute if body.compute > 0 else 1.0
-
-    def moved(call: Call) -> Call:
-        if call.wait is None:
-            return call
-        return Call(call.kind, call.group, call.nbytes, call.ns, call.role, call.key,
-                    call.wait * scale)
-    return Body(compute, body.idle, [(at * scale, moved(c)) for at, c in body.calls])
-
-
 def spread(calls: list, compute: float, first: float = 0.0, last: float = 1.0) -> list:
     """(place, call) of blocking ``calls`` spread evenly over [first, last] of ``compute``."""
     n = len(calls)

@@ -38,7 +38,6 @@ from ..intervals import Prefix, gaps, intersect, intervals, union
 from ..lanes import Timeline, counted_steps
 
 COMPUTE, IDLE, LAUNCH, WAIT, BEGIN, END, STEP = range(7)
-NODE_NAMES = ("compute", "idle", "launch", "wait", "begin", "end", "step")
 P2P = ("send", "recv")
 
 

@@ -7,10 +7,6 @@ from __future__ import annotations
 
 from typing import Optional
 
-RANK_KEYS = ("step_s", "bubble_fraction", "exposed_comm_s", "compute_s",
-             "pipeline_bubble_fraction")
-
-
 def rank_measures(m) -> dict:
     """One rank's measures from its :class:`viz.metrics.RankMetrics`."""
     n = len(m.counted_steps) or 1

@@ -10,10 +10,9 @@
   formula, else the elements of its largest input), a + b x work per op kind, fitted on the
   recording's op groups (count-weighted).
 
-Each fit keeps its samples' count and the mean relative error of the fit over them
-(:attr:`Fit.error`): the fraction by which the model misses the recorded times, summed over
-the samples (``|sum(model) - sum(measured)|`` is zero by least squares; this is the
-per-sample miss, weighted by time).
+Each fit keeps its samples' count and its error over them (:attr:`Fit.error`): the sum of
+``|model - measured|`` over the samples divided by the sum of ``measured``, so a model that
+misses the long samples counts more than one that misses the short ones.
 """
 from __future__ import annotations
 
@@ -24,8 +23,7 @@ import numpy as np
 
 from ..flops import flops as op_flops, parse_shapes, base_name
 
-AR_KINDS = ("all_reduce",)
-HALF_AR = ("all_gather", "reduce_scatter")     # ring: half an all-reduce of the full size
+RING_KINDS = ("all_reduce", "all_gather", "reduce_scatter")   # the ring's step counts apply
 
 
 @dataclass(frozen=True)
@@ -146,7 +144,7 @@ class CollectiveModel:
             return self._rescaled(same_kind[0], kind, n, nbytes), (
                 f"{kind} over {n} ranks: from the {kind} fit over {same_kind[0][1]} ranks, "
                 "scaled by the ring's steps and bus factor")
-        others = sorted(self.fits, key=lambda k: (k[0] not in AR_KINDS + HALF_AR,
+        others = sorted(self.fits, key=lambda k: (k[0] not in RING_KINDS,
                                                   abs(k[1] - n)))
         if others:
             base = others[0]

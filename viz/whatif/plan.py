@@ -28,7 +28,7 @@ from sample_runs.parallel.pp_schedules import schedule_actions
 
 from ..grid import Grid
 from .anatomy import mean_part
-from .compose import Body, Call, Programs, spread, stretched
+from .compose import Body, Call, Programs, spread
 from .graph import LAUNCH, WAIT, PassKey
 from .megatron import BYTES, Shape, buckets, rank_params, role_of, roles, shape_of, \
     sp_grad_elements, tied_elements, tp_calls

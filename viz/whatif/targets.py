@@ -10,8 +10,6 @@ schedule other than interleaved drops the recorded virtual stages.
 """
 from __future__ import annotations
 
-from typing import Optional
-
 OPTIONS = ("tp", "sp", "pp", "dp", "schedule", "virtual_stages", "microbatches")
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
 _UNSUPPORTED = {"cp": 1, "zero": 0, "ep": 1, "moe_experts": 0}
@@ -110,19 +108,3 @@ def describe(recorded: dict, cfg: dict) -> str:
 
 def changed(recorded: dict, cfg: dict, *keys: str) -> bool:
     return any(str(recorded.get(k)) != str(cfg.get(k)) for k in keys)
-
-
-def world_of(cfg: dict) -> int:
-    return int(cfg["tp"]) * int(cfg["pp"]) * int(cfg["dp"])
-
-
-def parse_value(key: str, text: str) -> Optional[object]:
-    """An option's value from text (the command line's)."""
-    if key == "sp":
-        return text in ("1", "true", "True", "yes")
-    if key == "schedule":
-        return text
-    try:
-        return int(text)
-    except ValueError:
-        raise TargetError(f"{flag(key)}: expected an integer, got {text!r}") from None
