@@ -197,3 +197,31 @@ def test_replay_on_the_device_clock_of_a_gpu_recording():
     assert result.replayed["step_s"] == pytest.approx(result.measured["step_s"])
     assert result.replayed["bubble_fraction"] == pytest.approx(result.measured["bubble_fraction"])
     assert result.replay.ranks[0].clock == "device"
+
+
+def test_a_late_callback_does_not_hide_a_blocking_wait(tmp_path):
+    """A blocking all-reduce: rank 0 launches at 100, rank 1 at 300, both resume at 400 (their
+    next op), but gloo's callback says 450. The timeline counted 105-400 as host time on rank
+    0; the graph makes it a wait that ends at the resumption: the all-reduce's transfer is
+    400 - 300 = 100 units, each rank computes its 3 ops of 100 units, and the replay still
+    gives the measured step."""
+    from tracer.synthetic import SyntheticRank, write_run
+    ranks = []
+    for r, launch in ((0, 100), (1, 300)):
+        rank = SyntheticRank(r, 2, {"tp": 1, "pp": 1, "dp": 2}, unit_ns=U)
+        rank.op(0, 10)
+        rank.next_step(0)
+        rank.op(0, launch)
+        rank.comm("all_reduce", launch, launch + 5, 450, group=(0, 1), nbytes=4096)
+        rank.op(400, 500)
+        rank.next_step(500)
+        rank.op(500, 510)
+        ranks.append(rank)
+    write_run(tmp_path, ranks)
+    analysis = analyse(open_run(str(tmp_path)))
+    result = what_if(analysis, [])
+    assert result.replayed["step_s"] == pytest.approx(result.measured["step_s"])
+    assert units(result.replayed["ranks"]["0"]["compute_s"]) == pytest.approx(100 + 100)
+    assert units(result.measured["ranks"]["0"]["compute_s"]) == pytest.approx(495)
+    fit = result.models[1]
+    assert fit.startswith("collective all_reduce over 2 ranks: 100.0 us")

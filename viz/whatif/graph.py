@@ -18,9 +18,10 @@ clock), as a list of :class:`Node` s:
 A :class:`Comm` is one collective over its members (matched across ranks by group and sequence
 number, :mod:`viz.crossrank`) or one send matched with its receive (:func:`viz.timeline
 .match_p2p`): it completes for member r at the last member's launch plus ``transfer[r]``, the
-measured time from the last arrival to r's completion. A communication whose other members are
-not in the graph (their step was not counted, the collective did not match) completes its own
-measured duration after its launch.
+measured time from the last arrival to r's completion (when r had the result:
+:mod:`viz.whatif.waits`). A communication whose other members are not in the graph (their
+step was not counted, the collective did not match) completes its own measured duration after
+its launch.
 
 Replaying these programs with their measured durations reproduces the recording
 (:mod:`viz.whatif.simulate`); the transformations edit them (:mod:`viz.whatif.compose`).
@@ -34,8 +35,9 @@ import numpy as np
 
 from tracer.ops import group_ranks
 
-from ..intervals import Prefix, gaps, intersect, intervals, union
+from ..intervals import Prefix, gaps
 from ..lanes import Timeline, counted_steps
+from .waits import RankView, hidden_waits, rank_view
 
 COMPUTE, IDLE, LAUNCH, WAIT, BEGIN, END, STEP = range(7)
 P2P = ("send", "recv")
@@ -116,7 +118,7 @@ def execution_graph(timeline: Timeline, matched: list) -> ExecutionGraph:
     graph = ExecutionGraph({}, [], [], {}, dict(timeline.config),
                            _clock(timeline), {r: tuple(l.pipeline_group) for r, l in ranks.items()})
     spans = {r: _spans_in(lane, windows[r]) for r, lane in ranks.items()}
-    views = {r: rank_view(lane) for r, lane in ranks.items()}
+    views = _views(ranks, matched)
     ids = _communications(graph, timeline, matched, spans, views)
     for rank, lane in ranks.items():
         graph.programs[rank] = _program(graph, lane, views[rank], windows[rank], spans[rank],
@@ -130,42 +132,16 @@ def _clock(timeline: Timeline) -> str:
     return "device" if "device" in clocks else "host"
 
 
-class _RankView(NamedTuple):
-    """A rank's compute lane with its waits inside blocking calls taken out, and when it had
-    each communication's result (trace row -> ns)."""
-
-    compute: np.ndarray
-    done: dict
-
-
-def rank_view(lane) -> _RankView:
-    """A blocking c10d collective returns from its dispatch at once and then waits for its
-    work; its recorded completion comes from the work's future callback, which waits for the
-    GIL: when the thread resumed first (its next op started before the callback), the
-    timeline counted the wait as host time between ops. Here the rank had the result when it
-    resumed, and the wait is not compute. (Needs the rank's ops: all of them kept for
-    drawing; else the recorded completion stands.)"""
-    done = {s.index: s.end for s in lane.comm}
-    starts = np.sort(lane.op_start) if lane.hidden_ops == 0 else np.zeros(0, np.int64)
-    waits = []
-    for s in lane.comm:
-        if not s.blocking or s.returned is None or not len(starts) or not s.completed:
-            continue
-        i = int(np.searchsorted(starts, s.returned, side="left"))
-        if i < len(starts) and starts[i] < s.end:
-            done[s.index] = int(starts[i])
-            waits.append((s.returned, int(starts[i])))
-    compute = lane.compute
-    if waits:
-        compute = _minus(compute, union(intervals([a for a, _ in waits], [b for _, b in waits])))
-    return _RankView(compute, done)
-
-
-def _minus(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Interval set ``a`` without ``b`` (both disjoint and sorted)."""
-    lo = min(int(a[0, 0]), int(b[0, 0])) if len(a) and len(b) else 0
-    hi = max(int(a[-1, 1]), int(b[-1, 1])) if len(a) and len(b) else 0
-    return intersect(a, gaps(b, lo, hi)) if len(a) and len(b) else a
+def _views(ranks: dict, matched: list) -> dict:
+    """rank -> RankView, with the hidden waits (viz.whatif.waits) that end after the last
+    member of their collective launched it: a rank cannot have had the result before."""
+    last = {(r, c.index): m.last_arrival for m in matched for r, c in m.spans.items()}
+    views = {}
+    for rank, lane in ranks.items():
+        waits = {i: w for i, w in hidden_waits(lane).items()
+                 if w[1] >= last.get((rank, i), w[1])}
+        views[rank] = rank_view(lane, waits)
+    return views
 
 
 def _spans_in(lane, windows: dict) -> dict:
@@ -223,7 +199,7 @@ def _communications(graph: ExecutionGraph, timeline: Timeline, matched: list, sp
 _END, _BEGIN, _LAUNCH, _HOLE = range(4)
 
 
-def _program(graph: ExecutionGraph, lane, view: _RankView, windows: dict, spans: dict,
+def _program(graph: ExecutionGraph, lane, view: RankView, windows: dict, spans: dict,
              ids: dict) -> list:
     """The rank's program over its counted steps (see the module docstring)."""
     compute = Prefix(view.compute)
