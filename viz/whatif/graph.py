@@ -195,8 +195,9 @@ def _communications(graph: ExecutionGraph, timeline: Timeline, matched: list, sp
     return ids
 
 
-# event priorities at one instant: a pass ends, the next begins, launches, then holes
-_END, _BEGIN, _LAUNCH, _HOLE = range(4)
+# event priorities at one instant: a send (a pass's output) before its pass ends, the next
+# pass begins, then other launches (a recv: the next pass's input), then holes
+_SEND, _END, _BEGIN, _LAUNCH, _HOLE = range(5)
 
 
 def _program(graph: ExecutionGraph, lane, view: RankView, windows: dict, spans: dict,
@@ -211,7 +212,8 @@ def _program(graph: ExecutionGraph, lane, view: RankView, windows: dict, spans: 
     for p in lane.passes:
         by_step.setdefault(p.step, []).append(p)
     for step, (lo, hi) in sorted(windows.items()):
-        events = [(s.start, _LAUNCH, ids[(lane.rank, i)]) for i, s in spans.items()
+        events = [(s.start, _SEND if s.kind == "send" else _LAUNCH, ids[(lane.rank, i)])
+                  for i, s in spans.items()
                   if s.step == step]
         for p in by_step.get(step, []):
             pid = graph.add_pass(PassKey(lane.rank, step, p.kind, p.microbatch, p.chunk,
@@ -265,7 +267,7 @@ def _walk(program: list, events: list, compute: Prefix, lo: int, hi: int) -> Non
             hole, hole_start = value, time
             t = max(t, value[0])
         else:
-            program.append(Node({_LAUNCH: LAUNCH, _BEGIN: BEGIN, _END: END}[kind], value))
+            program.append(Node({_SEND: LAUNCH, _LAUNCH: LAUNCH, _BEGIN: BEGIN, _END: END}[kind], value))
     if hole is not None:
         close_hole()
     busy = int(compute.length(t, hi)) if hi > t else 0

@@ -21,13 +21,12 @@ outside passes, and the middle ones a middle stage's (else the nearer end's). Th
 """
 from __future__ import annotations
 
-from statistics import mean
 from typing import Optional
 
 from sample_runs.parallel.pp_schedules import schedule_actions
 
 from ..grid import Grid
-from .anatomy import mean_part
+from .anatomy import mean, mean_part
 from .compose import Body, Call, Programs, spread
 from .graph import LAUNCH, WAIT, PassKey
 from .megatron import BYTES, Shape, buckets, rank_params, role_of, roles, shape_of, \
@@ -60,6 +59,8 @@ class Plan:
         self.assumptions: list = []
         self._noted: set = set()
         self.program = Programs(rec.graph.clock)
+        self._bodies: dict = {}          # (rank, kind, chunk) -> (compute, idle, inner calls)
+        self._message: Optional[tuple] = None
 
     # ------------------------------------------------------------------ the programs
     def build(self):
@@ -128,13 +129,15 @@ class Plan:
         stages = self.grid.pp * self.v
         vs = action.chunk * self.grid.pp + pp_i
         kind, mb = action.kind, action.microbatch
-        compute, idle, inner = self._compute(rank, src, kind, action.chunk, vs)
+        if (rank, kind, action.chunk) not in self._bodies:   # the same for every mb and step
+            self._bodies[(rank, kind, action.chunk)] = self._compute(rank, src, kind,
+                                                                     action.chunk, vs)
+        compute, idle, inner = self._bodies[(rank, kind, action.chunk)]
         body = Body(compute, idle, list(inner))
 
         def peer(stage: int) -> tuple:
             return (self.grid.rank(tp_i, 0, dp_i, stage % self.grid.pp),)
-        nbytes = self._message_bytes()
-        ns = self.rec.link(nbytes) if self.rec.link.fit.samples else self._link_fallback(nbytes)
+        nbytes, ns = self._message_of()
         if kind == "F" and vs > 0:
             body.calls.insert(0, (0.0, Call("recv", peer(vs - 1), nbytes, ns, "pp",
                                             (step, "F", mb, vs, tp_i, dp_i), 0.0)))
@@ -159,7 +162,7 @@ class Plan:
         costs = self.rec.costs
         if self.same_layout and self.same_tp and self.has_w == self.had_w and samples:
             part = mean_part([p.body for p in samples], keep=lambda e: self._inner(e[2]))
-            return part.compute, part.idle, self._recorded_inner(rank, src, part)
+            return part.compute, part.idle, self._recorded_calls(rank, src, part, False)
         first, last = vs == 0, vs == self.grid.pp * self.v - 1
         layers = shape.layers_of(vs) if shape is not None else range(0)
         base = "B" if kind == "W" else kind
@@ -216,18 +219,19 @@ class Plan:
         comm = self.rec.graph.comms[cid]
         return comm.kind != "p2p" and comm.kind not in ("send", "recv")
 
-    def _recorded_inner(self, rank: int, src: int, part) -> list:
-        """The recorded collectives of a pass (buckets left out), on the target's groups."""
+    def _recorded_calls(self, rank: int, src: int, part, buckets: bool) -> list:
+        """The recorded collectives of a part, on the target's groups (those over the data-
+        parallel group left out unless ``buckets``: in a pass, _buckets places them)."""
         mine = roles(self.rec.grid, src)
         waits = {cid: at for at, op, cid in part.events if op == WAIT}
         out = []
         for at, op, cid in part.events:
             comm = self.rec.graph.comms[cid]
-            if op != LAUNCH:
+            if op != LAUNCH or not self._inner(cid):
                 continue
             role = role_of(comm.group, mine)
-            if role == "dp":
-                continue                 # a gradient bucket: placed by _buckets
+            if role == "dp" and not buckets:
+                continue
             group = self._group(rank, role, comm.group)
             if group is None:
                 continue
@@ -250,11 +254,11 @@ class Plan:
     def _buckets(self, rank: int, src: int, chunk: int, compute: float) -> list:
         """The DP gradient buckets the last backward of ``chunk`` launches (async)."""
         group = roles(self.grid, rank)["dp"]
-        recorded = self._recorded_buckets(src, chunk) if self.same_layout and self.same_tp \
-            and self.rec.grid.dp > 1 else None
-        if recorded is not None:
-            self.note("gradient buckets: the recorded ones, at their places in the last "
-                      "backward")
+        if self.same_layout and self.same_tp and self.rec.grid.dp > 1:
+            recorded = self._recorded_buckets(src, chunk)
+            if recorded:
+                self.note("gradient buckets: the recorded ones, at their places in the last "
+                          "backward")
             return [(share * compute, Call("all_reduce", group, nbytes,
                                            self._collective_ns("all_reduce", len(group), nbytes),
                                            "bucket")) for share, nbytes in recorded]
@@ -270,9 +274,9 @@ class Plan:
                                        "bucket"))
                 for n, owner, share in buckets(self.shape, pp_i) if owner == chunk]
 
-    def _recorded_buckets(self, src: int, chunk: int) -> Optional[list]:
+    def _recorded_buckets(self, src: int, chunk: int) -> list:
         """(share of the pass, bytes) of the DP all-reduces the source's last backward of
-        ``chunk`` launched, or None if it launched none."""
+        ``chunk`` launched (none: the recording reduced its gradients after the passes)."""
         anat = self.rec.anatomies[src]
         mine = roles(self.rec.grid, src)
         last = [p for p in anat.passes if p.chunk == chunk and p.kind in ("B", "W")]
@@ -282,7 +286,7 @@ class Plan:
                      if op == LAUNCH and role_of(self.rec.graph.comms[cid].group, mine) == "dp"]
             if found:
                 return found
-        return None
+        return []
 
     # ------------------------------------------------------------------ after the passes
     def _post(self, rank: int, src: int) -> Body:
@@ -290,6 +294,8 @@ class Plan:
         sequence-parallel and tied-embedding all-reduces, the loss all-reduce."""
         anat = self.rec.anatomies[src]
         post = mean_part(anat.post)
+        if self.same_layout and self.same_tp and not changed(self.rec.config, self.cfg, "dp"):
+            return Body(post.compute, post.idle, self._recorded_calls(rank, src, post, True))
         compute = post.compute * self._params_ratio(rank, src)
         first_launch = next((at for at, op, _ in post.events if op == LAUNCH), None)
         share = first_launch / post.compute if first_launch is not None and post.compute else 0.1
@@ -358,11 +364,17 @@ class Plan:
             self.note(how)
         return ns
 
-    def _message_bytes(self) -> int:
-        if self.shape is not None:
-            return self.shape.activation_bytes
-        sizes = [c.nbytes for c in self.rec.graph.comms if c.kind == "p2p"]
-        return int(mean(sizes)) if sizes else 0
+    def _message_of(self) -> tuple:
+        """(bytes, ns) of one P2P message between stages."""
+        if self._message is None:
+            if self.shape is not None:
+                nbytes = self.shape.activation_bytes
+            else:
+                nbytes = int(mean(c.nbytes for c in self.rec.graph.comms if c.kind == "p2p"))
+            ns = self.rec.link(nbytes) if self.rec.link.fit.samples else \
+                self._link_fallback(nbytes)
+            self._message = (nbytes, ns)
+        return self._message
 
     def _link_fallback(self, nbytes: int) -> float:
         """A P2P message's time when the recording has none: half the latency of a two-rank
