@@ -225,3 +225,16 @@ def test_a_late_callback_does_not_hide_a_blocking_wait(tmp_path):
     assert units(result.measured["ranks"]["0"]["compute_s"]) == pytest.approx(495)
     fit = result.models[1]
     assert fit.startswith("collective all_reduce over 2 ranks: 100.0 us")
+
+
+def test_a_missing_rank_replays_what_is_there_and_refuses_targets(tmp_path):
+    """Rank 1's trace is gone: the replay runs rank 0 alone (its messages complete as
+    recorded), a target is refused in one line."""
+    pipeline_run(tmp_path / "run")
+    (tmp_path / "run" / "rank-1.arrow").unlink()
+    analysis = analyse(open_run(str(tmp_path / "run")))
+    result = what_if(analysis, [])
+    assert sorted(result.replayed["ranks"]) == ["0"]
+    assert result.replayed["step_s"] == pytest.approx(result.measured["step_s"])
+    with pytest.raises(TargetError, match=r"rank\(s\) \[1\] of the recording have no readable"):
+        what_if(analysis, [{"schedule": "gpipe"}])

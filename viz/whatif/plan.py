@@ -45,6 +45,10 @@ class Plan:
             raise TargetError(f"the recorded config (tp {rec.config.get('tp')}, pp "
                               f"{rec.config.get('pp')}, dp {rec.config.get('dp')}) does not "
                               f"describe its world of {rec.world} ranks")
+        missing = [r for r in range(rec.world) if r not in rec.anatomies]
+        if missing:
+            raise TargetError(f"rank(s) {missing} of the recording have no readable trace: a "
+                              "prediction needs every rank's steps (only the replay can be predicted)")
         self.rec, self.cfg = rec, cfg
         self.grid = Grid(tp=int(cfg["tp"]), dp=int(cfg["dp"]), pp=int(cfg["pp"]))
         self.shape: Optional[Shape] = shape_of(cfg)
