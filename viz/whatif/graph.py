@@ -198,6 +198,7 @@ def _communications(graph: ExecutionGraph, timeline: Timeline, matched: list, sp
 # event priorities at one instant: a send (a pass's output) before its pass ends, the next
 # pass begins, then other launches (a recv: the next pass's input), then holes
 _SEND, _END, _BEGIN, _LAUNCH, _HOLE = range(5)
+_NODE_OF = {_SEND: LAUNCH, _LAUNCH: LAUNCH, _BEGIN: BEGIN, _END: END}
 
 
 def _program(graph: ExecutionGraph, lane, view: RankView, windows: dict, spans: dict,
@@ -267,7 +268,7 @@ def _walk(program: list, events: list, compute: Prefix, lo: int, hi: int) -> Non
             hole, hole_start = value, time
             t = max(t, value[0])
         else:
-            program.append(Node({_SEND: LAUNCH, _LAUNCH: LAUNCH, _BEGIN: BEGIN, _END: END}[kind], value))
+            program.append(Node(_NODE_OF[kind], value))
     if hole is not None:
         close_hole()
     busy = int(compute.length(t, hi)) if hi > t else 0

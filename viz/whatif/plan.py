@@ -48,7 +48,8 @@ class Plan:
         missing = [r for r in range(rec.world) if r not in rec.anatomies]
         if missing:
             raise TargetError(f"rank(s) {missing} of the recording have no readable trace: a "
-                              "prediction needs every rank's steps (only the replay can be predicted)")
+                              "prediction needs every rank's steps (only the replay can be "
+                              "predicted)")
         self.rec, self.cfg = rec, cfg
         self.grid = Grid(tp=int(cfg["tp"]), dp=int(cfg["dp"]), pp=int(cfg["pp"]))
         self.shape: Optional[Shape] = shape_of(cfg)
