@@ -77,11 +77,12 @@ def key(config: dict) -> tuple:
 
 
 def trace(out: str, config: dict, model: list, steps: int) -> str:
-    """Trace one configuration on 2 ranks (steps 1- recorded); returns the run directory."""
+    """Trace one configuration on 2 ranks, recording from step 2 (the first steps are
+    slower: allocator, caches, gloo's first messages); returns the run directory."""
     env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", PYTHONPATH=REPO)
     proc = subprocess.run(
         [sys.executable, "-m", "instrument.launch", "--nproc-per-node", "2", "--out", out,
-         "--steps", "1-", "--no-report", "-m", "sample_runs.train", *model,
+         "--steps", "2-", "--no-report", "-m", "sample_runs.train", *model,
          "--steps", str(steps), *flags(config)],
         env=env, cwd=REPO, capture_output=True, text=True)
     if proc.returncode:
@@ -147,7 +148,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3, help="repeats (default 3)")
     parser.add_argument("--steps", type=int, default=7,
-                        help="steps per run; steps 2.. are counted (default 7)")
+                        help="steps per run; steps 2.. are recorded and counted (default 7)")
     parser.add_argument("--model", choices=sorted(MODELS), default="default",
                         help="model size (default: 8 layers, hidden 256; tiny: a quick check)")
     parser.add_argument("--keep", metavar="DIR", help="keep the runs in DIR")
