@@ -203,8 +203,10 @@ def test_a_late_callback_does_not_hide_a_blocking_wait(tmp_path):
     """A blocking all-reduce: rank 0 launches at 100, rank 1 at 300, both resume at 400 (their
     next op), but gloo's callback says 450. The timeline counted 105-400 as host time on rank
     0; the graph makes it a wait that ends at the resumption: the all-reduce's transfer is
-    400 - 300 = 100 units, each rank computes its 3 ops of 100 units, and the replay still
-    gives the measured step."""
+    400 - 300 = 100 units, rank 0 computes its two ops of 100 units, and the replay still
+    gives the measured step. Both ranks are data-parallel replicas (one stage), so the model
+    adds the last one's lateness over their mean launch, 300 - 200 = 100 units, as jitter:
+    200 units."""
     from tracer.synthetic import SyntheticRank, write_run
     ranks = []
     for r, launch in ((0, 100), (1, 300)):
@@ -224,7 +226,7 @@ def test_a_late_callback_does_not_hide_a_blocking_wait(tmp_path):
     assert units(result.replayed["ranks"]["0"]["compute_s"]) == pytest.approx(100 + 100)
     assert units(result.measured["ranks"]["0"]["compute_s"]) == pytest.approx(495)
     fit = result.models[1]
-    assert fit.startswith("collective all_reduce over 2 ranks: 100.0 us")
+    assert fit.startswith("collective all_reduce over 2 ranks: 200.0 us")
 
 
 def test_a_missing_rank_replays_what_is_there_and_refuses_targets(tmp_path):

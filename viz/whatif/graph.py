@@ -78,6 +78,7 @@ class Comm:
     dst: Optional[int] = None
     kinds: dict = field(default_factory=dict)   # rank -> its own kind (P2P: send | recv)
     waited: bool = False       # a member waited for it: its completion was seen, not late
+    skew: int = 0              # the last member's launch after the members' mean launch
 
     def kind_on(self, rank: int) -> str:
         return self.kinds.get(rank, self.kind)
@@ -179,6 +180,7 @@ def _communications(graph: ExecutionGraph, timeline: Timeline, matched: list, sp
                     tuple(sorted(members)),
                     {r: max(views[r].done[c.index] - last, 0) for r, c in members.items()},
                     "", m.group)
+        comm.skew = int(last - sum(c.start for c in members.values()) / len(members))
         cid = graph.add_comm(comm)
         for r, c in members.items():
             ids[(r, c.index)] = cid

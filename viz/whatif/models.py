@@ -100,7 +100,7 @@ class LinkModel:
     def from_graph(cls, graph) -> "LinkModel":
         samples = [(c.nbytes, c.transfer[c.dst]) for c in graph.comms
                    if c.kind == "p2p" and len(c.members) == 2]
-        return cls(fit_line([b for b, _ in samples], [t for _, t in samples], robust=True))
+        return cls(fit_line([b for b, _ in samples], [t for _, t in samples]))
 
     def __call__(self, nbytes: int) -> float:
         return self.fit(nbytes)
@@ -118,18 +118,25 @@ class CollectiveModel:
     link: LinkModel
 
     @classmethod
-    def from_graph(cls, graph, link: LinkModel) -> "CollectiveModel":
+    def from_graph(cls, graph, link: LinkModel, stage_of=None) -> "CollectiveModel":
+        """``stage_of(rank)``: its pipeline stage; the members of a collective over one stage
+        do the same work, so the last one's lateness there is jitter, which a simulation of
+        equal members does not have: it is added to their transfer."""
+        stage_of = stage_of or (lambda rank: 0)
         samples: dict = {}
         for c in graph.comms:
             if c.kind == "p2p" or len(c.members) < 2 or c.kind == "barrier":
                 continue
-            # the earliest completion: the transfer; a collective no member waited for may
-            # have completed before its callback said (viz.whatif.graph.rank_view)
+            # from the members' mean launch to the earliest completion where they do the same
+            # work: the transfer and the wait for the last member jitter alone causes; a
+            # collective no member waited for may have completed before its callback said
+            # (viz.whatif.waits)
+            jitter = c.skew if len({stage_of(r) for r in c.members}) == 1 else 0
             samples.setdefault((c.kind, len(c.group)), []).append(
-                (c.nbytes, min(c.transfer.values()), c.waited))
+                (c.nbytes, min(c.transfer.values()) + jitter, c.waited))
         samples = {key: [(b, t) for b, t, w in s if w] or [(b, t) for b, t, _ in s]
                    for key, s in samples.items()}
-        fits = {key: fit_line([b for b, _ in s], [t for _, t in s], robust=True)
+        fits = {key: fit_line([b for b, _ in s], [t for _, t in s])
                 for key, s in sorted(samples.items())}
         return cls(fits, link)
 

@@ -33,6 +33,7 @@ from .megatron import BYTES, Shape, buckets, rank_params, role_of, roles, shape_
     sp_grad_elements, tied_elements, tp_calls
 from .recording import Recording
 from .targets import TargetError, changed
+from .torch_plans import torch_order
 
 LOSS_BYTES = 8                       # the reference GPT's float64 loss, all-reduced over DP
 
@@ -61,6 +62,9 @@ class Plan:
         self.same_layout = not changed(rec.config, cfg, "pp", "virtual_stages")
         self.same_tp = not changed(rec.config, cfg, "tp") and (
             int(cfg["tp"]) < 2 or not changed(rec.config, cfg, "sp"))
+        # torch.distributed.pipelining's interleaved schedules follow their own plan
+        self.torch_plans = cfg["schedule"] in ("interleaved", "zb-h1") and any(
+            p.source in ("schedule", "record_function") for p in rec.graph.passes)
         self.assumptions: list = []
         self._noted: set = set()
         self.program = Programs(rec.graph.clock)
@@ -89,8 +93,9 @@ class Plan:
         tp_i, _, dp_i, pp_i = self.grid.coords(rank)
         src = self._source(rank)
         anat = self.rec.anatomies[src]
-        order = schedule_actions(self.cfg["schedule"], stages=self.grid.pp, rank=pp_i,
-                                 microbatches=self.m, chunks=self.v)
+        plan = torch_order if self.torch_plans else schedule_actions
+        order = plan(self.cfg["schedule"], stages=self.grid.pp, rank=pp_i,
+                     microbatches=self.m, chunks=self.v)
         pre = mean_part(anat.pre)
         pre_body = Body(pre.compute * self.m / self.m0, pre.idle)
         after = mean([p.after.compute for p in anat.passes if p.after is not None] or [0.0])

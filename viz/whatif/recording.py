@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..grid import Grid, grid_of
+from ..lanes import counted_steps
 from .anatomy import anatomy
 from .costs import PartCosts, part_costs
 from .graph import ExecutionGraph, execution_graph
@@ -64,15 +65,34 @@ def study(timeline, matched: list, groups: dict, world: int) -> Recording:
     collectives; ``groups``: rank -> its op groups over its counted steps; ``world``: the
     run's world size."""
     graph = execution_graph(timeline, matched)
-    anatomies = anatomy(graph)
-    config = dict(timeline.config)
+    config = graph.config = recorded_config(timeline, world)
     grid = grid_of(config, world)
+    anatomies = anatomy(graph)
     shape = shape_of(config)
     link = LinkModel.from_graph(graph)
-    collectives = CollectiveModel.from_graph(graph, link)
+    collectives = CollectiveModel.from_graph(
+        graph, link, (lambda r: grid.coords(r)[3]) if grid is not None else None)
     ops = OpCostModel.from_groups([g for mine in groups.values() for g in mine])
     costs = None
     if shape is not None and grid is not None:
         costs = part_costs(anatomies, groups, shape, lambda r: grid.coords(r)[3])
     return Recording(graph, anatomies, config, world, grid, shape, link, collectives, ops,
                      costs)
+
+
+def recorded_config(timeline, world: int) -> dict:
+    """The run's recorded config; where it names no schedule, the one
+    torch.distributed.pipelining ran in every counted step (tracer.pipelining records it),
+    with tp 1 and the world's remaining ranks as DP."""
+    config = dict(timeline.config)
+    if config.get("schedule") and config.get("pp"):
+        return config
+    found = {lane.schedules.get(step) for lane in timeline.ranks.values()
+             for step in counted_steps(lane)}
+    if len(found) != 1 or None in found:
+        return config
+    schedule, pp, m, v = found.pop()
+    config.update(schedule=schedule, pp=pp, microbatches=m, virtual_stages=v)
+    config.setdefault("tp", 1)
+    config.setdefault("dp", max(world // (int(config["tp"]) * pp), 1))
+    return config
