@@ -204,9 +204,8 @@ def test_a_late_callback_does_not_hide_a_blocking_wait(tmp_path):
     next op), but gloo's callback says 450. The timeline counted 105-400 as host time on rank
     0; the graph makes it a wait that ends at the resumption: the all-reduce's transfer is
     400 - 300 = 100 units, rank 0 computes its two ops of 100 units, and the replay still
-    gives the measured step. Both ranks are data-parallel replicas (one stage), so the model
-    adds the last one's lateness over their mean launch, 300 - 200 = 100 units, as jitter:
-    200 units."""
+    gives the measured step. Rank 1 is late in every all-reduce of the group (there is one),
+    so its lateness is steady, not jitter: none is added."""
     from tracer.synthetic import SyntheticRank, write_run
     ranks = []
     for r, launch in ((0, 100), (1, 300)):
@@ -226,7 +225,8 @@ def test_a_late_callback_does_not_hide_a_blocking_wait(tmp_path):
     assert units(result.replayed["ranks"]["0"]["compute_s"]) == pytest.approx(100 + 100)
     assert units(result.measured["ranks"]["0"]["compute_s"]) == pytest.approx(495)
     fit = result.models[1]
-    assert fit.startswith("collective all_reduce over 2 ranks: 200.0 us")
+    assert fit.startswith("collective all_reduce over 2 ranks: 100.0 us")
+    assert fit.endswith("jitter 0.0 us")
 
 
 def test_a_missing_rank_replays_what_is_there_and_refuses_targets(tmp_path):
@@ -240,3 +240,20 @@ def test_a_missing_rank_replays_what_is_there_and_refuses_targets(tmp_path):
     assert result.replayed["step_s"] == pytest.approx(result.measured["step_s"])
     with pytest.raises(TargetError, match=r"rank\(s\) \[1\] of the recording have no readable"):
         what_if(analysis, [{"schedule": "gpipe"}])
+
+
+def test_jitter_is_the_lateness_a_simulation_cannot_have():
+    """Blocking all-reduces of one group: rank 1 is 5 units after the members' mean launch on
+    average (steady: the simulation keeps it); the jitter of a collective is its last
+    member's lateness less that, and a collective nobody waited for where it was launched
+    (a gradient bucket) has none."""
+    from viz.whatif.graph import Comm
+    from viz.whatif.models import jitter
+    lateness = [{0: -5, 1: 5}, {0: 10, 1: -10}, {0: -5, 1: 5}, {0: -20, 1: 20}]
+    comms = [Comm("all_reduce", (0, 1), 64, (0, 1), {0: 1, 1: 1}, lateness=late, prompt=True)
+             for late in lateness]
+    comms.append(Comm("all_reduce", (0, 1), 64, (0, 1), {0: 1, 1: 1},
+                      lateness={0: -500, 1: 500}))
+    # mean lateness: rank 0 (-5 + 10 - 5 - 20) / 4 = -5, rank 1 +5; the last members' 5, 10,
+    # 5, 20
+    assert jitter(comms) == {0: 0.0, 1: 5.0, 2: 0.0, 3: 15.0}

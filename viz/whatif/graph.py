@@ -78,7 +78,8 @@ class Comm:
     dst: Optional[int] = None
     kinds: dict = field(default_factory=dict)   # rank -> its own kind (P2P: send | recv)
     waited: bool = False       # a member waited for it: its completion was seen, not late
-    skew: int = 0              # the last member's launch after the members' mean launch
+    lateness: dict = field(default_factory=dict)   # rank -> its launch - the members' mean
+    prompt: bool = False       # a member waited for it in the part it launched it in
 
     def kind_on(self, rank: int) -> str:
         return self.kinds.get(rank, self.kind)
@@ -180,7 +181,8 @@ def _communications(graph: ExecutionGraph, timeline: Timeline, matched: list, sp
                     tuple(sorted(members)),
                     {r: max(views[r].done[c.index] - last, 0) for r, c in members.items()},
                     "", m.group)
-        comm.skew = int(last - sum(c.start for c in members.values()) / len(members))
+        middle = sum(c.start for c in members.values()) / len(members)
+        comm.lateness = {r: int(c.start - middle) for r, c in members.items()}
         cid = graph.add_comm(comm)
         for r, c in members.items():
             ids[(r, c.index)] = cid
@@ -229,7 +231,20 @@ def _program(graph: ExecutionGraph, lane, view: RankView, windows: dict, spans: 
             events.append((h0, _HOLE, (h1, why)))
         program.append(Node(STEP, step))
         _walk(program, sorted(events, key=lambda e: (e[0], e[1])), compute, lo, hi)
+    _mark_prompt(graph, program)
     return program
+
+
+def _mark_prompt(graph: ExecutionGraph, program: list) -> None:
+    """Mark the communications the rank waited for before a pass or step boundary."""
+    part, launched = 0, {}
+    for op, value in program:
+        if op in (BEGIN, END, STEP):
+            part += 1
+        elif op == LAUNCH:
+            launched[value] = part
+        elif op == WAIT and launched.get(value) == part:
+            graph.comms[value].prompt = True
 
 
 def _explained(h0: int, h1: int, end_times: np.ndarray, ends: list, rank: int, ids: dict):

@@ -116,36 +116,35 @@ class CollectiveModel:
 
     fits: dict                       # (kind, n) -> Fit
     link: LinkModel
+    jitters: dict = None             # (kind, n) -> mean jitter (ns) of its prompt ones
 
     @classmethod
-    def from_graph(cls, graph, link: LinkModel, stage_of=None) -> "CollectiveModel":
-        """``stage_of(rank)``: its pipeline stage; the members of a collective over one stage
-        do the same work, so the last one's lateness there is jitter, which a simulation of
-        equal members does not have: it is added to their transfer."""
-        stage_of = stage_of or (lambda rank: 0)
+    def from_graph(cls, graph, link: LinkModel) -> "CollectiveModel":
+        """Fitted on the matched collectives some member waited for (a completion no one
+        waited for may have been reported late: viz.whatif.waits), each taken from its last
+        member's launch to the earliest completion; their jitter (:func:`jitter`) apart."""
+        extra = jitter(graph.comms)
         samples: dict = {}
-        for c in graph.comms:
+        noise: dict = {}
+        for cid, c in enumerate(graph.comms):
             if c.kind == "p2p" or len(c.members) < 2 or c.kind == "barrier":
                 continue
-            # from the members' mean launch to the earliest completion where they do the same
-            # work: the transfer and the wait for the last member jitter alone causes; a
-            # collective no member waited for may have completed before its callback said
-            # (viz.whatif.waits)
-            jitter = c.skew if len({stage_of(r) for r in c.members}) == 1 else 0
-            samples.setdefault((c.kind, len(c.group)), []).append(
-                (c.nbytes, min(c.transfer.values()) + jitter, c.waited))
+            key = (c.kind, len(c.group))
+            samples.setdefault(key, []).append((c.nbytes, min(c.transfer.values()), c.waited))
+            if cid in extra:
+                noise.setdefault(key, []).append(extra[cid])
         samples = {key: [(b, t) for b, t, w in s if w] or [(b, t) for b, t, _ in s]
                    for key, s in samples.items()}
         fits = {key: fit_line([b for b, _ in s], [t for _, t in s])
                 for key, s in sorted(samples.items())}
-        return cls(fits, link)
+        return cls(fits, link, {key: float(np.mean(v)) for key, v in noise.items()})
 
     def time(self, kind: str, n: int, nbytes: int) -> tuple:
         """(ns, how: None when fitted on this very kind and size, else a sentence)."""
         if n < 2:
             return 0.0, None
         if (kind, n) in self.fits:
-            return self.fits[(kind, n)](nbytes), None
+            return self.fits[(kind, n)](nbytes) + (self.jitters or {}).get((kind, n), 0.0), None
         same_kind = sorted((k for k in self.fits if k[0] == kind), key=lambda k: abs(k[1] - n))
         if same_kind:
             return self._rescaled(same_kind[0], kind, n, nbytes), (
@@ -173,8 +172,38 @@ class CollectiveModel:
         return max(fit.alpha * steps + fit.beta * nbytes * volume, 0.0)
 
     def describe(self) -> list:
+        jitters = self.jitters or {}
         return [f"{kind} over {n} ranks: {fit.describe('byte')}"
+                + (f"; jitter {jitters[(kind, n)] / 1e3:.1f} us" if (kind, n) in jitters else "")
                 for (kind, n), fit in self.fits.items()]
+
+
+def jitter(comms: list) -> dict:
+    """comm id -> how much later its last member launched than a simulation would have it
+    (added, as the mean over a kind and group size, to the predictions of that very kind
+    and size; a kind derived from another's fit has none).
+
+    A simulation gives each rank its own mean work, so a rank that is steadily late (a
+    slower stage, a slower process) is late there too; what it cannot have is the noise of
+    each collective: the last member's lateness over the members' mean launch, less the
+    lateness the steadiest-late member has on average over its group's collectives. Only for
+    collectives waited for in the part (pass, or the work around passes) that launched them:
+    a gradient bucket launched in a backward and waited for after it hides the lateness. On a
+    TP run, with dozens of blocking collectives a pass, that noise sets the pace."""
+    by_group: dict = {}
+    for cid, c in enumerate(comms):
+        if c.lateness and c.prompt:
+            by_group.setdefault(c.group, []).append(cid)
+    out = {}
+    for group, ids in by_group.items():
+        steady = {}
+        for cid in ids:
+            for r, late in comms[cid].lateness.items():
+                steady.setdefault(r, []).append(late)
+        baseline = max(sum(v) / len(v) for v in steady.values())
+        for cid in ids:
+            out[cid] = max(max(comms[cid].lateness.values()) - baseline, 0.0)
+    return out
 
 
 def work_of(op: str, shapes: Optional[str]) -> float:

@@ -70,8 +70,7 @@ def study(timeline, matched: list, groups: dict, world: int) -> Recording:
     anatomies = anatomy(graph)
     shape = shape_of(config)
     link = LinkModel.from_graph(graph)
-    collectives = CollectiveModel.from_graph(
-        graph, link, (lambda r: grid.coords(r)[3]) if grid is not None else None)
+    collectives = CollectiveModel.from_graph(graph, link)
     ops = OpCostModel.from_groups([g for mine in groups.values() for g in mine])
     costs = None
     if shape is not None and grid is not None:
