@@ -44,6 +44,7 @@ setup(
             "trace-run=instrument.launch:main",
             "trace-report=viz.cli:report_main",
             "trace-diff=viz.cli:diff_main",
+            "trace-whatif=viz.whatif_cli:main",
         ]
     },
 )

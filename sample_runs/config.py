@@ -51,7 +51,8 @@ class RunConfig:
                     layers=m.layers, hidden=m.hidden, heads=m.heads, seq_len=m.seq_len,
                     vocab=m.vocab, micro_batch_size=self.micro_batch_size, steps=self.steps,
                     cp=self.cp, zero=self.zero, ep=self.ep, moe_experts=m.moe_experts,
-                    topk=m.moe_topk, capacity_factor=m.capacity_factor)
+                    topk=m.moe_topk, capacity_factor=m.capacity_factor,
+                    bucket_size=self.bucket_size)
 
     def as_dict(self) -> dict:
         return {**asdict(self), "model": asdict(self.model)}

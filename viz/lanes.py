@@ -49,6 +49,8 @@ class CommSpan:
     seq: Optional[int] = None  # per-group sequence number (matching across ranks)
     dtype: Optional[str] = None
     site: Optional[tuple] = None   # innermost user frame that issued it (viz.groups.Frame)
+    returned: Optional[int] = None  # when the launching call returned (None: unknown)
+    blocking: Optional[bool] = None  # c10d's async_op was False (None: P2P, unknown)
 
 
 @dataclass(frozen=True, **SLOTS)

@@ -202,6 +202,7 @@ def _comm_spans(rows: RankRows, send_ends: dict) -> list:
     last = int(max(rows.t1.max(initial=0), rows.t0.max(initial=0), rows.t_ret.max(initial=0)))
     trace = rows.trace
     nbytes, seq, dtype = trace.col("bytes"), trace.col("seq"), trace.col("dtype")
+    async_op = trace.col("async_op")
     stack, fwd_stack = trace.col("stack"), trace.col("fwd_stack")
     dtypes = trace.dictionary("dtype")
     sites: dict = {}
@@ -224,7 +225,9 @@ def _comm_spans(rows: RankRows, send_ends: dict) -> list:
                               end, peer if peer >= 0 else None, rows.group_of(i),
                               max(int(nbytes[i]), 0), completed, capped,
                               int(seq[i]) if seq[i] >= 0 else None,
-                              dtypes[dtype[i]] if dtype[i] >= 0 else None, sites[key]))
+                              dtypes[dtype[i]] if dtype[i] >= 0 else None, sites[key],
+                              int(rows.t_ret[i]) if rows.t_ret[i] >= 0 else None,
+                              bool(async_op[i] == 0) if async_op[i] >= 0 else None))
     return sorted(spans, key=lambda c: c.start)
 
 

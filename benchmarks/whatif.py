@@ -1,0 +1,170 @@
+"""Benchmark: trace-whatif's predictions against real runs of the reference GPT.
+
+    python benchmarks/whatif.py [--repeat 3] [--steps 7] [--model default|tiny] [--keep DIR]
+
+Each repeat records two base configurations with trace-run (2 ranks, gloo, CPU,
+OMP_NUM_THREADS=1): A = pp 2 (1F1B, m=4) and B = dp 2, then runs every target configuration
+for real, traced the same way, and compares the prediction made from the base with the real
+run's measurement (viz.whatif.measures: the slowest rank's mean counted step, the share of
+the step without compute, averaged over ranks). Targets, all on 2 ranks (4 processes on 2
+cores would make contention dominate: the pipeline and tensor degree changes keep the world
+at 2 by moving the data-parallel degree the other way):
+
+- replay: each recording replayed against its own measurement (Lumos' replay error);
+- schedule: A -> GPipe, interleaved (v=2), ZB-H1; micro-batches: A -> m=8;
+- pipeline and data degree: A -> pp 1 (dp 2); B -> pp 2 (dp 1);
+- tensor degree: A -> tp 2 + SP (pp 1, dp 1); B -> tp 2 + SP (dp 1).
+
+The runs of one repeat alternate, so every configuration sees the same machine; the load
+average is printed. Errors are medians over repeats: step error is predicted / real - 1,
+bubble error predicted - real in points. Predictions and real runs are both traced (the
+recording's durations carry the tracer's cost, so the prediction is of a traced step).
+Default sizes (8 layers, hidden 256, seq 64, micro-batch 8) take about 10-15 minutes at
+--repeat 3; --model tiny checks the script in about a minute.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from viz.analysis import analyse  # noqa: E402
+from viz.run import open_run  # noqa: E402
+from viz.whatif import what_if  # noqa: E402
+from viz.whatif.measures import measures  # noqa: E402
+
+MODELS = {"default": ["--layers", "8", "--hidden", "256", "--heads", "4", "--seq-len", "64",
+                      "--micro-batch-size", "8"],
+          "tiny": ["--layers", "4", "--hidden", "32", "--heads", "4", "--seq-len", "16",
+                   "--micro-batch-size", "2"]}
+BASES = {"A": {"tp": 1, "pp": 2, "dp": 1, "schedule": "1f1b", "microbatches": 4},
+         "B": {"tp": 1, "pp": 1, "dp": 2, "schedule": "1f1b", "microbatches": 4}}
+# (name, kind, base, changes); kind: the issue's accuracy class
+TARGETS = [("A -> gpipe", "schedule", "A", {"schedule": "gpipe"}),
+           ("A -> interleaved v2", "schedule", "A", {"schedule": "interleaved",
+                                                     "virtual_stages": 2}),
+           ("A -> zb-h1", "schedule", "A", {"schedule": "zb-h1"}),
+           ("A -> m 8", "microbatches", "A", {"microbatches": 8}),
+           ("A -> pp 1, dp 2", "pipeline/data", "A", {"pp": 1}),
+           ("B -> pp 2, dp 1", "pipeline/data", "B", {"pp": 2}),
+           ("A -> tp 2+sp, pp 1", "tensor", "A", {"tp": 2, "pp": 1, "sp": True}),
+           ("B -> tp 2+sp, dp 1", "tensor", "B", {"tp": 2, "sp": True})]
+GOALS = {"replay": 0.03, "schedule": 0.10, "microbatches": 0.10, "pipeline/data": 0.15,
+         "tensor": 0.15}
+
+
+def flags(config: dict) -> list:
+    out = ["--tp", str(config["tp"]), "--pp", str(config["pp"]), "--dp", str(config["dp"]),
+           "--schedule", config["schedule"], "--microbatches", str(config["microbatches"])]
+    if config.get("virtual_stages", 1) > 1:
+        out += ["--virtual-stages", str(config["virtual_stages"])]
+    out.append("--sp" if config.get("sp", True) else "--no-sp")
+    return out
+
+
+def key(config: dict) -> tuple:
+    """What tells two configurations apart (SP matters only with TP)."""
+    return (config["tp"], config["pp"], config["dp"], config["schedule"],
+            config["microbatches"], config.get("virtual_stages", 1),
+            bool(config.get("sp", True)) and config["tp"] > 1)
+
+
+def trace(out: str, config: dict, model: list, steps: int) -> str:
+    """Trace one configuration on 2 ranks, recording from step 2 (the first steps are
+    slower: allocator, caches, gloo's first messages); returns the run directory."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", PYTHONPATH=REPO)
+    proc = subprocess.run(
+        [sys.executable, "-m", "instrument.launch", "--nproc-per-node", "2", "--out", out,
+         "--steps", "2-", "--no-report", "-m", "sample_runs.train", *model,
+         "--steps", str(steps), *flags(config)],
+        env=env, cwd=REPO, capture_output=True, text=True)
+    if proc.returncode:
+        raise SystemExit(f"trace-run failed for {flags(config)}: {proc.stderr[-2000:]}")
+    return out
+
+
+def target_config(base: dict, changes: dict) -> dict:
+    """As trace-whatif reads a target: dp follows the world of 2 unless named."""
+    cfg = {"virtual_stages": 1, "sp": True, **base, **changes}
+    if "schedule" in changes and changes["schedule"] != "interleaved":
+        cfg["virtual_stages"] = 1
+    if "dp" not in changes:
+        cfg["dp"] = 2 // (cfg["tp"] * cfg["pp"])
+    return cfg
+
+
+def one_repeat(root: str, i: int, model: list, steps: int, found: dict) -> None:
+    """Record the bases and every target for real, alternating; predict each target from
+    its base and pair the prediction with the real run's measures."""
+    configs = {}
+    for base in BASES.values():
+        configs[key(target_config(base, {}))] = target_config(base, {})
+    for _, _, base, changes in TARGETS:
+        cfg = target_config(BASES[base], changes)
+        configs.setdefault(key(cfg), cfg)
+    runs = {k: analyse(open_run(trace(os.path.join(root, f"{i}-{n}"), cfg, model, steps)))
+            for n, (k, cfg) in enumerate(configs.items())}
+    for name, base in BASES.items():
+        mine = [t for t in TARGETS if t[2] == name]
+        result = what_if(runs[key(target_config(base, {}))], [t[3] for t in mine])
+        found.setdefault(f"{name} replayed", ("replay", []))[1].append(
+            (result.replayed, result.measured))
+        for (label, kind, _, changes), prediction in zip(mine, result.targets):
+            real = runs[key(target_config(base, changes))]
+            found.setdefault(label, (kind, []))[1].append(
+                (prediction.measures, measures(real.metrics)))
+
+
+def table(found: dict, repeats: int, loads: list) -> str:
+    lines = [f"trace-whatif against real runs, {datetime.date.today()}, medians over {repeats} "
+             f"repeat(s), 2 ranks each (load average {statistics.median(loads):.1f} on "
+             f"{os.cpu_count()} cores)",
+             f"{'target':<22}{'class':<15}{'pred step':>10}{'real step':>10}{'step err':>9}"
+             f"{'pred bub':>9}{'real bub':>9}{'bub err':>8}{'goal':>6}"]
+    for label, (kind, pairs) in found.items():
+        pred = [p["step_s"] for p, _ in pairs]
+        real = [r["step_s"] for _, r in pairs]
+        err = [p / r - 1 for p, r in zip(pred, real)]
+        bp = [p["bubble_fraction"] for p, _ in pairs]
+        br = [r["bubble_fraction"] for _, r in pairs]
+        middle = statistics.median(err)
+        ok = "yes" if abs(middle) <= GOALS[kind] else "NO"
+        lines.append(f"{label:<22}{kind:<15}{1e3 * statistics.median(pred):9.1f}m"
+                     f"{1e3 * statistics.median(real):9.1f}m{100 * middle:+8.1f}%"
+                     f"{statistics.median(bp):9.3f}{statistics.median(br):9.3f}"
+                     f"{100 * statistics.median(b - c for b, c in zip(bp, br)):+7.1f}p"
+                     f"{100 * GOALS[kind]:5.0f}% {ok}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=3, help="repeats (default 3)")
+    parser.add_argument("--steps", type=int, default=7,
+                        help="steps per run; steps 2.. are recorded and counted (default 7)")
+    parser.add_argument("--model", choices=sorted(MODELS), default="default",
+                        help="model size (default: 8 layers, hidden 256; tiny: a quick check)")
+    parser.add_argument("--keep", metavar="DIR", help="keep the runs in DIR")
+    args = parser.parse_args(argv)
+    found: dict = {}
+    loads = []
+    root = args.keep or tempfile.mkdtemp(prefix="whatif-bench-")
+    os.makedirs(root, exist_ok=True)
+    for i in range(args.repeat):
+        one_repeat(root, i, MODELS[args.model], args.steps, found)
+        loads.append(os.getloadavg()[0])
+    print(table(found, args.repeat, loads))
+    if not args.keep:
+        subprocess.run(["rm", "-rf", root], check=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

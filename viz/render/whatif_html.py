@@ -1,0 +1,46 @@
+"""whatif.html: the targets ranked by predicted step time beside the recorded configuration
+(measured and replayed), each with what it changed, its bubble and exposed communication, the
+assumptions it took and its predicted timeline; and how well the fitted models describe the
+recording. Reads only the viz.whatif.WhatIf it is given."""
+from __future__ import annotations
+
+import os
+
+from .html import PageWriter
+from .whatif_json import REPLAY_SVG, svg_name
+
+
+def _row(name: str, measures: dict, base_step, kind: str, **extra) -> dict:
+    step = measures.get("step_s")
+    change = (step / base_step - 1) if step is not None and base_step else None
+    return {"name": name, "kind": kind, "step_s": step, "change": change,
+            "bubble": measures.get("bubble_fraction"),
+            "pipeline": measures.get("pipeline_bubble_fraction"),
+            "exposed_s": measures.get("exposed_comm_s"),
+            "ranks": sorted(measures.get("ranks", {}).items(), key=lambda kv: int(kv[0])),
+            **extra}
+
+
+def rows(result) -> list:
+    """The base (measured, replayed) and every target, fastest predicted step first."""
+    base = result.measured.get("step_s")
+    out = [_row("recorded configuration, measured", result.measured, base, "measured"),
+           _row("recorded configuration, replayed", result.replayed, base, "replayed",
+                svg=REPLAY_SVG)]
+    targets = [_row(t.title, t.measures, base, "predicted", svg=svg_name(i),
+                    assumptions=t.assumptions, config=t.config)
+               for i, t in enumerate(result.targets)]
+    targets.sort(key=lambda r: (r["step_s"] is None, r["step_s"] or 0.0))
+    for rank, row in enumerate(targets, start=1):
+        row["place"] = rank
+    return out + targets
+
+
+def write_whatif_page(result, out_dir: str, run_dir: str) -> str:
+    """Write out_dir/whatif.html; returns its path."""
+    report = os.path.join(run_dir, "index.html")
+    link = os.path.relpath(report, out_dir) if os.path.exists(report) else None
+    return PageWriter(out_dir).write(
+        "whatif.html", "whatif.html", title="What if", rows=rows(result),
+        config=result.config, models=result.models, report=link, run_dir=run_dir,
+        options=("tp", "sp", "pp", "dp", "schedule", "virtual_stages", "microbatches"))

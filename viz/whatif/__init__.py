@@ -1,0 +1,92 @@
+"""What if: predict the step of another parallel configuration from one recording.
+
+    from viz.whatif import what_if
+    result = what_if(analysis, [{"schedule": "gpipe"}, {"pp": 1, "dp": 2}])
+    result.replayed, result.targets[0].measures, result.targets[0].assumptions
+
+The recording becomes an execution graph (:mod:`viz.whatif.graph`: each rank's program of
+compute, launches, waits and passes; collectives and P2P messages tying the programs), which
+replays with its measured durations (:mod:`viz.whatif.simulate`) to reproduce the step before
+any prediction is trusted. A target changes the reference GPT's options (:mod:`viz.whatif
+.targets`); its programs are rebuilt from the recorded parts of a step (:mod:`viz.whatif
+.anatomy`, :mod:`viz.whatif.plan`, :mod:`viz.whatif.compose`) with models fitted on the same
+recording (:mod:`viz.whatif.models`, :mod:`viz.whatif.costs`) and Megatron's rules
+(:mod:`viz.whatif.megatron`), then simulated the same way. Pure: no file is read or written
+here (the command, :mod:`viz.whatif_cli`, and the renderers, ``viz.render.whatif_*``, do).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..lanes import Timeline
+from ..metrics import metrics_of
+from .measures import measures
+from .plan import Plan
+from .recording import Recording, study
+from .simulate import SimulationError, as_timeline, simulate
+from .targets import TargetError, describe, target_config
+
+__all__ = ["what_if", "WhatIf", "Prediction", "TargetError", "SimulationError"]
+
+
+@dataclass
+class Prediction:
+    """One target: its config, what it changed, its simulated timeline and measures."""
+
+    config: dict
+    changes: dict
+    timeline: Timeline
+    metrics: dict                    # rank -> viz.metrics.RankMetrics
+    measures: dict                   # whatif.json's M
+    assumptions: list
+
+    @property
+    def title(self) -> str:
+        return " ".join(f"--{k.replace('_', '-')} {v}" for k, v in self.changes.items()) \
+            or "the recorded configuration"
+
+
+@dataclass
+class WhatIf:
+    """The recording's measures, its replay, and every target's prediction."""
+
+    config: dict
+    measured: dict
+    replayed: dict
+    replay: Timeline
+    replay_metrics: dict
+    models: list                     # how well each fitted model describes the recording
+    targets: list = field(default_factory=list)   # Prediction
+
+
+def what_if(analysis, targets: list) -> WhatIf:
+    """Replay ``analysis`` (a viz.analysis.RunAnalysis) and predict each target (option ->
+    value, the reference GPT's names: tp, sp, pp, dp, schedule, virtual_stages,
+    microbatches). Raises TargetError for a target that cannot be predicted."""
+    groups = {r: mine.counted_groups for r, mine in analysis.ranks.items()}
+    rec = study(analysis.timeline, analysis.cross.matched, groups, analysis.world_size)
+    configs = [target_config(rec.config, dict(t), rec.world) for t in targets]
+    sim = simulate(rec.graph, rec.graph.starts)
+    replay = as_timeline(rec.graph, sim, rec.config)
+    replay_metrics = metrics_of(replay)
+    out = WhatIf(rec.config, measures(analysis.metrics), measures(replay_metrics), replay,
+                 replay_metrics, rec.model_lines())
+    for changes, cfg in zip(targets, configs):
+        out.targets.append(predict(rec, cfg, dict(changes)))
+    return out
+
+
+def predict(rec: Recording, cfg: dict, changes: dict) -> Prediction:
+    """One target's prediction from a studied recording."""
+    plan = Plan(rec, cfg)
+    graph = plan.build()
+    try:
+        sim = simulate(graph)
+    except SimulationError as err:
+        raise TargetError(f"{describe(rec.config, cfg)}: {err}") from None
+    timeline = as_timeline(graph, sim, cfg)
+    metrics = metrics_of(timeline)
+    steps = max(a.steps for a in rec.anatomies.values())
+    assumptions = [f"changes {describe(rec.config, cfg)}; {steps} steps simulated after one "
+                   "warm-up step, every rank starting together"] + plan.assumptions
+    return Prediction(cfg, changes, timeline, metrics, measures(metrics), assumptions)

@@ -1,0 +1,153 @@
+"""``trace-whatif``: predict other parallel configurations of a recorded run.
+
+    trace-whatif RUN --out DIR [--tp N] [--sp | --no-sp] [--pp N] [--dp N]
+                 [--schedule S] [--virtual-stages V] [--microbatches M] [--target "OPTIONS"]...
+
+The options given directly are one target; each ``--target "OPTIONS"`` (the same option names)
+is another; with none, only the replay is written. Every target changes only what it names
+from the recorded configuration (viz.whatif.targets). Open the run -> analyse it once ->
+replay and predict (viz.whatif) -> write DIR/whatif.json, DIR/whatif/*.svg and DIR/whatif.html.
+Bad options and targets that cannot be predicted are one line on stderr and exit status 2.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+from typing import Optional
+
+EXIT_USAGE = 2
+PROG = "trace-whatif"
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with its errors on one line, exit 2."""
+
+    def error(self, message: str):
+        raise _UsageError(f"{message} (see {PROG} --help)")
+
+
+class _UsageError(Exception):
+    pass
+
+
+def _whole(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text!r}")
+    return value
+
+
+def _target_options(parser: argparse.ArgumentParser) -> None:
+    """The reference GPT's option names (python -m sample_runs.train --help)."""
+    parser.add_argument("--tp", type=_whole, help="tensor-parallel size")
+    parser.add_argument("--sp", action=argparse.BooleanOptionalAction, default=None,
+                        help="sequence parallelism on the TP group")
+    parser.add_argument("--pp", type=_whole, help="pipeline stages")
+    parser.add_argument("--dp", type=_whole, help="data-parallel size (default: the recorded "
+                        "world over tp x pp; naming it predicts a world of tp x pp x dp)")
+    parser.add_argument("--schedule", choices=SCHEDULES, help="pipeline schedule")
+    parser.add_argument("--virtual-stages", type=_whole,
+                        help="model chunks per pipeline rank (interleaved)")
+    parser.add_argument("--microbatches", type=_whole, help="micro-batches per iteration")
+
+
+def _changes(args: argparse.Namespace) -> dict:
+    keys = ("tp", "sp", "pp", "dp", "schedule", "virtual_stages", "microbatches")
+    return {k: getattr(args, k) for k in keys if getattr(args, k) is not None}
+
+
+def parse(argv) -> tuple:
+    """(run dir, out dir, jobs, targets): each target option -> value."""
+    parser = _Parser(prog=PROG, description="Predict the step time, bubble and exposed "
+                     "communication of other parallel configurations from one recording "
+                     "(docs/whatif.md).")
+    parser.add_argument("run_dir", help="a traced run (trace-run's --out directory)")
+    parser.add_argument("--out", required=True, help="where to write whatif.json, "
+                        "whatif.html and the predicted timelines")
+    _target_options(parser)
+    parser.add_argument("--target", action="append", default=[], metavar='"OPTIONS"',
+                        help='another target, e.g. --target "--schedule gpipe" (repeatable)')
+    parser.add_argument("--jobs", type=_whole, default=None, metavar="N",
+                        help="analyse ranks in N worker processes")
+    args = parser.parse_args(argv)
+    targets = [_changes(args)] if _changes(args) else []
+    one = _Parser(prog=f"{PROG} --target", add_help=False)
+    _target_options(one)
+    for text in args.target:
+        try:
+            words = shlex.split(text)
+        except ValueError as exc:
+            raise _UsageError(f"--target {text!r}: {exc}") from None
+        found = _changes(one.parse_args(words))
+        if not found:
+            raise _UsageError(f"--target {text!r} names no option")
+        targets.append(found)
+    return args.run_dir, args.out, args.jobs, targets
+
+
+def main(argv: Optional[list] = None) -> int:
+    try:
+        run_dir, out_dir, jobs, targets = parse(argv)
+    except _UsageError as exc:
+        return _fail(str(exc))
+    from tracer import TraceError
+
+    from .run import RunError
+    from .whatif import SimulationError, TargetError
+    try:
+        index = run(run_dir, out_dir, targets, jobs)
+    except (RunError, TraceError, TargetError, SimulationError) as exc:
+        return _fail(str(exc))
+    except OSError as exc:
+        return _fail(f"{exc.filename}: {exc.strerror}" if exc.filename else str(exc))
+    print(index, flush=True)
+    return 0
+
+
+def run(run_dir: str, out_dir: str, targets: list, jobs: Optional[int] = None) -> str:
+    """Analyse, predict, write; returns whatif.html's path."""
+    from .analysis import analyse
+    from .engine import Engine
+    from .render.whatif_html import write_whatif_page
+    from .render.whatif_json import REPLAY_SVG, svg_name, write_whatif_json
+    from .render.whatif_svg import render_predicted
+    from .run import RunError, open_run
+    from .whatif import what_if
+    run = open_run(run_dir)
+    try:
+        os.makedirs(os.path.join(out_dir, "whatif"), exist_ok=True)
+    except OSError as exc:
+        raise RunError(f"{out_dir}: cannot create the output directory ({exc.strerror})") \
+            from None
+    with Engine(jobs) as engine:
+        analysis = analyse(run, engine)
+    result = what_if(analysis, targets)
+    _write(out_dir, REPLAY_SVG, render_predicted(
+        result.replay, result.replay_metrics, "Replayed",
+        f"replayed by trace-whatif: the recorded graph, measured durations ({run_dir})"))
+    for i, t in enumerate(result.targets):
+        _write(out_dir, svg_name(i), render_predicted(
+            t.timeline, t.metrics, "Predicted",
+            f"predicted by trace-whatif from {run_dir}: {t.title}"))
+    write_whatif_json(result, out_dir)
+    return write_whatif_page(result, out_dir, run_dir)
+
+
+def _write(out_dir: str, rel: str, text: str) -> None:
+    with open(os.path.join(out_dir, rel), "w", encoding="utf-8") as fh:
+        fh.write(text)
+
+
+def _fail(message: str) -> int:
+    print(f"{PROG}: error: {message}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
