@@ -63,6 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
     own.add_argument("--compile-eagerly", action="store_true",
                      help="run torch.compile'd code eagerly, op by op, for full op detail "
                      "(default: compiled code runs compiled, one range per compiled graph)")
+    own.add_argument("--no-launcher", action="store_true",
+                     help="run SCRIPT in one process as `python SCRIPT ARGS` would, without "
+                     "torchrun's environment (no RANK, WORLD_SIZE, MASTER_ADDR...); the same "
+                     "report")
     own.add_argument("--no-report", action="store_true",
                      help="only record: skip summary.json and the HTML report")
     own.add_argument("--timeout", type=float, metavar="SECONDS", default=None,
@@ -97,7 +101,7 @@ def resolve_target(args: argparse.Namespace) -> Target:
         if args.module:
             raise UsageError("-m needs a MODULE")
         import sample_runs.train
-        if args.nproc_per_node is None:
+        if args.nproc_per_node is None and not args.no_launcher:
             args.nproc_per_node = str(sample_runs.train.DEFAULT_WORLD_SIZE)
         return Target(None, DEFAULT_MODULE, [])
     if args.nproc_per_node is None:
@@ -176,7 +180,9 @@ def worker_args(args: argparse.Namespace, out: str, target: Target) -> list:
     if args.compile_eagerly:
         own.append("--compile-eagerly")
     run = ["-m", target.module] if target.module else [target.script]
-    return ["-u", "-m", "instrument.bootstrap", *own, "--", *run, *target.args]
+    # NOTE: -u keeps the launcher's workers' output in step; --no-launcher runs as python does
+    unbuffered = [] if args.no_launcher else ["-u"]
+    return [*unbuffered, "-m", "instrument.bootstrap", *own, "--", *run, *target.args]
 
 
 def check_own_options(args: argparse.Namespace) -> None:
