@@ -56,7 +56,17 @@ def build_parser() -> argparse.ArgumentParser:
     own.add_argument("--stack-depth", type=int, default=32, metavar="N",
                      help="user frames kept per stack (default 32)")
     own.add_argument("--include-library-frames", action="store_true",
-                     help="keep torch/stdlib/site-packages frames in stacks too")
+                     help="keep library frames (torch, the stdlib) in stacks too")
+    own.add_argument("--library", dest="library_specs", action="append", default=[],
+                     metavar="PKG[,PKG]",
+                     help="count these installed packages as library code (their frames fold "
+                     "into the call into them), e.g. accelerate; 'site-packages' for every "
+                     "installed package. By default only torch, the standard library and "
+                     "paratrace are library: transformers', Lightning's frames are shown")
+    own.add_argument("--no-library", dest="library_specs", action="append", metavar="PKG[,PKG]",
+                     type=lambda value: ",".join("-" + p.strip() for p in value.split(",")),
+                     help="count these packages as the user's code, e.g. torch, or one of "
+                     "--library site-packages")
     own.add_argument("--no-device-time", action="store_true",
                      help="on CUDA, do not record GPU activity (CUPTI through torch.profiler); "
                      "op times are then host launch times")
@@ -175,6 +185,8 @@ def worker_args(args: argparse.Namespace, out: str, target: Target) -> list:
         own += ["--steps", args.steps]
     if args.include_library_frames:
         own.append("--include-library-frames")
+    # NOTE: "--library=-torch": a separate "-torch" would read as an option
+    own += [f"--library={spec}" for spec in args.library_specs]
     if args.no_device_time:
         own.append("--no-device-time")
     if args.compile_eagerly:
@@ -196,3 +208,14 @@ def check_own_options(args: argparse.Namespace) -> None:
         parse_steps(args.steps)
     except ValueError as exc:
         raise UsageError(f"--steps: {exc}") from None
+    check_library(args.library_specs)
+
+
+def check_library(specs: list) -> None:
+    """Every --library / --no-library name is an installed package (found, not imported)."""
+    from tracer.library import LibrarySpecError, package_roots, parse_specs
+    try:
+        for name, _ in parse_specs(specs):
+            package_roots(name)
+    except LibrarySpecError as exc:
+        raise UsageError(f"--library / --no-library: {exc}") from None

@@ -31,6 +31,7 @@ from .dtensor import SubclassOps, function_phase
 from .flusher import Flusher
 from .labels import (PHASE_BACKWARD, PHASE_FORWARD, PHASE_GRAD_SYNC, PHASE_OPTIMIZER,
                      PHASE_OTHER, PHASE_RECOMPUTE)
+from .library import META_KEY as LIBRARY_META
 from .modules import ModuleTracker
 from .options import TraceOptions
 from .phases import PhaseRules
@@ -69,7 +70,8 @@ class Session(_SessionState):
         self._in_window = opts.in_window()
         self._record_shapes = bool(opts.record_shapes)
         self._record_stacks = bool(opts.record_stacks)
-        self._stacks = StackInterner(opts.stack_depth, opts.library_frames, opts.user_paths)
+        self._stacks = StackInterner(opts.stack_depth, opts.library_frames, opts.user_paths,
+                                     opts.library)
         self._dicts = Dictionaries(self._stacks)
         self._op_ids = self._dicts.op
         self._modules = ModuleTracker(self._dicts.module)
@@ -124,6 +126,7 @@ class Session(_SessionState):
         os.makedirs(self.out_dir, exist_ok=True)
         meta = start_meta(self.rank, self.world_size, self.options.meta(), self._pairs,
                           self._stacks.HOT_PATH)
+        meta[LIBRARY_META] = self._stacks.rule.meta()      # the report classifies frames so
         # NOTE: the first op dispatched through any Python mode imports torch._dynamo (seconds);
         # pay that before recording so it does not distort the first step's timeline.
         importlib.import_module("torch._dynamo")
