@@ -94,11 +94,12 @@ class _Reentered:
 
 
 def _reentered(value, mode):
+    """``value`` with its callables (a subgraph, or one in a plain list or tuple: a block
+    mask's mask_mod) as :class:`_Reentered`."""
     if callable(value) and not isinstance(value, (torch.Tensor, type)):
         return _Reentered(value, mode)
-    if isinstance(value, (list, tuple)) and any(callable(v) for v in value):
-        return type(value)(_reentered(v, mode) if callable(v) else v for v in value) \
-            if not hasattr(value, "_fields") else value
+    if type(value) in (list, tuple) and any(callable(v) for v in value):
+        return type(value)(_reentered(v, mode) for v in value)
     return value
 
 
@@ -120,7 +121,7 @@ class HigherOrderOps:
         traced = not isinstance(plan, str)
         if not traced:
             self._note(name, plan)
-        entry, t0 = self._open(name, traced)
+        opened, t0 = open_range(self._session, name, traced)
         try:
             if not traced:
                 return func(*args, **kwargs)
@@ -134,7 +135,7 @@ class HigherOrderOps:
             return kernel(*(_reentered(a, self._mode) for a in args),
                           **{k: _reentered(v, self._mode) for k, v in kwargs.items()})
         finally:
-            self._close(entry, t0)
+            close_range(self._session, opened, t0)
 
     def _plan(self, func, args, kwargs):
         """(eager kernel, whether it runs with the mode on), or why there is none."""
@@ -160,12 +161,6 @@ class HigherOrderOps:
         if name not in self._noted:
             self._noted.add(name)
             self._session._flusher.merge_meta(META_KEY, {name: why})
-
-    def _open(self, name: str, traced: bool) -> tuple:
-        return open_range(self._session, name, traced)
-
-    def _close(self, entry: tuple, t0: int) -> None:
-        close_range(self._session, entry, t0)
 
 
 def open_range(session, name: str, traced: bool = True) -> tuple:
