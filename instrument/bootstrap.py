@@ -55,7 +55,7 @@ def parse(argv: list) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="instrument.bootstrap")
     parser.add_argument("--out", required=True)
     parser.add_argument("--steps", default=None)
-    parser.add_argument("--stack-depth", type=int, default=32)
+    parser.add_argument("--stack-depth", type=int, default=64)
     parser.add_argument("--include-library-frames", action="store_true")
     parser.add_argument("--library", action="append", default=[])
     parser.add_argument("--no-device-time", action="store_true")

@@ -53,8 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
                      "DIR/traces, the report to DIR/index.html")
     own.add_argument("--steps", metavar="SPEC", default=None,
                      help="steps to record, 0-based: '1-3', '0,2', '2-' (default: all)")
-    own.add_argument("--stack-depth", type=int, default=32, metavar="N",
-                     help="user frames kept per stack (default 32)")
+    own.add_argument("--stack-depth", type=int, default=64, metavar="N",
+                     help="user frames kept per stack (default 64)")
     own.add_argument("--include-library-frames", action="store_true",
                      help="keep library frames (torch, the stdlib) in stacks too")
     own.add_argument("--library", dest="library_specs", action="append", default=[],

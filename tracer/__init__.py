@@ -27,7 +27,7 @@ __all__ = ["trace", "annotate", "step", "record_config", "load", "active", "Trac
 _NULL = contextlib.nullcontext()
 
 
-def trace(out_dir: str, *, steps=None, stack_depth: int = 32, library_frames: bool = False,
+def trace(out_dir: str, *, steps=None, stack_depth: int = 64, library_frames: bool = False,
           record_shapes: bool = True, record_stacks: bool = True, record_modules: bool = True,
           user_paths=(), library=(), clock_sync: bool = True, flush_interval: float = 0.25,
           device_time: bool = True, compiled: str = "compiled"):

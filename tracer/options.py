@@ -48,7 +48,7 @@ class TraceOptions:
     """What :func:`tracer.trace` was asked to record (see its docstring for each option)."""
 
     steps: Optional[str] = None
-    stack_depth: int = 32
+    stack_depth: int = 64         # frameworks are user code: Lightning alone takes ~30
     library_frames: bool = False
     record_shapes: bool = True
     record_stacks: bool = True
