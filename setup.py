@@ -17,6 +17,7 @@ HOT_PATH = [Extension("tracer._hotpath", HOT_PATH_SOURCES, depends=["tracer/csrc
                       optional=True)]
 if sys.version_info < (3, 11) or platform.python_implementation() != "CPython":
     HOT_PATH = []
+FRAMEWORKS = ["transformers==5.24.0", "accelerate==1.15.0", "lightning==2.6.6"]
 
 setup(
     name="paratrace",
@@ -36,9 +37,12 @@ setup(
         "numpy",
         "rich>=12",
     ],
+    # the frameworks the suite traces (tests/test_frameworks.py, docs/traced-frameworks.md),
+    # pinned: versions whose requirements torch 2.13.0 already meets (pip pulls no other torch)
     extras_require={"dask": ["dask[distributed]>=2023.1"],
+                    "frameworks": FRAMEWORKS,
                     "test": ["pytest>=7", "pytest-timeout>=2", "dask[distributed]>=2023.1",
-                             "duckdb>=1.0", "polars>=1.0"]},
+                             "duckdb>=1.0", "polars>=1.0", *FRAMEWORKS]},
     entry_points={
         "console_scripts": [
             "trace-run=instrument.launch:main",

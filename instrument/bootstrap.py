@@ -57,8 +57,9 @@ def parse(argv: list) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="instrument.bootstrap")
     parser.add_argument("--out", required=True)
     parser.add_argument("--steps", default=None)
-    parser.add_argument("--stack-depth", type=int, default=32)
+    parser.add_argument("--stack-depth", type=int, default=64)
     parser.add_argument("--include-library-frames", action="store_true")
+    parser.add_argument("--library", action="append", default=[])
     parser.add_argument("--no-device-time", action="store_true")
     parser.add_argument("--compile-eagerly", action="store_true")
     opts = parser.parse_args(argv[:split])
@@ -138,7 +139,7 @@ def main(argv: Optional[list] = None) -> None:
         sys.path[0] = os.path.dirname(script)   # what `python script.py` puts first
     try:
         with tracer.trace(traces_dir, steps=opts.steps, stack_depth=opts.stack_depth,
-                          library_frames=opts.include_library_frames,
+                          library_frames=opts.include_library_frames, library=opts.library,
                           device_time=not opts.no_device_time,
                           compiled="eager" if opts.compile_eagerly else "compiled"):
             if opts.module is not None:

@@ -53,16 +53,30 @@ def build_parser() -> argparse.ArgumentParser:
                      "DIR/traces, the report to DIR/index.html")
     own.add_argument("--steps", metavar="SPEC", default=None,
                      help="steps to record, 0-based: '1-3', '0,2', '2-' (default: all)")
-    own.add_argument("--stack-depth", type=int, default=32, metavar="N",
-                     help="user frames kept per stack (default 32)")
+    own.add_argument("--stack-depth", type=int, default=64, metavar="N",
+                     help="user frames kept per stack (default 64)")
     own.add_argument("--include-library-frames", action="store_true",
-                     help="keep torch/stdlib/site-packages frames in stacks too")
+                     help="keep library frames (torch, the stdlib) in stacks too")
+    own.add_argument("--library", dest="library_specs", action="append", default=[],
+                     metavar="PKG[,PKG]",
+                     help="count these installed packages as library code (their frames fold "
+                     "into the call into them), e.g. accelerate; 'site-packages' for every "
+                     "installed package. By default only torch, the standard library and "
+                     "paratrace are library: transformers', Lightning's frames are shown")
+    own.add_argument("--no-library", dest="library_specs", action="append", metavar="PKG[,PKG]",
+                     type=lambda value: ",".join("-" + p.strip() for p in value.split(",")),
+                     help="count these packages as the user's code, e.g. torch, or one of "
+                     "--library site-packages")
     own.add_argument("--no-device-time", action="store_true",
                      help="on CUDA, do not record GPU activity (CUPTI through torch.profiler); "
                      "op times are then host launch times")
     own.add_argument("--compile-eagerly", action="store_true",
                      help="run torch.compile'd code eagerly, op by op, for full op detail "
                      "(default: compiled code runs compiled, one range per compiled graph)")
+    own.add_argument("--no-launcher", action="store_true",
+                     help="run SCRIPT in one process as `python SCRIPT ARGS` would, without "
+                     "torchrun's environment (no RANK, WORLD_SIZE, MASTER_ADDR...); the same "
+                     "report")
     own.add_argument("--no-report", action="store_true",
                      help="only record: skip summary.json and the HTML report")
     own.add_argument("--no-source", action="store_true",
@@ -100,7 +114,7 @@ def resolve_target(args: argparse.Namespace) -> Target:
         if args.module:
             raise UsageError("-m needs a MODULE")
         import sample_runs.train
-        if args.nproc_per_node is None:
+        if args.nproc_per_node is None and not args.no_launcher:
             args.nproc_per_node = str(sample_runs.train.DEFAULT_WORLD_SIZE)
         return Target(None, DEFAULT_MODULE, [])
     if args.nproc_per_node is None:
@@ -174,12 +188,16 @@ def worker_args(args: argparse.Namespace, out: str, target: Target) -> list:
         own += ["--steps", args.steps]
     if args.include_library_frames:
         own.append("--include-library-frames")
+    # NOTE: "--library=-torch": a separate "-torch" would read as an option
+    own += [f"--library={spec}" for spec in args.library_specs]
     if args.no_device_time:
         own.append("--no-device-time")
     if args.compile_eagerly:
         own.append("--compile-eagerly")
     run = ["-m", target.module] if target.module else [target.script]
-    return ["-u", "-m", "instrument.bootstrap", *own, "--", *run, *target.args]
+    # NOTE: -u keeps the launcher's workers' output in step; --no-launcher runs as python does
+    unbuffered = [] if args.no_launcher else ["-u"]
+    return [*unbuffered, "-m", "instrument.bootstrap", *own, "--", *run, *target.args]
 
 
 def check_own_options(args: argparse.Namespace) -> None:
@@ -193,3 +211,14 @@ def check_own_options(args: argparse.Namespace) -> None:
         parse_steps(args.steps)
     except ValueError as exc:
         raise UsageError(f"--steps: {exc}") from None
+    check_library(args.library_specs)
+
+
+def check_library(specs: list) -> None:
+    """Every --library / --no-library name is an installed package (found, not imported)."""
+    from tracer.library import LibrarySpecError, package_roots, parse_specs
+    try:
+        for name, _ in parse_specs(specs):
+            package_roots(name)
+    except LibrarySpecError as exc:
+        raise UsageError(f"--library / --no-library: {exc}") from None

@@ -11,6 +11,7 @@ torchrun. A run goes parse -> launch -> record -> gather -> report:
 - **launch** (:func:`launch`): torch's elastic agent (``elastic_launch``) spawns, monitors and
   ends the workers; each runs ``instrument.bootstrap`` (the tracer, then the user's script as
   ``__main__``) while :class:`~instrument.monitor.Monitor` prints progress and watches for hangs;
+  with ``--no-launcher``, one process without torchrun's environment (instrument.single);
 - **record** (:func:`record`): ``DIR/run.json`` (instrument.run_record);
 - **gather** (:func:`gather_traces`, :func:`send_traces`): on multi-node runs every node's traces
   go to the collecting node (instrument.gather);
@@ -32,7 +33,7 @@ from torch.distributed.launcher.api import elastic_launch
 
 from tracer import rundir
 
-from . import gather, orphans, preflight, run_record
+from . import gather, orphans, preflight, run_record, single
 from .cli import (EXIT_USAGE, Target, UsageError, build_parser, check_out, check_own_options,
                   prepare_out, resolve_target, worker_args)
 from .monitor import Monitor, say
@@ -63,12 +64,18 @@ def main(argv: Optional[list] = None) -> int:
 
 
 def prepare(args) -> tuple:
-    """Check everything before launching: (what to run, torch's LaunchConfig, the run DIR)."""
+    """Check everything before launching: (what to run, torch's LaunchConfig or, with
+    --no-launcher, single.SingleProcess, the run DIR)."""
     target = resolve_target(args)
     check_own_options(args)
     check_out(args.out)
+    if args.no_launcher:
+        try:
+            single.check_options(args)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
     preflight.check_reference_gpt_device(target.module, target.args, args.nproc_per_node)
-    config = launch_config(args)
+    config = single.SingleProcess() if args.no_launcher else launch_config(args)
     out = prepare_out(args.out)
     return target, config, out
 
@@ -96,8 +103,12 @@ def run(args, config, target: Target, out: str, command: list) -> int:
     traces_dir = os.path.join(out, rundir.TRACES)
     collector = start_collector(args, config, traces_dir) if config.max_nodes > 1 else None
     started = time.time()
-    outcome = launch(config, worker_args(args, out, target), traces_dir, target,
-                     timeout=args.timeout)
+    if args.no_launcher:
+        outcome = single.launch(worker_args(args, out, target), traces_dir,
+                                describe_target(target), timeout=args.timeout)
+    else:
+        outcome = launch(config, worker_args(args, out, target), traces_dir, target,
+                         timeout=args.timeout)
     record, node = record_run(config, target, out, command, outcome, started,
                               remote=collector.incoming if collector else set())
     local = set(record["ranks"])
@@ -168,9 +179,7 @@ def launch(config, argv: list, traces_dir: str, target: Target, *,
 
 def describe_launch(config, target: Target) -> str:
     """``N ranks (what they run)`` for the launching line."""
-    run = [os.path.basename(target.script)] if target.script else ["-m", target.module]
-    what = shlex.join([*run, *target.args])
-    what = what if len(what) <= 72 else what[:69] + "..."
+    what = describe_target(target)
     ranks = f"{config.nproc_per_node} rank{'s' if config.nproc_per_node != 1 else ''}"
     if config.max_nodes == 1:
         return f"{ranks} ({what})"
@@ -178,6 +187,13 @@ def describe_launch(config, target: Target) -> str:
         f"{config.min_nodes}-{config.max_nodes}"
     return (f"{ranks} on this node, one of {nodes} nodes ({what}; rendezvous "
             f"{config.rdzv_backend} at {config.rdzv_endpoint})")
+
+
+def describe_target(target: Target) -> str:
+    """What runs, for trace-run's lines: ``train.py --lr 3e-4`` (72 characters at most)."""
+    run = [os.path.basename(target.script)] if target.script else ["-m", target.module]
+    what = shlex.join([*run, *target.args])
+    return what if len(what) <= 72 else what[:69] + "..."
 
 
 def record_run(config, target: Target, out: str, command: list, outcome: Outcome,

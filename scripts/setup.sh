@@ -2,7 +2,8 @@
 # Installs everything paratrace needs on a fresh Debian machine with Python >= 3.9 (idempotent):
 # graphviz's dot, a C compiler (the recorder's C hot path, tracer/csrc/; and torch.compile's C++
 # for the tests) and Chromium (tests only) from Debian, the CPU build of torch 2.13.0 and the
-# package itself (editable, with test extras, its C extension built) from PyPI.
+# package itself (editable, with test extras: the frameworks the suite traces among them, its
+# C extension built) from PyPI.
 #   bash scripts/setup.sh          # what trace-run needs
 #   bash scripts/setup.sh --test   # plus Chromium for the browser tests
 set -euo pipefail
@@ -32,3 +33,7 @@ if ! $PY -c 'import torch, sys; sys.exit(torch.__version__.split("+")[0] != "2.1
   $PY -m pip install -q "torch==2.13.0"
 fi
 $PY -m pip install -q -e ".[test]"
+# the test extras hold the traced frameworks (transformers, accelerate, lightning), pinned to
+# versions torch 2.13.0 satisfies; a resolver that swapped torch anyway would cost GBs of CUDA
+$PY -c 'import torch, sys; sys.exit(torch.__version__.split("+")[0] != "2.13.0")' || {
+  echo "scripts/setup.sh: installing the extras replaced torch 2.13.0; reinstall it" >&2; exit 1; }

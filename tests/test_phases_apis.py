@@ -1,7 +1,9 @@
 """Phases of real training APIs, recorded in one 2-rank gloo launch (tests/scripts/phases_apis.py):
 DDP with no_sync accumulation, FSDP2, non-reentrant activation checkpointing, gradients
-all-reduced by hand, an annotation overriding a phase; collective counts per phase against
-torch's CommDebugMode in the same run. docs/phases.md says what each phase means."""
+all-reduced by hand, collectives outside modules that carry no gradient, an annotation
+overriding a phase, optimizer steps with a closure (SGD, LBFGS); collective counts per phase
+against torch's CommDebugMode and the closures' own call counts in the same run.
+docs/phases.md says what each phase means."""
 from __future__ import annotations
 
 import json
@@ -98,8 +100,47 @@ def test_gradients_all_reduced_after_backward_are_grad_sync_unless_annotated(run
     for records, _ in run.values():
         manual = section(records, "manual")
         phases = [e["phase"] for e in manual if e["kind"] == "all_reduce"]
-        # weight and bias gradients; the loss (not a gradient); the annotated report
-        assert phases == ["grad_sync", "grad_sync", "forward", "other"]
+        # weight and bias gradients; the loss (not a gradient: other, grad mode on or not);
+        # the annotated report
+        assert phases == ["grad_sync", "grad_sync", "other", "other"]
+
+
+def test_collectives_outside_modules_are_classed_by_what_they_carry(run):
+    for records, _ in run.values():
+        outside = section(records, "outside")
+        # a seed, a parameter (setup), a metric gathered for logging, a barrier: all run with
+        # grad mode on, outside modules and the autograd engine; none is the forward pass
+        assert comm_by_phase(outside) == {("other", "broadcast"): 2, ("other", "all_gather"): 1,
+                                          ("other", "barrier"): 1}
+        # the ops around them make no autograd node: data, not the forward pass
+        assert {e["phase"] for e in outside if not e["kind"]
+                and e["op"] != "paratrace::annotation"} == {"other"}
+
+
+@pytest.mark.parametrize("name", ["closure-sgd", "closure-lbfgs"])
+def test_an_optimizer_closure_keeps_its_forward_backward_and_grad_sync(run, name):
+    for records, debug in run.values():
+        ops = [e for e in section(records, name) if e["op"] != "paratrace::annotation"]
+        calls = debug[name]                    # the closure counted its own calls
+        assert calls >= (1 if name == "closure-sgd" else 2)
+        by = Counter((e["op"], e["phase"]) for e in ops)
+        # per call: 2 Linear forwards, DDP's one bucket all-reduce (grad_sync), 3 matmuls of
+        # the backward (the first layer's input needs no gradient)
+        assert by[("aten.addmm.default", "forward")] == 2 * calls
+        assert by[("aten.mm.default", "backward")] == 3 * calls
+        assert comm_by_phase(ops)[("grad_sync", "all_reduce")] == calls
+        assert not [e for e in ops if e["kind"] == "all_reduce" and e["phase"] != "grad_sync"]
+        assert {e["module"] for e in ops if e["op"] == "aten.addmm.default"} == \
+            {"DistributedDataParallel.module.0", "DistributedDataParallel.module.2"}
+        # the optimizer phase is the update alone: no forward or backward op is in it, and
+        # the update is there (SGD: 4 add_, one per weight and bias)
+        update = Counter(e["op"] for e in ops if e["phase"] == "optimizer")
+        assert not {"aten.addmm.default", "aten.mm.default", "aten.threshold_backward.default",
+                    "aten.relu.default"} & set(update)
+        if name == "closure-sgd":
+            assert update["aten.add_.Tensor"] == 4
+        else:
+            assert update["aten.dot.default"] > 0          # LBFGS's two-loop recursion
 
 
 def test_a_custom_functions_backward_belongs_to_the_line_that_applied_it(run):

@@ -27,9 +27,9 @@ __all__ = ["trace", "annotate", "step", "record_config", "load", "active", "Trac
 _NULL = contextlib.nullcontext()
 
 
-def trace(out_dir: str, *, steps=None, stack_depth: int = 32, library_frames: bool = False,
+def trace(out_dir: str, *, steps=None, stack_depth: int = 64, library_frames: bool = False,
           record_shapes: bool = True, record_stacks: bool = True, record_modules: bool = True,
-          user_paths=(), clock_sync: bool = True, flush_interval: float = 0.25,
+          user_paths=(), library=(), clock_sync: bool = True, flush_interval: float = 0.25,
           device_time: bool = True, compiled: str = "compiled"):
     """Record this process into ``out_dir/rank-<R>.arrow`` while the ``with`` block runs.
 
@@ -41,10 +41,15 @@ def trace(out_dir: str, *, steps=None, stack_depth: int = 32, library_frames: bo
         steps: which steps to record, e.g. ``"1-3"``, ``"0,2"``, ``"2-"`` (0-based; default all).
             Steps advance at every torch.optim optimizer step, or at each :func:`step` call.
         stack_depth: user frames kept per stack.
-        library_frames: keep library frames (torch, stdlib, site-packages) too; by default only
-            the boundary call into a library is kept.
+        library_frames: keep library frames (torch, the stdlib) too; by default only the
+            boundary call into a library is kept.
         record_shapes / record_stacks / record_modules: turn the costlier context off.
-        user_paths: directories whose files count as user code even under site-packages.
+        user_paths: directories whose files count as user code whatever ``library`` says.
+        library: which packages are library (tracer.library): by default torch, the standard
+            library and paratrace, and every other package is the user's (transformers,
+            Lightning: their frames are kept). ``"accelerate"`` adds a package, ``"-torch"``
+            makes one the user's, ``"site-packages"`` every installed package; comma lists
+            or several specs, later ones refining earlier ones.
         clock_sync: estimate the offset to rank 0's clock at start and end (collective).
         flush_interval: seconds between flushes to disk (a killed rank loses at most this);
             every step boundary flushes too.
@@ -59,7 +64,8 @@ def trace(out_dir: str, *, steps=None, stack_depth: int = 32, library_frames: bo
     return Session(out_dir, TraceOptions(
         steps=steps, stack_depth=stack_depth, library_frames=library_frames,
         record_shapes=record_shapes, record_stacks=record_stacks, record_modules=record_modules,
-        user_paths=user_paths, clock_sync=clock_sync, flush_interval=flush_interval,
+        user_paths=user_paths, library=library, clock_sync=clock_sync,
+        flush_interval=flush_interval,
         device_time=device_time, compiled=compiled))
 
 

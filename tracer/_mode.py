@@ -14,6 +14,9 @@ _NO_KWARGS: dict = {}
 
 
 class RecordingMode(TorchDispatchMode):
+    # torch.cond, flex_attention... reach __torch_dispatch__ instead of failing (hops.py)
+    supports_higher_order_operators = True
+
     def __init__(self, on_op, compiled: bool = True):
         super().__init__()
         self._on_op = on_op

@@ -14,6 +14,10 @@ from typing import Optional
 
 from .labels import phase_of_attrs
 
+# The hint of an unrecorded range that makes the ranges around it name no phase for the ops
+# inside (an optimizer's closure runs forward and backward inside the optimizer's range)
+NO_PHASE = -1
+
 
 class AnnotationStack:
     """The open ranges, the interned id of their JSON list and the phase they imply."""
@@ -36,7 +40,8 @@ class AnnotationStack:
 
     def force(self, phase: int) -> tuple:
         """An unnamed range that sets the phase of the ops inside and is not recorded; close it
-        with :meth:`pop` (phases.py: DDP's constructor is setup)."""
+        with :meth:`pop` (phases.py: DDP's constructor is setup; :data:`NO_PHASE`: an
+        optimizer's closure, whose ops get their phases as outside any range)."""
         entry = (None, {}, phase)
         self._entries.append(entry)
         self._refresh()
@@ -96,8 +101,8 @@ class AnnotationStack:
                    if label is not None]
         self.current = self._intern(json.dumps(payload, separators=(",", ":"), default=str)) \
             if payload else -1
-        self.phase_hint = next((h for _, _, h in reversed(self._entries) if h is not None),
-                               None)
+        hint = next((h for _, _, h in reversed(self._entries) if h is not None), None)
+        self.phase_hint = None if hint == NO_PHASE else hint
 
 
 class Range:

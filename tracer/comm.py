@@ -270,7 +270,10 @@ def _tensor_bytes(value):
 
 def special_op(session, special, func, args, kwargs, op_id):
     """The hot path's special ops (ops.classify): the wait of a functional collective (it
-    completes its collective and takes its phase) and record_function ranges."""
+    completes its collective and takes its phase), record_function ranges and higher-order
+    operators (hops.py)."""
+    if special == ops.HOP:
+        return session._hops(func, args, kwargs)
     if special == ops.WAIT:
         t0 = _now()
         out = func(*args, **kwargs)

@@ -16,6 +16,9 @@ empty.
 While a DTensor op runs, ops dispatched under a FakeTensorMode (its sharding propagation on a
 cache miss) are run but not recorded: they compute nothing.
 
+Outside modules, a DTensor op autograd records is ``forward`` and its local ops and
+collectives with it (they make no autograd node of their own).
+
 Also :func:`function_phase`: a collective in the forward of a custom autograd Function outside
 modules (``DTensor.full_tensor()``'s all-gather in a loss computation: autograd runs forward
 with grad mode off) is ``forward`` when the Function takes part in autograd.
@@ -67,6 +70,7 @@ class SubclassOps:
         if session._passthrough:
             return func(*args, **kwargs)
         entry = session.open_range(str(func), self._attrs(dtensor, args))
+        forced = self._recorded_forward(session, dtensor, args)
         t0 = _now()
         self._depth += 1
         if self._depth == 1:
@@ -81,7 +85,25 @@ class SubclassOps:
             self._depth -= 1
             if self._depth == 0:
                 self._mode._on_op = self._on_op
+            if forced is not None:
+                session._annotations.pop(forced)
             session.close_range(entry, t0)
+
+    @staticmethod
+    def _recorded_forward(session, dtensor, args):
+        """Outside modules, the autograd engine, optimizer steps and annotations naming a
+        phase, a DTensor op autograd records (grad mode on, a DTensor argument needing a
+        gradient: ``loss = (a @ b).sum()``) is forward, as the plain op would be: its local ops
+        and collectives, which make no autograd node, get that phase through an unrecorded
+        range (returned, to pop); None otherwise."""
+        if session._modules.current >= 0 or session._annotations.phase_hint is not None or \
+                session._in_optimizer or not torch.is_grad_enabled() or \
+                torch._C._current_autograd_node() is not None:
+            return None
+        if not any(isinstance(t, dtensor) and t.requires_grad for a in args
+                   for t in (a if isinstance(a, (list, tuple)) else (a,))):
+            return None
+        return session._annotations.force(PHASE_FORWARD)
 
     def _find_dtensor(self, types):
         self._dtensor = _dtensor_class()

@@ -29,9 +29,12 @@ _PHASE_OF_LABEL = {"F": PHASE_FORWARD, "forward": PHASE_FORWARD, "B": PHASE_BACK
                    "W": PHASE_BACKWARD, "backward": PHASE_BACKWARD, "recompute": PHASE_RECOMPUTE,
                    "grad_sync": PHASE_GRAD_SYNC, "grad-sync": PHASE_GRAD_SYNC,
                    "optimizer": PHASE_OPTIMIZER, "other": PHASE_OTHER}
-# FSDP2's record_function ranges around its gradient reductions (named "<prefix> (<index>)")
+# FSDP2's record_function ranges around its gradient reductions (named "<prefix> (<index>)");
+# in the reshard, the gradients of parameters that are DTensors on another mesh dimension too
+# (FSDP2 + TP with sequence parallelism: the norms' Partial gradients) are all-reduced over it
 _PHASE_OF_PREFIX = (("FSDP::post_backward_reduce", PHASE_GRAD_SYNC),
-                    ("FSDP::post_backward_rs_wait", PHASE_GRAD_SYNC))
+                    ("FSDP::post_backward_rs_wait", PHASE_GRAD_SYNC),
+                    ("FSDP::post_backward_reshard", PHASE_GRAD_SYNC))
 
 _PIPELINING_ACTION = re.compile(r"^PP:(\d+)([A-Z_]+?)(\d*)$")
 _PIPELINING_GPIPE = re.compile(r"^(Forward|Backward) (\d+)$")

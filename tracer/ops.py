@@ -50,6 +50,7 @@ PSEUDO_OPS = (OP_COMPLETE, OP_ANNOTATION, OP_STEP, OP_PG_INIT)
 RF_ENTER = "rf_enter"
 RF_EXIT = "rf_exit"
 WAIT = "wait"
+HOP = "higher_order"                     # a HigherOrderOperator (tracer/hops.py)
 SKIP_COMM = "not_comm"
 
 
@@ -72,7 +73,7 @@ class OpSpec:
 
     name: str                   # "aten.mm.default"
     comm: Optional[CommSpec] = None
-    special: Optional[str] = None   # RF_ENTER, RF_EXIT, WAIT or None
+    special: Optional[str] = None   # RF_ENTER, RF_EXIT, WAIT, HOP or None
 
 
 def _arg_index(schema, names) -> Optional[int]:
@@ -93,6 +94,8 @@ def classify(func) -> OpSpec:
     name = str(func)
     namespace = getattr(func, "namespace", name.split(".", 1)[0])
     base = name.split(".")[1] if name.count(".") >= 1 else name
+    if namespace == "higher_order":       # torch.cond, flex_attention... (all HOPs live here)
+        return OpSpec(f"higher_order.{base}", special=HOP)
     if namespace == "profiler":
         if base == "_record_function_enter_new" or base == "_record_function_enter":
             return OpSpec(name, special=RF_ENTER)

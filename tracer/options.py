@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Optional
 
+from .library import parse_specs
+
 
 def parse_steps(spec) -> Optional[Callable[[int], bool]]:
     """'2-4,7,10-' -> predicate on step index (0-based); None or '' or 'all': every step."""
@@ -46,12 +48,13 @@ class TraceOptions:
     """What :func:`tracer.trace` was asked to record (see its docstring for each option)."""
 
     steps: Optional[str] = None
-    stack_depth: int = 32
+    stack_depth: int = 64         # frameworks are user code: Lightning alone takes ~30
     library_frames: bool = False
     record_shapes: bool = True
     record_stacks: bool = True
     record_modules: bool = True
     user_paths: tuple = ()
+    library: tuple = ()          # library specs (tracer.library): "accelerate", "-torch"...
     clock_sync: bool = True
     clock_timeout: float = 20.0
     flush_interval: float = 0.25
@@ -66,6 +69,10 @@ class TraceOptions:
         if self.steps is not None:
             object.__setattr__(self, "steps", str(self.steps))
         object.__setattr__(self, "user_paths", tuple(self.user_paths))
+        if isinstance(self.library, str):
+            object.__setattr__(self, "library", (self.library,))
+        object.__setattr__(self, "library", tuple(self.library))
+        parse_specs(self.library)        # a malformed spec fails here too
 
     def in_window(self) -> Optional[Callable[[int], bool]]:
         """Predicate on the step index; None: every step is recorded."""
@@ -76,4 +83,5 @@ class TraceOptions:
         return dict(steps=self.steps, stack_depth=self.stack_depth,
                     library_frames=self.library_frames, record_shapes=self.record_shapes,
                     record_stacks=self.record_stacks, record_modules=self.record_modules,
-                    device_time=self.device_time, compiled=self.compiled)
+                    device_time=self.device_time, compiled=self.compiled,
+                    library=list(self.library))

@@ -10,11 +10,13 @@ module stack and grad mode (forward, else other). This module adds, without a co
   subclass of that hook counts the recomputations in progress (``Session._recompute``), and a
   subclass of ``_CheckpointFrame`` remembers the module stack of the forward so the recomputed
   ops carry the modules they had in the forward.
-- ``grad_sync`` for collectives (decided once per collective, not per op): one launched from a
-  hook of an ``AccumulateGrad`` node (DDP's Reducer, post-accumulate-grad hooks), or one outside
-  backward, modules and optimizer steps whose input shares storage with a parameter's ``.grad``
-  (or ``.main_grad``): all-reduces of gradients after ``loss.backward()``. FSDP2's reductions
-  come through its record_function labels (tracer.labels).
+- collectives (decided once per collective, not per op): ``grad_sync`` for one launched from a
+  hook of an ``AccumulateGrad`` node (DDP's Reducer, post-accumulate-grad hooks). One outside
+  backward, modules and optimizer steps is classed by what it carries: ``grad_sync`` when its
+  input shares storage with a parameter's ``.grad`` (or ``.main_grad``): all-reduces of
+  gradients after ``loss.backward()``; ``forward`` for an activation autograd records; else
+  ``other`` (parameters in setup, buffers, scalars and metrics, barriers), whatever grad mode
+  says. FSDP2's reductions come through its record_function labels (tracer.labels).
   Such a collective, when no annotation names its phase, carries the module that owns the
   parameter whose hook launched it: the DistributedDataParallel wrapper for DDP's bucket
   all-reduces, else the parameter's module.
@@ -23,6 +25,8 @@ module stack and grad mode (forward, else other). This module adds, without a co
 - ``backward`` for the gradient seed (``ones_like``) that ``loss.backward()`` makes before
   the engine runs, with grad mode on.
 - ``other`` for setup: the DistributedDataParallel constructor's parameter broadcast.
+- an optimizer's closure (``optimizer.step(closure)``: LBFGS, Lightning's loop) runs with the
+  optimizer phase lifted: its forward, backward and gradient sync get their own phases.
 """
 from __future__ import annotations
 
@@ -32,6 +36,7 @@ import weakref
 import torch
 import torch.utils.checkpoint as _checkpoint
 
+from .annotations import NO_PHASE
 from .labels import (PHASE_BACKWARD, PHASE_FORWARD, PHASE_GRAD_SYNC, PHASE_OTHER)
 from .patches import Patches
 from .pipelining import install as install_pipelining
@@ -66,12 +71,22 @@ class PhaseRules:
             if phase == PHASE_BACKWARD and "AccumulateGrad" in node.name():
                 return PHASE_GRAD_SYNC
             return phase
+        if module >= 0 or phase not in (PHASE_FORWARD, PHASE_OTHER):
+            return phase      # a module's forward, an optimizer step, the engine's callbacks
+        # outside modules and the autograd engine: what it carries decides, not grad mode (a
+        # loss all-reduced for logging, a seed broadcast, a barrier run with grad on)
+        value = args[comm.input_arg] if comm.input_arg is not None and \
+            comm.input_arg < len(args) else None
+        while isinstance(value, (list, tuple)) and value:
+            value = value[0]
+        if not isinstance(value, torch.Tensor) or isinstance(value, torch.nn.Parameter):
+            return PHASE_OTHER          # a barrier; parameters (setup)
         # NOTE: the storage test walks every parameter: reductions only (not P2P, gathers)
-        if phase in (PHASE_FORWARD, PHASE_OTHER) and module < 0 and comm.kind in _REDUCTIONS \
-                and comm.input_arg is not None and comm.input_arg < len(args) \
-                and self._is_grad(args[comm.input_arg]):
+        if comm.kind in _REDUCTIONS and self._is_grad(value):
             return PHASE_GRAD_SYNC
-        return phase
+        if value.requires_grad and torch.is_grad_enabled():
+            return PHASE_FORWARD        # an activation autograd records (funcol's autograd ops)
+        return PHASE_OTHER              # scalars, metrics, buffers
 
     def owner_module(self, node) -> int:
         """The module id a gradient collective launched from ``node`` (an AccumulateGrad's
@@ -94,8 +109,6 @@ class PhaseRules:
         return module
 
     def _is_grad(self, value) -> bool:
-        while isinstance(value, (list, tuple)) and value:
-            value = value[0]
         ptr = _storage_ptr(value) if type(value) is torch.Tensor else 0
         if ptr == 0:
             return False
@@ -130,8 +143,9 @@ class PhaseRules:
                                            register_optimizer_step_pre_hook)
         session = self._session
 
-        def optimizer_pre(optimizer, args, kwargs) -> None:
+        def optimizer_pre(optimizer, args, kwargs):
             session._in_optimizer += 1    # the hot path's optimizer phase
+            return self._closure_outside_step(args, kwargs)
 
         patches = Patches()
         self._patch_checkpoint(patches)
@@ -143,6 +157,29 @@ class PhaseRules:
         return [register_optimizer_step_pre_hook(optimizer_pre).remove,
                 register_optimizer_step_post_hook(optimizer_post).remove, patches.undo,
                 install_pipelining(session, self._annotations)]   # passes, P2P phases
+
+    def _closure_outside_step(self, args: tuple, kwargs: dict):
+        """``optimizer.step(closure)`` (LBFGS, Lightning's loop) runs forward and backward inside
+        the step: the closure gets its phases as it would outside the step (its modules, the
+        autograd engine, gradient hooks...). Returns the step's arguments with the closure
+        wrapped, or None without one (the step hook's protocol; args[0] is the optimizer)."""
+        closure = kwargs.get("closure") if "closure" in kwargs else \
+            args[1] if len(args) > 1 else None
+        if not callable(closure):
+            return None
+        session, annotations = self._session, self._annotations
+
+        @functools.wraps(closure)
+        def outside_step(*a, **k):
+            depth, session._in_optimizer = session._in_optimizer, 0
+            try:
+                with annotations.forced(NO_PHASE):
+                    return closure(*a, **k)
+            finally:
+                session._in_optimizer = depth
+        if "closure" in kwargs:
+            return args, dict(kwargs, closure=outside_step)
+        return (args[0], outside_step, *args[2:]), kwargs
 
     def _patch_checkpoint(self, patches: Patches) -> None:
         session, modules = self._session, self._modules

@@ -19,7 +19,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from . import _active, compiled, exits, ops, rows, rundir, status
+from . import _active, compiled, exits, hops, ops, rows, rundir, status
 from ._mode import RecordingMode
 from ._native import native_hot_path
 from .annotations import AnnotationStack, Range
@@ -31,6 +31,7 @@ from .dtensor import SubclassOps, function_phase
 from .flusher import Flusher
 from .labels import (PHASE_BACKWARD, PHASE_FORWARD, PHASE_GRAD_SYNC, PHASE_OPTIMIZER,
                      PHASE_OTHER, PHASE_RECOMPUTE)
+from .library import META_KEY as LIBRARY_META
 from .modules import ModuleTracker
 from .options import TraceOptions
 from .phases import PhaseRules
@@ -69,7 +70,8 @@ class Session(_SessionState):
         self._in_window = opts.in_window()
         self._record_shapes = bool(opts.record_shapes)
         self._record_stacks = bool(opts.record_stacks)
-        self._stacks = StackInterner(opts.stack_depth, opts.library_frames, opts.user_paths)
+        self._stacks = StackInterner(opts.stack_depth, opts.library_frames, opts.user_paths,
+                                     opts.library)
         self._dicts = Dictionaries(self._stacks)
         self._op_ids = self._dicts.op
         self._modules = ModuleTracker(self._dicts.module)
@@ -124,6 +126,7 @@ class Session(_SessionState):
         os.makedirs(self.out_dir, exist_ok=True)
         meta = start_meta(self.rank, self.world_size, self.options.meta(), self._pairs,
                           self._stacks.HOT_PATH)
+        meta[LIBRARY_META] = self._stacks.rule.meta()      # the report classifies frames so
         # NOTE: the first op dispatched through any Python mode imports torch._dynamo (seconds);
         # pay that before recording so it does not distort the first step's timeline.
         importlib.import_module("torch._dynamo")
@@ -138,6 +141,7 @@ class Session(_SessionState):
         RecordingMode.skip_dynamo()
         self._mode = RecordingMode(self.on_op, compiled=self.options.compiled != "eager")
         self._mode._on_subclass = SubclassOps(self, self._mode)     # DTensor (dtensor.py)
+        self._hops = hops.HigherOrderOps(self, self._mode)          # torch.cond... (hops.py)
         # the C on_op calls the C stack walk and shape keys; with their Python twins (the
         # Python hot path benchmarks/overhead.py measures) this module's on_op takes every op
         if C_ON_OP and isinstance(self._stacks, _HOT.StackWalk) and \
@@ -204,6 +208,7 @@ class Session(_SessionState):
         # optimizer step hooks, checkpointing's recomputation, DDP's constructor
         self._undo.extend(self._rules.install(self._optimizer_post))
         self._undo.extend(compiled.install(self, self._modules, self.options.compiled != "eager"))
+        self._undo.extend(hops.install(self))
 
     def _on_pg_init(self, t0: Optional[int] = None) -> None:
         if self._pg_seen or not (dist.is_available() and dist.is_initialized()):
@@ -276,7 +281,8 @@ class Session(_SessionState):
             stack = self._capture(sys._getframe(2)) if self._record_stacks else -1
             fwd_stack = -1
             seq = _sequence_nr()
-            if seq != self._last_seq:     # autograd nodes were created: remember their origin
+            made = seq != self._last_seq  # autograd recorded the op (or nodes came before it)
+            if made:                      # autograd nodes were created: remember their origin
                 # NOTE: nodes made since the last recorded op go to this op (after a Function
                 # that runs no aten op: the next one); grad off: in a Function's forward (phases)
                 fwd = stack if _grad_enabled() else self._rules.applied_at(sys._getframe(2), stack)
@@ -295,7 +301,7 @@ class Session(_SessionState):
                 phase = hint
             elif self._in_optimizer:
                 phase = PHASE_OPTIMIZER
-            elif module >= 0 or _grad_enabled():
+            elif module >= 0 or made:   # outside modules: what autograd records (the loss)
                 phase = PHASE_FORWARD
             elif _graph_task() >= 0:    # the autograd engine's final callbacks: DDP's finalize
                 phase = PHASE_GRAD_SYNC
@@ -354,13 +360,14 @@ class Session(_SessionState):
     def open_range(self, label: str, attrs: dict) -> tuple:
         return self._annotations.push(label, attrs)
 
-    def close_range(self, entry: tuple, t0: int) -> None:
-        """Record the range (with itself in its annotation) and close it."""
+    def close_range(self, entry: tuple, t0: int, module: int = -1, stack: int = -1) -> None:
+        """Record the range (with itself in its annotation; the module and stack that opened
+        it, where known) and close it."""
         if self._recording and not self._paused:
             hint = self._annotations.phase_hint
             self._push(rows.record(
                 t0=t0, t1=_now(), op=self._op_ids(ops.OP_ANNOTATION),
-                phase=hint if hint is not None else PHASE_OTHER,
+                phase=hint if hint is not None else PHASE_OTHER, module=module, stack=stack,
                 annotation=self._annotations.current, step=self.step_index,
                 thread=self._thread()))
         self._annotations.pop(entry)
@@ -441,10 +448,4 @@ class Session(_SessionState):
         self.error = self.error or f"paratrace flusher: {exc}"
 
     def _write_status(self, final: bool = False) -> None:
-        status.write_status(
-            self.status_path, rank=self.rank, status=self.status, step=self.step_index,
-            last_event_ns=self._last_event_ns,
-            events=self._flusher.writer.events if self._flusher.writer else None,
-            last_collective=self._comm.last, inflight=self._comm.inflight(),
-            failed_collectives=self._comm.failed, error=self.error, trace=self.path,
-            final=final, config=self.config)
+        status.write_session_status(self, final)

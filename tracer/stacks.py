@@ -6,18 +6,18 @@ library function the user's code called (``torch/nn/modules/linear.py: Linear.fo
 Library frames between user frames (``Module._call_impl``...) are dropped. paratrace's own frames
 are always dropped.
 
-A frame is *library* when its file lies under the interpreter's stdlib or site-packages
-directories (or is frozen / generated), unless it lies under a path the user marked as theirs
-(paratrace's own sample_runs/ is always the user's: it stands for user code).
+A frame is *library* by the recording's :class:`tracer.library.LibraryRule`: by default torch,
+the standard library and frozen / generated code; every other package, installed or not, is the
+user's (transformers' modeling code, Lightning). Paths the user marked as theirs are, and
+paratrace's own sample_runs/ always is: it stands for user code.
 """
 from __future__ import annotations
 
 import json
 import os
-import sys
-import sysconfig
 
 from ._native import native_hot_path
+from .library import LibraryRule
 
 USER, LIBRARY, INTERNAL = 2, 1, 0
 
@@ -51,24 +51,6 @@ def _dispatch_files() -> tuple:
         return ()
     base = os.path.dirname(os.path.abspath(torch.__file__))
     return tuple(os.path.join(base, f) for f in _DISPATCH_FILES)
-
-
-def _library_dirs() -> tuple:
-    dirs = set()
-    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
-        path = sysconfig.get_paths().get(key)
-        if path:
-            dirs.add(os.path.realpath(path) + os.sep)
-            dirs.add(os.path.abspath(path) + os.sep)
-    for path in sys.path:
-        if path and ("site-packages" in path or "dist-packages" in path):
-            dirs.add(os.path.abspath(path) + os.sep)
-    try:
-        import torch
-        dirs.add(os.path.dirname(os.path.abspath(torch.__file__)) + os.sep)
-    except ImportError:  # pragma: no cover - torch is a dependency
-        pass
-    return tuple(sorted(dirs, key=len, reverse=True))
 
 
 class _PyStackWalk:
@@ -214,12 +196,12 @@ class _Interning:
     is its base's: StackInterner's is C where the extension is built, PyStackInterner's Python.
     """
 
-    def __init__(self, depth: int = 32, library_frames: bool = False, user_paths=()):
+    def __init__(self, depth: int = 32, library_frames: bool = False, user_paths=(),
+                 library=()):
         self.depth = max(1, int(depth))
         self.library_frames = library_frames
-        self._lib_dirs = _library_dirs()
+        self.rule = LibraryRule.build(library, user_paths, always_user=(_SAMPLE_RUNS,))
         self._dispatch_files = _dispatch_files()
-        self._user_dirs = tuple(os.path.abspath(p) + os.sep for p in user_paths) + (_SAMPLE_RUNS,)
         self._kind_of_code: dict = {}   # id(code) -> (kind, resumable, code)
         self._siblings: dict = {}       # (parent node, id(code)) -> {f_lasti: node}
         self._node_parent: list = []    # node -> parent node, -1 for the outermost frame
@@ -247,12 +229,8 @@ class _Interning:
         path = os.path.abspath(filename) if not filename.startswith("<") else filename
         if path.startswith(_INTERNAL_DIRS) or path in self._dispatch_files:
             kind = INTERNAL
-        elif path.startswith(self._user_dirs):
-            kind = USER
-        elif filename.startswith("<") or path.startswith(self._lib_dirs):
-            kind = LIBRARY
         else:
-            kind = USER
+            kind = LIBRARY if self.rule.is_library(path) else USER
         # NOTE: keyed by id(code): hashing a code object rehashes its bytecode and constants
         # every time; the code object is kept alive in the value so its id cannot be reused.
         # A generator or coroutine frame can be resumed by another caller at the same

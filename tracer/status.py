@@ -33,3 +33,14 @@ def write_status(path: str, *, rank: int, status: str, step: int, last_event_ns:
         os.replace(tmp, path)
     except OSError:
         pass
+
+
+def write_session_status(session, final: bool = False) -> None:
+    """The status file of a recording session (tracer.session.Session), from its state."""
+    flusher, comm = session._flusher, session._comm
+    write_status(
+        session.status_path, rank=session.rank, status=session.status,
+        step=session.step_index, last_event_ns=session._last_event_ns,
+        events=flusher.writer.events if flusher.writer else None,
+        last_collective=comm.last, inflight=comm.inflight(), failed_collectives=comm.failed,
+        error=session.error, trace=session.path, final=final, config=session.config)

@@ -11,11 +11,12 @@ module view, source pages and diffs are all built from these groups.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, NamedTuple, Optional, Sequence
+from typing import Callable, Iterable, NamedTuple, Optional, Sequence
 
 import numpy as np
 
 from tracer.labels import PHASES
+from tracer.library import LibraryRule
 from tracer.ops import PSEUDO_OPS
 from tracer.stacks import decode_stack
 
@@ -93,16 +94,25 @@ class OpGroup:
                        self.flops)
 
 
-def split_stack(frames: Sequence[tuple]) -> tuple:
+def library_test(trace) -> Callable[[str], bool]:
+    """Whether a recorded file is library code, as the recorder decided (the trace's library
+    rule: by default torch and the standard library, so transformers' or Lightning's frames are
+    the user's); by its path (site-packages, the stdlib) for traces recorded before the rule."""
+    rule = LibraryRule.from_meta(trace.meta)
+    return is_library if rule is None else rule.is_library
+
+
+def split_stack(frames: Sequence[tuple], library: Callable[[str], bool] = is_library) -> tuple:
     """Recorded frames (innermost first) -> (user frames outermost first, boundary frame).
 
     The boundary is the outermost frame of the innermost run of library frames: the library call
     the user's code made. Library frames between user frames (module call machinery) are
-    dropped. A stack of library frames only keeps its outermost frame as the path."""
+    dropped. A stack of library frames only keeps its outermost frame as the path. ``library``
+    says which files are library (:func:`library_test` of the trace)."""
     user, boundary = [], None
     for raw in frames:
         frame = Frame(raw[0], int(raw[1]), raw[2], raw[3])
-        if is_library(frame.file):
+        if library(frame.file):
             if not user:
                 boundary = frame
             continue
@@ -118,7 +128,7 @@ def site_of(trace, stack: int, fwd_stack: int = -1) -> Optional[Frame]:
     code = fwd_stack if fwd_stack >= 0 else stack
     if code < 0:
         return None
-    path, _ = split_stack(trace.stack(code))
+    path, _ = split_stack(trace.stack(code), library_test(trace))
     return None if path[-1] is NO_STACK else path[-1]
 
 
@@ -165,13 +175,14 @@ def op_groups(trace, durations: Optional[np.ndarray] = None,
     kind_names, shape_names = trace.dictionary("kind"), trace.dictionary("shapes")
     module_names, stack_texts = trace.dictionary("module"), trace.dictionary("stack")
     split_cache = {} if split_cache is None else split_cache
+    library = library_test(trace)
 
     def split(code: int) -> tuple:
         # NOTE: decodes from one copy of the dictionary; Trace.stack(code) copies the whole
         # dictionary on every call, quadratic over a run's thousands of stacks.
         if code not in split_cache:
-            split_cache[code] = split_stack(decode_stack(stack_texts[code])) if code >= 0 \
-                else ((NO_STACK,), None)
+            split_cache[code] = split_stack(decode_stack(stack_texts[code]), library) \
+                if code >= 0 else ((NO_STACK,), None)
         return split_cache[code]
 
     out = []

@@ -1,8 +1,10 @@
 """The phases of real training APIs under the tracer, every case in one launch (2 ranks, gloo):
 DDP with no_sync gradient accumulation, FSDP2 (fully_shard), non-reentrant activation
-checkpointing inside a parent module, gradients all-reduced by hand after backward, and an
-annotation overriding a phase. torch's CommDebugMode counts the DDP and FSDP2 sections in the
-same run (written to OUT/comm-debug-<rank>.json).
+checkpointing inside a parent module, gradients all-reduced by hand after backward, collectives
+outside modules that carry no gradient (a loss, a seed, parameters in setup, a barrier), an
+annotation overriding a phase, and optimizer steps that run a closure (SGD, LBFGS). torch's
+CommDebugMode counts the DDP and FSDP2 sections in the same run, and the closure cases count
+their own calls (written to OUT/comm-debug-<rank>.json).
 Usage: torchrun --nproc-per-node 2 phases_apis.py OUT"""
 import json
 import sys
@@ -109,6 +111,36 @@ def manual_sync_case() -> None:
         dist.all_reduce(loss.detach().clone())           # the loss: not a gradient
         with tracer.annotate("report", phase="other"):   # an annotation wins
             dist.all_reduce(model.weight.grad)
+    with tracer.annotate("outside"):                     # grad mode on, no module: other
+        seed = torch.tensor([1234])
+        dist.broadcast(seed, 0)                          # a seed
+        dist.broadcast(model.weight, 0)                  # parameters (setup)
+        gathered = [torch.zeros(1) for _ in range(dist.get_world_size())]
+        dist.all_gather(gathered, loss.detach().reshape(1))   # a metric gathered for logging
+        dist.barrier()
+
+
+def closure_case(debug: dict) -> None:
+    """optimizer.step(closure): the closure's forward, backward and DDP's bucket all-reduce
+    keep their phases; only the update is the optimizer's. LBFGS calls it several times."""
+    model = DDP(nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2)))
+    x = torch.randn(4, 8)
+    for name, opt in (("closure-sgd", torch.optim.SGD(model.parameters(), lr=0.1)),
+                      ("closure-lbfgs", torch.optim.LBFGS(model.parameters(), max_iter=3))):
+        calls = []
+
+        def closure():
+            calls.append(1)
+            opt.zero_grad()
+            loss = model(x).square().mean()
+            loss.backward()
+            return loss
+        with tracer.annotate(name):
+            if name == "closure-sgd":
+                opt.step(closure)                        # positional
+            else:
+                opt.step(closure=closure)
+        debug[name] = len(calls)
 
 
 out = sys.argv[1]
@@ -124,6 +156,7 @@ with tracer.trace(out):
     checkpoint_case()
     function_case()
     manual_sync_case()
+    closure_case(debug)
     with open(f"{out}/comm-debug-{dist.get_rank()}.json", "w") as fh:
         json.dump(debug, fh)
     dist.destroy_process_group()

@@ -114,15 +114,17 @@ shape_id(SessionState *s, PyObject *args, long long *out)
     return as_ll(shape_keys_id_of(s->signatures, args), out);
 }
 
-/* on_op's forward branch: the origin of the autograd nodes made since the last op */
+/* on_op's forward branch: the origin of the autograd nodes made since the last op (*made:
+   whether there are any: autograd recorded the op) */
 static int
 remember_nodes(SessionState *s, PyFrameObject *frame, long long stack, long long module,
-               int grad_enabled)
+               int grad_enabled, int *made)
 {
     long long seq, fwd = stack;
     if (call_ll(PyTuple_GET_ITEM(s->torch_state, 3), &seq) < 0)
         return -1;
-    if (seq == s->last_seq)
+    *made = seq != s->last_seq;
+    if (!*made)
         return 0;
     if (!grad_enabled) {     /* in a Function's forward (phases.py) */
         PyObject *at = PyLong_FromLongLong(stack);
@@ -135,8 +137,8 @@ remember_nodes(SessionState *s, PyFrameObject *frame, long long stack, long long
             return -1;
     }
     long long origin = (long long)((unsigned long long)(fwd + 1) << 32) | (module + 1);
-    long long made = seq - s->last_seq;
-    if (1 < made && made <= 8) {
+    long long count = seq - s->last_seq;
+    if (1 < count && count <= 8) {
         for (long long n = s->last_seq; n < seq; n++)
             if (set_ll(s->fwd_of_node, n, origin) < 0)
                 return -1;
@@ -223,7 +225,7 @@ record(SessionState *s, PyObject *entry, PyObject *args, PyFrameObject *frame, l
     PyObject *ts = s->torch_state, *hint_obj = NULL;
     long long v[ROW_FIELDS], hint = -1, module, stack, fwd_stack = -1, enabled, phase;
     long long thread, shapes, annotation;
-    int failed = -1, has_hint;
+    int failed = -1, has_hint, made = 0;
     PyObject *node = PyObject_CallNoArgs(PyTuple_GET_ITEM(ts, 0));
     if (node == NULL)
         return -1;
@@ -235,7 +237,7 @@ record(SessionState *s, PyObject *entry, PyObject *args, PyFrameObject *frame, l
     if (node == Py_None || s->recompute) {
         if (attr_ll(s->modules, str_current, &module) < 0 || capture(s, frame, &stack) < 0 ||
             call_ll(PyTuple_GET_ITEM(ts, 1), &enabled) < 0 ||
-            remember_nodes(s, frame, stack, module, (int)enabled) < 0)
+            remember_nodes(s, frame, stack, module, (int)enabled, &made) < 0)
             goto done;
         if (node != Py_None)    /* checkpointing replays it: recompute, unless annotated */
             phase = !has_hint || hint <= PHASE_BACKWARD ? PHASE_RECOMPUTE : hint;
@@ -243,7 +245,7 @@ record(SessionState *s, PyObject *entry, PyObject *args, PyFrameObject *frame, l
             phase = hint;
         else if (s->in_optimizer)
             phase = PHASE_OPTIMIZER;
-        else if (module >= 0 || enabled)
+        else if (module >= 0 || made)   /* outside modules: what autograd records */
             phase = PHASE_FORWARD;
         else {
             long long task;
