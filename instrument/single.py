@@ -9,12 +9,14 @@ launch is trace-run's: the watchdog (``--timeout``), run.json and the same repor
 """
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
 from dataclasses import dataclass
 from typing import Optional
 
+from . import orphans
 from .monitor import Monitor, say
 from .run_record import Outcome, exit_status
 from .watchdog import read_statuses
@@ -53,11 +55,13 @@ def launch(argv: list, traces_dir: str, what: str, *, timeout: Optional[float]) 
     launcher's workers, and say how it ended."""
     say(f"running {what} in one process, without a launcher")
     outcome = Outcome()
+    os.environ.update(orphans.become_subreaper())   # the child dies with trace-run (orphans.py)
     monitor = Monitor(traces_dir, ranks=1, timeout_s=timeout).start()
     try:
         code, stopped_by = _run(argv)
     finally:
         monitor.stop()
+        orphans.end_orphans()    # what the script forked and left behind
     rank = next(iter(read_statuses(traces_dir)), 0)
     if monitor.hang is not None:
         outcome.ranks = {str(rank): {"status": "failed", "exit_code": code, "error": None}}

@@ -67,7 +67,8 @@ class Session(_SessionState):
         self.out_dir = os.path.abspath(out_dir)
         self.options = options if options is not None else TraceOptions(**option_values)
         opts = self.options
-        self._in_window = opts.in_window()
+        # step -> recorded or not (--steps); exits.py swaps it in a forked child
+        self._window = opts.in_window() or (lambda step: True)
         self._record_shapes = bool(opts.record_shapes)
         self._record_stacks = bool(opts.record_stacks)
         self._stacks = StackInterner(opts.stack_depth, opts.library_frames, opts.user_paths,
@@ -404,9 +405,6 @@ class Session(_SessionState):
         self._device_wanted = False
         if self._device.start():
             self._flusher.add_meta(pairs_meta(self._pairs))
-
-    def _window(self, step: int) -> bool:
-        return self._in_window is None or self._in_window(step)
 
     def _leave_window(self) -> None:
         """Outside recorded steps the dispatch mode and the module hooks are off: those steps
