@@ -90,20 +90,6 @@ def test_trace_report_merges_a_kineto_export(fixture_run, tmp_path):
     assert rank["time"]["clock"] == "host" and "device" not in rank
 
 
-@pytest.mark.parametrize("content, message", [
-    (b"{not json", "not a torch.profiler Chrome trace"),
-    (b'{"traceEvents": []}', "the export has no baseTimeNanoseconds"),
-])
-def test_a_bad_kineto_file_is_one_line_and_exit_2(fixture_run, tmp_path, content, message):
-    bad = tmp_path / "bad.json"
-    bad.write_bytes(content)
-    report = os.path.join(os.path.dirname(sys.executable), "trace-report")
-    proc = subprocess.run([report, str(fixture_run), "--out", str(tmp_path / "out"),
-                           "--kineto", str(bad)], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
-    assert f"{bad}: {message}" in proc.stderr
-
-
 # ---------------------------------------------------------------------------- NCCL, constructed
 OFFSET = 1_700_000_000_000_000_000        # Unix ns = the rank's clock + OFFSET
 U = 1_000
@@ -171,7 +157,7 @@ def test_chrome_trace_has_gpu_streams_and_launch_flows(fixture_run, tmp_path):
     streams = {e["args"]["name"] for e in events if e["name"] == "thread_name"
                and e["args"]["name"].startswith("GPU stream")}
     assert streams == {"GPU stream 7", "GPU stream 14"}   # compute, and NCCL setup's
-    gpu = [e for e in events if e.get("cat") in ("gpu", "gpu_comm")]
+    gpu = [e for e in events if e.get("cat") in ("gpu", "gpu_comm", "gpu_memory")]
     assert len(gpu) == 1666
     slices: dict = {}
     for e in events:

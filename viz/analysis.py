@@ -44,6 +44,7 @@ class RunAnalysis:
     paths: list                       # viz.critical_path.Path of each counted step
     count_steps: Optional[frozenset] = None   # counts cover these steps only (trace-diff)
     config: dict = field(default_factory=dict)
+    left_out: list = field(default_factory=list)  # --kineto files that are no export (lines)
 
     @property
     def missing(self) -> list:

@@ -145,12 +145,14 @@ def _gpu(rank: int, lane, us, events: _Events, base: int, flow_id: int) -> int:
     events.dicts(out)
     out = []
     names = [json.dumps(n) for n in dev.names]
+    memory = dev.memory if dev.memory is not None else np.zeros(len(dev.start), bool)
+    # a category per kind of GPU work: communication, memory activity, compute
+    cats = np.where(dev.comm, "gpu_comm", np.where(memory, "gpu_memory", "gpu")).tolist()
     events.text(",".join(
-        f'{{"ph":"X","name":{names[code]},"cat":"{"gpu_comm" if comm else "gpu"}","pid":{rank},'
+        f'{{"ph":"X","name":{names[code]},"cat":"{cat}","pid":{rank},'
         f'"tid":{_GPU_TID + stream},"ts":{(a - base) / 1e3:.3f},"dur":{(b - a) / 1e3:.3f}}}'
-        for a, b, stream, code, comm in zip(dev.start.tolist(), dev.end.tolist(),
-                                            dev.stream.tolist(), dev.name.tolist(),
-                                            dev.comm.tolist())))
+        for a, b, stream, code, cat in zip(dev.start.tolist(), dev.end.tolist(),
+                                           dev.stream.tolist(), dev.name.tolist(), cats)))
     drawn = sorted(zip(lane.op_start.tolist(), lane.op_end.tolist(), lane.op_thread.tolist()))
     starts = [d[0] for d in drawn]
     for a, launch, thread, stream in zip(dev.start.tolist(), dev.launch.tolist(),
@@ -193,11 +195,13 @@ def _process(rank: int, lane, us, where: dict) -> list:
     for c, i in zip(lane.comm, lanes):
         tid = _COMM_TID + i
         where[c.index] = (tid, c.start, c.end)
-        out.append({"ph": "X", "name": c.kind, "cat": "comm", "pid": rank, "tid": tid,
+        host_only = c.on_gpu is False      # a device-clock rank's collective with no GPU work
+        out.append({"ph": "X", "name": c.kind + (" (no GPU work)" if host_only else ""),
+                    "cat": "comm_host" if host_only else "comm", "pid": rank, "tid": tid,
                     "ts": us(c.start), "dur": (c.end - c.start) / 1e3,
                     "args": {"group": c.group, "peer": c.peer, "bytes": c.nbytes,
                              "step": c.step, "completed": c.completed,
-                             "end_from_matched_recv": c.capped}})
+                             "end_from_matched_recv": c.capped, "on_gpu": c.on_gpu}})
     for step, (start, _end) in sorted(lane.steps.items()):
         out.append({"ph": "i", "s": "p", "name": f"step {step}", "cat": "step", "pid": rank,
                     "tid": _PASS_TID, "ts": us(start)})

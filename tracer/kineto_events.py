@@ -1,0 +1,242 @@
+"""The events of a torch.profiler export, sorted into columns in one pass over the stream.
+
+:func:`collect` reads an export (:mod:`tracer.kineto_stream`) once and keeps what paratrace
+uses, as compact columns (``array``/numpy, strings interned), never the events themselves:
+
+- GPU activity: kernels, memcpys and memsets (categories ``kernel``, ``gpu_memcpy``,
+  ``gpu_memset``, and the legacy ``Kernel``, ``Memcpy``, ``Memset``), with device, stream,
+  correlation id and bytes; and the host calls that launched them (``cuda_runtime``,
+  ``cuda_driver``, legacy ``Runtime``), with thread and correlation id: a
+  :class:`tracer.kineto.DeviceRecords`;
+- host events (``cpu_op`` or the legacy ``Operator``, ``user_annotation``,
+  ``python_function``), when asked: name, thread, time, input shapes, and the arguments of
+  communication (``record_param_comms``, ``c10d::`` ops);
+- the autograd engine's forward-to-backward flows (``fwdbwd``).
+
+Times are exact integer nanoseconds from the export's ``ts``/``dur`` (microseconds, with up
+to three decimals: ns resolution), relative to ``baseTimeNanoseconds`` when the export has
+one. An event that cannot be timed (``ts`` missing, non-finite, not a number or out of range;
+``dur`` missing, negative or not a number) is dropped and counted in ``dropped``.
+"""
+from __future__ import annotations
+
+from array import array
+from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
+from typing import Optional
+
+import numpy as np
+
+from .kineto_stream import ExactNumber, ExportStream
+
+ACTIVITY_CATS = {"kernel": 0, "Kernel": 0, "gpu_memcpy": 1, "Memcpy": 1, "gpu_memset": 2,
+                 "Memset": 2}
+LAUNCH_CATS = {"cuda_runtime": 3, "Runtime": 3, "cuda_driver": 4, "Driver": 4}
+HOST_CATS = {"cpu_op": 0, "Operator": 0, "user_annotation": 1, "python_function": 2}
+CPU_OP, ANNOTATION, PYTHON = 0, 1, 2
+_INT64 = 1 << 63
+_TIME_RANGE = 1 << 62
+COMM_ARGS = ("Collective name", "dtype", "In msg nelems", "Out msg nelems", "Group size",
+             "Global rank start", "Global rank stride", "Process Group Name",
+             "Process Group Ranks", "Process Group Description", "Process Group ID", "Seq",
+             "Concrete Inputs", "Input type", "Input Dims")
+CPP_DTYPES = {"float": "f32", "double": "f64", "c10::Half": "f16", "c10::BFloat16": "bf16",
+           "long int": "i64", "long": "i64", "int": "i32", "short": "i16", "signed char": "i8",
+           "unsigned char": "u8", "bool": "b8", "c10::complex<float>": "c64",
+           "c10::complex<double>": "c128", "c10::Float8_e4m3fn": "f8e4m3",
+           "c10::Float8_e5m2": "f8e5m2"}
+
+
+def ns_of(value) -> Optional[int]:
+    """Microseconds as JSON gave them (an int, or the text of a number with a fraction) ->
+    integer nanoseconds, exactly; None for anything that is no finite time."""
+    t = type(value)
+    if t is int:
+        ns = value * 1000
+    elif t is ExactNumber:
+        if len(value) > 4 and value[-4] == "." and "e" not in value and "E" not in value:
+            ns = int(value[:-4] + value[-3:])          # the usual 3 decimals: ns resolution
+        else:
+            try:
+                ns = int(Decimal(value).scaleb(3).to_integral_value())
+            except (InvalidOperation, ValueError, OverflowError):
+                return None
+    else:
+        return None                                    # a string, null, NaN, Infinity, bool
+    return ns if -_TIME_RANGE < ns < _TIME_RANGE else None
+
+
+def int64(value, default: int = -1) -> int:
+    """An int argument (device, stream, correlation, bytes) if it is one that fits int64."""
+    return value if type(value) is int and -_INT64 <= value < _INT64 else default
+
+
+class Interner:
+    """Strings -> codes, in order of first appearance."""
+
+    def __init__(self):
+        self.codes: dict = {}
+        self.values: list = []
+
+    def __call__(self, value: str) -> int:
+        code = self.codes.get(value)
+        if code is None:
+            code = self.codes[value] = len(self.values)
+            self.values.append(value)
+        return code
+
+
+@dataclass
+class HostEvents:
+    """Host events as columns (times relative, ns); ``comm`` maps an event's index to the
+    arguments communication needs; ``shapes`` codes index ``shape_texts`` (-1: none)."""
+
+    cat: array = field(default_factory=lambda: array("b"))
+    name: array = field(default_factory=lambda: array("i"))
+    tid: array = field(default_factory=lambda: array("q"))
+    start: array = field(default_factory=lambda: array("q"))
+    dur: array = field(default_factory=lambda: array("q"))
+    shapes: array = field(default_factory=lambda: array("i"))
+    names: Interner = field(default_factory=Interner)
+    shape_texts: Interner = field(default_factory=Interner)
+    comm: dict = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.cat)
+
+
+@dataclass
+class Flows:
+    """fwdbwd flow points: the forward op ('s') and backward node ('f') ends of each id."""
+
+    id: array = field(default_factory=lambda: array("q"))
+    is_end: array = field(default_factory=lambda: array("b"))
+    tid: array = field(default_factory=lambda: array("q"))
+    ts: array = field(default_factory=lambda: array("q"))
+
+
+@dataclass
+class ExportEvents:
+    """What :func:`collect` kept of one export."""
+
+    path: str
+    top: dict                   # the top-level fields other than traceEvents
+    device: dict                # DeviceRecords columns (numpy), times relative
+    device_names: list
+    host: Optional[HostEvents]
+    flows: Flows
+    dropped: dict               # reason -> events dropped
+    problem: Optional[str]      # why reading stopped early (None: read whole)
+    items: int                  # traceEvents items read
+    bytes_read: int
+
+
+def shapes_text(args: dict) -> Optional[str]:
+    """``Input Dims`` and ``Input type`` of a cpu_op as paratrace writes shapes
+    (``f32[16,32] f32[32]``; a tensor list bracketed), None without any tensor."""
+    dims, types = args.get("Input Dims"), args.get("Input type")
+    if type(dims) is not list or type(types) is not list:
+        return None
+    parts = []
+    for d, t in zip(dims, types):
+        if type(d) is not list or not d and t in ("", "Scalar", None):
+            continue
+        if d and type(d[0]) is list:                 # a tensor list: its tensors' shapes
+            inner = [_tensor(x, "?") for x in d if type(x) is list]
+            parts.append("[" + ",".join(inner) + "]")
+        else:
+            parts.append(_tensor(d, CPP_DTYPES.get(t, t.replace(" ", "_") if type(t) is str
+                                                 else "?")))
+    return " ".join(parts) or None
+
+
+def _tensor(dims: list, dtype: str) -> str:
+    return f"{dtype or '?'}[{','.join(str(int64(x, 0)) for x in dims)}]"
+
+
+def collect(stream: ExportStream, host: bool = True) -> ExportEvents:
+    """One pass over ``stream`` (see the module docstring); ``host``: keep host events too
+    (merging GPU time into a recording needs only the device's)."""
+    dev = {k: array("q") for k in ("kind", "name", "start", "end", "device", "stream", "corr",
+                                   "tid", "nbytes")}
+    names = Interner()
+    out = HostEvents() if host else None
+    flows = Flows()
+    dropped: dict = {}
+    for e in stream.events():
+        if type(e) is not dict:
+            dropped["not an event object"] = dropped.get("not an event object", 0) + 1
+            continue
+        ph = e.get("ph")
+        if ph == "X":
+            why = _take(e, dev, names, out)
+            if why:
+                dropped[why] = dropped.get(why, 0) + 1
+        elif (ph == "s" or ph == "f") and e.get("cat") == "fwdbwd":
+            t, i = ns_of(e.get("ts")), int64(e.get("id"), None)
+            if t is not None and i is not None:
+                flows.id.append(i)
+                flows.is_end.append(ph == "f")
+                flows.tid.append(int64(e.get("tid"), -1))
+                flows.ts.append(t)
+    cols = {k: np.frombuffer(v, dtype=np.int64) if len(v) else np.zeros(0, np.int64)
+            for k, v in dev.items()}
+    return ExportEvents(stream.path, stream.top, cols, names.values, out, flows, dropped,
+                        stream.problem, stream.items, stream.bytes_read)
+
+
+def _take(e: dict, dev: dict, names: Interner, out: Optional[HostEvents]) -> Optional[str]:
+    """Keep one complete ('X') event; the reason it was dropped, or None."""
+    cat = e.get("cat")
+    kind = ACTIVITY_CATS.get(cat)
+    if kind is None:
+        kind = LAUNCH_CATS.get(cat)
+    if kind is None:
+        hostcat = HOST_CATS.get(cat) if out is not None else None
+        if hostcat is None:
+            return None
+        kind = -1
+    start = ns_of(e.get("ts"))
+    if start is None:
+        return "ts missing or not a finite number"
+    dur = ns_of(e.get("dur"))
+    if dur is None or dur < 0:
+        return "dur missing, negative or not a number"
+    args = e.get("args")
+    if type(args) is not dict:
+        args = {}
+    if kind < 0:
+        _host(e, hostcat, start, dur, args, out)
+        return None
+    dev["kind"].append(kind)
+    dev["name"].append(names(str(e.get("name", ""))))
+    dev["start"].append(start)
+    dev["end"].append(start + dur)
+    if kind >= 3:                                        # a launch: on a host thread
+        dev["device"].append(-1)
+        dev["stream"].append(-1)
+        dev["tid"].append(int64(e.get("tid")))
+        dev["nbytes"].append(-1)
+    else:
+        dev["device"].append(int64(args.get("device")))
+        dev["stream"].append(int64(args.get("stream")))
+        dev["tid"].append(-1)
+        dev["nbytes"].append(int64(args.get("bytes")))
+    dev["corr"].append(int64(args.get("correlation")))
+    return None
+
+
+def _host(e: dict, cat: int, start: int, dur: int, args: dict, out: HostEvents) -> None:
+    name = e.get("name")
+    name = name if type(name) is str else str(name)
+    out.cat.append(cat)
+    out.name.append(out.names(name))
+    tid = e.get("tid")
+    out.tid.append(tid if type(tid) is int and -_INT64 <= tid < _INT64
+                   else -1 - out.names(f"tid:{tid}"))
+    out.start.append(start)
+    out.dur.append(dur)
+    shapes = shapes_text(args) if cat == CPU_OP and "Input Dims" in args else None
+    out.shapes.append(-1 if shapes is None else out.shape_texts(shapes))
+    if name == "record_param_comms" or name.startswith(("c10d::", "gloo:", "nccl:")):
+        out.comm[len(out.cat) - 1] = {k: args[k] for k in COMM_ARGS if k in args}
