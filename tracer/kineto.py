@@ -137,10 +137,25 @@ def damage_notes(events: ExportEvents) -> list:
              for key, want, kind in (("deviceProperties", "a list", list),
                                      ("distributedInfo", "an object", dict))
              if key in top and not isinstance(top[key], kind)]
-    notes += [f"{n:,} events dropped ({why})" for why, n in sorted(events.dropped.items())]
+    notes += [f"{n:,} event{'s' if n != 1 else ''} {why}"
+              for why, n in sorted(events.dropped.items())]
     if events.problem:
         notes.append(events.problem)
     return notes
+
+
+def kept_events(events: ExportEvents) -> int:
+    """The export's events that were read and kept (the dropped ones left out)."""
+    return events.items - sum(n for why, n in events.dropped.items()
+                              if why.startswith("dropped"))
+
+
+def damage_line(events: ExportEvents, notes: list) -> Optional[str]:
+    """The export's one line: what was wrong with it and what was kept; None if nothing."""
+    notes = notes + damage_notes(events)
+    if not notes:
+        return None
+    return f"{events.path}: {'; '.join(notes)}; its other {kept_events(events):,} events are used"
 
 
 def device_records(events: ExportEvents, base: int) -> DeviceRecords:
@@ -165,6 +180,7 @@ def load_chrome_trace(path: str, limit: Optional[int] = None) -> DeviceRecords:
                           "recording's clock (torch.profiler writes it from torch 2.1 on)")
     records = device_records(events, base)
     records.meta["damage"] = notes + damage_notes(events)
+    records.meta["damage_line"] = damage_line(events, notes)
     return records
 
 

@@ -125,7 +125,7 @@ class ExportEvents:
     device_names: list
     host: Optional[HostEvents]
     flows: Flows
-    dropped: dict               # reason -> events dropped
+    dropped: dict               # what was done and why -> events (dropped, or kept as read)
     problem: Optional[str]      # why reading stopped early (None: read whole)
     items: int                  # traceEvents items read
     bytes_read: int
@@ -165,12 +165,13 @@ def collect(stream: ExportStream, host: bool = True) -> ExportEvents:
     dropped: dict = {}
     for e in stream.events():
         if type(e) is not dict:
-            dropped["not an event object"] = dropped.get("not an event object", 0) + 1
+            why = "dropped (not an event object)"
+            dropped[why] = dropped.get(why, 0) + 1
             continue
         ph = e.get("ph")
         if ph == "X":
             why = _take(e, dev, names, out)
-            if why:
+            if why:                     # dropped, or kept as far as it could be read
                 dropped[why] = dropped.get(why, 0) + 1
         elif (ph == "s" or ph == "f") and e.get("cat") == "fwdbwd":
             t, i = ns_of(e.get("ts")), int64(e.get("id"), None)
@@ -198,16 +199,18 @@ def _take(e: dict, dev: dict, names: Interner, out: Optional[HostEvents]) -> Opt
         kind = -1
     start = ns_of(e.get("ts"))
     if start is None:
-        return "ts missing or not a finite number"
+        return "dropped (ts missing or not a finite number)"
     dur = ns_of(e.get("dur"))
     if dur is None or dur < 0:
-        return "dur missing, negative or not a number"
+        return "dropped (dur missing, negative or not a number)"
     args = e.get("args")
+    why = None
     if type(args) is not dict:
+        why = None if args is None else "read with empty args (args not an object)"
         args = {}
     if kind < 0:
         _host(e, hostcat, start, dur, args, out)
-        return None
+        return why
     dev["kind"].append(kind)
     dev["name"].append(names(str(e.get("name", ""))))
     dev["start"].append(start)
@@ -222,8 +225,15 @@ def _take(e: dict, dev: dict, names: Interner, out: Optional[HostEvents]) -> Opt
         dev["stream"].append(int64(args.get("stream")))
         dev["tid"].append(-1)
         dev["nbytes"].append(int64(args.get("bytes")))
-    dev["corr"].append(int64(args.get("correlation")))
-    return None
+    corr = int64(args.get("correlation"))
+    dev["corr"].append(corr)
+    if corr < 0 and "correlation" in args or _bad_ids(args):
+        why = why or "kept unlinked (device, stream or correlation not a whole number)"
+    return why
+
+
+def _bad_ids(args: dict) -> bool:
+    return any(k in args and int64(args[k], None) is None for k in ("device", "stream"))
 
 
 def _host(e: dict, cat: int, start: int, dur: int, args: dict, out: HostEvents) -> None:

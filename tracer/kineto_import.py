@@ -23,7 +23,7 @@ import numpy as np
 from . import ops
 from .device_format import DeviceWriter
 from .format import FORMAT_VERSION, TraceWriter
-from .kineto import damage_notes, device_records, rank_of, time_base
+from .kineto import damage_line, device_records, rank_of, time_base
 from .kineto_comm import ProcessGroups, kind_of_kernel
 from .kineto_events import ExportEvents, collect
 from .kineto_host import (ANN, OP, RPC, STEP, annotation_text, comm_rows, flow_links,
@@ -70,11 +70,7 @@ def import_export(path: str, out_dir: str, name: str, rank: Optional[int] = None
     info = events.top.get("distributedInfo")
     info = info if isinstance(info, dict) else {}
     world = info.get("world_size") if type(info.get("world_size")) is int else None
-    damage = notes + damage_notes(events)
-    line = None
-    if damage:
-        line = (f"{path}: {'; '.join(damage)}; its other {len(rows['columns']['t0']):,} "
-                f"events and {activities:,} GPU activities are used")
+    line = damage_line(events, notes)
     meta = _meta(path, rank, world, info, rows, events, activities, missing)
     meta["imported"]["damage"] = [line] if line else []
     trace_path = os.path.join(out_dir, f"{name}.arrow")

@@ -157,7 +157,8 @@ class ExportStream:
                 return ""
 
     def _value(self):
-        """Decode the JSON value at the cursor, reading more while it is incomplete."""
+        """Decode the JSON value at the cursor, reading more while it is incomplete. Raises
+        _Cut when the file ends inside it, ValueError when it is not JSON."""
         want = CHUNK
         while True:
             try:
@@ -165,18 +166,22 @@ class ExportStream:
                 self._i = end
                 return value
             except StopIteration as stop:
-                if stop.value < len(self._buf) or self._eof:
+                if stop.value < len(self._buf):
                     raise ValueError(f"no JSON value at char {self._at(stop.value):,}") \
                         from None
+                if self._eof:
+                    raise _Cut() from None
             except json.JSONDecodeError as exc:
-                if self._eof or not _incomplete(exc, len(self._buf)):
+                incomplete = _incomplete(exc, len(self._buf))
+                if not incomplete:
                     raise ValueError(f"{exc.msg} at char {self._at(exc.pos):,}") from None
+                if self._eof:
+                    raise _Cut() from None
             if len(self._buf) - self._i > MAX_EVENT:
                 raise ValueError(f"a value longer than {MAX_EVENT >> 20} MiB at char "
                                  f"{self._at(self._i):,}")
-            if not self._more(want):
-                if self.problem:
-                    raise _Stopped()
+            if not self._more(want) and self.problem:
+                raise _Stopped()
             want = min(want * 2, MAX_EVENT)
 
     def _at(self, pos: int) -> int:
@@ -219,6 +224,9 @@ class ExportStream:
                 self._stop(self.problem or "the file ends before the JSON object closes")
         except _Stopped:
             pass
+        except _Cut:
+            self._stop(f"the file ends inside traceEvents, after {self.items:,} events"
+                       if self._events_seen else "the file ends before the JSON object closes")
         except ValueError as exc:
             if not self._events_seen and not self.items:
                 raise KinetoError(f"{self.path}: not a torch.profiler export (not valid JSON: "
@@ -262,6 +270,10 @@ class ExportStream:
 
 class _Stopped(Exception):
     """Reading stopped early; ``problem`` says why."""
+
+
+class _Cut(Exception):
+    """The file ends inside a value."""
 
 
 def _incomplete(exc: json.JSONDecodeError, end: int) -> bool:

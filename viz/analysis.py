@@ -96,8 +96,10 @@ class RunAnalysis:
         return [_ranks_text(first, last) for first, last in _runs(self.absent())]
 
     def absent_lines(self) -> list:
-        return [f"{ranks}: no trace file in {self.run.traces_dir}"
-                for ranks in self.absent_runs()]
+        imported = self.ranks and all("imported" in r.meta for r in self.ranks.values())
+        where = "no torch.profiler export given (--kineto)" if imported else \
+            f"no trace file in {self.run.traces_dir}"
+        return [f"{ranks}: {where}" for ranks in self.absent_runs()]
 
     def damage_of(self, rank: int) -> list:
         """:meth:`damage`'s lines about ``rank``."""

@@ -108,13 +108,16 @@ def whole(kind: np.ndarray, nccl: np.ndarray, start: np.ndarray, end: np.ndarray
     busy = length(union(intervals(start, end)))
     span = int(end.max() - start.min()) if len(start) else 0
     comm = length(comm_iv)
-    return {"kernels": int(kernel.sum()), "memcpys": int((kind == MEMCPY).sum()),
+    out = {"kernels": int(kernel.sum()), "memcpys": int((kind == MEMCPY).sum()),
             "memsets": int((kind == MEMSET).sum()), "comm_kernels": int(nccl.sum()),
             "span_s": span / 1e9, "busy_s": busy / 1e9,
             "compute_s": length(compute_iv) / 1e9, "comm_s": comm / 1e9,
             "memory_s": length(union(intervals(start[memory], end[memory]))) / 1e9,
             "idle_s": (span - busy) / 1e9,
             "overlap_fraction": length(intersect(comm_iv, compute_iv)) / comm if comm else None}
+    if not comm:
+        out["why_null"] = {"overlap_fraction": "no NCCL kernel: no device communication"}
+    return out
 
 
 def busy_ns(start: np.ndarray, end: np.ndarray) -> int:

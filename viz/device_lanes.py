@@ -37,13 +37,16 @@ def on_device(lanes: RankLanes, rows: RankRows, dev: DeviceTime) -> RankLanes:
     start = dev.start + offset(dev.start)
     end = dev.end + offset(dev.end)
     launch = np.where(dev.launch >= 0, dev.launch + offset(np.maximum(dev.launch, 0)), -1)
-    thread = np.where(dev.row >= 0, rows.thread[np.maximum(dev.row, 0)], -1)
-    row = np.where(dev.row >= 0, dev.row, len(rows.t0))
+    # a trace of no host event (an export of CUDA activity alone) attributes nothing
+    attributed = (dev.row >= 0) & (len(rows.t0) > 0)
+    at = np.where(attributed, dev.row, 0)
+    thread = np.where(attributed, rows.thread[at] if len(rows.t0) else 0, -1)
+    row = np.where(attributed, dev.row, len(rows.t0))
     is_comm = dev.is_nccl
     is_memory = dev.is_memory
     spans = _comm_spans(lanes.comm, row[is_comm], start[is_comm], end[is_comm])
     on_gpu = [c for c in spans if c.on_gpu]
-    step_of = np.where(dev.row >= 0, rows.step[np.maximum(dev.row, 0)], 0)
+    step_of = np.where(attributed, rows.step[at] if len(rows.t0) else 0, 0)
     step_of = np.where(dev.row == SETUP, 0, step_of)
     steps = _step_windows(lanes.steps, step_of, start, end)
     keep = _drawn(len(start))

@@ -91,7 +91,17 @@ class RankMetrics:
             "pass_compute_s": self.passes,
             "clock_error_s": self.clock_error_s,
             "per_step": [s.to_json() for s in self.steps],
+            **self._why_null(),
         }
+
+    def _why_null(self) -> dict:
+        """Why a fraction is null (never NaN): there was nothing to divide by."""
+        why = {}
+        if self.overlap_fraction is None:
+            why["overlap_fraction"] = "no communication in the counted steps"
+        if self.bubble_fraction is None:
+            why["bubble_fraction"] = "no counted step"
+        return {"why_null": why} if why else {}
 
 
 # ---------------------------------------------------------------------------- theory

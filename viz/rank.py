@@ -123,9 +123,8 @@ def device_records(path: str, rank: int, kineto: tuple = ()) -> tuple:
             warnings.append(f"{export}: no GPU activity in it (kernels, memcpys, memsets): "
                             "nothing to merge")
             continue
-        if more.meta.get("damage"):
-            warnings.append(f"{export}: {'; '.join(more.meta['damage'])}; "
-                            f"its other {len(more):,} GPU records are used")
+        if more.meta.get("damage_line"):
+            warnings.append(more.meta["damage_line"])
         records = more if records is None else records.concat(more)
     return records, warnings, errors
 
