@@ -20,9 +20,11 @@ one. An event that cannot be timed (``ts`` missing, non-finite, not a number or 
 """
 from __future__ import annotations
 
+import re
 from array import array
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
+from operator import itemgetter
 from typing import Optional
 
 import numpy as np
@@ -33,6 +35,7 @@ ACTIVITY_CATS = {"kernel": 0, "Kernel": 0, "gpu_memcpy": 1, "Memcpy": 1, "gpu_me
                  "Memset": 2}
 LAUNCH_CATS = {"cuda_runtime": 3, "Runtime": 3, "cuda_driver": 4, "Driver": 4}
 HOST_CATS = {"cpu_op": 0, "Operator": 0, "user_annotation": 1, "python_function": 2}
+OP_NAME = re.compile(r"^[A-Za-z_]\w*::\w+(\.\w+)?$")       # an op: aten::mm, c10d::send
 CPU_OP, ANNOTATION, PYTHON = 0, 1, 2
 _INT64 = 1 << 63
 _TIME_RANGE = 1 << 62
@@ -51,19 +54,23 @@ def ns_of(value) -> Optional[int]:
     """Microseconds as JSON gave them (an int, or the text of a number with a fraction) ->
     integer nanoseconds, exactly; None for anything that is no finite time."""
     t = type(value)
-    if t is int:
+    if t is ExactNumber:
+        try:                     # the usual three decimals (ns resolution): digits moved
+            ns = int(value[:-4] + value[-3:]) if value[-4] == "." else _decimal_ns(value)
+        except (ValueError, IndexError):
+            ns = _decimal_ns(value)                    # '1.5e3': an exponent after all
+    elif t is int:
         ns = value * 1000
-    elif t is ExactNumber:
-        if len(value) > 4 and value[-4] == "." and "e" not in value and "E" not in value:
-            ns = int(value[:-4] + value[-3:])          # the usual 3 decimals: ns resolution
-        else:
-            try:
-                ns = int(Decimal(value).scaleb(3).to_integral_value())
-            except (InvalidOperation, ValueError, OverflowError):
-                return None
     else:
         return None                                    # a string, null, NaN, Infinity, bool
-    return ns if -_TIME_RANGE < ns < _TIME_RANGE else None
+    return ns if ns is not None and -_TIME_RANGE < ns < _TIME_RANGE else None
+
+
+def _decimal_ns(text: str) -> Optional[int]:
+    try:
+        return int(Decimal(text).scaleb(3).to_integral_value())
+    except (InvalidOperation, ValueError, OverflowError):
+        return None
 
 
 def int64(value, default: int = -1) -> int:
@@ -137,6 +144,20 @@ def shapes_text(args: dict) -> Optional[str]:
     dims, types = args.get("Input Dims"), args.get("Input type")
     if type(dims) is not list or type(types) is not list:
         return None
+    # an export repeats a few thousand signatures: their text is made once
+    key = (str(dims), tuple(types) if all(type(t) is str for t in types) else str(types))
+    text = _SHAPES.get(key, _SHAPES)
+    if text is _SHAPES:
+        text = _shapes_text(dims, types)
+        if len(_SHAPES) < 100_000:
+            _SHAPES[key] = text
+    return text
+
+
+_SHAPES: dict = {}
+
+
+def _shapes_text(dims: list, types: list) -> Optional[str]:
     parts = []
     for d, t in zip(dims, types):
         if type(d) is not list or not d and t in ("", "Scalar", None):
@@ -163,6 +184,7 @@ def collect(stream: ExportStream, host: bool = True) -> ExportEvents:
     out = HostEvents() if host else None
     flows = Flows()
     dropped: dict = {}
+    take = _taker(dev, names, out)
     for e in stream.events():
         if type(e) is not dict:
             why = "dropped (not an event object)"
@@ -170,7 +192,7 @@ def collect(stream: ExportStream, host: bool = True) -> ExportEvents:
             continue
         ph = e.get("ph")
         if ph == "X":
-            why = _take(e, dev, names, out)
+            why = take(e)
             if why:                     # dropped, or kept as far as it could be read
                 dropped[why] = dropped.get(why, 0) + 1
         elif (ph == "s" or ph == "f") and e.get("cat") == "fwdbwd":
@@ -186,67 +208,116 @@ def collect(stream: ExportStream, host: bool = True) -> ExportEvents:
                         stream.problem, stream.items, stream.bytes_read)
 
 
-def _take(e: dict, dev: dict, names: Interner, out: Optional[HostEvents]) -> Optional[str]:
-    """Keep one complete ('X') event; the reason it was dropped, or None."""
-    cat = e.get("cat")
-    kind = ACTIVITY_CATS.get(cat)
-    if kind is None:
-        kind = LAUNCH_CATS.get(cat)
-    if kind is None:
-        hostcat = HOST_CATS.get(cat) if out is not None else None
-        if hostcat is None:
-            return None
-        kind = -1
-    start = ns_of(e.get("ts"))
-    if start is None:
-        return "dropped (ts missing or not a finite number)"
-    dur = ns_of(e.get("dur"))
-    if dur is None or dur < 0:
-        return "dropped (dur missing, negative or not a number)"
-    args = e.get("args")
-    why = None
-    if type(args) is not dict:
-        why = None if args is None else "read with empty args (args not an object)"
-        args = {}
-    if kind < 0:
-        _host(e, hostcat, start, dur, args, out)
+_UNLINKED = "kept unlinked (device, stream or correlation not a whole number)"
+
+
+def _taker(dev: dict, names: Interner, out: Optional[HostEvents]):
+    """The function that keeps one complete ('X') event and returns why it was dropped (or
+    read only in part), else None. A closure over the columns' append methods: it runs once
+    per event, and looking them up each time was a fifth of the reading time."""
+    kind_, name_, start_, end_, device_, stream_, corr_, tid_, bytes_ = (
+        dev[k].append for k in ("kind", "name", "start", "end", "device", "stream", "corr",
+                                "tid", "nbytes"))
+    activity, launch = ACTIVITY_CATS.get, LAUNCH_CATS.get
+    fields = itemgetter("cat", "ts", "dur", "args")
+    name_codes = names.codes
+    hostcat = HOST_CATS.get if out is not None else {}.get
+    keep_host = _host_taker(out) if out is not None else None
+
+    def take(e: dict) -> Optional[str]:
+        try:                             # one C call for the fields every event has
+            cat, ts, dur, args = fields(e)
+        except KeyError:
+            cat, ts, dur, args = e.get("cat"), e.get("ts"), e.get("dur"), e.get("args")
+        kind = activity(cat)
+        if kind is None:
+            kind = launch(cat)
+            if kind is None:
+                kind = hostcat(cat)
+                if kind is None:
+                    return None
+                kind = -1 - kind                      # host: -1 cpu_op, -2, -3
+        start = ns_of(ts)
+        if start is None:
+            return "dropped (ts missing or not a finite number)"
+        dur = ns_of(dur)
+        if dur is None or dur < 0:
+            return "dropped (dur missing, negative or not a number)"
+        why = None
+        if type(args) is not dict:
+            why = None if args is None else "read with empty args (args not an object)"
+            args = {}
+        if kind < 0:
+            keep_host(e, -1 - kind, start, dur, args)
+            return why
+        kind_(kind)
+        name = e.get("name", "")
+        code = name_codes.get(name) if type(name) is str else None
+        name_(code if code is not None else names(str(name)))
+        start_(start)
+        end_(start + dur)
+        corr = args.get("correlation", -1)
+        if type(corr) is not int or not -_INT64 <= corr < _INT64:
+            corr, why = -1, why or _UNLINKED
+        corr_(corr)
+        if kind >= 3:                                    # a launch: on a host thread
+            device_(-1)
+            stream_(-1)
+            tid_(int64(e.get("tid")))
+            bytes_(-1)
+            return why
+        device, stream = args.get("device", -1), args.get("stream", -1)
+        if type(device) is not int or type(stream) is not int or \
+                not -_INT64 <= device < _INT64 or not -_INT64 <= stream < _INT64:
+            device, stream, why = int64(device), int64(stream), why or _UNLINKED
+        device_(device)
+        stream_(stream)
+        tid_(-1)
+        bytes_(int64(args.get("bytes")))
         return why
-    dev["kind"].append(kind)
-    dev["name"].append(names(str(e.get("name", ""))))
-    dev["start"].append(start)
-    dev["end"].append(start + dur)
-    if kind >= 3:                                        # a launch: on a host thread
-        dev["device"].append(-1)
-        dev["stream"].append(-1)
-        dev["tid"].append(int64(e.get("tid")))
-        dev["nbytes"].append(-1)
-    else:
-        dev["device"].append(int64(args.get("device")))
-        dev["stream"].append(int64(args.get("stream")))
-        dev["tid"].append(-1)
-        dev["nbytes"].append(int64(args.get("bytes")))
-    corr = int64(args.get("correlation"))
-    dev["corr"].append(corr)
-    if corr < 0 and "correlation" in args or _bad_ids(args):
-        why = why or "kept unlinked (device, stream or correlation not a whole number)"
-    return why
+    return take
 
 
-def _bad_ids(args: dict) -> bool:
-    return any(k in args and int64(args[k], None) is None for k in ("device", "stream"))
+def _host_taker(out: HostEvents):
+    """The function that keeps one host event (a closure, as :func:`_taker`). Shapes are
+    made only for ops that may be a trace row: an op that starts strictly inside another op
+    of its thread never is (tracer.kineto_host keeps the outermost), and torch writes each
+    thread's ops in start order, so the op enclosing it came first."""
+    cat_, name_, tid_, start_, dur_, shapes_ = (
+        getattr(out, k).append for k in ("cat", "name", "tid", "start", "dur", "shapes"))
+    codes, intern, shape_code, comm = out.names.codes, out.names, out.shape_texts, out.comm
+    is_comm: list = []          # per name code: whether its arguments are a collective's
+    is_op: list = []            # per name code: whether it names an op (ns::name)
+    named_tids: dict = {}
+    outer: dict = {}            # thread -> (start, end) of the last op that was no op's child
 
-
-def _host(e: dict, cat: int, start: int, dur: int, args: dict, out: HostEvents) -> None:
-    name = e.get("name")
-    name = name if type(name) is str else str(name)
-    out.cat.append(cat)
-    out.name.append(out.names(name))
-    tid = e.get("tid")
-    out.tid.append(tid if type(tid) is int and -_INT64 <= tid < _INT64
-                   else -1 - out.names(f"tid:{tid}"))
-    out.start.append(start)
-    out.dur.append(dur)
-    shapes = shapes_text(args) if cat == CPU_OP and "Input Dims" in args else None
-    out.shapes.append(-1 if shapes is None else out.shape_texts(shapes))
-    if name == "record_param_comms" or name.startswith(("c10d::", "gloo:", "nccl:")):
-        out.comm[len(out.cat) - 1] = {k: args[k] for k in COMM_ARGS if k in args}
+    def keep(e: dict, cat: int, start: int, dur: int, args: dict) -> None:
+        name = e.get("name")
+        if type(name) is not str:
+            name = str(name)
+        code = codes.get(name)
+        if code is None:
+            code = intern(name)
+            is_comm.append(name == "record_param_comms"
+                           or name.startswith(("c10d::", "gloo:", "nccl:")))
+            is_op.append(bool(OP_NAME.match(name)))
+        cat_(cat)
+        name_(code)
+        tid = e.get("tid")
+        if type(tid) is not int or not -_INT64 <= tid < _INT64:   # a name: a code below 0
+            tid = -1 - named_tids.setdefault(str(tid), len(named_tids))
+        tid_(tid)
+        start_(start)
+        dur_(dur)
+        shapes = -1
+        if cat == CPU_OP and is_op[code]:
+            a, b = outer.get(tid, (0, 0))
+            if not a < start < b:
+                outer[tid] = (start, start + dur)
+                if "Input Dims" in args:
+                    text = shapes_text(args)
+                    shapes = -1 if text is None else shape_code(text)
+        shapes_(shapes)
+        if is_comm[code]:
+            comm[len(out.cat) - 1] = {k: args[k] for k in COMM_ARGS if k in args}
+    return keep

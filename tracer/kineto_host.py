@@ -34,13 +34,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .kineto_comm import (ProcessGroups, dtype_of, kind_of_name, peer_of, tensor_input)
-from .kineto_events import ANNOTATION, CPU_OP, PYTHON, HostEvents, Flows
+from .kineto_events import ANNOTATION, CPU_OP, OP_NAME, HostEvents, Flows
 from .labels import (PHASE_BACKWARD, PHASE_FORWARD, PHASE_GRAD_SYNC, PHASE_OPTIMIZER,
                      PHASE_OTHER, PHASE_RECOMPUTE, phase_of_label)
 
 # roles of an event, from its category and name
 NONE, OP, RPC, BWD, STEP, ANN, COMM_ANN, FRAME, MODULE = range(9)
-_OP_NAME = re.compile(r"^[A-Za-z_]\w*::\w+(\.\w+)?$")
 _NOT_OPS = ("torch", "autograd", "c10", "profiler")
 _FRAME = re.compile(r"^(.*)\((\d+)\): (.*)$")
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
@@ -56,7 +55,7 @@ def role_of(cat: int, name: str) -> int:
             return BWD
         if _STEP.match(name):
             return STEP
-        if _OP_NAME.match(name) and name.split("::", 1)[0] not in _NOT_OPS:
+        if OP_NAME.match(name) and name.split("::", 1)[0] not in _NOT_OPS:
             return OP
         return NONE
     if cat == ANNOTATION:

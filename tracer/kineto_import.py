@@ -158,15 +158,19 @@ def _kernel_kinds(rows, host, events: ExportEvents, is_op: np.ndarray) -> dict:
     stop = start + np.frombuffer(host.dur, dtype=np.int64)
     tid = np.frombuffer(host.tid, dtype=np.int64)
     op_rows = np.nonzero(is_op)[0]
-    events_of = np.array(rows.event, dtype=np.int64)[op_rows]
+    op_events = np.array(rows.event, dtype=np.int64)[op_rows]
+    l_tid, l_at = dev["tid"][launch], dev["start"][launch]
+    l_kind = [corr_kind[c] for c in dev["corr"][launch].tolist()]
     out = {}
-    for t, at, corr in zip(dev["tid"][launch].tolist(), dev["start"][launch].tolist(),
-                           dev["corr"][launch].tolist()):
-        mine = op_rows[tid[events_of] == t]
-        for r in mine.tolist():
-            e = rows.event[r]
-            if start[e] <= at <= stop[e] and corr_kind.get(corr):
-                out.setdefault(r, corr_kind[corr])
+    for t in np.unique(l_tid).tolist():
+        mine = np.nonzero(tid[op_events] == t)[0]          # op rows do not nest on a thread
+        mine = mine[np.argsort(start[op_events[mine]], kind="stable")]
+        here = np.nonzero(l_tid == t)[0]
+        j = np.searchsorted(start[op_events[mine]], l_at[here], side="right") - 1
+        inside = (j >= 0) & (stop[op_events[mine[np.maximum(j, 0)]]] >= l_at[here])
+        for k, jj in zip(here[inside].tolist(), j[inside].tolist()):
+            if l_kind[k]:
+                out.setdefault(int(op_rows[mine[jj]]), l_kind[k])
     return out
 
 
