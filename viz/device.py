@@ -200,12 +200,15 @@ def _launch_rows(trace, t: np.ndarray, tid: np.ndarray) -> tuple:
             continue
         rows = rows[np.argsort(t0[rows], kind="stable")]
         starts, ends = t0[rows], np.maximum.accumulate(end[rows])
-        j = np.searchsorted(starts, t[todo], side="right") - 1
-        inside = (j >= 0) & (ends[np.maximum(j, 0)] >= t[todo])
+        when = t[todo]
+        j = np.searchsorted(starts, when, side="right") - 1
+        inside = (j >= 0) & (ends[np.maximum(j, 0)] >= when)
         # the innermost event holding t: the latest-started whose own end is past t
         k = np.where(inside, j, -1)
-        for n in np.nonzero(inside)[0].tolist():
-            while k[n] >= 0 and end[rows[k[n]]] < t[todo][n]:
+        own_end = end[rows]
+        late = inside & (own_end[np.maximum(k, 0)] < when)     # only these need a walk back
+        for n in np.nonzero(late)[0].tolist():
+            while k[n] >= 0 and own_end[k[n]] < when[n]:
                 k[n] -= 1
         chosen = np.where(k >= 0, rows[np.maximum(k, 0)], UNATTRIBUTED)
         idx = np.nonzero(todo)[0]

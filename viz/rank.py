@@ -225,14 +225,22 @@ def path_modules_file(path: str, rank: int, intervals: list) -> dict:
     trace = load_trace(path)
     rows = RankRows(trace, rank)
     sel = np.nonzero(rows.is_compute)[0]
+    sel = sel[np.argsort(rows.t0[sel], kind="stable")]
+    t0, t1 = rows.t0[sel], rows.t1[sel]
+    longest = int((t1 - t0).max()) if len(sel) else 0
     module = trace.col("module")[sel]
     names = trace.dictionary("module")
     out: dict = {}
-    for step in sorted({s for s, _, _ in intervals}):
-        mine = sorted((a, b) for s, a, b in intervals if s == step)
+    by_step: dict = {}
+    for s, a, b in intervals:
+        by_step.setdefault(s, []).append((a, b))
+    for step in sorted(by_step):
+        mine = sorted(by_step[step])
         covered = Prefix(np.array(mine, dtype=np.int64).reshape(-1, 2))
-        inside = covered.length(rows.t0[sel], rows.t1[sel])
-        by_module = np.bincount(module + 1, weights=inside, minlength=len(names) + 1)
+        # only ops that can reach the step's intervals: a run of many steps stays linear
+        i, j = np.searchsorted(t0, [mine[0][0] - longest, mine[-1][1]], side="left")
+        inside = covered.length(t0[i:j], t1[i:j])
+        by_module = np.bincount(module[i:j] + 1, weights=inside, minlength=len(names) + 1)
         shares = {("(no module)" if i == 0 else names[i - 1]): int(ns)
                   for i, ns in enumerate(by_module.tolist()) if ns > 0}
         host = sum(b - a for a, b in mine) - sum(shares.values())
