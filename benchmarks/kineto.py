@@ -10,10 +10,11 @@ and the whole report; worker processes as trace-report chooses, ``--jobs`` to se
 each export on its own, ``--jobs 1``; its ``device.whole`` beside the independent computation
 of tests/kineto_oracle.py and HTA's numbers on the same file.
 
-Every run is a fresh process tree, measured from outside: wall time; CPU time of all its
-processes (MB/s per core = JSON MB / CPU seconds); the peak resident memory of its largest
-process and the largest sum over its processes at one time (sampled every 20 ms with psutil,
-plus each process's own peak as the kernel reports it when waited). HTA
+Every run is a fresh process tree under a child subreaper that reaps all of it: wall time;
+CPU time of all its processes, workers and graphviz included (MB/s per core = JSON MB / CPU
+seconds, which a loaded machine changes less than wall time); the peak resident memory of its
+largest process (the kernel's, when reaped) and the largest sum over its processes at one
+time (sampled every 20 ms with psutil). HTA
 (``pip install holistictraceanalysis==0.5.0``, an optional benchmark dependency:
 ``pip install 'paratrace[bench]'``) runs where it is importable by ``--hta-python`` (default:
 this interpreter): TraceAnalysis on the file's directory, then its temporal breakdown,
@@ -66,36 +67,56 @@ print(json.dumps(out))
 """
 
 
+# Runs a command as a child subreaper, so every process it starts is reaped here, orphans too
+# (a forkserver's workers): RUSAGE_CHILDREN then holds the CPU time of them all and the peak
+# resident memory of the largest.
+_REAPER = """
+import ctypes, json, os, resource, subprocess, sys
+ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)          # PR_SET_CHILD_SUBREAPER
+code = subprocess.call(sys.argv[1:])
+while True:
+    try:
+        os.wait()
+    except ChildProcessError:
+        break
+u = resource.getrusage(resource.RUSAGE_CHILDREN)
+print(json.dumps({"code": code, "cpu": u.ru_utime + u.ru_stime, "peak": u.ru_maxrss * 1024}),
+      file=sys.stderr)
+"""
+
+
 def measure(cmd: list, env: dict = None) -> dict:
-    """Run ``cmd`` (a fresh process tree); its wall and CPU seconds, peak memory, output."""
+    """Run ``cmd`` (a fresh process tree); its wall and CPU seconds (every process of it),
+    the peak of its largest process, the largest sum over its processes at one time, its
+    output."""
     import psutil
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env, cwd=REPO, start_new_session=True)
+    proc = subprocess.Popen([sys.executable, "-c", _REAPER, *cmd], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, cwd=REPO,
+                            start_new_session=True)
     root = psutil.Process(proc.pid)
-    peak, together, cpu = {}, 0, {}
+    together = 0
     while proc.poll() is None:
+        total = 0
         try:
-            tree = [root] + root.children(recursive=True)
+            tree = root.children(recursive=True)
         except psutil.Error:
             tree = []
-        total = 0
         for p in tree:
             try:
-                rss, times = p.memory_info().rss, p.cpu_times()
+                total += p.memory_info().rss
             except psutil.Error:
                 continue
-            peak[p.pid] = max(peak.get(p.pid, 0), rss)
-            cpu[p.pid] = times.user + times.system + times.children_user + \
-                times.children_system
-            total += rss
         together = max(together, total)
         time.sleep(0.02)
     out, err = proc.communicate()
     wall = time.perf_counter() - start
-    return {"code": proc.returncode, "wall": wall, "cpu": sum(cpu.values()),
-            "peak": max(peak.values(), default=0), "together": together, "out": out,
-            "err": err}
+    lines = err.rstrip().splitlines()
+    usage = json.loads(lines[-1]) if lines and lines[-1].startswith("{") else \
+        {"code": proc.returncode, "cpu": 0.0, "peak": 0}
+    return {"code": usage["code"], "wall": wall, "cpu": usage["cpu"], "peak": usage["peak"],
+            "together": max(together, usage["peak"]), "out": out,
+            "err": "\n".join(lines[:-1])}
 
 
 # the analysis alone, as HTA's is: import, every analysis, summary.json (no HTML report)
