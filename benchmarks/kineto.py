@@ -60,10 +60,11 @@ for name, call in (("temporal", lambda: a.get_temporal_breakdown(visualize=False
                    ("kernels", lambda: a.get_gpu_kernel_breakdown(visualize=False)[0])):
     try:
         frame = call()
-        out["_" + name] = json.loads(frame.to_json(orient="records"))
+        out["_" + name] = [{k: ("NaN" if isinstance(v, float) and v != v else v)
+                            for k, v in row.items()} for row in frame.to_dict("records")]
     except Exception as exc:
         out["_" + name] = f"{type(exc).__name__}: {str(exc)[:120]}"
-print(json.dumps(out))
+print(json.dumps(out, default=lambda v: v.item() if hasattr(v, "item") else str(v)))
 """
 
 

@@ -253,3 +253,20 @@ def test_op_counts_by_name_come_from_the_export(gloo):
     _, summary, events = gloo
     names = Counter(e["name"] for e in events[1] if e.get("cat") == "cpu_op")
     assert names["c10d::recv_"] == 2 == summary["ranks"]["1"]["op_counts"]["c10d.recv_"]
+
+
+def test_worker_processes_and_dask_import_what_one_process_imports(tmp_path):
+    """Each export is a task on the engine: worker processes (--jobs) and a Dask cluster (a
+    real local one, its workers seeing the same files) give the same summary."""
+    from dask.distributed import LocalCluster
+
+    def summary(out: Path, engine: Engine) -> dict:
+        with engine:
+            import_exports(str(out), [str(GLOO)], engine)
+            return build_summary(analyse(open_run(str(out)), engine))
+    one = summary(tmp_path / "one", Engine(jobs=1))
+    assert summary(tmp_path / "two", Engine(jobs=2)) == one
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                      dashboard_address=None) as cluster:
+        assert summary(tmp_path / "dask", Engine(dask=cluster.scheduler_address)) == one
+    assert sorted(os.listdir(tmp_path / "dask" / "traces")) == ["rank-0.arrow", "rank-1.arrow"]

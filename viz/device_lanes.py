@@ -25,14 +25,16 @@ import numpy as np
 
 from .device import SETUP, DeviceTime
 from .intervals import intervals, union
-from .lanes import DeviceLane, Pass, RankLanes
+from .lanes import DeviceLane, Pass, RankLanes, counted_steps
 from .timeline import RankRows
 
 DRAWN_ACTIVITIES = 100_000      # per rank: GPU activities kept for the Chrome trace
 
 
-def on_device(lanes: RankLanes, rows: RankRows, dev: DeviceTime) -> RankLanes:
-    """The lanes of ``rows``' rank in device time (see the module docstring)."""
+def on_device(lanes: RankLanes, rows: RankRows, dev: DeviceTime,
+              budget: int = DRAWN_ACTIVITIES) -> RankLanes:
+    """The lanes of ``rows``' rank in device time (see the module docstring); ``budget``:
+    GPU activities kept for drawing (whole steps, counted ones first)."""
     offset = rows.trace.clock_offset
     start = dev.start + offset(dev.start)
     end = dev.end + offset(dev.end)
@@ -49,7 +51,7 @@ def on_device(lanes: RankLanes, rows: RankRows, dev: DeviceTime) -> RankLanes:
     step_of = np.where(attributed, rows.step[at] if len(rows.t0) else 0, 0)
     step_of = np.where(dev.row == SETUP, 0, step_of)
     steps = _step_windows(lanes.steps, step_of, start, end)
-    keep = _drawn(len(start))
+    keep = _drawn(step_of, counted_steps(lanes), min(budget, DRAWN_ACTIVITIES))
     return dataclasses.replace(
         lanes, clock="device", host_compute=lanes.compute,
         compute=union(intervals(start[~is_comm & ~is_memory], end[~is_comm & ~is_memory])),
@@ -121,7 +123,21 @@ def _passes(passes: list, rows: RankRows, row: np.ndarray, start: np.ndarray,
     return sorted(out, key=lambda p: p.start)
 
 
-def _drawn(n: int) -> np.ndarray:
-    keep = np.zeros(n, bool)
-    keep[:DRAWN_ACTIVITIES] = True
-    return keep
+def _drawn(step_of: np.ndarray, counted: list, budget: int) -> np.ndarray:
+    """Which activities to keep for drawing: whole steps, the counted ones first, while they
+    fit in ``budget``; the first step's first ``budget`` when not even it fits. A run of many
+    ranks shares one budget (viz.analysis), so the report process holds a bounded number."""
+    if len(step_of) <= budget:
+        return np.ones(len(step_of), bool)
+    steps, counts = np.unique(step_of, return_counts=True)
+    size = dict(zip(steps.tolist(), counts.tolist()))
+    order = [s for s in counted if s in size] + [s for s in size if s not in counted]
+    keep, left = [], budget
+    for s in order:
+        if size[s] <= left:
+            keep.append(s)
+            left -= size[s]
+    drawn = np.isin(step_of, keep)
+    if not keep:
+        drawn[np.nonzero(step_of == order[0])[0][:budget]] = True
+    return drawn

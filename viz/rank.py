@@ -139,7 +139,7 @@ def analyse_rank(trace: Trace, rank: int, send_ends: dict, op_budget: int = DRAW
     # NOTE: on the device a send ends with its NCCL kernel: no receive completion to borrow
     lanes = rank_lanes(rows, send_ends if dev is None else {}, op_budget)
     if dev is not None:
-        lanes = on_device(lanes, rows, dev)
+        lanes = on_device(lanes, rows, dev, op_budget)
     caps = {} if dev is not None else send_caps(lanes)
     durations = dev.row_ns if dev is not None else host_durations(trace, caps)
     counted = tuple(counted_steps(lanes))
