@@ -7,8 +7,10 @@
 Constructed: a data-parallel NCCL job (benchmarks/kineto_exports.py), generated into a
 temporary directory, analysed by ``trace-report OUT --kineto DIR`` (every analysis, summary.json
 and the whole report; worker processes as trace-report chooses, ``--jobs`` to set them). Public:
-each export on its own, ``--jobs 1``; its ``device.whole`` beside the independent computation
-of tests/kineto_oracle.py and HTA's numbers on the same file.
+each export on its own, ``--jobs 1``, the analysis alone (what HTA does: import, every
+analysis, summary.json) and, once, the whole trace-report with its pages; the median of
+``--rounds`` runs by CPU time; its ``device.whole`` beside the independent computation of
+tests/kineto_oracle.py and HTA's numbers on the same file.
 
 Every run is a fresh process tree under a child subreaper that reaps all of it: wall time;
 CPU time of all its processes, workers and graphviz included (MB/s per core = JSON MB / CPU
@@ -51,9 +53,9 @@ for rank in a.t.get_ranks():
     t = a.t.get_trace(rank)
     cats = a.t.symbol_table.get_sym_table()
     names = t["cat"].map(lambda c: cats[c] if 0 <= c < len(cats) else "")
-    out[str(rank)] = {"kernels": int((names == "kernel").sum()),
-                      "memcpys": int((names == "gpu_memcpy").sum()),
-                      "memsets": int((names == "gpu_memset").sum()),
+    out[str(rank)] = {"kernels": int(names.isin(["kernel", "Kernel"]).sum()),
+                      "memcpys": int(names.isin(["gpu_memcpy", "Memcpy"]).sum()),
+                      "memsets": int(names.isin(["gpu_memset", "Memset"]).sum()),
                       "negative_durations": int((t["dur"] < 0).sum())}
 for name, call in (("temporal", lambda: a.get_temporal_breakdown(visualize=False)),
                    ("overlap", lambda: a.get_comm_comp_overlap(visualize=False)),
@@ -237,16 +239,23 @@ def public(args) -> int:
     tmp = tempfile.mkdtemp(prefix="paratrace-public-", dir=args.tmp)
     try:
         for path in files:
-            rows.append(_one_public(path, tmp, run_hta, args.hta_python))
+            rows.append(_one_public(path, tmp, run_hta, args.hta_python, args.rounds))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(json.dumps(rows, indent=1) if args.json else "")
     for row in rows:
         print(_public_text(row))
+    print()
+    print(markdown(rows))
     return 0
 
 
-def _one_public(path: str, tmp: str, run_hta: bool, python: str) -> dict:
+def _median(runs: list) -> dict:
+    """The run of median CPU time (its wall time, memory, output kept together)."""
+    return sorted(runs, key=lambda r: r["cpu"])[len(runs) // 2]
+
+
+def _one_public(path: str, tmp: str, run_hta: bool, python: str, rounds: int) -> dict:
     name = os.path.basename(path)
     mb = json_bytes(path) / 1e6
     row = {"export": name, "json_mb": round(mb, 2)}
@@ -255,11 +264,13 @@ def _one_public(path: str, tmp: str, run_hta: bool, python: str) -> dict:
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         expected = {"error": f"{type(exc).__name__}"}
     row["oracle"] = expected
-    a = paratrace([f"0={path}"], os.path.join(tmp, "a", name), "1", report=False)
+    a = _median([paratrace([f"0={path}"], os.path.join(tmp, "a", name), "1", report=False)
+                 for _ in range(rounds)])
     r = paratrace([f"0={path}"], os.path.join(tmp, "p", name), "1")
     ranks = [v for v in (r["summary"] or {}).get("ranks", {}).values() if v["status"] == "ok"]
-    row["paratrace"] = {"wall_s": round(a["wall"], 2), "peak_mib": round(a["peak"] / 2**20),
-                        "report_wall_s": round(r["wall"], 2),
+    row["paratrace"] = {"wall_s": round(a["wall"], 2), "cpu_s": round(a["cpu"], 2),
+                        "peak_mib": round(a["peak"] / 2**20),
+                        "report_wall_s": round(r["wall"], 2), "report_cpu_s": round(r["cpu"], 2),
                         "report_peak_mib": round(r["peak"] / 2**20),
                         "exit": r["code"], "error": r["err"].strip()[-200:] if r["code"] == 2
                         else None,
@@ -269,9 +280,10 @@ def _one_public(path: str, tmp: str, run_hta: bool, python: str) -> dict:
         os.makedirs(d)
         os.link(path, os.path.join(d, name)) if os.stat(path).st_dev == os.stat(d).st_dev \
             else shutil.copy(path, d)
-        h = hta(d, python)
-        row["hta"] = {"wall_s": round(h["wall"], 2), "peak_mib": round(h["peak"] / 2**20),
-                      "exit": h["code"], "numbers": h["numbers"]}
+        h = _median([hta(d, python) for _ in range(rounds)])
+        row["hta"] = {"wall_s": round(h["wall"], 2), "cpu_s": round(h["cpu"], 2),
+                      "peak_mib": round(h["peak"] / 2**20), "exit": h["code"],
+                      "numbers": h["numbers"]}
     return row
 
 
@@ -281,16 +293,54 @@ def _public_text(row: dict) -> str:
     same = "no GPU activity" if whole is None and not o.get("kernels") else \
         "equal" if whole and all(_close(whole[k], o[k]) for k in WHOLE) else "DIFFERENT"
     text = (f"{row['export'][:44]:44s} {row['json_mb']:6.2f} MB  paratrace {p['wall_s']:5.2f} s "
-            f"{p['peak_mib']:4d} MiB (with report {p['report_wall_s']:5.2f} s "
-            f"{p['report_peak_mib']:4d} MiB) exit {p['exit']}  whole vs oracle: {same}")
+            f"(cpu {p['cpu_s']:5.2f}) {p['peak_mib']:4d} MiB; with report {p['report_wall_s']:5.2f}"
+            f" s {p['report_peak_mib']:4d} MiB; exit {p['exit']}  whole vs oracle: {same}")
     if "hta" in row:
         h = row["hta"]
         numbers = h["numbers"]
         failed = [k.strip("_") + ": " + v for k, v in numbers.items()
                   if isinstance(v, str)] if "error" not in numbers else [numbers["error"]]
-        text += f"  | HTA {h['wall_s']:5.2f} s {h['peak_mib']:4d} MiB " + (
+        text += f"  | HTA {h['wall_s']:5.2f} s (cpu {h['cpu_s']:5.2f}) {h['peak_mib']:4d} MiB " + (
             "ok" if not failed and h["exit"] == 0 else "FAILED " + "; ".join(failed)[:160])
     return text
+
+
+def markdown(rows: list) -> str:
+    """The side-by-side table of docs/kineto.md: the independent computation (= paratrace's
+    device.whole, or the difference), HTA's numbers, the analysis time of each (CPU s)."""
+    out = ["| export | JSON MB | kernels / memcpys / memsets | busy ms | compute ms | comm ms "
+           "| memory ms | overlap | paratrace s | HTA s |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        o, p, h = row["oracle"], row["paratrace"], (row.get("hta") or {}).get("numbers") or {}
+        if not o.get("kernels") and not o.get("memcpys") and not o.get("memsets"):
+            continue
+        whole = p["whole"] or {}
+        same = all(_close(whole.get(k), o[k]) for k in WHOLE)
+        rank = next((v for k, v in h.items() if not k.startswith("_") and k != "error"), {})
+        temporal = (h.get("_temporal") or [{}])[0] if isinstance(h.get("_temporal"), list) \
+            else {}
+        kinds = {r["kernel_type"]: r["sum"] for r in h.get("_kernels") or []
+                 if isinstance(h.get("_kernels"), list)}
+        overlap = (h.get("_overlap") or [{}])[0] if isinstance(h.get("_overlap"), list) else {}
+        ms = lambda key: f"{o[key] * 1e3:.3f}"                       # noqa: E731
+        hta_busy = (temporal.get("compute_time(us)", 0) + temporal.get("non_compute_time(us)",
+                                                                          0)) / 1e3
+        out.append(
+            f"| {row['export'][:40]} | {row['json_mb']} | {o['kernels']} / {o['memcpys']} / "
+            f"{o['memsets']}; HTA {rank.get('kernels', '-')} / {rank.get('memcpys', '-')} / "
+            f"{rank.get('memsets', '-')} | {ms('busy_s')}; HTA {hta_busy:.3f} | "
+            f"{ms('compute_s')}; HTA {kinds.get('COMPUTATION', 0) / 1e3:.3f} | {ms('comm_s')}; "
+            f"HTA {kinds.get('COMMUNICATION', 0) / 1e3:.3f} | {ms('memory_s')}; HTA "
+            f"{kinds.get('MEMORY', 0) / 1e3:.3f} | "
+            f"{_pct(o['overlap_fraction'])}; HTA {overlap.get('comp_comm_overlap_pctg', '-')} | "
+            f"{p['cpu_s']:.2f}{'' if same else ' (DIFFERENT)'} | "
+            f"{(row.get('hta') or {}).get('cpu_s', '-')} |")
+    return "\n".join(out)
+
+
+def _pct(x) -> str:
+    return "null" if x is None else f"{100 * x:.1f}%"
 
 
 def _close(a, b) -> bool:
@@ -306,6 +356,8 @@ def main(argv=None) -> int:
     parser.add_argument("--jobs", default=None, help="trace-report --jobs (default: its own)")
     parser.add_argument("--public", metavar="DIR", help="benchmark every export in DIR instead")
     parser.add_argument("--json", action="store_true", help="--public: print the rows as JSON")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="--public: runs of each tool on each export (the median is kept)")
     parser.add_argument("--hta-python", default=sys.executable,
                         help="a Python with holistictraceanalysis installed")
     parser.add_argument("--hta-ranks", type=int, default=2,

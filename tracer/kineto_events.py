@@ -104,6 +104,7 @@ class HostEvents:
     start: array = field(default_factory=lambda: array("q"))
     dur: array = field(default_factory=lambda: array("q"))
     shapes: array = field(default_factory=lambda: array("i"))
+    grad: array = field(default_factory=lambda: array("b"))   # ran through autograd
     names: Interner = field(default_factory=Interner)
     shape_texts: Interner = field(default_factory=Interner)
     comm: dict = field(default_factory=dict)
@@ -283,8 +284,9 @@ def _host_taker(out: HostEvents):
     made only for ops that may be a trace row: an op that starts strictly inside another op
     of its thread never is (tracer.kineto_host keeps the outermost), and torch writes each
     thread's ops in start order, so the op enclosing it came first."""
-    cat_, name_, tid_, start_, dur_, shapes_ = (
-        getattr(out, k).append for k in ("cat", "name", "tid", "start", "dur", "shapes"))
+    cat_, name_, tid_, start_, dur_, shapes_, grad_ = (
+        getattr(out, k).append for k in ("cat", "name", "tid", "start", "dur", "shapes",
+                                         "grad"))
     codes, intern, shape_code, comm = out.names.codes, out.names, out.shape_texts, out.comm
     is_comm: list = []          # per name code: whether its arguments are a collective's
     is_op: list = []            # per name code: whether it names an op (ns::name)
@@ -318,6 +320,9 @@ def _host_taker(out: HostEvents):
                     text = shapes_text(args)
                     shapes = -1 if text is None else shape_code(text)
         shapes_(shapes)
+        # torch records the autograd sequence number of an op that went through autograd
+        # with grad mode on
+        grad_("Sequence number" in args)
         if is_comm[code]:
             comm[len(out.cat) - 1] = {k: args[k] for k in COMM_ARGS if k in args}
     return keep

@@ -16,7 +16,8 @@ the current one, and writes:
 - its **phase**: an enclosing range naming one (``Optimizer.step#...`` -> optimizer, as the
   recorder reads labels); backward inside the autograd engine's
   ``autograd::engine::evaluate_function`` (collectives there, DDP's, grad_sync); forward in a
-  module or when it created an autograd node (a ``fwdbwd`` flow starts at it); else other.
+  module, or when it ran with grad mode on (a ``fwdbwd`` flow starts at it, or it carries an
+  autograd ``Sequence number``), as the recorder decides; else other.
   Backward ops take the stack and module of the forward op that made their node (the flow);
 - its **step** from ``ProfilerStep#N`` (step N), every step kept;
 - an annotation row for each other ``user_annotation`` (record_function) range, and a step
@@ -232,7 +233,7 @@ def phases(rows: Walked, host: HostEvents, roles: np.ndarray, ann_labels: list,
                 phase = PHASE_GRAD_SYNC
         elif labelled is not None:
             phase = labelled
-        elif rows.module[r] >= 0 or r in created:
+        elif rows.module[r] >= 0 or r in created or host.grad[e]:
             phase = PHASE_FORWARD
         else:
             phase = PHASE_OTHER
