@@ -223,8 +223,7 @@ def _columns(rows, host, roles, base, links, comm, phase, steps, ann_chains) -> 
             op_names.append(name)
         return op_code[name]
     op = np.array([code(ops.OP_ANNOTATION if roles[e] == ANN else
-                        names[host.name[e]].replace("::", ".", 1)) for e in rows.event],
-                  dtype=np.int64)
+                        op_name(names[host.name[e]])) for e in rows.event], dtype=np.int64)
     stack = np.array(rows.stack, dtype=np.int64)
     module = np.array(rows.module, dtype=np.int64)
     fwd_stack = np.full(len(events), -1, dtype=np.int64)
@@ -247,6 +246,17 @@ def _columns(rows, host, roles, base, links, comm, phase, steps, ann_chains) -> 
     cols = {k: v[order] for k, v in cols.items()}
     dictionaries["_threads"] = {str(v): int(k) for k, v in threads.items()}
     return cols, dictionaries
+
+
+# ops whose overload the analyses name (a functional collective's wait blocks the host: it is
+# no compute); an export names no overload, and the others keep none
+_OVERLOADS = {"_c10d_functional::wait_tensor": "_c10d_functional.wait_tensor.default",
+              "c10d_functional::wait_tensor": "c10d_functional.wait_tensor.default"}
+
+
+def op_name(kineto: str) -> str:
+    """``aten::mm`` -> ``aten.mm``: the trace's op name of an export's op."""
+    return _OVERLOADS.get(kineto) or kineto.replace("::", ".", 1)
 
 
 def _threads(host, events: np.ndarray) -> dict:
