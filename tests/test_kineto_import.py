@@ -30,7 +30,7 @@ HTA = ASSETS / "kineto-hta"
 GLOO = ASSETS / "kineto-cpu-gloo"
 GPU_EXPORTS = ["nccl_data.json.gz", "sampled_rank-0.json.gz", "sampled_rank-1.json.gz",
                "ns_resolution_rank-0.json.gz", "legacy_inference_rank_1.json.gz",
-               "rocm_mi250.json.gz"]
+               "rocm_mi250.json.gz", "alexnet_cuda_sync.json.gz"]
 
 
 def imported(out: Path, *entries) -> tuple:
@@ -70,6 +70,20 @@ def test_device_whole_equals_the_independent_computation(alone, name):
     else:
         assert whole["overlap_fraction"] == pytest.approx(expected["overlap_fraction"],
                                                           rel=1e-3)
+
+
+def test_cuda_sync_is_no_gpu_time(alone):
+    """HTA counts cuda_sync events as GPU time; they are the host waiting for the GPU."""
+    events = events_of(HTA / "alexnet_cuda_sync.json.gz")
+    syncs = [e for e in events if e.get("cat") == "cuda_sync"]
+    gpu = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    assert len(syncs) == 41
+    device = alone["alexnet_cuda_sync.json.gz"][1]["device"]
+    assert device["activities"] == len(gpu) == 98
+    last = max(e["ts"] + e["dur"] for e in gpu)
+    assert any(e["ts"] + e["dur"] > last for e in syncs)     # a sync reaching past the GPU work
+    first = min(e["ts"] for e in gpu)
+    assert device["whole"]["span_s"] == pytest.approx((last - first) / 1e6, abs=1e-9)
 
 
 def test_no_step_is_dropped(alone):

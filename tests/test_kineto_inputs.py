@@ -16,7 +16,8 @@ from tracer.kineto import KinetoError, load_chrome_trace
 from tracer.kineto_stream import CHUNK, ExportStream
 from viz.cli import report_main
 
-FIXTURE = Path(__file__).resolve().parent / "assets" / "gpu-h100"
+ASSETS = Path(__file__).resolve().parent / "assets"
+FIXTURE = ASSETS / "gpu-h100"
 BASE = 1_700_000_000_000_000_000
 
 
@@ -130,6 +131,18 @@ def test_a_truncated_export_keeps_what_came_before(tmp_path):
     assert summary["ranks"]["0"]["warnings"] == [
         f"{path}: the file ends inside traceEvents, after 7 events; its other 7 events are "
         "used"]
+
+
+def test_a_cut_gz_keeps_what_came_before(tmp_path):
+    """A real export's .gz cut in the middle (a copy that did not finish)."""
+    from tracer.kineto_events import collect
+    whole = (ASSETS / "kineto-hta" / "sampled_rank-0.json.gz").read_bytes()
+    cut = tmp_path / "cut.json.gz"
+    cut.write_bytes(whole[:len(whole) // 2])
+    events = collect(ExportStream(str(cut)))
+    assert events.problem.startswith("the compressed file is cut short or corrupt")
+    full = collect(ExportStream(str(ASSETS / "kineto-hta" / "sampled_rank-0.json.gz")))
+    assert 0 < events.items < full.items and full.problem is None
 
 
 def test_the_size_limit_is_checked_while_reading(tmp_path):

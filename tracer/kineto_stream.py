@@ -21,7 +21,6 @@ can be used. JSON never runs code, so an export from someone else is safe to rea
 from __future__ import annotations
 
 import codecs
-import gzip
 import json
 import os
 import re
@@ -102,8 +101,7 @@ class ExportStream:
     # ------------------------------------------------------------------ file
     def _open(self) -> None:
         try:
-            self._fh = gzip.open(self.path, "rb") if self.path.endswith(".gz") \
-                else open(self.path, "rb")
+            self._fh = _Gunzip(self.path) if self.path.endswith(".gz") else open(self.path, "rb")
         except FileNotFoundError:
             raise KinetoError(f"{self.path}: no such file") from None
         except IsADirectoryError:
@@ -266,6 +264,45 @@ class ExportStream:
             item = self._value()
             self.items += 1
             yield item
+
+
+class _Gunzip:
+    """A .gz file read a chunk at a time, giving every byte it can decompress: a file cut short
+    yields all it holds, then EOFError (gzip.GzipFile drops the last chunk's bytes with it)."""
+
+    def __init__(self, path: str):
+        self._raw = open(path, "rb")
+        self._z = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        self._fed = False            # the current member has had input
+        self._cut = False            # the file ended inside a member: EOFError next
+        self._end = False
+
+    def read(self, n: int) -> bytes:
+        if self._cut:
+            raise EOFError("the file ends before its compressed stream does")
+        out, size = [], 0
+        while size < n and not self._end:
+            data = self._z.unconsumed_tail or self._raw.read(1 << 16)
+            if not data:
+                self._end = True
+                self._cut = self._fed             # ended inside a member
+                break
+            self._fed = True
+            piece = self._z.decompress(data, n - size)
+            out.append(piece)
+            size += len(piece)
+            if self._z.eof:                       # a member ended: another may follow
+                rest = self._z.unused_data
+                self._z = zlib.decompressobj(16 + zlib.MAX_WBITS)
+                self._fed = False
+                if rest:
+                    self._raw.seek(-len(rest), 1)
+        if not out and self._cut:
+            raise EOFError("the file ends before its compressed stream does")
+        return b"".join(out)
+
+    def close(self) -> None:
+        self._raw.close()
 
 
 class _Stopped(Exception):
