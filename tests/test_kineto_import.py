@@ -138,6 +138,10 @@ def test_compact_json_gives_the_right_rank(tmp_path, alone):
     assert [r for r, v in summary["ranks"].items() if v["status"] == "ok"] == ["0", "1"]
     assert summary["ranks"]["1"]["device"]["whole"] == \
         alone["sampled_rank-1.json.gz"][1]["device"]["whole"]
+    # their collectives name no process group (no pg_config, no group arguments): never
+    # compared across ranks, so no false mismatch between collectives of different groups
+    assert summary["ranks"]["0"]["comm"] and summary["cross_rank"]["matched"] == 0
+    assert summary["cross_rank"]["unmatched"] == 0 and not summary["cross_rank"]["mismatches"]
 
 
 def test_both_nccl_kernel_names_are_communication(tmp_path, alone):
@@ -225,6 +229,7 @@ def test_collectives_match_across_ranks_like_a_recording(gloo):
     cross = summary["cross_rank"]
     assert collectives == 6
     assert cross["matched"] == collectives and cross["unmatched"] == 0
+    assert cross["unmatched_p2p"] == 0            # rank 0's sends met rank 1's receives
     assert {c["kind"] for c in cross["collectives"]} == {"all_reduce", "broadcast",
                                                          "all_gather"}
 

@@ -290,7 +290,9 @@ def _comm_columns(cols: dict, dictionaries: dict, comm: dict, n: int) -> None:
         if seq is None:
             seq = counters.get(counter, 0)
         counters[counter] = seq + 1
-        out["seq"][r], out["cid"][r] = seq, cid
+        # a collective of a group the export does not name is never matched across ranks:
+        # counted in one '?' group, collectives of different groups would meet
+        out["seq"][r], out["cid"][r] = (-1 if c["group"] == "?" else seq), cid
         out["peer"][r] = c["peer"] if c["peer"] is not None else -1
         if c["elements"] is not None and c["size"]:
             out["bytes"][r] = c["elements"] * c["size"]
@@ -324,7 +326,7 @@ def _meta(path, rank, world, info, rows, events, activities, missing) -> dict:
     absolute = start >= 10 ** 17
     meta = {"format_version": FORMAT_VERSION, "rank": rank if rank is not None else 0,
             "world_size": world, "backend": info.get("backend"), "start_ns": start,
-            "end_ns": end, "status": "ok", "host": events.top.get("host_name"),
+            "end_ns": end, "status": "ok", "host": str(events.top.get("host_name") or ""),
             "argv": [], "options": {"device_time": bool(activities)},
             "clock_pairs": [{"perf_ns": 0, "unix_ns": 0}], "threads": rows["threads"],
             "imported": {"from": "torch.profiler", "export": os.path.abspath(path),

@@ -222,8 +222,11 @@ def problems(analysis: RunAnalysis) -> list:
         elif status == "missing":
             out.append(dict(level="missing", title=f"rank {rank}: no trace "
                             f"({analysis.unreadable[rank]})", details=[]))
+    imported = analysis.ranks and all("imported" in m.meta for m in analysis.ranks.values())
     for ranks in analysis.absent_runs():
-        out.append(dict(level="missing", title=f"{ranks}: no trace (no trace file)", details=[]))
+        out.append(dict(level="missing", title=f"{ranks}: no trace (" + (
+            "no torch.profiler export given" if imported else "no trace file") + ")",
+            details=[]))
     for rank, mine in sorted(analysis.ranks.items()):
         for warning in mine.warnings:
             out.append(dict(level="warning", title=f"rank {rank}: {warning}", details=[]))

@@ -97,8 +97,10 @@ def _axis(c: _Canvas, y0: float, y1: float) -> None:
 
 
 def _metrics_text(m) -> list:
+    memory = getattr(m, "memory_s", 0.0)
     lines = [f"compute {_fmt_s(m.compute_s)}, comm {_fmt_s(m.comm_s)} "
-             f"(exposed {_fmt_s(m.exposed_comm_s)})",
+             f"(exposed {_fmt_s(m.exposed_comm_s)})"
+             + (f", memcpy/memset {_fmt_s(memory)}" if memory else ""),
              f"idle {_fmt_s(m.idle_s)}, overlap {_pct(m.overlap_fraction)}, "
              f"no-compute {_pct(m.bubble_fraction)} of {_fmt_s(m.wall_s)}"]
     if m.pipeline is not None:
