@@ -242,3 +242,38 @@ def test_a_file_that_is_no_export_is_left_out_and_the_rest_analysed(tmp_path, ca
     assert report_main([str(tmp_path / "none"), "--kineto", str(empty)]) == 2
     assert capsys.readouterr().err == f"trace-report: error: --kineto {empty}: no torch." \
                                       "profiler exports (*.json, *.json.gz) in it\n"
+
+
+def test_hostile_host_events_are_read_past_alone(tmp_path, capsys):
+    """An export analysed on its own whose host events carry what no profiler writes: still a
+    report, one line, nothing invented."""
+    data = export(distributedInfo={"rank": 0, "world_size": 10 ** 7,
+                                   "pg_config": [{"pg_name": "0", "ranks": "junk"}]})
+    events = data["traceEvents"]
+    events[1]["args"] = {"Input Dims": [[10 ** 30, -1], 5], "Input type": [7, None]}
+    events[1]["tid"] = "main"
+    events[2]["tid"] = "main"
+    events[4]["name"] = 12345
+    events += [
+        {"ph": "X", "cat": "cpu_op", "name": "c10d::send", "pid": 1, "tid": 1, "ts": 500.0,
+         "dur": 5.0, "args": {"Concrete Inputs": ["", "", str(10 ** 40), "0"],
+                              "Input Dims": [[[10 ** 20]]], "Input type": ["TensorList"]}},
+        {"ph": "X", "cat": "cpu_op", "name": "record_param_comms", "pid": 1, "tid": 1,
+         "ts": 501.0, "dur": 1.0, "args": {"Collective name": "send", "In msg nelems": 10 ** 30,
+                                           "dtype": "Float", "Process Group Ranks": "[0, x]",
+                                           "Seq": 10 ** 40}},
+        {"ph": "f", "cat": "fwdbwd", "id": 10 ** 30, "pid": 1, "tid": 1, "ts": 1.0},
+        {"ph": "X", "cat": "python_function", "name": "no frame here", "pid": 1, "tid": 1,
+         "ts": 0.0, "dur": 999.0}]
+    path = write(tmp_path / "k.json", data)
+    code = report_main([str(tmp_path / "run"), "--kineto", str(path), "--jobs", "1"])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert err == (f"trace-report: {path}: distributedInfo.world_size is 10000000, not a world "
+                   "of rank 0 (at most 1,048,576): ignored; its other 14 events are used\n")
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["world_size"] == 1
+    (send,) = summary["ranks"]["0"]["comm"]
+    assert (send["kind"], send["bytes"]) == ("send", 0)     # 10^30 floats: no byte count
+    # the op named 12345 is no op; the one on thread "main" is
+    assert summary["ranks"]["0"]["op_counts"] == {"aten.mm": 2, "c10d.send": 1}

@@ -32,6 +32,7 @@ from .kineto_stream import ExportStream
 
 _STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
 _STDLIB = frozenset(getattr(sys, "stdlib_module_names", ()))
+MAX_WORLD = 1 << 20
 
 
 @dataclass
@@ -70,6 +71,10 @@ def import_export(path: str, out_dir: str, name: str, rank: Optional[int] = None
     info = events.top.get("distributedInfo")
     info = info if isinstance(info, dict) else {}
     world = info.get("world_size") if type(info.get("world_size")) is int else None
+    if world is not None and not (rank or 0) < world <= MAX_WORLD:
+        notes.append(f"distributedInfo.world_size is {world}, not a world of rank "
+                     f"{rank or 0} (at most {MAX_WORLD:,}): ignored")
+        world = None
     line = damage_line(events, notes)
     meta = _meta(path, rank, world, info, rows, events, activities, missing)
     meta["imported"]["damage"] = [line] if line else []
@@ -293,9 +298,11 @@ def _comm_columns(cols: dict, dictionaries: dict, comm: dict, n: int) -> None:
         # a collective of a group the export does not name is never matched across ranks:
         # counted in one '?' group, collectives of different groups would meet
         out["seq"][r], out["cid"][r] = (-1 if c["group"] == "?" else seq), cid
-        out["peer"][r] = c["peer"] if c["peer"] is not None else -1
-        if c["elements"] is not None and c["size"]:
-            out["bytes"][r] = c["elements"] * c["size"]
+        peer = c["peer"]
+        out["peer"][r] = peer if peer is not None and 0 <= peer < 1 << 31 else -1
+        nbytes = c["elements"] * c["size"] if c["elements"] is not None else 0
+        if 0 < nbytes < 1 << 62:
+            out["bytes"][r] = nbytes
         out["t_ret"][r] = cols["t1"][r]
     cols.update(out)
     dictionaries.update(lists)
