@@ -239,7 +239,9 @@ def test_an_export_without_base_time_merges_the_same(merged, fixture_run, tmp_pa
     old.write_text(text)
     assert json.loads(text)["traceEvents"][0]["ts"] > 1e15
     assert '"baseTimeNanoseconds"' not in old.read_text()
-    analysis = analyse(open_run(str(fixture_run)), kineto={0: (str(old),)})
-    rank = build_summary(analysis)["ranks"]["0"]
+    from viz.cli import report_main
+    assert report_main([str(fixture_run), "--out", str(tmp_path / "out"), "--kineto", str(old),
+                        "--jobs", "1"]) == 0
+    rank = json.loads((tmp_path / "out" / "summary.json").read_text())["ranks"]["0"]
     assert rank["device"] == merged[1]["device"]
     assert rank["time"]["per_step"] == merged[1]["time"]["per_step"]
