@@ -41,6 +41,12 @@ setup(
     # pinned: versions whose requirements torch 2.13.0 already meets (pip pulls no other torch)
     extras_require={"dask": ["dask[distributed]>=2023.1"],
                     "frameworks": FRAMEWORKS,
+                    # benchmarks/kineto.py: Holistic Trace Analysis side by side (with the
+                    # pandas it runs on: 3.x breaks it on large traces), the process-tree
+                    # measurements, and the JSON parsers benchmarks/kineto_parsers.py compares
+                    "bench": ["holistictraceanalysis==0.5.0", "pandas>=2.2,<3", "psutil>=5.9",
+                              "orjson>=3.8,<4", "msgspec>=0.18,<1", "ijson>=3.2,<4",
+                              "pysimdjson>=6,<7"],
                     "test": ["pytest>=7", "pytest-timeout>=2", "dask[distributed]>=2023.1",
                              "duckdb>=1.0", "polars>=1.0", *FRAMEWORKS]},
     entry_points={

@@ -3,6 +3,7 @@ not checked here: timings are benchmarks, never tests). A session lent a GPU run
 benchmarks/overhead.py there with no time to mend it (scripts/gpu_checks.sh)."""
 from __future__ import annotations
 
+import gzip
 import os
 import re
 import subprocess
@@ -65,3 +66,26 @@ def test_trace_write_compares_every_write_option():
         sizes[name] = float(lines[name].split()[-1])      # bytes an event
     # the same rows, compressed or not: compression must shrink them
     assert sizes["zstd, writing thread (paratrace)"] < sizes["uncompressed"] / 4
+
+
+def test_kineto_benchmark_prints_its_lines(tmp_path):
+    """benchmarks/kineto.py on 2 tiny constructed ranks (no HTA), and the parser comparison on
+    a real export: every line docs/kineto.md quotes."""
+    proc = _run("benchmarks/kineto.py", "--ranks", "2", "--mb", "0.5", "--hta-ranks", "0",
+                "--tmp", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert re.search(r"^constructed: 2 ranks x [\d.]+ MB of JSON", proc.stdout, re.M), proc.stdout
+    assert re.search(rf"^paratrace\s+wall\s+{NUMBER} s\s+{NUMBER} MB/s\s+{NUMBER} MB/s per core "
+                     rf"\(cpu {NUMBER} s\)\s+peak\s+\d+ MiB largest process,\s+\d+ MiB together"
+                     r"\s+exit 0$", proc.stdout, re.M), proc.stdout
+    matched = re.search(r"collectives matched across ranks: ([\d,]+), unmatched 0", proc.stdout)
+    assert matched and int(matched.group(1).replace(",", "")) > 0, proc.stdout
+    export = tmp_path / "nccl_data.json"
+    with gzip.open(os.path.join(REPO, "tests/assets/kineto-hta/nccl_data.json.gz")) as src:
+        export.write_bytes(src.read())
+    proc = _run("benchmarks/kineto_parsers.py", str(export), "--rounds", "1")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for name in ("json.load, exact decimals (stdlib)", "raw_decode, sliding buffer (stdlib)",
+                 "paratrace's reader (raw_decode + columns)"):
+        assert re.search(rf"^{re.escape(name)}\s+40,573\s+{NUMBER}\s+{NUMBER}\s+\d+\s+{NUMBER}",
+                         proc.stdout, re.M), (name, proc.stdout)

@@ -298,8 +298,8 @@ def test_read_only_run_directory_says_where_to_write_instead(run, tmp_path):
 
 
 @pytest.mark.parametrize("what, message", [
-    ("garbage", "{path}: not a torch.profiler Chrome trace"),
-    ("a directory", "--kineto {path}: a directory, not a torch.profiler export"),
+    ("garbage", "{path}: not a torch.profiler export"),
+    ("a directory", "--kineto {path}: no torch.profiler exports (*.json, *.json.gz) in it"),
 ])
 def test_a_kineto_argument_that_is_no_export_says_so(run, tmp_path, what, message):
     """On a run of two ranks, before asking which rank an export is."""

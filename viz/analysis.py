@@ -46,6 +46,7 @@ class RunAnalysis:
     count_steps: Optional[frozenset] = None   # counts cover these steps only (trace-diff)
     config: dict = field(default_factory=dict)
     world_note: Optional[str] = None  # why the world is not what run.json says (world_of)
+    left_out: list = field(default_factory=list)  # --kineto files that are no export (lines)
 
     @property
     def missing(self) -> list:
@@ -116,9 +117,12 @@ class RunAnalysis:
 
     def absent_lines(self) -> list:
         """What a user is told about the world: the note on its size (:func:`world_of`), then
-        each run of ranks without a trace file, one line each."""
+        each run of ranks without a trace file (or without an export, for an import)."""
+        imported = self.ranks and all("imported" in r.meta for r in self.ranks.values())
+        where = "no torch.profiler export given (--kineto)" if imported else \
+            f"no trace file in {self.run.traces_dir}"
         return ([self.world_note] if self.world_note else []) + \
-            [f"{ranks}: no trace file in {self.run.traces_dir}" for ranks in self.absent_runs()]
+            [f"{ranks}: {where}" for ranks in self.absent_runs()]
 
     def damage_of(self, rank: int) -> list:
         """:meth:`damage`'s lines about ``rank``."""

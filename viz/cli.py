@@ -27,14 +27,18 @@ def _stderr(prog: str) -> Callable[[str], None]:
 def build(run_dir: str, out_dir: Optional[str] = None, *,
           warn: Optional[Callable[[str], None]] = None, jobs: Optional[int] = None,
           dask: Optional[str] = None, kineto: tuple = (), progress=None,
-          reported: frozenset = frozenset(), sources: bool = True) -> tuple:
+          reported: frozenset = frozenset(), sources: bool = True,
+          kineto_limit: Optional[int] = None) -> tuple:
     """Analyse the run in ``run_dir`` and write summary.json and the report into ``out_dir``
     (default: ``run_dir``). Returns (index.html's path, the analysis). Each damaged or missing
     trace goes to ``warn`` as one line; the per-rank work runs in ``jobs`` processes (default:
     one per core) or on the Dask scheduler at ``dask``; ``kineto``: torch.profiler exports
-    (``[R=]FILE``) to merge; ``progress`` (viz.render.progress.Progress, default: none shown)
-    follows the work; ``reported``: ranks whose failure the caller already named;
-    ``sources=False``: no source file is read (``--no-source``). Raises viz.run.RunError or
+    (``[R=]FILE`` or ``DIR``), merged into the run's GPU time, or, when ``run_dir`` has no
+    traces (or only traces imported from exports), imported as the run itself
+    (viz.kineto_run; ``kineto_limit``: bytes of JSON a .gz may expand to); ``progress``
+    (viz.render.progress.Progress, default: none shown) follows the work; ``reported``: ranks
+    whose failure the caller already named; ``sources=False``: no source file is read
+    (``--no-source``). Raises viz.run.RunError or
     tracer.kineto.KinetoError."""
     from .analysis import analyse
     from .engine import Engine
@@ -43,6 +47,11 @@ def build(run_dir: str, out_dir: Optional[str] = None, *,
     from .run import open_run
     from .summary import build_summary, write_summary
     progress = progress or Progress()
+    warn = warn or _stderr("trace-report")
+    left_out = []
+    if kineto and _exports_are_the_run(run_dir):
+        left_out = _import(run_dir, kineto, jobs, dask, progress, warn, kineto_limit)
+        kineto = ()
     run = open_run(run_dir)
     out_dir = out_dir or run_dir
     _check_not_another_run(out_dir, run)
@@ -52,13 +61,34 @@ def build(run_dir: str, out_dir: Optional[str] = None, *,
         engine = _Counted(engine, progress)
         with progress.phase(f"reading {len(run.files)} traces"):
             analysis = analyse(run, engine, exports)
+        analysis.left_out = left_out
         for line in problem_lines(analysis, reported=reported):
-            (warn or _stderr("trace-report"))(line)
+            warn(line)
         summary = build_summary(analysis)
         write_summary(summary, out_dir)
         index = build_report(analysis, summary, out_dir, engine=engine, progress=progress,
                              sources=sources)
     return index, analysis
+
+
+def _exports_are_the_run(run_dir: str) -> bool:
+    """``--kineto`` with no recording: a directory without traces, or whose traces were all
+    imported from exports before (a new import replaces them)."""
+    from .kineto_run import has_traces, is_imported_run
+    return not has_traces(run_dir) or is_imported_run(run_dir)
+
+
+def _import(run_dir: str, kineto: tuple, jobs, dask, progress, warn, limit) -> list:
+    """Import the exports into ``run_dir``'s traces; the lines of the files left out."""
+    from .engine import Engine
+    from .kineto_run import import_exports
+    _check_writable(run_dir)
+    with Engine(jobs, dask) as engine:
+        with progress.phase(f"importing {len(kineto)} torch.profiler export(s)"):
+            result = import_exports(run_dir, list(kineto), _Counted(engine, progress), limit)
+    for line in result.left_out:
+        warn(f"{line}; left out")
+    return result.left_out
 
 
 class _Counted:
@@ -117,31 +147,21 @@ def problem_lines(analysis, most: int = 5, reported: frozenset = frozenset()) ->
 
 
 def kineto_ranks(entries, run) -> dict:
-    """rank -> exports, from ``[R=]FILE`` entries: the rank given, else the export's
-    distributedInfo.rank, else the only rank of a one-rank run."""
-    from tracer.kineto import load_chrome_trace, rank_of_export
+    """rank -> exports to merge into a recording (viz.kineto_inputs.merge_ranks)."""
+    from .kineto_inputs import merge_ranks
+    return merge_ranks(list(entries), run) if entries else {}
 
-    from .run import RunError
-    out: dict = {}
-    for entry in entries:
-        head, sep, tail = entry.partition("=")
-        path, rank = (tail, int(head)) if sep and head.isdigit() else (entry, None)
-        if not os.path.isfile(path):
-            raise RunError(f"--kineto {path}: " + ("a directory, not a torch.profiler export"
-                                                    if os.path.isdir(path) else "no such file"))
-        if rank is None:
-            rank = rank_of_export(path)
-        if rank is None:
-            if len(run.files) != 1:
-                load_chrome_trace(path)       # a file that is no export at all says so first
-                raise RunError(f"--kineto {path}: the export does not say its rank "
-                               f"(distributedInfo.rank) and the run has {len(run.files)} "
-                               f"ranks: give it as R={path}")
-            rank = next(iter(run.files))
-        if rank not in run.files:
-            raise RunError(f"--kineto {path}: rank {rank} has no trace in {run.dir}")
-        out.setdefault(rank, []).append(path)
-    return out
+
+def exit_status(analysis) -> int:
+    """0, or 1 when something given could not be read at all: a rank's trace, a rank of the
+    world without one (a recording), an export left out or unusable (exports: ranks of the
+    world no export was given for are listed, not an error)."""
+    ranks = analysis.ranks.values()
+    exports_failed = bool(analysis.left_out) or \
+        any(r.export_errors for r in ranks)
+    if ranks and all("imported" in r.meta for r in ranks):
+        return EXIT_UNREADABLE if exports_failed or analysis.unreadable else 0
+    return EXIT_UNREADABLE if analysis.any_missing or exports_failed else 0
 
 
 def _check_not_another_run(out_dir: str, run) -> None:
@@ -256,11 +276,18 @@ def report_main(argv=None) -> int:
         prog="trace-report", description="Rebuild summary.json and the HTML report of a traced "
         "run from the traces on disk.")
     parser.add_argument("run_dir", help="a trace-run output directory (or a directory of "
+                        "rank-<R>.arrow files; with --kineto and no traces, where the "
+                        "exports' run goes; "
                         "rank-<R>.arrow files)")
     parser.add_argument("--out", help="where to write the report (default: RUN_DIR)")
-    parser.add_argument("--kineto", nargs="+", default=[], metavar="[R=]FILE",
-                        help="torch.profiler Chrome-trace exports (.json or .json.gz) to merge "
-                        "as GPU time: rank R's, or the rank its distributedInfo names")
+    parser.add_argument("--kineto", nargs="+", default=[], metavar="[R=]FILE|DIR",
+                        help="torch.profiler Chrome-trace exports (.json or .json.gz; a "
+                        "directory of them): merged as GPU time into the run's ranks, or, "
+                        "when RUN_DIR has no traces, analysed on their own (docs/kineto.md); "
+                        "rank R's, or the rank its distributedInfo names")
+    parser.add_argument("--kineto-max-mb", type=_positive, default=None, metavar="MB",
+                        help="stop reading a .json.gz export past this many MiB of JSON "
+                        "(default: 64 times the file, at least 64 MiB)")
     parser.add_argument("--no-source", action="store_true",
                         help="read no source file: source pages list only the lines that "
                         "issued ops (a report to share)")
@@ -272,13 +299,15 @@ def report_main(argv=None) -> int:
         return _fail(parser.prog, busy)
     try:
         with for_stderr() as progress:
-            index, analysis = build(args.run_dir, args.out, warn=_stderr(parser.prog),
-                                    jobs=args.jobs, dask=args.dask, kineto=args.kineto,
-                                    progress=progress, sources=not args.no_source)
+            index, analysis = build(
+                args.run_dir, args.out, warn=_stderr(parser.prog), jobs=args.jobs,
+                dask=args.dask, kineto=args.kineto, progress=progress,
+                sources=not args.no_source,
+                kineto_limit=args.kineto_max_mb << 20 if args.kineto_max_mb else None)
     except _errors() as exc:
         return _fail(parser.prog, _message(exc))
     _print(index)
-    return EXIT_UNREADABLE if analysis.any_missing else 0
+    return exit_status(analysis)
 
 
 def diff_main(argv=None) -> int:

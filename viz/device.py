@@ -30,10 +30,12 @@ import numpy as np
 from tracer import ops as _ops
 from tracer.kineto import KINDS, DeviceRecords
 
+from .intervals import intersect, intervals, length, union
+
 SETUP = -2                    # attributed to process-group setup (no row records it)
 UNATTRIBUTED = -1
 SETUP_OP = "c10d.init_process_group"
-NCCL_PREFIXES = ("ncclDevKernel", "ncclKernel", "void ncclDevKernel", "void ncclKernel")
+KERNEL, MEMCPY, MEMSET = (KINDS.index(k) for k in ("kernel", "memcpy", "memset"))
 
 
 @dataclass
@@ -57,8 +59,14 @@ class DeviceTime:
 
     @property
     def is_nccl(self) -> np.ndarray:
-        nccl = np.array([n.startswith(NCCL_PREFIXES) for n in self.names] + [False])
-        return nccl[self.name]
+        """NCCL kernels: kernels whose name says nccl, in any case (``ncclDevKernel_*``,
+        ``ncclKernel_*``, ``void ncclKernel...``)."""
+        return (self.kind == KERNEL) & nccl_names(self.names)[self.name]
+
+    @property
+    def is_memory(self) -> np.ndarray:
+        """Memcpys and memsets: memory activity, never compute."""
+        return (self.kind == MEMCPY) | (self.kind == MEMSET)
 
     def summary(self, op_names: list, op_codes: np.ndarray) -> dict:
         """summary.json's ``device`` object of the rank."""
@@ -78,7 +86,38 @@ class DeviceTime:
                                   "process_group_setup": int((self.how == 1).sum()),
                                   "between_events": int((self.how == 2).sum())},
                 "busy_s": busy_ns(self.start, self.end) / 1e9,
-                "by_op": dict(sorted(by_op.items(), key=lambda kv: -kv[1]))}
+                "by_op": dict(sorted(by_op.items(), key=lambda kv: -kv[1])),
+                "whole": whole(self.kind, self.is_nccl, self.start, self.end)}
+
+
+def nccl_names(names: list) -> np.ndarray:
+    """Per name (and one more, False, for code -1): whether it names an NCCL kernel."""
+    return np.array(["nccl" in n.lower() for n in names] + [False], dtype=bool)
+
+
+def whole(kind: np.ndarray, nccl: np.ndarray, start: np.ndarray, end: np.ndarray) -> dict:
+    """summary.json's ``device.whole``: every activity of the recording or export, counted
+    and measured (DESIGN.md): busy = union of all activities; compute = union of the kernels
+    that are not NCCL; comm = union of NCCL kernels; memory = union of memcpys and memsets;
+    span = last end - first start; idle = span - busy; overlap = |comm ∩ compute| / |comm|,
+    None without comm."""
+    kernel = kind == KERNEL
+    memory = (kind == MEMCPY) | (kind == MEMSET)
+    compute_iv = union(intervals(start[kernel & ~nccl], end[kernel & ~nccl]))
+    comm_iv = union(intervals(start[nccl], end[nccl]))
+    busy = length(union(intervals(start, end)))
+    span = int(end.max() - start.min()) if len(start) else 0
+    comm = length(comm_iv)
+    out = {"kernels": int(kernel.sum()), "memcpys": int((kind == MEMCPY).sum()),
+            "memsets": int((kind == MEMSET).sum()), "comm_kernels": int(nccl.sum()),
+            "span_s": span / 1e9, "busy_s": busy / 1e9,
+            "compute_s": length(compute_iv) / 1e9, "comm_s": comm / 1e9,
+            "memory_s": length(union(intervals(start[memory], end[memory]))) / 1e9,
+            "idle_s": (span - busy) / 1e9,
+            "overlap_fraction": length(intersect(comm_iv, compute_iv)) / comm if comm else None}
+    if not comm:
+        out["why_null"] = {"overlap_fraction": "no NCCL kernel: no device communication"}
+    return out
 
 
 def busy_ns(start: np.ndarray, end: np.ndarray) -> int:
@@ -161,12 +200,15 @@ def _launch_rows(trace, t: np.ndarray, tid: np.ndarray) -> tuple:
             continue
         rows = rows[np.argsort(t0[rows], kind="stable")]
         starts, ends = t0[rows], np.maximum.accumulate(end[rows])
-        j = np.searchsorted(starts, t[todo], side="right") - 1
-        inside = (j >= 0) & (ends[np.maximum(j, 0)] >= t[todo])
+        when = t[todo]
+        j = np.searchsorted(starts, when, side="right") - 1
+        inside = (j >= 0) & (ends[np.maximum(j, 0)] >= when)
         # the innermost event holding t: the latest-started whose own end is past t
         k = np.where(inside, j, -1)
-        for n in np.nonzero(inside)[0].tolist():
-            while k[n] >= 0 and end[rows[k[n]]] < t[todo][n]:
+        own_end = end[rows]
+        late = inside & (own_end[np.maximum(k, 0)] < when)     # only these need a walk back
+        for n in np.nonzero(late)[0].tolist():
+            while k[n] >= 0 and own_end[k[n]] < when[n]:
                 k[n] -= 1
         chosen = np.where(k >= 0, rows[np.maximum(k, 0)], UNATTRIBUTED)
         idx = np.nonzero(todo)[0]

@@ -3,9 +3,13 @@
 :func:`on_device` turns a rank's host lanes (:func:`viz.timeline.rank_lanes`) and its
 attributed GPU activity (:mod:`viz.device`) into lanes every metric reads the same way:
 
-- compute: the union of the activities that are not communication;
-- communication: each collective or P2P op spans its NCCL kernels and the copies issued inside
-  it (host launch to completion when it launched nothing on the GPU, as with gloo);
+- compute: the union of the kernels that are not NCCL's;
+- memory: the union of the memcpys and memsets (never compute, never communication: the
+  copies a collective issues are memory activity, as in ``device.whole``);
+- communication: each collective or P2P op spans the NCCL kernels it launched; one that
+  launched none (NCCL on a world of one copies or does nothing; gloo runs on the host) keeps
+  its host span for matching across ranks and for drawing, but is not device communication
+  (``on_gpu`` False, left out of ``comm_union``);
 - passes: each F/B/W pass spans the GPU work its ops launched;
 - steps: step s starts when its first GPU work starts (its host boundary when it has none);
 - the host's own compute is kept (``host_compute``) for drawing beside the device.
@@ -21,42 +25,52 @@ import numpy as np
 
 from .device import SETUP, DeviceTime
 from .intervals import intervals, union
-from .lanes import DeviceLane, Pass, RankLanes
+from .lanes import DeviceLane, Pass, RankLanes, counted_steps
 from .timeline import RankRows
 
 DRAWN_ACTIVITIES = 100_000      # per rank: GPU activities kept for the Chrome trace
 
 
-def on_device(lanes: RankLanes, rows: RankRows, dev: DeviceTime) -> RankLanes:
-    """The lanes of ``rows``' rank in device time (see the module docstring)."""
+def on_device(lanes: RankLanes, rows: RankRows, dev: DeviceTime,
+              budget: int = DRAWN_ACTIVITIES) -> RankLanes:
+    """The lanes of ``rows``' rank in device time (see the module docstring); ``budget``:
+    GPU activities kept for drawing (whole steps, counted ones first)."""
     offset = rows.trace.clock_offset
     start = dev.start + offset(dev.start)
     end = dev.end + offset(dev.end)
     launch = np.where(dev.launch >= 0, dev.launch + offset(np.maximum(dev.launch, 0)), -1)
-    thread = np.where(dev.row >= 0, rows.thread[np.maximum(dev.row, 0)], -1)
-    comm_rows = np.zeros(len(rows.t0) + 1, bool)
-    comm_rows[lanes.comm.column("index")] = True
-    row = np.where(dev.row >= 0, dev.row, len(rows.t0))
-    is_comm = comm_rows[row] | dev.is_nccl
-    spans = _comm_spans(lanes.comm, row, start, end)
-    step_of = np.where(dev.row >= 0, rows.step[np.maximum(dev.row, 0)], 0)
+    # a trace of no host event (an export of CUDA activity alone) attributes nothing
+    attributed = (dev.row >= 0) & (len(rows.t0) > 0)
+    at = np.where(attributed, dev.row, 0)
+    thread = np.where(attributed, rows.thread[at] if len(rows.t0) else 0, -1)
+    row = np.where(attributed, dev.row, len(rows.t0))
+    is_comm = dev.is_nccl
+    is_memory = dev.is_memory
+    spans = _comm_spans(lanes.comm, row[is_comm], start[is_comm], end[is_comm])
+    on_gpu = [c for c in spans if c.on_gpu]
+    step_of = np.where(attributed, rows.step[at] if len(rows.t0) else 0, 0)
     step_of = np.where(dev.row == SETUP, 0, step_of)
     steps = _step_windows(lanes.steps, step_of, start, end)
-    keep = _drawn(len(start))
+    keep = _drawn(step_of, counted_steps(lanes), min(budget, DRAWN_ACTIVITIES))
     return dataclasses.replace(
         lanes, clock="device", host_compute=lanes.compute,
-        compute=union(intervals(start[~is_comm], end[~is_comm])), comm=spans,
-        comm_union=union(intervals([c.start for c in spans], [c.end for c in spans])),
+        compute=union(intervals(start[~is_comm & ~is_memory], end[~is_comm & ~is_memory])),
+        memory=union(intervals(start[is_memory], end[is_memory])), comm=spans,
+        # every NCCL kernel, also one no recorded collective launched
+        comm_union=union(np.concatenate([
+            intervals([c.start for c in on_gpu], [c.end for c in on_gpu]),
+            intervals(start[is_comm], end[is_comm])])),
         passes=_passes(lanes.passes, rows, dev.row, start, end),
         inferred_passes=_passes(lanes.inferred_passes, rows, dev.row, start, end),
         steps=steps,
         device=DeviceLane(start[keep], end[keep], dev.stream[keep], dev.name[keep], dev.names,
                           launch[keep], thread[keep], is_comm[keep],
-                          hidden=int(len(start) - keep.sum())))
+                          hidden=int(len(start) - keep.sum()), memory=is_memory[keep]))
 
 
 def _comm_spans(comm: list, row: np.ndarray, start: np.ndarray, end: np.ndarray) -> list:
-    """Each collective over the GPU work it launched (its host span when it launched none)."""
+    """Each collective over the NCCL kernels it launched (``row``, ``start``, ``end``: theirs);
+    one that launched none keeps its host span, marked ``on_gpu`` False."""
     order = np.argsort(row, kind="stable")
     rows, first = np.unique(row[order], return_index=True)
     last = np.append(first[1:], len(order))
@@ -65,7 +79,10 @@ def _comm_spans(comm: list, row: np.ndarray, start: np.ndarray, end: np.ndarray)
     out = []
     for c in comm:
         if c.index in lo:
-            c = dataclasses.replace(c, start=lo[c.index], end=hi[c.index], capped=False)
+            c = dataclasses.replace(c, start=lo[c.index], end=hi[c.index], capped=False,
+                                    on_gpu=True)
+        else:
+            c = dataclasses.replace(c, on_gpu=False)
         out.append(c)
     return sorted(out, key=lambda c: c.start)
 
@@ -106,7 +123,21 @@ def _passes(passes: list, rows: RankRows, row: np.ndarray, start: np.ndarray,
     return sorted(out, key=lambda p: p.start)
 
 
-def _drawn(n: int) -> np.ndarray:
-    keep = np.zeros(n, bool)
-    keep[:DRAWN_ACTIVITIES] = True
-    return keep
+def _drawn(step_of: np.ndarray, counted: list, budget: int) -> np.ndarray:
+    """Which activities to keep for drawing: whole steps, the counted ones first, while they
+    fit in ``budget``; the first step's first ``budget`` when not even it fits. A run of many
+    ranks shares one budget (viz.analysis), so the report process holds a bounded number."""
+    if len(step_of) <= budget:
+        return np.ones(len(step_of), bool)
+    steps, counts = np.unique(step_of, return_counts=True)
+    size = dict(zip(steps.tolist(), counts.tolist()))
+    order = [s for s in counted if s in size] + [s for s in size if s not in counted]
+    keep, left = [], budget
+    for s in order:
+        if size[s] <= left:
+            keep.append(s)
+            left -= size[s]
+    drawn = np.isin(step_of, keep)
+    if not keep:
+        drawn[np.nonzero(step_of == order[0])[0][:budget]] = True
+    return drawn

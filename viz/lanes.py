@@ -51,6 +51,9 @@ class CommSpan:
     site: Optional[tuple] = None   # innermost user frame that issued it (viz.groups.Frame)
     returned: Optional[int] = None  # when the launching call returned (None: unknown)
     blocking: Optional[bool] = None  # c10d's async_op was False (None: P2P, unknown)
+    # on the device clock: True when it spans the GPU work it launched; False when it launched
+    # none (host time only: not device communication); None on the host clock
+    on_gpu: Optional[bool] = None
 
 
 @dataclass(frozen=True, **SLOTS)
@@ -103,6 +106,8 @@ class RankLanes:
     clock: str = "host"        # "device": compute, comm, passes and steps are GPU time
     host_compute: Optional[np.ndarray] = None   # on the device clock: what the host did
     device: Optional["DeviceLane"] = None       # on the device clock: the GPU activities
+    # on the device clock: memcpys and memsets outside collectives (never compute)
+    memory: np.ndarray = field(default_factory=lambda: np.zeros((0, 2), dtype=np.int64))
 
     def __post_init__(self):
         # Held as columns (viz.columns): a 64-rank run has half a million spans and passes.
@@ -124,6 +129,7 @@ class DeviceLane:
     thread: np.ndarray         # the launching event's recording thread, -1 unknown
     comm: np.ndarray           # bool: part of a collective (NCCL kernel or its copies)
     hidden: int = 0            # activities not kept for drawing
+    memory: Optional[np.ndarray] = None   # bool: a memcpy or memset outside a collective
 
 
 @dataclass

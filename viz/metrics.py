@@ -49,6 +49,7 @@ class StepMetrics:
     overlap_fraction: Optional[float]
     bubble_fraction: Optional[float]
     pipeline: Optional[PipelineBubble]
+    memory_s: float = 0.0            # device clock: memcpys and memsets, never compute
 
     def to_json(self) -> dict:
         out = asdict(self)
@@ -74,6 +75,7 @@ class RankMetrics:
     pipeline: Optional[PipelineBubble] = None
     theoretical_bubble_fraction: Optional[float] = None
     clock_error_s: Optional[float] = None
+    memory_s: float = 0.0
     passes: dict = field(default_factory=dict)   # kind -> mean compute seconds per pass
 
     def to_json(self) -> dict:
@@ -82,14 +84,24 @@ class RankMetrics:
             "wall_s": self.wall_s, "compute_s": self.compute_s, "comm_s": self.comm_s,
             "exposed_comm_s": self.exposed_comm_s, "idle_s": self.idle_s,
             "overlap_fraction": self.overlap_fraction, "bubble_fraction": self.bubble_fraction,
-            "overlapped_comm_s": self.overlapped_comm_s,
+            "overlapped_comm_s": self.overlapped_comm_s, "memory_s": self.memory_s,
             "counted_steps": list(self.counted_steps),
             "pipeline": asdict(self.pipeline) if self.pipeline else None,
             "theoretical_bubble_fraction": self.theoretical_bubble_fraction,
             "pass_compute_s": self.passes,
             "clock_error_s": self.clock_error_s,
             "per_step": [s.to_json() for s in self.steps],
+            **self._why_null(),
         }
+
+    def _why_null(self) -> dict:
+        """Why a fraction is null (never NaN): there was nothing to divide by."""
+        why = {}
+        if self.overlap_fraction is None:
+            why["overlap_fraction"] = "no communication in the counted steps"
+        if self.bubble_fraction is None:
+            why["bubble_fraction"] = "no counted step"
+        return {"why_null": why} if why else {}
 
 
 # ---------------------------------------------------------------------------- theory
@@ -269,15 +281,17 @@ def _step_metrics(index: _Index, lane: RankLanes, step: int, replayed: dict,
                   theory: Optional[float]) -> StepMetrics:
     lo, hi = lane.steps[step]
     compute, comm = window(lane.compute, lo, hi), window(lane.comm_union, lo, hi)
+    memory = window(lane.memory, lo, hi)
     overlapped = length(intersect(compute, comm))
     busy = length(compute)
     comm_ns = length(comm)
     wall = hi - lo
-    idle = wall - length(union(np.concatenate([compute, comm])))
+    idle = wall - length(union(np.concatenate([compute, comm, memory])))
     return StepMetrics(step, lo, hi, _seconds(wall), _seconds(busy), _seconds(comm_ns),
                        _seconds(overlapped), _seconds(comm_ns - overlapped), _seconds(idle),
                        _ratio(overlapped, comm_ns), _ratio(wall - busy, wall),
-                       _pipeline_bubble(index, lane, step, replayed, theory))
+                       _pipeline_bubble(index, lane, step, replayed, theory),
+                       _seconds(length(memory)))
 
 
 def _pass_compute(index: _Index, counted: dict) -> dict:
@@ -298,7 +312,7 @@ def _pass_compute(index: _Index, counted: dict) -> dict:
 def _totals(m: RankMetrics, use: list) -> None:
     """Fill ``m``'s totals from the counted steps' metrics."""
     for key in ("wall_s", "compute_s", "comm_s", "overlapped_comm_s", "exposed_comm_s",
-                "idle_s"):
+                "idle_s", "memory_s"):
         setattr(m, key, sum(getattr(s, key) for s in use))
     m.overlap_fraction = m.overlapped_comm_s / m.comm_s if m.comm_s > 0 else None
     m.bubble_fraction = (m.wall_s - m.compute_s) / m.wall_s if m.wall_s > 0 else None

@@ -234,12 +234,40 @@ def problems(analysis: RunAnalysis) -> list:
                             f"({analysis.unreadable[rank]})", details=[]))
     if analysis.world_note:
         out.append(dict(level="warning", title=analysis.world_note, details=[]))
+    imported = analysis.ranks and all("imported" in m.meta for m in analysis.ranks.values())
     for ranks in analysis.absent_runs():
-        out.append(dict(level="missing", title=f"{ranks}: no trace (no trace file)", details=[]))
+        out.append(dict(level="missing", title=f"{ranks}: no trace (" + (
+            "no torch.profiler export given" if imported else "no trace file") + ")",
+            details=[]))
     for rank, mine in sorted(analysis.ranks.items()):
         for warning in mine.warnings:
             out.append(dict(level="warning", title=f"rank {rank}: {warning}", details=[]))
+    notice = not_derivable(analysis)
+    if notice:
+        out.append(dict(level="notice", title=notice, details=[]))
     return out
+
+
+def not_derivable(analysis: RunAnalysis) -> str:
+    """Once, for a run imported from torch.profiler exports: what the exports cannot tell
+    (paratrace shows nothing in its place, never a guess), and for which ranks when not all."""
+    imported = {r: (m.meta.get("imported") or {}) for r, m in analysis.ranks.items()
+                if "imported" in m.meta}
+    if not imported:
+        return ""
+    ranks_of: dict = {}
+    for rank, info in sorted(imported.items()):
+        for item in info.get("missing") or []:
+            ranks_of.setdefault(item, []).append(rank)
+    parts = [item if len(ranks) == len(imported) else
+             f"{item} (rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))})"
+             for item, ranks in ranks_of.items()]
+    if any(not any(i.startswith("stacks") for i in info.get("missing") or [])
+           for info in imported.values()):
+        parts.append("calling lines: a source line is where its function starts (torch."
+                     "profiler records no calling line)")
+    return ("From torch.profiler exports, not derivable and not shown: " + "; ".join(parts)
+            + ".") if parts else ""
 
 
 def _hang_title(hang: dict) -> str:

@@ -18,7 +18,7 @@ import numpy as np
 from tracer import Trace, TraceError, rundir
 from tracer import load as load_trace
 from tracer.device_format import read_device
-from tracer.kineto import DeviceRecords, load_chrome_trace
+from tracer.kineto import DeviceRecords, KinetoError, load_chrome_trace
 from tracer.labels import PHASES
 from tracer.ops import PSEUDO_OPS, group_ranks, process_group_name
 
@@ -50,6 +50,7 @@ class RankAnalysis:
     counted_steps: tuple = ()     # the steps its time metrics count (viz.lanes.counted_steps)
     counted_groups: list = field(default_factory=list)   # op groups of those steps only
     exports: tuple = ()           # torch.profiler exports merged into its GPU activity
+    export_errors: list = field(default_factory=list)   # exports that could not be used
     op_counts_by_phase: dict = field(default_factory=dict)   # phase -> op -> calls
     send_caps: dict = field(default_factory=dict)  # row -> a capped send's duration (host)
 
@@ -90,26 +91,42 @@ def analyse_rank_file(path: str, rank: int, send_ends: dict, op_budget: int = DR
     """Load and analyse one rank's trace with its GPU activity: the device file beside it and
     any torch.profiler exports given (raises tracer.TraceError if unreadable)."""
     trace = load_trace(path)
-    records, warnings = device_records(path, rank, kineto)
+    records, warnings, errors = device_records(path, rank, kineto)
     analysis = analyse_rank(trace, rank, send_ends, op_budget, records)
     analysis.warnings += warnings
-    analysis.exports = tuple(kineto)
+    analysis.exports = tuple(e for e in kineto if e not in errors)
+    analysis.export_errors = sorted(errors)
     return analysis
 
 
 def device_records(path: str, rank: int, kineto: tuple = ()) -> tuple:
-    """(DeviceRecords or None, warnings): the rank's device file beside its trace ``path``,
-    and the torch.profiler exports given for it."""
-    records, warnings = None, []
+    """(DeviceRecords or None, warnings, exports that could not be used): the rank's device
+    file beside its trace ``path``, and the torch.profiler exports given for it. A damaged
+    export is used as far as it reads, said in one line; one whose GPU activity cannot be used
+    at all is said in one line too, and the rank keeps what it had."""
+    records, warnings, errors = None, [], []
     device = rundir.device_file(os.path.dirname(path), rank)
     if os.path.exists(device):
         records, _, problem = read_device(device)
         if problem:
             warnings.append(f"{device}: {problem}; those are used")
-    for export in kineto:           # a bad export raises KinetoError: bad input, not a bad rank
-        more = load_chrome_trace(export)
+    for export in kineto:
+        try:
+            more = load_chrome_trace(export)
+        except KinetoError as exc:
+            errors.append(export)
+            kept = "the GPU time it recorded" if records is not None else "host time"
+            warnings.append(f"{exc}; rank {rank} keeps {kept}")
+            continue
+        if not len(more):
+            errors.append(export)
+            warnings.append(f"{export}: no GPU activity in it (kernels, memcpys, memsets): "
+                            "nothing to merge")
+            continue
+        if more.meta.get("damage_line"):
+            warnings.append(more.meta["damage_line"])
         records = more if records is None else records.concat(more)
-    return records, warnings
+    return records, warnings, errors
 
 
 def analyse_rank(trace: Trace, rank: int, send_ends: dict, op_budget: int = DRAWN_OPS,
@@ -122,14 +139,16 @@ def analyse_rank(trace: Trace, rank: int, send_ends: dict, op_budget: int = DRAW
     # NOTE: on the device a send ends with its NCCL kernel: no receive completion to borrow
     lanes = rank_lanes(rows, send_ends if dev is None else {}, op_budget)
     if dev is not None:
-        lanes = on_device(lanes, rows, dev)
+        lanes = on_device(lanes, rows, dev, op_budget)
     caps = {} if dev is not None else send_caps(lanes)
     durations = dev.row_ns if dev is not None else host_durations(trace, caps)
     counted = tuple(counted_steps(lanes))
     frames: dict = {}         # the stacks' frames, shared by both groupings
     groups = op_groups(trace, durations, frames)
     return RankAnalysis(
-        rank=rank, path=trace.path, meta=trace.meta, warnings=list(trace.warnings),
+        rank=rank, path=trace.path, meta=trace.meta,
+        warnings=list(trace.warnings) + list((trace.meta.get("imported") or {}).get("damage")
+                                             or []),
         events=len(trace), steps=recorded_steps(trace), groups=groups,
         op_counts=op_counts(trace), op_counts_by_phase=op_counts_by_phase(trace),
         comm=comm_rows(trace), lanes=lanes, last_op=last_op(trace),
@@ -188,7 +207,7 @@ def count_rank_file(path: str, rank: int, steps: frozenset, kineto: tuple = (),
     ``caps`` capped as in the analysis), op and communication counts of one rank's trace over
     ``steps`` only."""
     trace = load_trace(path)
-    records, _ = device_records(path, rank, kineto)
+    records, _, _ = device_records(path, rank, kineto)
     dev = attribute(trace, records) if records is not None and len(records) else None
     groups = _groups_over(trace, steps, dev.row_ns if dev is not None
                           else host_durations(trace, caps or {}))
@@ -206,14 +225,22 @@ def path_modules_file(path: str, rank: int, intervals: list) -> dict:
     trace = load_trace(path)
     rows = RankRows(trace, rank)
     sel = np.nonzero(rows.is_compute)[0]
+    sel = sel[np.argsort(rows.t0[sel], kind="stable")]
+    t0, t1 = rows.t0[sel], rows.t1[sel]
+    longest = int((t1 - t0).max()) if len(sel) else 0
     module = trace.col("module")[sel]
     names = trace.dictionary("module")
     out: dict = {}
-    for step in sorted({s for s, _, _ in intervals}):
-        mine = sorted((a, b) for s, a, b in intervals if s == step)
+    by_step: dict = {}
+    for s, a, b in intervals:
+        by_step.setdefault(s, []).append((a, b))
+    for step in sorted(by_step):
+        mine = sorted(by_step[step])
         covered = Prefix(np.array(mine, dtype=np.int64).reshape(-1, 2))
-        inside = covered.length(rows.t0[sel], rows.t1[sel])
-        by_module = np.bincount(module + 1, weights=inside, minlength=len(names) + 1)
+        # only ops that can reach the step's intervals: a run of many steps stays linear
+        i, j = np.searchsorted(t0, [mine[0][0] - longest, mine[-1][1]], side="left")
+        inside = covered.length(t0[i:j], t1[i:j])
+        by_module = np.bincount(module[i:j] + 1, weights=inside, minlength=len(names) + 1)
         shares = {("(no module)" if i == 0 else names[i - 1]): int(ns)
                   for i, ns in enumerate(by_module.tolist()) if ns > 0}
         host = sum(b - a for a, b in mine) - sum(shares.values())

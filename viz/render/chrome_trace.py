@@ -20,6 +20,7 @@ _PASS_TID = 0
 _OPS_TID = 1          # + recording thread number
 _COMM_TID = 1000      # + comm lane
 _GPU_TID = 2000       # + CUDA stream
+_CHUNK = 10_000       # events made into text at a time: a rank's never sit in memory whole
 
 
 def _lane_of(spans: list) -> list:
@@ -82,12 +83,15 @@ def write(timeline: Timeline, fh) -> None:
         events.dicts(_process(rank, lane, us, where))
         events.dicts(links.flows(rank, where, us))
         names = [json.dumps(n) for n in lane.op_names]
-        events.text(",".join(
-            f'{{"ph":"X","name":{names[code]},"cat":"compute","pid":{rank},'
-            f'"tid":{_OPS_TID + thread},"ts":{(start - base) / 1e3:.3f},'
-            f'"dur":{(end - start) / 1e3:.3f}}}'
-            for start, end, code, thread in zip(lane.op_start.tolist(), lane.op_end.tolist(),
-                                                lane.op_name.tolist(), lane.op_thread.tolist())))
+        for a in range(0, len(lane.op_start), _CHUNK):
+            b = a + _CHUNK
+            events.text(",".join(
+                f'{{"ph":"X","name":{names[code]},"cat":"compute","pid":{rank},'
+                f'"tid":{_OPS_TID + thread},"ts":{(start - base) / 1e3:.3f},'
+                f'"dur":{(end - start) / 1e3:.3f}}}'
+                for start, end, code, thread in zip(
+                    lane.op_start[a:b].tolist(), lane.op_end[a:b].tolist(),
+                    lane.op_name[a:b].tolist(), lane.op_thread[a:b].tolist())))
     flow_id = len(timeline.links)
     for rank, lane in sorted(timeline.ranks.items()):
         if lane.device is not None:
@@ -145,25 +149,33 @@ def _gpu(rank: int, lane, us, events: _Events, base: int, flow_id: int) -> int:
     events.dicts(out)
     out = []
     names = [json.dumps(n) for n in dev.names]
-    events.text(",".join(
-        f'{{"ph":"X","name":{names[code]},"cat":"{"gpu_comm" if comm else "gpu"}","pid":{rank},'
-        f'"tid":{_GPU_TID + stream},"ts":{(a - base) / 1e3:.3f},"dur":{(b - a) / 1e3:.3f}}}'
-        for a, b, stream, code, comm in zip(dev.start.tolist(), dev.end.tolist(),
-                                            dev.stream.tolist(), dev.name.tolist(),
-                                            dev.comm.tolist())))
+    memory = dev.memory if dev.memory is not None else np.zeros(len(dev.start), bool)
+    # a category per kind of GPU work: communication, memory activity, compute
+    cat = np.where(dev.comm, "gpu_comm", np.where(memory, "gpu_memory", "gpu"))
     drawn = sorted(zip(lane.op_start.tolist(), lane.op_end.tolist(), lane.op_thread.tolist()))
     starts = [d[0] for d in drawn]
-    for a, launch, thread, stream in zip(dev.start.tolist(), dev.launch.tolist(),
-                                         dev.thread.tolist(), dev.stream.tolist()):
-        i = bisect.bisect_right(starts, launch) - 1
-        if launch < 0 or i < 0 or drawn[i][1] < launch or drawn[i][2] != thread:
-            continue
-        out.append({"ph": "s", "id": flow_id, "name": "launch", "cat": "launch", "pid": rank,
-                    "tid": _OPS_TID + thread, "ts": us(launch)})
-        out.append({"ph": "f", "bp": "e", "id": flow_id, "name": "launch", "cat": "launch",
-                    "pid": rank, "tid": _GPU_TID + stream, "ts": us(a)})
-        flow_id += 1
-    events.dicts(out)
+    for lo in range(0, len(dev.start), _CHUNK):    # in chunks: a rank has 100,000 of them
+        hi = lo + _CHUNK
+        events.text(",".join(
+            f'{{"ph":"X","name":{names[code]},"cat":"{c}","pid":{rank},'
+            f'"tid":{_GPU_TID + stream},"ts":{(a - base) / 1e3:.3f},"dur":{(b - a) / 1e3:.3f}}}'
+            for a, b, stream, code, c in zip(dev.start[lo:hi].tolist(), dev.end[lo:hi].tolist(),
+                                             dev.stream[lo:hi].tolist(),
+                                             dev.name[lo:hi].tolist(), cat[lo:hi].tolist())))
+        out = []
+        for a, launch, thread, stream in zip(dev.start[lo:hi].tolist(),
+                                             dev.launch[lo:hi].tolist(),
+                                             dev.thread[lo:hi].tolist(),
+                                             dev.stream[lo:hi].tolist()):
+            i = bisect.bisect_right(starts, launch) - 1
+            if launch < 0 or i < 0 or drawn[i][1] < launch or drawn[i][2] != thread:
+                continue
+            out.append({"ph": "s", "id": flow_id, "name": "launch", "cat": "launch",
+                        "pid": rank, "tid": _OPS_TID + thread, "ts": us(launch)})
+            out.append({"ph": "f", "bp": "e", "id": flow_id, "name": "launch", "cat": "launch",
+                        "pid": rank, "tid": _GPU_TID + stream, "ts": us(a)})
+            flow_id += 1
+        events.dicts(out)
     return flow_id
 
 
@@ -193,11 +205,13 @@ def _process(rank: int, lane, us, where: dict) -> list:
     for c, i in zip(lane.comm, lanes):
         tid = _COMM_TID + i
         where[c.index] = (tid, c.start, c.end)
-        out.append({"ph": "X", "name": c.kind, "cat": "comm", "pid": rank, "tid": tid,
+        host_only = c.on_gpu is False      # a device-clock rank's collective with no GPU work
+        out.append({"ph": "X", "name": c.kind + (" (no GPU work)" if host_only else ""),
+                    "cat": "comm_host" if host_only else "comm", "pid": rank, "tid": tid,
                     "ts": us(c.start), "dur": (c.end - c.start) / 1e3,
                     "args": {"group": c.group, "peer": c.peer, "bytes": c.nbytes,
                              "step": c.step, "completed": c.completed,
-                             "end_from_matched_recv": c.capped}})
+                             "end_from_matched_recv": c.capped, "on_gpu": c.on_gpu}})
     for step, (start, _end) in sorted(lane.steps.items()):
         out.append({"ph": "i", "s": "p", "name": f"step {step}", "cat": "step", "pid": rank,
                     "tid": _PASS_TID, "ts": us(start)})

@@ -19,7 +19,7 @@ from . import fmt_time
 
 COLOURS = {"F": "#4c9f70", "B": "#d1495b", "W": "#8d6cab", "compute": "#3b6ea8",
            "comm": "#f39237", "wait": "#fbd9b4", "idle": "#d0d0d0", "gpu": "#5c8fc9",
-           "path": "#111111"}
+           "memory": "#2a9d8f", "path": "#111111"}
 LEFT, PLOT, RIGHT = 86, 1000, 440
 PASS_H, LANE_H, ROW_GAP, TOP = 20, 9, 18, 58
 # Counted steps drawn: more would make every pass narrower than a pixel. The metrics beside
@@ -97,8 +97,10 @@ def _axis(c: _Canvas, y0: float, y1: float) -> None:
 
 
 def _metrics_text(m) -> list:
+    memory = getattr(m, "memory_s", 0.0)
     lines = [f"compute {_fmt_s(m.compute_s)}, comm {_fmt_s(m.comm_s)} "
-             f"(exposed {_fmt_s(m.exposed_comm_s)})",
+             f"(exposed {_fmt_s(m.exposed_comm_s)})"
+             + (f", memcpy/memset {_fmt_s(memory)}" if memory else ""),
              f"idle {_fmt_s(m.idle_s)}, overlap {_pct(m.overlap_fraction)}, "
              f"no-compute {_pct(m.bubble_fraction)} of {_fmt_s(m.wall_s)}"]
     if m.pipeline is not None:
@@ -164,7 +166,8 @@ def _draw_rank(c: "_Canvas", rank: int, lane, m, shown: list, y: float, row_h: i
     c.text(8, y + PASS_H / 2 + 4, f"rank {rank}", class_="rank")
     c.text(LEFT - 4, y + PASS_H + LANE_H - 1, "compute", text_anchor="end", class_="lane")
     c.text(LEFT - 4, y + PASS_H + 2 * LANE_H + 1, "comm", text_anchor="end", class_="lane")
-    busy = union(np.concatenate([window(lane.compute, lo, hi), window(lane.comm_union, lo, hi)]))
+    busy = union(np.concatenate([window(lane.compute, lo, hi), window(lane.comm_union, lo, hi),
+                                 window(lane.memory, lo, hi)]))
     for s in shown:
         a, b = lane.steps[s]
         for g0, g1 in c.drawable(gaps(busy, a, b)).tolist():
@@ -177,6 +180,10 @@ def _draw_rank(c: "_Canvas", rank: int, lane, m, shown: list, y: float, row_h: i
         c.rect(a, b, y + PASS_H + 2, LANE_H, COLOURS["compute"],
                f"rank {rank} computing {_fmt_s(length(window(shown_compute, a, b)) / 1e9)}"
                f" in {_fmt_s((b - a) / 1e9)}", cls="compute")
+    for a, b in c.drawable(window(lane.memory, lo, hi)).tolist():
+        c.rect(a, b, y + PASS_H + 2, LANE_H, COLOURS["memory"],
+               f"rank {rank} copying or setting memory (memcpy, memset) "
+               f"{_fmt_s((b - a) / 1e9)}", cls="memory")
     _comm_blocks(c, lane, rank, y + PASS_H + 2 + LANE_H + 1, lo, hi)
     for a, b, last in waits:
         c.rect(a, b, y + PASS_H + 2 + LANE_H + 1, LANE_H, COLOURS["wait"],
@@ -215,16 +222,20 @@ def _passes(c: "_Canvas", lane, rank: int, passes: list, y: float) -> None:
 
 
 def _gpu_lanes(c: "_Canvas", lane, rank: int, y: float) -> None:
-    """A lane per CUDA stream: kernels and copies, NCCL's in the communication colour."""
+    """A lane per CUDA stream: kernels, memory activity (memcpy, memset) and communication
+    (NCCL's kernels and the copies of collectives), each in its colour."""
     for i, stream in enumerate(_streams(lane)):
         dev = lane.device
         row = y + i * (LANE_H + 1)
         c.text(LEFT - 4, row + LANE_H - 1, f"GPU {stream}", text_anchor="end", class_="lane")
-        for comm, colour in ((False, COLOURS["gpu"]), (True, COLOURS["comm"])):
-            sel = (dev.stream == stream) & (dev.comm == comm)
+        memory = dev.memory if dev.memory is not None else np.zeros(len(dev.start), bool)
+        on = dev.stream == stream
+        for sel, colour, what in ((on & ~dev.comm & ~memory, COLOURS["gpu"], "kernels"),
+                                  (on & memory, COLOURS["memory"], "memcpy/memset"),
+                                  (on & dev.comm, COLOURS["comm"], "NCCL")):
             for a, b in c.drawable(union(intervals(dev.start[sel], dev.end[sel]))).tolist():
                 c.rect(a, b, row, LANE_H, colour, f"rank {rank} stream {stream}: "
-                       f"{'NCCL' if comm else 'kernels'} {_fmt_s((b - a) / 1e9)}", cls="gpu")
+                       f"{what} {_fmt_s((b - a) / 1e9)}", cls="gpu")
 
 
 def _waits(cross) -> dict:
@@ -261,7 +272,8 @@ def _comm_blocks(c: _Canvas, lane, rank: int, y: float, lo: int, hi: int) -> Non
     starts = lane.comm.column("start")
     for a, b in c.drawable(window(lane.comm_union, lo, hi)).tolist():
         # every span lies inside one stretch of the union: find them by their starts
-        inside = lane.comm[np.searchsorted(starts, a):np.searchsorted(starts, b)]
+        inside = [x for x in lane.comm[np.searchsorted(starts, a):np.searchsorted(starts, b)]
+                  if x.on_gpu is not False]
         kinds: dict = {}
         for x in inside:
             kinds[x.kind] = kinds.get(x.kind, 0) + 1
@@ -277,7 +289,8 @@ def _legend(c: "_Canvas", y: float, gpu: bool, path: bool) -> None:
     keys = [("F", "forward pass (micro-batch)"), ("B", "backward pass"),
             ("W", "weight-gradient pass"), ("compute", "computing"),
             ("comm", "communication in flight"), ("wait", "waiting for a late rank"),
-            ("idle", "idle")] + ([("gpu", "GPU kernels")] if gpu else []) + \
+            ("idle", "idle")] + ([("gpu", "GPU kernels"), ("memory", "memcpy/memset")]
+                                 if gpu else []) + \
         ([("path", "critical path")] if path else [])
     for key, text in keys:
         c.parts.append(f'<rect x="{x}" y="{y}" width="12" height="10" fill="{COLOURS[key]}"/>')
