@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import overhead  # noqa: E402  (it puts the repository on sys.path)
+import overhead_recorders  # noqa: E402  (it puts the repository on sys.path)
 import tracer  # noqa: E402
 from tracer.format import write_options  # noqa: E402
 
@@ -43,11 +43,11 @@ OPTIONS = {
 def step_batches(tmp: str) -> tuple:
     """(schema, batches of one step's ops each, ops a step) from a recording of the tiny
     model."""
-    recorders = overhead.Recorders(tmp, debug_mode=False, flush_interval=100.0)
+    recorders = overhead_recorders.Recorders(tmp, debug_mode=False, flush_interval=100.0)
     recorders.model = "tiny"
-    overhead.step_times("tiny", 4, recorders.paratrace)
+    overhead_recorders.step_times("tiny", 4, recorders.paratrace)
     path = recorders.last_trace["tiny"]
-    ops_per_step = overhead._ops_per_step(tracer.load(path))
+    ops_per_step = overhead_recorders.ops_per_step(tracer.load(path))
     with pa.OSFile(path) as source:
         reader = ipc.open_stream(source)
         table = reader.read_all().unify_dictionaries().combine_chunks()
