@@ -3,10 +3,11 @@ when it really completed.
 
 Collectives return before they finish. The hot path queues a launched collective's record with
 its ``cid`` and no end; the rest (COMM_ROW) stays in a :class:`CommRecord` until the record is
-written, so its ``t1`` can still be filled in by whichever completion signal comes: the future
-of a c10d Work (a callback, possibly on another thread), the end of the caller's ``Work.wait()``
-(works without a future: gloo's send/recv), or the ``wait_tensor`` / first use of a functional
-collective's output. A collective written before it completed gets a separate completion row
+written, so its ``t1`` can still be filled in by whichever completion signal comes first: the
+future of a c10d Work (a callback on the thread that completed it, once it holds the GIL), the
+end of the caller's ``Work.wait()`` (the only signal of works without a future: gloo's
+send/recv and reduce-scatter), or the ``wait_tensor`` / first use of a functional collective's
+output. A collective written before it completed gets a separate completion row
 (``paratrace::complete``), which the reader folds back. A collective that ended in an error
 keeps no end time; it is described in the trace's metadata instead.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 import sys
 import threading
 import weakref
+from threading import get_ident as _get_ident
 from time import perf_counter_ns as _now
 from typing import Optional
 
@@ -139,8 +141,9 @@ class CommTracker:
         except Exception:
             self.complete(record, record.t_ret)
             return
-        # NOTE: gloo's send/recv works have no future, and waiting on them from a second thread
-        # deadlocks; their completion is taken at the end of the caller's own wait() (patched).
+        # NOTE: gloo's send/recv and reduce-scatter works have no future, and waiting on them
+        # from a second thread deadlocks; their completion is the end of the caller's own
+        # wait() (wait_hook), which also completes a work whose callback still waits for the GIL
         self.works[id(work)] = (work, record)
         try:
             fut = work.get_future()
@@ -158,13 +161,33 @@ class CommTracker:
             return
         self.complete(record, t)
 
-    def work_waited(self, work) -> None:
-        """Called at the end of every ``Work.wait()`` (process_group.py patches it)."""
+    def work_waited(self, work, t: int) -> None:
+        """A ``Work.wait()`` returned at ``t`` (:func:`wait_hook`): the work's collective had
+        completed by then, whatever its future's callback says later."""
+        record = self._take_work(work)
+        if record is not None:
+            self.complete(record, t)
+
+    def work_failed(self, work, exc) -> None:
+        """A ``Work.wait()`` raised: the work's collective never completed."""
+        record = self._take_work(work)
+        if record is not None:
+            self._failed(record, exc)
+
+    def _take_work(self, work):
+        # NOTE: pybind11 keeps one Python object per live C++ Work, and self.works holds the one
+        # that launch unboxed, so the caller's work is that very object (checked on torch 2.13:
+        # every c10d API, sync and async, coalesced, batch_isend_irecv); a new object of the
+        # same id after the entry went is not the tracked work, hence the identity test
         if not self.works:
-            return
+            return None
         item = self.works.pop(id(work), None)
-        if item is not None and item[0] is work:
-            self.complete(item[1], _now())
+        if item is None:
+            return None
+        if item[0] is not work:
+            self.works[id(work)] = item
+            return None
+        return item[1]
 
     def _failed(self, record, exc) -> None:
         """A collective that ended in an error keeps no end time; the error goes to the meta."""
@@ -266,6 +289,39 @@ def _tensor_bytes(value):
             total += nbytes
             dtype = dtype or dt
     return total, dtype
+
+
+def wait_hook(session):
+    """The recorder's ``Work.wait()`` (process_group.py installs it): its end completes the
+    work's collective, and the ops a backend runs inside it are not recorded.
+
+    NOTE: gloo's reduce-scatter (``_reduce_scatter_base``, ``reduce_scatter_tensor_coalesced``)
+    is an all-reduce whose work, a LambdaWork with no future, waits for it in ``wait()`` and then
+    copies this rank's chunk out (``aten.split``, ``aten.copy_``) on the waiting thread, through
+    the dispatcher. Recorded, those ops split the wait in two: the time blocked before them held
+    no completion and counted as compute (the reference GPT, tp 2 + SP: median 0.6 ms, up to
+    8 ms a reduce-scatter). They are the collective's own work, as the same copies inside a
+    functional collective's ``wait_tensor`` (never seen, being inside an op): the mode steps
+    off this thread's dispatch stack for the wait (only the thread that entered it can)."""
+    tracker = session._comm
+
+    def wait(original, work, args, kwargs):
+        mode = session._mode
+        off = mode is not None and _get_ident() == session._owner and mode.suspend()
+        try:
+            result = original(work, *args, **kwargs)
+            t = _now()
+        except Exception as exc:
+            tracker.work_failed(work, exc)
+            raise
+        finally:
+            if off:
+                mode.resume()
+        if result is not False:             # False: a wait that timed out without raising
+            tracker.work_waited(work, t)
+        return result
+
+    return wait
 
 
 def special_op(session, special, func, args, kwargs, op_id):

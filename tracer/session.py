@@ -24,7 +24,7 @@ from ._mode import RecordingMode
 from ._native import native_hot_path
 from .annotations import AnnotationStack, Range
 from .clock import ClockAlignment
-from .comm import CommTracker, special_op
+from .comm import CommTracker, special_op, wait_hook
 from .device import DeviceRecorder, clock_pair, cuda_in_use, pairs_meta
 from .dictionaries import Dictionaries
 from .dtensor import SubclassOps, function_phase
@@ -137,7 +137,7 @@ class Session(_SessionState):
         self._install_hooks()
         self._undo.append(patch_process_group(on_init=self._on_pg_init,
                                               on_destroy=self._on_pg_destroy,
-                                              on_work_waited=self._comm.work_waited))
+                                              wait_work=wait_hook(self)))
         self._undo.append(exits.patch_os_exit(self))      # os._exit closes the trace first
         RecordingMode.skip_dynamo()
         self._mode = RecordingMode(self.on_op, compiled=self.options.compiled != "eager")
