@@ -19,6 +19,7 @@ from gpt_helpers import REPO, env, free_port
 
 SCRIPTS = Path(__file__).parent / "scripts"
 MARKER = "aten.neg.default"        # the first op each case runs after its wait returned
+DDP_STEPS = 20
 _C10D = {"all_reduce": "all_reduce", "all_gather": "all_gather",
          "all_gather_into_tensor": "all_gather", "reduce_scatter": "reduce_scatter",
          "reduce_scatter_tensor": "reduce_scatter", "broadcast": "broadcast", "reduce": "reduce",
@@ -42,6 +43,10 @@ def expected_kinds(rank: int) -> dict:
     cases["dtensor:partial_to_replicate"] = ["all_reduce"]
     cases["dtensor:partial_to_shard"] = ["reduce_scatter"]
     cases["unwaited:all_reduce"] = ["all_reduce"]
+    for step in range(DDP_STEPS):
+        cases[f"ddp:{step}"] = ["all_reduce"]             # the one bucket
+    # the second forward rebuilds the buckets: rank 0's bucket layout, broadcast (indices, sizes)
+    cases["ddp:1"] = ["broadcast", "broadcast", "all_reduce"]
     return cases
 
 
@@ -129,3 +134,18 @@ def test_the_waiting_rank_ends_after_the_late_rank_arrived(run):
                 name
             checked += 1
     assert checked >= 30
+
+
+def test_ddp_bucket_all_reduce_ends_before_ddp_copies_it_back(run):
+    """DDP's finalize waits for the bucket's future in C++ (no Work.wait), then copies the
+    reduced bucket into the gradients (grad_sync ops after backward): the all-reduce ended
+    before the first of them started. Its callback, waiting for the GIL, lost the race to those
+    copies in about 1 backward of 5 before the hot path looked at the future itself."""
+    _, cases = run
+    for rank in range(2):
+        for step in range(DDP_STEPS):
+            events = cases[rank][f"ddp:{step}"]
+            (bucket,) = [e for e in events if e["kind"] == "all_reduce"]
+            copies = [e for e in events if not e["kind"] and e["phase"] == "grad_sync"
+                      and e["t0"] > bucket["t_ret"]]
+            assert copies and bucket["t1"] <= copies[0]["t0"], (rank, step)

@@ -4,11 +4,14 @@ Each case runs inside ``tracer.annotate(CASE)``: rank 1 sleeps, both ranks run t
 and wait for it, then run one marker op (``aten.neg``) and hold the GIL in plain Python for a
 while, so that a completion stamped by a future callback that still waits for the GIL would land
 after the marker. The ``unwaited`` case launches an all-reduce nobody waits for: it completes by
-its future. Usage: torchrun --nproc-per-node 2 comm_completion.py OUT"""
+its future. ``ddp:STEP`` is a DDP backward: DDP's finalize waits for the bucket's future in C++,
+not in ``Work.wait()``, and then copies the result into the gradients; the all-reduce must end
+before those copies. Usage: torchrun --nproc-per-node 2 comm_completion.py OUT"""
 import sys
 import time
 
 import torch
+import torch.nn as nn
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 from torch.distributed.device_mesh import init_device_mesh
@@ -18,6 +21,7 @@ import tracer
 
 LATE_S = 0.02          # how late rank 1 arrives at each collective
 HOLD_S = 0.01          # how long each rank holds the GIL after its marker op
+DDP_STEPS = 20         # the bucket's callback loses the race for the GIL in about 1 of 5
 
 
 def hold_gil() -> None:
@@ -104,6 +108,9 @@ def main(out: str) -> None:
                                ("partial_to_shard", Partial(), Shard(0))):
             case("dtensor:" + name, lambda src=src, dst=dst: DTensor.from_local(
                 local, mesh, [src]).redistribute(mesh, [dst]).to_local() * 1)
+        model = nn.parallel.DistributedDataParallel(nn.Linear(8, 2))
+        for step in range(DDP_STEPS):
+            case(f"ddp:{step}", lambda: model(torch.ones(4, 8)).sum().backward())
         with tracer.annotate("unwaited:all_reduce"):
             if rank == 1:
                 time.sleep(LATE_S)
