@@ -64,6 +64,9 @@ def test_every_c10d_collective_kind_is_recorded_once_with_group_bytes_and_comple
                 assert e["bytes"] == 1024                 # its full input
             elif e["kind"] == "scatter":                  # the root hands every chunk, others none
                 assert e["bytes"] == (2048 if rank == 0 else 0)
+                # a receiver names the dtype of what it receives, as the root does: the members
+                # of one collective agree (a receiver used to record none, a "mismatch")
+                assert e["dtype"] == "f32"
             else:
                 assert e["bytes"] == 1024 and e["dtype"] == "f32", e
             if e["kind"] in ("send", "recv"):

@@ -78,6 +78,10 @@ class CommTracker:
         nbytes, dtype = 0, None
         if comm.input_arg is not None and comm.input_arg < len(args):
             nbytes, dtype = _tensor_bytes(args[comm.input_arg])
+        if dtype is None and comm.output_arg is not None and comm.output_arg < len(args):
+            # a rank that hands nothing (a scatter's receivers) records what it receives, so
+            # that every member of the collective names the same dtype; its bytes stay 0
+            dtype = _tensor_bytes(args[comm.output_arg])[1]
         async_op = None
         if comm.async_arg is not None:
             # NOTE: the dispatcher drops trailing arguments left at their default (async_op
