@@ -8,9 +8,9 @@ future of a c10d Work (a callback on the thread that completed it, once it holds
 op the rank starts once that future is done (:meth:`CommTracker.before_op`), the end of the
 caller's ``Work.wait()`` (the only signal of works without a future: gloo's send/recv and
 reduce-scatter), or the ``wait_tensor`` / first use of a functional collective's output. Each
-is taken after the completion, never before. A collective written before it completed gets a separate completion row
-(``paratrace::complete``), which the reader folds back. A collective that ended in an error
-keeps no end time; it is described in the trace's metadata instead.
+is taken after the completion, never before. A collective written before it completed gets a
+separate completion row (``paratrace::complete``), which the reader folds back. A collective
+that ended in an error keeps no end time; it is described in the trace's metadata instead.
 """
 from __future__ import annotations
 
