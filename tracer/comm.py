@@ -142,7 +142,8 @@ class CommTracker:
 
     # ------------------------------------------------------------------ c10d works
     def _track_work(self, work, record) -> None:
-        """Completion of a c10d collective: its future's callback, else the end of its wait()."""
+        """Completion of a c10d collective: the first of its future's callback, an op started
+        once the future is done (:meth:`before_op`) and the end of its wait()."""
         try:
             if isinstance(work, torch.ScriptObject):
                 work = torch._C._distributed_c10d.Work.unbox(work)
