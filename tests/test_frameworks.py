@@ -176,6 +176,12 @@ def test_lightning_closure_keeps_forward_backward_and_grad_sync(lightning):
         outside = [e for e in collectives(records) if e["kind"] in ("barrier", "all_reduce")
                    and e not in buckets]
         assert outside and {e["phase"] for e in outside} == {"other"}
+        # DDP's bucket rebuild in the second step's forward broadcasts the bucket layout
+        # (integers) from inside the DDP module: setup, as the constructor's, not the forward
+        rebuild = [e for e in collectives(records) if e["kind"] == "broadcast"
+                   and e["module"] == "DistributedDataParallel"]
+        assert len(rebuild) == 2 and {e["dtype"] for e in rebuild} == {"i32"}
+        assert {e["phase"] for e in collectives(records) if e["kind"] == "broadcast"} == {"other"}
 
 
 def test_lightning_stacks_reach_the_lightning_module(lightning):

@@ -64,6 +64,9 @@ def test_every_c10d_collective_kind_is_recorded_once_with_group_bytes_and_comple
                 assert e["bytes"] == 1024                 # its full input
             elif e["kind"] == "scatter":                  # the root hands every chunk, others none
                 assert e["bytes"] == (2048 if rank == 0 else 0)
+                # a receiver names the dtype of what it receives, as the root does: the members
+                # of one collective agree (a receiver used to record none, a "mismatch")
+                assert e["dtype"] == "f32"
             else:
                 assert e["bytes"] == 1024 and e["dtype"] == "f32", e
             if e["kind"] in ("send", "recv"):
@@ -131,20 +134,23 @@ def test_pipelining_1f1b_send_recv_counts(tmp_path):
         assert peers == {1 - rank}
 
 
-def test_a_collective_whose_peer_died_is_recorded_failed_not_completed(tmp_path):
+@pytest.mark.parametrize("kind", ["all_reduce", "reduce_scatter"])
+def test_a_collective_whose_peer_died_is_recorded_failed_not_completed(tmp_path, kind):
+    """all_reduce fails in its future's callback; gloo's reduce-scatter has no future and fails
+    in the caller's wait()."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
            "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
-           str(SCRIPTS / "tracer_peer_dies.py"), str(tmp_path)]
+           str(SCRIPTS / "tracer_peer_dies.py"), str(tmp_path), kind]
     proc = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=240)
     assert proc.returncode != 0
     survivor = tracer.load(tmp_path / "rank-0.arrow")
     assert survivor.status == "failed" and survivor.meta["error"]
-    reduces = [e for e in survivor.records() if e["kind"] == "all_reduce"]
-    assert len(reduces) == 2
-    assert reduces[0]["t1"] is not None and reduces[1]["t1"] is None
+    comms = [e for e in survivor.records() if e["kind"]]
+    assert [e["kind"] for e in comms] == ["all_reduce", kind]
+    assert comms[0]["t1"] is not None and comms[1]["t1"] is None
     failed = survivor.meta["failed_collectives"]
-    assert [f["kind"] for f in failed] == ["all_reduce"] and failed[0]["seq"] == 1
-    assert failed[0]["error"]
+    assert [f["kind"] for f in failed] == [kind] and failed[0]["seq"] == 1
+    assert failed[0]["error"] and not survivor.meta["inflight"]
     dead = tracer.load(tmp_path / "rank-1.arrow")      # killed without closing: still readable
     assert dead.status == "running" and [e["kind"] for e in dead.records() if e["kind"]] == \
         ["all_reduce"]

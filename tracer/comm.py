@@ -3,18 +3,21 @@ when it really completed.
 
 Collectives return before they finish. The hot path queues a launched collective's record with
 its ``cid`` and no end; the rest (COMM_ROW) stays in a :class:`CommRecord` until the record is
-written, so its ``t1`` can still be filled in by whichever completion signal comes: the future
-of a c10d Work (a callback, possibly on another thread), the end of the caller's ``Work.wait()``
-(works without a future: gloo's send/recv), or the ``wait_tensor`` / first use of a functional
-collective's output. A collective written before it completed gets a separate completion row
-(``paratrace::complete``), which the reader folds back. A collective that ended in an error
-keeps no end time; it is described in the trace's metadata instead.
+written, so its ``t1`` can still be filled in by whichever completion signal comes first: the
+future of a c10d Work (a callback on the thread that completed it, once it holds the GIL), an
+op the rank starts once that future is done (:meth:`CommTracker.before_op`), the end of the
+caller's ``Work.wait()`` (the only signal of works without a future: gloo's send/recv and
+reduce-scatter), or the ``wait_tensor`` / first use of a functional collective's output. Each
+is taken after the completion, never before. A collective written before it completed gets a
+separate completion row (``paratrace::complete``), which the reader folds back. A collective
+that ended in an error keeps no end time; it is described in the trace's metadata instead.
 """
 from __future__ import annotations
 
 import sys
 import threading
 import weakref
+from threading import get_ident as _get_ident
 from time import perf_counter_ns as _now
 from typing import Optional
 
@@ -25,6 +28,8 @@ from . import ops, rows
 from .labels import PHASE_BACKWARD, PHASE_FORWARD
 
 COMM_ROW = rows.COMM_ROW
+_future_is_done = torch._C.Future.done       # unbound: one call less than the wrapper's
+_future_value = torch._C.Future.value
 P2P_KINDS = frozenset(("send", "recv"))       # ops.KINDS of point-to-point operations
 _current_node = torch._C._current_autograd_node
 
@@ -54,6 +59,7 @@ class CommTracker:
         self._flushed_pending: set = set()
         self.funcol: dict = {}             # id(output) -> (weakref, CommRecord)
         self.works: dict = {}              # id(Work) -> (Work, CommRecord) until completed
+        self.futures: dict = {}            # cid -> (its work's future, CommRecord), not yet done
         self.last: Optional[dict] = None   # the last collective launched, described
         self.failed: list = []             # collectives that ended in an error, described
         self.lock = threading.Lock()
@@ -72,6 +78,10 @@ class CommTracker:
         nbytes, dtype = 0, None
         if comm.input_arg is not None and comm.input_arg < len(args):
             nbytes, dtype = _tensor_bytes(args[comm.input_arg])
+        if dtype is None and comm.output_arg is not None and comm.output_arg < len(args):
+            # a rank that hands nothing (a scatter's receivers) records what it receives, so
+            # that every member of the collective names the same dtype; its bytes stay 0
+            dtype = _tensor_bytes(args[comm.output_arg])[1]
         async_op = None
         if comm.async_arg is not None:
             # NOTE: the dispatcher drops trailing arguments left at their default (async_op
@@ -132,21 +142,25 @@ class CommTracker:
 
     # ------------------------------------------------------------------ c10d works
     def _track_work(self, work, record) -> None:
-        """Completion of a c10d collective: its future's callback, else the end of its wait()."""
+        """Completion of a c10d collective: the first of its future's callback, an op started
+        once the future is done (:meth:`before_op`) and the end of its wait()."""
         try:
             if isinstance(work, torch.ScriptObject):
                 work = torch._C._distributed_c10d.Work.unbox(work)
         except Exception:
             self.complete(record, record.t_ret)
             return
-        # NOTE: gloo's send/recv works have no future, and waiting on them from a second thread
-        # deadlocks; their completion is taken at the end of the caller's own wait() (patched).
+        # NOTE: gloo's send/recv and reduce-scatter works have no future, and waiting on them
+        # from a second thread deadlocks; their completion is the end of the caller's own
+        # wait() (wait_hook), which also completes a work whose callback still waits for the GIL
         self.works[id(work)] = (work, record)
         try:
             fut = work.get_future()
         except Exception:
             return
         fut.add_done_callback(lambda f, rec=record, key=id(work): self._future_done(f, rec, key))
+        if record.cid in self.pending:       # the callback did not run at once
+            self.futures[record.cid] = (fut, record)
 
     def _future_done(self, fut, record, key) -> None:
         t = _now()
@@ -158,13 +172,33 @@ class CommTracker:
             return
         self.complete(record, t)
 
-    def work_waited(self, work) -> None:
-        """Called at the end of every ``Work.wait()`` (process_group.py patches it)."""
+    def work_waited(self, work, t: int) -> None:
+        """A ``Work.wait()`` returned at ``t`` (:func:`wait_hook`): the work's collective had
+        completed by then, whatever its future's callback says later."""
+        record = self._take_work(work)
+        if record is not None:
+            self.complete(record, t)
+
+    def work_failed(self, work, exc) -> None:
+        """A ``Work.wait()`` raised: the work's collective never completed."""
+        record = self._take_work(work)
+        if record is not None:
+            self._failed(record, exc)
+
+    def _take_work(self, work):
+        # NOTE: pybind11 keeps one Python object per live C++ Work, and self.works holds the one
+        # that launch unboxed, so the caller's work is that very object (checked on torch 2.13:
+        # every c10d API, sync and async, coalesced, batch_isend_irecv); a new object of the
+        # same id after the entry went is not the tracked work, hence the identity test
         if not self.works:
-            return
+            return None
         item = self.works.pop(id(work), None)
-        if item is not None and item[0] is work:
-            self.complete(item[1], _now())
+        if item is None:
+            return None
+        if item[0] is not work:
+            self.works[id(work)] = item
+            return None
+        return item[1]
 
     def _failed(self, record, exc) -> None:
         """A collective that ended in an error keeps no end time; the error goes to the meta."""
@@ -172,6 +206,7 @@ class CommTracker:
             if self.pending.pop(record.cid, None) is None:
                 return
             self._flushed_pending.discard(record.cid)
+            self.futures.pop(record.cid, None)
             failure = self.describe(record)
             first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             failure["error"] = f"{type(exc).__name__}: {first_line}"[:500]
@@ -181,6 +216,7 @@ class CommTracker:
     def complete(self, record, t) -> None:
         with self.lock:
             cid = record.cid
+            self.futures.pop(cid, None)
             if self.pending.pop(cid, None) is None:
                 return
             if cid in self._flushed_pending:
@@ -190,6 +226,29 @@ class CommTracker:
                                        cid=cid))
             else:
                 record.t1 = t
+
+    def before_op(self, args) -> None:
+        """What the hot path settles before it runs an op while collectives are pending.
+
+        A c10d work's future that is done completed before this op started, even if its
+        callback has not run: the callback waits for the GIL, which this thread holds, and can
+        land milliseconds later (DDP's finalize waits for its buckets' futures in C++, not in
+        ``Work.wait()``, then copies them into the gradients; a late callback left that wait in
+        no gap the timeline could see: 13 of 60 bucket all-reduces of a 2-rank run, up to
+        12 ms). The time is taken after ``done()`` said so, never before the completion. An
+        op about to consume an AsyncCollectiveTensor waits for it first: time that wait."""
+        if self.futures:
+            for cid, (fut, record) in list(self.futures.items()):
+                if _future_is_done(fut):
+                    t = _now()
+                    try:
+                        _future_value(fut)
+                    except Exception:          # its callback reports the error
+                        self.futures.pop(cid, None)
+                        continue
+                    self.complete(record, t)
+        if self.funcol:
+            self.await_async_args(args)
 
     def await_async_args(self, args) -> None:
         """An op about to consume an AsyncCollectiveTensor waits for it first: time that wait."""
@@ -266,6 +325,39 @@ def _tensor_bytes(value):
             total += nbytes
             dtype = dtype or dt
     return total, dtype
+
+
+def wait_hook(session):
+    """The recorder's ``Work.wait()`` (process_group.py installs it): its end completes the
+    work's collective, and the ops a backend runs inside it are not recorded.
+
+    NOTE: gloo's reduce-scatter (``_reduce_scatter_base``, ``reduce_scatter_tensor_coalesced``)
+    is an all-reduce whose work, a LambdaWork with no future, waits for it in ``wait()`` and then
+    copies this rank's chunk out (``aten.split``, ``aten.copy_``) on the waiting thread, through
+    the dispatcher. Recorded, those ops split the wait in two: the time blocked before them held
+    no completion and counted as compute (the reference GPT, tp 2 + SP: median 0.6 ms, up to
+    8 ms a reduce-scatter). They are the collective's own work, as the same copies inside a
+    functional collective's ``wait_tensor`` (never seen, being inside an op): the mode steps
+    off this thread's dispatch stack for the wait (only the thread that entered it can)."""
+    tracker = session._comm
+
+    def wait(original, work, args, kwargs):
+        mode = session._mode
+        off = mode is not None and _get_ident() == session._owner and mode.suspend()
+        try:
+            result = original(work, *args, **kwargs)
+            t = _now()
+        except Exception as exc:
+            tracker.work_failed(work, exc)
+            raise
+        finally:
+            if off:
+                mode.resume()
+        if result is not False:             # False: a wait that timed out without raising
+            tracker.work_waited(work, t)
+        return result
+
+    return wait
 
 
 def special_op(session, special, func, args, kwargs, op_id):

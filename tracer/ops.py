@@ -39,6 +39,7 @@ FUNCTIONAL_NAMESPACES = ("_c10d_functional", "_c10d_functional_autograd", "c10d_
 _INPUT_ARGS = ("input_tensors", "input_tensor", "input", "inputs", "input_list", "tensors",
                "tensor", "self")
 _PEER_ARGS = ("dstRank", "srcRank", "root_rank", "dst", "src", "root")
+_OUTPUT_ARGS = ("output_tensors", "output_tensor", "output", "outputs", "output_lists")
 
 # Pseudo-ops the tracer writes itself (never dispatched by torch).
 OP_COMPLETE = "paratrace::complete"     # completion of a collective flushed before it finished
@@ -65,6 +66,7 @@ class CommSpec:
     peer_arg: Optional[int]     # peer / root rank, group-local
     async_arg: Optional[int]    # c10d async_op flag
     async_default: Optional[bool] = None   # its schema default, when the caller omitted it
+    output_arg: Optional[int] = None       # tensors it writes (the dtype of a rank handing none)
 
 
 @dataclass(frozen=True)
@@ -117,7 +119,8 @@ def classify(func) -> OpSpec:
         default = schema.arguments[async_arg].default_value if async_arg is not None else None
         spec = CommSpec(kind, "c10d", _arg_index(schema, _INPUT_ARGS), group_arg,
                         _arg_index(schema, _PEER_ARGS), async_arg,
-                        None if default is None else bool(default))
+                        None if default is None else bool(default),
+                        _arg_index(schema, _OUTPUT_ARGS))
     else:
         spec = CommSpec(kind, "functional", _arg_index(schema, _INPUT_ARGS),
                         _arg_index(schema, ("group_name", "tag")),

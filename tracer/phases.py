@@ -24,7 +24,8 @@ module stack and grad mode (forward, else other). This module adds, without a co
   no node does): DDP's finalize, which copies the reduced buckets back into the gradients.
 - ``backward`` for the gradient seed (``ones_like``) that ``loss.backward()`` makes before
   the engine runs, with grad mode on.
-- ``other`` for setup: the DistributedDataParallel constructor's parameter broadcast.
+- ``other`` for setup: the DistributedDataParallel constructor's parameter broadcast, and its
+  bucket rebuild in the second forward (broadcasts of the bucket layout).
 - an optimizer's closure (``optimizer.step(closure)``: LBFGS, Lightning's loop) runs with the
   optimizer phase lifted: its forward, backward and gradient sync get their own phases.
 """
@@ -215,13 +216,17 @@ class PhaseRules:
         patches.wrap(_checkpoint, "_recomputation_hook", lambda _: Recomputation)
 
     def _patch_ddp(self, patches: Patches) -> None:
-        """DDP's constructor is setup (its parameter broadcast: ``other``); the wrappers made
-        while recording are remembered (:meth:`owner_module`)."""
+        """DDP's constructor is setup (its parameter broadcast: ``other``), and so is the
+        rebuild of its gradient buckets, once, in the second forward: two broadcasts of rank
+        0's bucket layout (indices and sizes: integers, no parameter, gradient or activation).
+        The wrappers made while recording are remembered (:meth:`owner_module`)."""
         try:
             from torch.nn.parallel import DistributedDataParallel as DDP
         except ImportError:   # pragma: no cover - torch without distributed
             return
         annotations, ddps = self._annotations, self._ddps
+        patches.wrap(getattr(torch._C._distributed_c10d, "Reducer", None), "_rebuild_buckets",
+                     functools.partial(annotations.forcing, PHASE_OTHER))
 
         def make(original):
             @functools.wraps(original)

@@ -1,7 +1,7 @@
 """The recorder's patches of torch.distributed, kept apart so the recorder never grows
 monkey-patching: ``init_process_group`` (rank, world size and clock alignment become known),
-``destroy_process_group`` (the last chance to align clocks) and ``Work.wait`` (the completion of
-works that have no future, such as gloo's send/recv)."""
+``destroy_process_group`` (the last chance to align clocks) and ``Work.wait`` (where a rank
+waits for its collectives: their completion, and the ops a backend runs inside the wait)."""
 from __future__ import annotations
 
 import time
@@ -12,12 +12,13 @@ import torch.distributed as dist
 
 
 def patch_process_group(*, on_init: Callable[[int], None], on_destroy: Callable[[], None],
-                        on_work_waited: Callable[[object], None]) -> Callable[[], None]:
+                        wait_work: Callable[[Callable, object, tuple, dict], object]
+                        ) -> Callable[[], None]:
     """Install the patches; returns the function that removes them.
 
     ``on_init(t0)`` runs after a process group was created (``t0``: perf_counter_ns when the
-    call began), ``on_destroy`` before the default group
-    is destroyed, ``on_work_waited(work)`` after every ``Work.wait()`` returned.
+    call began), ``on_destroy`` before the default group is destroyed; every
+    ``work.wait(*args, **kwargs)`` becomes ``wait_work(original_wait, work, args, kwargs)``.
     """
     if not dist.is_available():
         return lambda: None
@@ -40,9 +41,7 @@ def patch_process_group(*, on_init: Callable[[int], None], on_destroy: Callable[
     original_wait = work_type.wait
 
     def wait(work, *args, **kwargs):
-        result = original_wait(work, *args, **kwargs)
-        on_work_waited(work)
-        return result
+        return wait_work(original_wait, work, args, kwargs)
 
     work_type.wait = wait
     patched.append((work_type, "wait", original_wait))

@@ -24,7 +24,7 @@ from ._mode import RecordingMode
 from ._native import native_hot_path
 from .annotations import AnnotationStack, Range
 from .clock import ClockAlignment
-from .comm import CommTracker, special_op
+from .comm import CommTracker, special_op, wait_hook
 from .device import DeviceRecorder, clock_pair, cuda_in_use, pairs_meta
 from .dictionaries import Dictionaries
 from .dtensor import SubclassOps, function_phase
@@ -89,7 +89,8 @@ class Session(_SessionState):
         # id(op overload) -> (op id, CommSpec, special, call, the overload). NOTE: by id: an
         # OpOverload hashes in Python; torch keeps overloads alive, and so does the entry.
         self._specs: dict = {}
-        self._funcol = self._comm.funcol   # the hot path reads it on every op
+        self._funcol = self._comm.funcol   # the hot path reads both on every op
+        self._futures = self._comm.futures
         self._threads: dict = {}           # thread ident -> small thread number
         # forward autograd node sequence number -> its origin, (stack + 1) << 32 | (module + 1)
         # (an int: ints are not objects the garbage collector tracks), this step and the last
@@ -137,7 +138,7 @@ class Session(_SessionState):
         self._install_hooks()
         self._undo.append(patch_process_group(on_init=self._on_pg_init,
                                               on_destroy=self._on_pg_destroy,
-                                              on_work_waited=self._comm.work_waited))
+                                              wait_work=wait_hook(self)))
         self._undo.append(exits.patch_os_exit(self))      # os._exit closes the trace first
         RecordingMode.skip_dynamo()
         self._mode = RecordingMode(self.on_op, compiled=self.options.compiled != "eager")
@@ -269,8 +270,8 @@ class Session(_SessionState):
             return special_op(self, special, func, args, kwargs, op_id)
         if comm is not None and not self._pg_seen:
             self._on_pg_init()
-        if self._funcol:
-            self._comm.await_async_args(args)
+        if self._funcol or self._futures:
+            self._comm.before_op(args)
         t0 = _now()
         out = call(*args, **kwargs)
         t1 = _now()

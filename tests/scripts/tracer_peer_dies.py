@@ -1,5 +1,7 @@
-"""Rank 1 dies while rank 0 waits in an all_reduce: rank 0's trace must record the collective as
-failed (no end time), not completed. Usage: torchrun --nproc-per-node 2 tracer_peer_dies.py OUT"""
+"""Rank 1 dies while rank 0 waits in an all_reduce (or, with KIND reduce_scatter, in gloo's
+reduce-scatter, whose work has no future and fails in wait()): rank 0's trace must record the
+collective as failed (no end time), not completed.
+Usage: torchrun --nproc-per-node 2 tracer_peer_dies.py OUT [KIND]"""
 import os
 import signal
 import sys
@@ -22,4 +24,7 @@ with tracer.trace(sys.argv[1]):
     # could come before rank 0 has seen gloo's error and finished its trace. The test is about
     # what the trace records, so rank 0 finishes on its own.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    dist.all_reduce(t)                  # rank 0: the peer is gone
+    if sys.argv[2:] == ["reduce_scatter"]:
+        dist.reduce_scatter_tensor(torch.zeros(8), t)      # rank 0: the peer is gone
+    else:
+        dist.all_reduce(t)                                  # rank 0: the peer is gone

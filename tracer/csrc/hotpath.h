@@ -114,6 +114,7 @@ typedef struct {
     PyObject *threads;        /* thread ident -> thread number */
     PyObject *fwd_of_node, *fwd_prev;   /* autograd node sequence number -> origin */
     PyObject *funcol;         /* functional collectives pending (comm.py) */
+    PyObject *futures;        /* c10d works' futures not yet seen done (comm.py) */
     PyObject *modules, *annotations, *stacks, *signatures, *rules;
     PyObject *torch_state;    /* (current node, grad enabled, graph task id, sequence number) */
     PtrMap entries;           /* op overload -> its entry of specs (held) */

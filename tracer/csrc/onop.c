@@ -77,6 +77,7 @@ session_is_ready(SessionState *s)
 {
     return s->queue && s->push && s->threads && PyDict_Check(s->threads) && s->fwd_of_node &&
         PyDict_Check(s->fwd_of_node) && s->fwd_prev && PyDict_Check(s->fwd_prev) && s->funcol &&
+        s->futures && PyDict_Check(s->futures) &&
         s->modules && s->annotations && s->rules && s->stacks && s->signatures &&
         PyObject_TypeCheck(s->stacks, &StackWalkType) &&
         PyObject_TypeCheck(s->signatures, &ShapeKeysType) &&
@@ -304,8 +305,9 @@ session_on_op(SessionState *s, PyObject *func, PyObject *args, PyObject *kwargs,
         *handled = 1;
         return PyObject_Call(call, args, kwargs);
     }
-    int funcol = PyDict_Check(s->funcol) ? PyDict_GET_SIZE(s->funcol) > 0
-                                         : PyObject_IsTrue(s->funcol);
+    /* pending functional collectives and c10d futures: the Python twin settles them first */
+    int funcol = PyDict_GET_SIZE(s->futures) > 0 ? 1
+        : PyDict_Check(s->funcol) ? PyDict_GET_SIZE(s->funcol) > 0 : PyObject_IsTrue(s->funcol);
     if (funcol != 0 || PyTuple_GET_ITEM(entry, 1) != Py_None ||
         PyTuple_GET_ITEM(entry, 2) != Py_None || (s->device_wanted && !s->open_ranges)) {
         *handled = funcol < 0;

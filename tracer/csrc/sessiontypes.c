@@ -14,6 +14,7 @@ state_traverse(SessionState *s, visitproc visit, void *arg)
     Py_VISIT(s->fwd_of_node);
     Py_VISIT(s->fwd_prev);
     Py_VISIT(s->funcol);
+    Py_VISIT(s->futures);
     Py_VISIT(s->modules);
     Py_VISIT(s->annotations);
     Py_VISIT(s->stacks);
@@ -33,6 +34,7 @@ state_clear(SessionState *s)
     Py_CLEAR(s->fwd_of_node);
     Py_CLEAR(s->fwd_prev);
     Py_CLEAR(s->funcol);
+    Py_CLEAR(s->futures);
     Py_CLEAR(s->modules);
     Py_CLEAR(s->annotations);
     Py_CLEAR(s->stacks);
@@ -71,6 +73,7 @@ static PyMemberDef state_members[] = {
     FIELD("_fwd_of_node", T_OBJECT_EX, fwd_of_node),
     FIELD("_fwd_prev", T_OBJECT_EX, fwd_prev),
     FIELD("_funcol", T_OBJECT_EX, funcol),
+    FIELD("_futures", T_OBJECT_EX, futures),
     FIELD("_modules", T_OBJECT_EX, modules),
     FIELD("_annotations", T_OBJECT_EX, annotations),
     FIELD("_stacks", T_OBJECT_EX, stacks),
