@@ -1,7 +1,5 @@
-"""Helpers for the reference-GPT tests: run sample_runs.train in real processes (torchrun with
-gloo on CPU) and read back its --dump. Also runnable as a script, to train under the tracer:
-
-    torchrun --nproc-per-node 4 tests/gpt_helpers.py OUT_DIR [train flags...]
+"""Helpers for the tests that start ranks: run sample_runs.train (or a test script of
+tests/scripts) in real processes (torchrun with gloo on CPU) and read back its --dump.
 """
 from __future__ import annotations
 
@@ -16,6 +14,7 @@ from typing import Optional
 import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
+SCRIPTS = REPO / "tests" / "scripts"
 TINY = ["--layers", "4", "--hidden", "32", "--heads", "4", "--seq-len", "16",
         "--micro-batch-size", "2", "--steps", "3", "--seed", "7"]
 
@@ -46,6 +45,12 @@ def launch(nproc: int, args: list[str], *, script: Optional[str] = None,
                "--master-addr", "127.0.0.1", "--master-port", str(free_port()), *target, *args]
     return subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True,
                           timeout=timeout)
+
+
+def torchrun(script: str, out: Path, nproc: int = 2) -> None:
+    """Run ``tests/scripts/<script> OUT`` on ``nproc`` ranks; it must succeed."""
+    proc = launch(nproc, [str(out)], script=str(SCRIPTS / script))
+    assert proc.returncode == 0, proc.stderr[-4000:]
 
 
 class _Picked:
@@ -148,17 +153,3 @@ def read_dump(path: Path) -> dict:
 def labels(record: dict) -> list[str]:
     """The labels of a record's annotations, outermost first."""
     return [a["label"] for a in record["annotation"]]
-
-
-def _traced_main() -> None:
-    import tracer
-    from sample_runs.train import main
-
-    out_dir, argv = sys.argv[1], sys.argv[2:]
-    with tracer.trace(out_dir):
-        main(argv)
-
-
-if __name__ == "__main__":
-    sys.path.insert(0, str(REPO))
-    _traced_main()

@@ -3,32 +3,24 @@ from __future__ import annotations
 
 import pytest
 
-from test_timeline import gpipe_two_stages, synthetic
+from constructed_timelines import BASE, U, analysed, gpipe_two_stages, synthetic
 from tracer.synthetic import write_run
 from viz.analysis import analyse
 from viz.critical_path import COMM, COMPUTE, IDLE, TRANSFER
 from viz.run import open_run
 from viz.summary import build_summary
 
-U = 1_000
-
-
-def analysed(tmp_path, ranks):
-    write_run(tmp_path, ranks)
-    return analyse(open_run(str(tmp_path)))
-
 
 def spans(path):
     """(rank, start, end, what) of each segment in units, earliest first."""
-    base = 1_000_000_000
-    return [(s.rank, (s.start - base) // U, (s.end - base) // U, s.what)
+    return [(s.rank, (s.start - BASE) // U, (s.end - BASE) // U, s.what)
             for s in reversed(path.segments)]
 
 
 def test_gpipe_path_runs_through_both_stages_and_their_messages(tmp_path):
-    """GPipe p=2, m=2 (test_timeline.gpipe_two_stages): the step [0, 100) ends on rank 0; it
-    resumed at 50 when rank 1's first gradient arrived, rank 1 resumed at 10 when rank 0's
-    first activation arrived. Messages are free, so the path is compute only."""
+    """GPipe p=2, m=2 (constructed_timelines.gpipe_two_stages): the step [0, 100) ends on
+    rank 0; it resumed at 50 when rank 1's first gradient arrived, rank 1 resumed at 10 when
+    rank 0's first activation arrived. Messages are free, so the path is compute only."""
     analysis = analysed(tmp_path, gpipe_two_stages())
     (path,) = analysis.paths
     assert (path.step, path.end_rank) == (1, 0)

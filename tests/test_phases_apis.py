@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import tracer
-from test_tracer_dist import torchrun
+from gpt_helpers import torchrun
 
 
 @pytest.fixture(scope="module")

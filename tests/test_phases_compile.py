@@ -11,7 +11,7 @@ from collections import Counter
 import pytest
 
 import tracer
-from test_tracer_dist import SCRIPTS, torchrun
+from gpt_helpers import SCRIPTS, torchrun
 
 
 @pytest.fixture(scope="module")

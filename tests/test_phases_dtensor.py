@@ -13,8 +13,7 @@ from collections import Counter
 import pytest
 
 import tracer
-from gpt_helpers import REPO, env, free_port
-from test_tracer_dist import SCRIPTS
+from gpt_helpers import REPO, SCRIPTS, env, free_port
 from viz.flops import flops
 
 KIND = {"all_gather_into_tensor": "all_gather", "_allgather_base_": "all_gather",

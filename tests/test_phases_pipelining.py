@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import tracer
-from test_tracer_dist import torchrun
+from gpt_helpers import torchrun
 from tracer.labels import PHASE_GRAD_SYNC, pass_of, phase_of_label, schedule_of
 from viz.analysis import analyse
 from viz.run import open_run

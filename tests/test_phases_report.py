@@ -93,7 +93,8 @@ def test_format_1_traces_with_the_old_phases_still_read(tmp_path):
 def test_recomputation_belongs_to_the_backward_pass_it_runs_in(tmp_path):
     """Passes inferred from P2P order (no annotations): B0's ops replayed by checkpointing
     (recompute) still make the B0 pass."""
-    from test_timeline import BASE, COLUMN_NAMES, U, analysed, gpipe_two_stages
+    from constructed_timelines import BASE, U, analysed, gpipe_two_stages
+    from tracer.format import COLUMN_NAMES
     ranks = gpipe_two_stages()
     op, phase, t0 = (COLUMN_NAMES.index(c) for c in ("op", "phase", "t0"))
     for r in ranks:

@@ -1,112 +1,38 @@
 """The offline HTML report of a real traced run, opened in headless Chromium.
 
-The run is test_callgraph.py's (TP=2 x PP=2 on 4 ranks, traced once per session). The report is
-built the way ``trace-report`` builds it (viz.cli.build: summary.json, then the report). Checks:
-every page type loads in Chromium without a console message and renders something (not a blank
-screenshot); every local href/src in every page and SVG resolves, fragments included; nothing
-points off the machine; problems (hang, failed, missing ranks) come first on index.html; text from
-traces is escaped. Chromium is required: without it the browser tests fail (CI installs it).
+The run is the session's ``callgraph_run`` (tests/traced_runs.py: TP=2 x PP=2 on 4 ranks). The
+report is built the way ``trace-report`` builds it (viz.cli.build: summary.json, then the
+report). Checks: every page type loads in Chromium without a console message and renders
+something (not a blank screenshot); every local href/src in every page and SVG resolves,
+fragments included; nothing points off the machine; problems (hang, failed, missing ranks) come
+first on index.html; text from traces is escaped. Chromium is required: without it the browser
+tests fail (CI installs it).
 """
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
-import struct
-import subprocess
-import tempfile
-import zlib
-from html.parser import HTMLParser
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-import numpy as np
 import pytest
 
-from test_callgraph import TP_FILE, line_of, traced_run
+from browser import blank, chromium
+from html_links import check_links, parse
+from traced_runs import TP_FILE, line_of
 from tracer.synthetic import SyntheticRank
 from viz.cli import build
 
-CHROMIUM = "/usr/bin/chromium"
 MAX_SVG_NODES = 150 + 6          # the cap, plus the legend's sample nodes
 
 
 @pytest.fixture(scope="module")
-def report(tmp_path_factory) -> Path:
+def report(callgraph_run, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("report")
-    index, _ = build(traced_run(), str(out))
+    index, _ = build(str(callgraph_run), str(out))
     assert index == str(out / "index.html")
     return out
-
-
-# ------------------------------------------------------------------------------ chromium
-def chromium(url: str, png: Path) -> list:
-    """Open ``url`` headless, screenshot it into ``png``; returns the page's console lines."""
-    assert os.path.exists(CHROMIUM), "chromium is not installed (apt-get install chromium)"
-    profile = tempfile.mkdtemp(prefix="paratrace-chromium-")
-    try:
-        proc = subprocess.run(
-            [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-             "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0",
-             "--window-size=1000,700", f"--screenshot={png}", url],
-            capture_output=True, text=True, timeout=120)
-    finally:
-        shutil.rmtree(profile, ignore_errors=True)
-    assert png.exists(), f"chromium wrote no screenshot of {url}:\n{proc.stderr[-2000:]}"
-    return [line for line in proc.stderr.splitlines() if ":CONSOLE" in line]
-
-
-def png_pixels(path: Path) -> np.ndarray:
-    """Decode an 8-bit RGB/RGBA PNG (what Chromium writes) into an (h, w, c) array."""
-    data = path.read_bytes()
-    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
-    pos, idat = 8, b""
-    while pos < len(data):
-        length, kind = struct.unpack(">I4s", data[pos:pos + 8])
-        body = data[pos + 8:pos + 8 + length]
-        if kind == b"IHDR":
-            width, height, depth, colour = struct.unpack(">IIBB", body[:10])
-            assert depth == 8 and colour in (2, 6), f"unsupported PNG ({depth}-bit, {colour})"
-            channels = 3 if colour == 2 else 4
-        elif kind == b"IDAT":
-            idat += body
-        pos += 12 + length
-    raw = np.frombuffer(zlib.decompress(idat), np.uint8).reshape(height, 1 + width * channels)
-    out = np.zeros((height, width * channels), np.int32)
-    prev = np.zeros(width * channels, np.int32)
-    for y in range(height):
-        kind, row = raw[y, 0], raw[y, 1:].astype(np.int32)
-        if kind == 0:
-            cur = row
-        elif kind == 1:
-            cur = np.cumsum(row.reshape(width, channels), axis=0).reshape(-1) % 256
-        elif kind == 2:
-            cur = (row + prev) % 256
-        else:
-            cur = np.zeros_like(row)
-            for x in range(len(row)):
-                a = cur[x - channels] if x >= channels else 0
-                b, c = prev[x], prev[x - channels] if x >= channels else 0
-                if kind == 3:
-                    cur[x] = (row[x] + (a + b) // 2) % 256
-                else:
-                    p = a + b - c
-                    pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
-                    pred = a if pa <= pb and pa <= pc else (b if pb <= pc else c)
-                    cur[x] = (row[x] + pred) % 256
-        out[y] = cur
-        prev = cur
-    return out.reshape(height, width, channels)
-
-
-def blank(png: Path) -> bool:
-    """Whether a screenshot is (nearly) one colour."""
-    pixels = png_pixels(png)[:, :, :3].reshape(-1, 3)
-    background = np.median(pixels, axis=0)
-    differs = np.abs(pixels - background).sum(axis=1) > 30
-    return differs.mean() < 0.005
 
 
 def test_the_browser_checks_can_fail(tmp_path):
@@ -128,48 +54,6 @@ def test_pages_load_in_chromium(report, page, tmp_path):
     console = chromium((report / page).as_uri(), png)
     assert console == [], f"{page}: console messages:\n" + "\n".join(console)
     assert not blank(png), f"{page}: blank screenshot"
-
-
-# ------------------------------------------------------------------------------ links
-class _Links(HTMLParser):
-    ATTRS = ("href", "src", "data", "xlink:href", "action")
-
-    def __init__(self):
-        super().__init__()
-        self.links, self.ids = [], set()
-
-    def handle_starttag(self, tag, attrs):
-        for name, value in attrs:
-            if name in self.ATTRS and value is not None:
-                self.links.append(value)
-            if name == "id" and value:
-                self.ids.add(value)
-
-
-def parse(path: Path) -> _Links:
-    parser = _Links()
-    parser.feed(path.read_text(encoding="utf-8"))
-    return parser
-
-
-def check_links(report: Path) -> int:
-    """Every href/src of every page and SVG of ``report`` resolves (fragments included) and
-    none leaves the machine; returns how many were checked."""
-    pages = sorted(p for p in report.rglob("*") if p.suffix in (".html", ".svg"))
-    assert len(pages) > 20
-    parsed = {p: parse(p) for p in pages}
-    checked = 0
-    for page, links in parsed.items():
-        for link in links.links:
-            parts = urlsplit(link)
-            assert not parts.scheme and not parts.netloc, f"{page}: external link {link}"
-            target = page if not parts.path else (page.parent / unquote(parts.path)).resolve()
-            assert target.exists(), f"{page.relative_to(report)}: broken link {link}"
-            if parts.fragment and target.suffix == ".html":
-                ids = parsed[target].ids if target in parsed else parse(target).ids
-                assert parts.fragment in ids, f"{page}: no #{parts.fragment} in {target}"
-            checked += 1
-    return checked
 
 
 def test_every_local_link_resolves_and_nothing_is_external(report):
@@ -219,15 +103,15 @@ def test_source_page_shows_the_ops_a_line_issued(report):
     page = (report / "source" / "sample_runs__parallel__tensor_parallel.py.html").read_text()
     row = re.search(rf'<tr id="L{line}" class="hot">(.*?)</tr>', page, re.S)
     assert row, f"line {line} is not marked as issuing ops"
-    # g after attn.proj and mlp.fc2, summed over the 4 ranks (see test_callgraph.py)
+    # g after attn.proj and mlp.fc2, summed over the 4 ranks (as in test_callgraph.py)
     assert re.search(r'class="comm">forward: all_reduce x16 ', row.group(1)), row.group(1)
     assert "ops in the functions it calls" in row.group(1)
 
 
 # ------------------------------------------------------------------------------ problems
-def test_index_puts_the_hang_first_and_escapes_trace_text(tmp_path):
+def test_index_puts_the_hang_first_and_escapes_trace_text(callgraph_run, tmp_path):
     run_dir = tmp_path / "run"
-    shutil.copytree(traced_run(), run_dir)
+    shutil.copytree(callgraph_run, run_dir)
     (run_dir / "traces" / "rank-3.arrow").unlink()
     (run_dir / "run.json").write_text(json.dumps({
         "command": "trace-run train.py --name '<script>alert(1)</script>'", "exit_code": 1,

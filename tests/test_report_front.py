@@ -1,11 +1,12 @@
 """The report's front page and call graphs as a person sees them, in real headless Chromium.
 
-On test_report_browser's two-step run: the front page leads with the timeline picture and a line
-per rank carrying summary.json's numbers, and its top ops and collectives equal a count made
-straight from the trace columns, each linked to a highlighted source line; the call graphs show
-the counted step and the setup graph the rest, adding up to the whole recording; every new page
-loads without a console message, renders something, and every link resolves; names from a trace
-full of HTML stay text on the front page, in the graphs and in the search list.
+On the session's two-step run (conftest.two_step_run): the front page leads with the timeline
+picture and a line per rank carrying summary.json's numbers, and its top ops and collectives
+equal a count made straight from the trace columns, each linked to a highlighted source line;
+the call graphs show the counted step and the setup graph the rest, adding up to the whole
+recording; every new page loads without a console message, renders something, and every link
+resolves; names from a trace full of HTML stay text on the front page, in the graphs and in the
+search list.
 """
 from __future__ import annotations
 
@@ -17,21 +18,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from test_report import blank, check_links, parse
-from test_report_browser import Browser, two_step_run
+from browser import Browser, blank
+from html_links import check_links, parse
 from viz.cli import build
 
 
 @pytest.fixture(scope="module")
-def report() -> Path:
-    return Path(two_step_run())
-
-
-@pytest.fixture(scope="module")
-def browser():
-    b = Browser()
-    yield b
-    b.close()
+def report(two_step_run) -> Path:
+    return two_step_run
 
 
 def rows_of(browser: Browser, selector: str) -> list:

@@ -1,8 +1,8 @@
 """Pan, zoom and search of the report's pictures (viz/templates/svgview.js), driven with real
-input events through headless Chromium on test_report_browser's two-step run: a drag moves the
-view by exactly the pixels dragged and does not follow the link under it, a wheel turn zooms
-about the pointer, + - arrows and 0 do what they say, search centres on a function and steps
-through an op's leaves, and the timeline and diff pages zoom too.
+input events through headless Chromium on the session's two-step run (conftest.two_step_run):
+a drag moves the view by exactly the pixels dragged and does not follow the link under it, a
+wheel turn zooms about the pointer, + - arrows and 0 do what they say, search centres on a
+function and steps through an op's leaves, and the timeline and diff pages zoom too.
 """
 from __future__ import annotations
 
@@ -10,20 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from test_report import blank
-from test_report_browser import Browser, box_centre, fitted, two_step_run, view_box
+from browser import blank, box_centre, fitted, view_box
 
 
 @pytest.fixture(scope="module")
-def report() -> Path:
-    return Path(two_step_run())
-
-
-@pytest.fixture(scope="module")
-def browser():
-    b = Browser()
-    yield b
-    b.close()
+def report(two_step_run) -> Path:
+    return two_step_run
 
 
 def test_drag_wheel_and_keys_pan_and_zoom_the_call_graph(report, browser):

@@ -1,7 +1,7 @@
 """docs/sql.md runs as written and its answers are paratrace's own.
 
 Every ```python block of the page runs, in order, in one namespace, on a real traced run of the
-reference GPT (test_report_browser's: TP=2 x PP=2, 4 ranks, two steps); the page's run
+reference GPT (conftest.two_step_run: TP=2 x PP=2, 4 ranks, two steps); the page's run
 directory ``"runs/tp2pp2"`` is replaced by that run's. Then each query's result, DuckDB's and
 Polars', is checked: top ops per module against the report's op groups recounted over the same
 steps, collectives per group and phase against summary.json's comm rows, the two-rank join
@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 
-from test_report_browser import two_step_run
 from viz.analysis import analyse, recount
 from viz.run import open_run
 
@@ -26,8 +25,8 @@ PLACEHOLDER = '"runs/tp2pp2"'
 
 
 @pytest.fixture(scope="module")
-def run() -> Path:
-    return Path(two_step_run())
+def run(two_step_run) -> Path:
+    return two_step_run
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,8 @@
 """Timeline metrics on constructed traces with known times: exact values.
 
 Each test builds its ranks with tracer.synthetic (real trace files through the tracer's own
-writer) and analyses them with viz.analysis, so the analysis goes through the real reader.
+writer, tests/constructed_timelines.py) and analyses them with viz.analysis, so the analysis goes
+through the real reader.
 """
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
+from chrome_trace_checks import check_chrome_trace
+from constructed_timelines import BASE, U, analysed, gpipe_two_stages, synthetic
 from tracer.format import COLUMN_NAMES
 from tracer.labels import PHASE_BACKWARD, PHASE_FORWARD
 from tracer.synthetic import SyntheticRank, write_run
@@ -20,20 +23,6 @@ from viz.render import chrome_trace
 from viz.report import write_timeline
 from viz.run import open_run
 from viz.timeline import IDLE_GAP_NS
-
-U = 1_000            # one constructed-clock unit: 1 us, in ns
-BASE = 1_000_000_000  # constructed clocks start here (any monotonic origin)
-
-
-def synthetic(rank, world, config=None):
-    """A constructed rank on this module's clock."""
-    return SyntheticRank(rank, world, config, unit_ns=U, base_ns=BASE)
-
-
-def analysed(tmp_path, ranks):
-    write_run(tmp_path, ranks)
-    return analyse(open_run(str(tmp_path)))
-
 
 def metrics_of(tmp_path, ranks):
     return analysed(tmp_path, ranks).metrics
@@ -87,47 +76,6 @@ def test_long_gap_is_idle_and_no_comm_gives_no_overlap(tmp_path):
     assert m.idle_s == pytest.approx(seconds(gap))
     assert m.compute_s == pytest.approx(seconds(3000))   # two ops and the short host gap after
     assert m.comm_s == 0 and m.overlap_fraction is None
-
-
-def gpipe_two_stages(config=None):
-    """GPipe, p=2, m=2, T_F=10, T_B=20, P2P free: the schedule of the papers, by hand.
-
-    rank 0: F0 [0,10) F1 [10,20) waits B0's grad until 50, B0 [50,70) B1 [70,90)
-    rank 1: waits F0 until 10, F0 [10,20) F1 [20,30) B0 [30,50) B1 [50,70), done
-    """
-    config = config or {"pp": 2, "microbatches": 2, "schedule": "gpipe", "virtual_stages": 1}
-    r0, r1 = synthetic(0, 2, config), synthetic(1, 2, config)
-    for r in (r0, r1):
-        r.op(-50, -40)
-        r.next_step(0)
-    r0.annotate("F", 0, 10, microbatch=0, chunk=0)
-    r0.op(0, 10)
-    r0.comm("send", 10, 10, 95, peer=1)          # waited at the end: capped to the recv's end
-    r0.annotate("F", 10, 20, microbatch=1, chunk=0)
-    r0.op(10, 20)
-    r0.comm("send", 20, 20, 96, peer=1)
-    r0.annotate("B", 20, 70, microbatch=0, chunk=0)
-    r0.comm("recv", 20, 20, 50, peer=1)
-    r0.op(50, 70, phase=PHASE_BACKWARD)
-    r0.annotate("B", 70, 90, microbatch=1, chunk=0)
-    r0.comm("recv", 70, 70, 70, peer=1)
-    r0.op(70, 90, phase=PHASE_BACKWARD)
-    r1.annotate("F", 0, 20, microbatch=0, chunk=0)
-    r1.comm("recv", 0, 0, 10, peer=0)
-    r1.op(10, 20)
-    r1.annotate("F", 20, 30, microbatch=1, chunk=0)
-    r1.comm("recv", 20, 20, 20, peer=0)
-    r1.op(20, 30)
-    r1.annotate("B", 30, 50, microbatch=0, chunk=0)
-    r1.op(30, 50, phase=PHASE_BACKWARD)
-    r1.comm("send", 50, 50, 97, peer=0)
-    r1.annotate("B", 50, 70, microbatch=1, chunk=0)
-    r1.op(50, 70, phase=PHASE_BACKWARD)
-    r1.comm("send", 70, 70, 98, peer=0)
-    for r in (r0, r1):
-        r.next_step(100)
-        r.op(100, 110)
-    return r0, r1
 
 
 def test_pipeline_bubble_matches_gpipe_theory_and_splits_by_section(tmp_path):
@@ -269,34 +217,6 @@ def test_op_tables_weigh_a_send_waited_late_as_the_timeline_does(tmp_path):
         assert (send.count, send.time_ns) == (2, (30 + 5) * U)
     (send,) = [g for g in analysis.ranks[0].counted_groups if g.kind == "send"]
     assert send.time_ns == (30 + 5) * U
-
-
-def check_chrome_trace(events, expected_flows):
-    """Structure Perfetto and chrome://tracing need: named processes, complete events that nest
-    on each thread, and every flow start bound to a slice with exactly one finish."""
-    slices: dict = {}
-    for e in events:
-        assert {"ph", "pid", "name"} <= set(e)
-        if e["ph"] == "X":
-            assert e["dur"] >= 0
-            slices.setdefault((e["pid"], e["tid"]), []).append((e["ts"], e["ts"] + e["dur"]))
-    for key, spans in slices.items():
-        stack = []
-        for start, end in sorted(spans, key=lambda s: (s[0], -s[1])):
-            while stack and stack[-1] <= start:
-                stack.pop()
-            assert not stack or end <= stack[-1] + 1e-6, f"overlapping slices on {key}"
-            stack.append(end)
-    starts = {e["id"]: e for e in events if e["ph"] == "s"}
-    finishes = {e["id"]: e for e in events if e["ph"] == "f"}
-    assert len(starts) == len(finishes) == expected_flows
-    for flow_id, s in starts.items():
-        f = finishes[flow_id]
-        for e in (s, f):
-            assert any(a <= e["ts"] <= b for a, b in slices[(e["pid"], e["tid"])])
-        assert s["pid"] != f["pid"]
-    names = {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"}
-    assert names == {pid: f"rank {pid}" for pid, _ in slices}
 
 
 def test_write_timeline_svg_and_chrome_trace(tmp_path):

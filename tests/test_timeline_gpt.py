@@ -15,9 +15,9 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
+from chrome_trace_checks import check_chrome_trace
 from conftest import CPU_ONLY
 from gpt_helpers import free_port
-from test_timeline import check_chrome_trace
 from viz.analysis import analyse
 from viz.report import write_timeline
 from viz.run import open_run

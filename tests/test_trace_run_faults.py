@@ -21,7 +21,6 @@ import json
 import shutil
 import signal
 import subprocess
-import time
 
 import pytest
 
@@ -29,6 +28,7 @@ import tracer
 from gpt_helpers import free_port
 from trace_run_helpers import (C10D, ENV, assert_no_traceback, comm_counts, own_lines, problems,
                                run_json, script_line, trace_run)
+from waiting import wait_until
 
 
 def last_stdout_line(proc) -> str:
@@ -50,8 +50,7 @@ def _why(proc, out) -> str:
 
 def test_a_rank_that_raises_is_marked_failed_and_the_others_stay_readable(tmp_path):
     out = tmp_path / "raise"
-    proc = trace_run("--nproc-per-node", 2, "--out", out, C10D, "--raise-on", 1,
-                     "--sleep", 0.3, cwd=tmp_path)
+    proc = trace_run("--nproc-per-node", 2, "--out", out, C10D, "--raise-on", 1, cwd=tmp_path)
     assert proc.returncode == 1
     found = problems(proc.stderr)
     assert len(found) == 1 and found[0].startswith("rank 1 failed: ValueError: boom on rank 1")
@@ -70,15 +69,18 @@ def test_a_rank_that_raises_is_marked_failed_and_the_others_stay_readable(tmp_pa
 
 
 def test_a_rank_killed_with_sigkill_mid_step(tmp_path):
-    # rank 0 kills itself between its backward and its gradient all-reduce of step 1
+    # rank 0 kills itself between its backward and its gradient all-reduce of step 1, once its
+    # status file and step 0 are on disk (it waits for them: no sleep sized for the machine)
     out = tmp_path / "kill"
-    proc = trace_run("--nproc-per-node", 2, "--out", out, C10D, "--kill", 0, "--sleep", 0.4,
-                     cwd=tmp_path)
+    proc = trace_run("--nproc-per-node", 2, "--out", out, C10D, "--kill", 0, "--flushed-in",
+                     out / "traces", cwd=tmp_path)
     # NOTE: once in a full suite (2026-11-25) this exited 1, blaming rank 1: the first failure
-    # compared file modification times, which tie within a kernel clock tick (a tie went to the
-    # rank torch listed first). It now compares the ns each rank wrote into its status file
-    # (run_record.first_to_stop), which cannot tie and follows the order of events. Should it
-    # recur, the message says everything the run left: which rank was taken and why.
+    # compared file modification times, which tie within a kernel clock tick. It now compares
+    # the ns each rank wrote into its status file (run_record.first_to_stop), which cannot tie:
+    # rank 0 wrote its last before it died, rank 1 its final one after it saw the death. That
+    # holds when both ranks have a status file; rank 0 used to count on a 0.4 s sleep for its
+    # flusher's first turn, else the order fell back to modification times. It now waits for
+    # the file. Should it recur, the message says everything the run left.
     assert proc.returncode == 128 + signal.SIGKILL, _why(proc, out)
     found = problems(proc.stderr)
     # one line for the kill (rank 1 failing after it is folded into it), one from the report
@@ -92,7 +94,7 @@ def test_a_rank_killed_with_sigkill_mid_step(tmp_path):
     assert info["ranks"]["0"]["status"] == "failed"
     assert "SIGKILL" in info["ranks"]["0"]["error"]
     killed = tracer.load(str(out / "traces" / "rank-0.arrow"))
-    # never closed, but everything flushed before the kill (step 0 and its all-reduces) is there
+    # never closed, but everything flushed before the kill (step 0 and its 4 all-reduces) is there
     assert not killed.complete and killed.status != "ok"
     assert comm_counts(killed)["all_reduce"] >= 4
     survivor = tracer.load(str(out / "traces" / "rank-1.arrow"))
@@ -102,7 +104,7 @@ def test_a_rank_killed_with_sigkill_mid_step(tmp_path):
 def test_a_hang_under_timeout_names_the_rank_that_never_arrived(tmp_path):
     out = tmp_path / "hang"
     proc = trace_run("--nproc-per-node", 2, "--out", out, "--no-report", "--timeout", 3, C10D,
-                     "--hang", 1, "--sleep", 0.3, cwd=tmp_path)
+                     "--hang", 1, cwd=tmp_path)
     assert proc.returncode == 124
     assert problems(proc.stderr) == [
         "no rank made progress for 3s: rank(s) 1 never arrived at the collective the others "
@@ -169,9 +171,7 @@ def test_sigint_mid_run_flushes_traces_and_builds_the_report(tmp_path):
         proc = subprocess.Popen(["trace-run", "--nproc-per-node", "2", "--out", str(out), C10D,
                                  "--steps", "200", "--sleep", "0.2"], cwd=tmp_path, env=ENV,
                                 stdout=stdout, stderr=subprocess.PIPE, text=True)
-        deadline = time.monotonic() + 120
-        while "step 2 loss" not in log.read_text() and time.monotonic() < deadline:
-            time.sleep(0.2)
+        wait_until(lambda: "step 2 loss" in log.read_text(), "step 2 printed")
         proc.send_signal(signal.SIGINT)
         _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 128 + signal.SIGINT, stderr[-3000:]

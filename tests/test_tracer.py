@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pyarrow as pa
 import pytest
@@ -16,6 +15,7 @@ import torch
 
 import tracer
 from tracer.format import FORMAT_VERSION, SCHEMA
+from waiting import wait_until
 
 HERE = os.path.abspath(__file__)
 
@@ -140,12 +140,16 @@ def test_bad_step_selection_is_a_clear_error(tmp_path):
 # ---------------------------------------------------------------- damaged and foreign files
 @pytest.fixture(scope="module")
 def good_trace(tmp_path_factory):
+    """A trace of 30 batches and more: after each pair of ops the flusher's next write lands
+    (the file grows) before the next pair."""
     out = tmp_path_factory.mktemp("good")
+    path = out / "rank-0.arrow"
     with tracer.trace(out, flush_interval=0.01):
         for _ in range(30):
+            size = path.stat().st_size
             torch.ones(64).mul(2)
-            time.sleep(0.003)                # several batches on disk
-    return out / "rank-0.arrow"
+            wait_until(lambda: path.stat().st_size > size, "a batch on disk", poll_s=0.002)
+    return path
 
 
 def test_truncated_file_keeps_the_intact_prefix(good_trace, tmp_path):
@@ -187,36 +191,38 @@ def test_garbage_foreign_and_newer_files_are_refused_in_one_line(good_trace, tmp
 
 
 KILL_CHILD = r"""
-import sys, time, torch, tracer
+import sys, torch, tracer
 with tracer.trace(sys.argv[1]):
     x = torch.ones(4)
-    n = 0
-    start = time.monotonic()
-    while True:
+    while True:                 # no step ever ends: only the flusher's interval writes
         x.add_(1)
-        n += 1
-        if n % 200 == 0:
-            print(n, time.monotonic() - start, flush=True)
 """
 
 
-def test_sigkill_loses_at_most_the_last_second(tmp_path):
-    proc = subprocess.Popen([sys.executable, "-c", KILL_CHILD, str(tmp_path)],
-                            stdout=subprocess.PIPE, text=True)
-    progress = []            # (child's seconds since its loop started, adds done)
-    for line in proc.stdout:
-        count, elapsed = line.split()
-        progress.append((float(elapsed), int(count)))
-        if progress[-1][0] > 3.0:
-            break
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    killed_at = progress[-1][0]
+def test_sigkill_keeps_every_event_the_flusher_wrote(tmp_path):
+    """A process that never ends a step still gets its events on disk (every flush interval),
+    and a SIGKILL loses none of what its status file said was written. How long that took is
+    the machine's business: the test waits for the file, never for a time."""
+    status = tmp_path / "rank-0.status.json"
+
+    def written() -> int:
+        try:
+            return json.loads(status.read_text())["events"] or 0
+        except (OSError, ValueError):
+            return 0                # not written yet
+
+    proc = subprocess.Popen([sys.executable, "-c", KILL_CHILD, str(tmp_path)])
+    try:
+        wait_until(lambda: written() >= 1000, "1000 events on disk")
+        before_kill = written()
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait()
     trace = tracer.load(tmp_path / "rank-0.arrow")
-    adds = sum(1 for e in trace.records() if e["op"] == "aten.add_.Tensor")
-    # every add reported a full second before the kill is on disk
-    due = max(count for t, count in progress if t <= killed_at - 1.0)
-    assert adds >= due, (adds, due)
+    ops = [e["op"] for e in trace.records()]
+    assert len(ops) >= before_kill >= 1000
+    assert set(ops) == {"aten.ones.default", "aten.add_.Tensor"}
     assert trace.status == "running" and not trace.complete
 
 

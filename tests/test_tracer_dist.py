@@ -6,22 +6,11 @@ import collections
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 import tracer
-from gpt_helpers import REPO, env, free_port
-
-SCRIPTS = Path(__file__).parent / "scripts"
-
-
-def torchrun(script: str, out: Path, nproc: int = 2) -> None:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-           "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
-           str(SCRIPTS / script), str(out)]
-    proc = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+from gpt_helpers import REPO, SCRIPTS, env, free_port, torchrun
 
 
 def comm_counts(trace, label=None, step=None) -> collections.Counter:

@@ -1,12 +1,11 @@
 """Helpers of the tests that run trace-run for real (test_trace_run*.py): the command in a
 subprocess, its own lines on stderr, run.json, and waiting for processes and files without
-sleeping for a fixed time."""
+sleeping for a fixed time (tests/waiting.py)."""
 from __future__ import annotations
 
 import json
 import os
 import subprocess
-import time
 from pathlib import Path
 
 from conftest import CPU_ONLY
@@ -56,21 +55,3 @@ def script_line(script, text: str) -> int:
     """The line number of ``text`` in a test script (so edits above it don't break tests)."""
     lines = Path(script).read_text().splitlines()
     return next(i for i, line in enumerate(lines, 1) if text in line)
-
-
-def alive(pid: int) -> bool:
-    """Whether process ``pid`` still runs (a zombie waiting to be reaped does not)."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
-def wait_until(condition, what: str, timeout_s: float = 120.0, poll_s: float = 0.05) -> None:
-    """Poll ``condition()`` until it holds; fail naming ``what`` after ``timeout_s`` (a bound
-    for a loaded machine, never a measurement)."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"{what}: not within {timeout_s:g}s"
-        time.sleep(poll_s)

@@ -12,13 +12,27 @@ import torch.distributed as dist
 
 import tracer
 
+
+
+def wait_until_on_disk(path: str) -> None:
+    """Until the trace at ``path`` holds an all_reduce: the flusher has written it."""
+    while True:
+        try:
+            if any(r["kind"] == "all_reduce" for r in tracer.load(path).records()):
+                return
+        except tracer.TraceError:
+            pass                        # not written yet
+        time.sleep(0.01)
+
+
 with tracer.trace(sys.argv[1]):
     dist.init_process_group("gloo")
     t = torch.ones(16)
     dist.all_reduce(t)                  # both ranks: completes
     if dist.get_rank() == 1:
-        time.sleep(0.5)
-        # dies without a word (os._exit would close its trace first: tracer/exits.py)
+        # once its all_reduce is on disk (what the test reads back), whenever the flusher ran,
+        # it dies without a word (os._exit would close its trace first: tracer/exits.py)
+        wait_until_on_disk(os.path.join(sys.argv[1], "rank-1.arrow"))
         os.kill(os.getpid(), signal.SIGKILL)
     # NOTE: torchrun SIGTERMs the survivors once it sees rank 1 gone; on a loaded machine that
     # could come before rank 0 has seen gloo's error and finished its trace. The test is about
