@@ -328,8 +328,8 @@ def _tensor_bytes(value):
 
 
 def wait_hook(session):
-    """The recorder's ``Work.wait()`` (process_group.py installs it): its end completes the
-    work's collective, and the ops a backend runs inside it are not recorded.
+    """The recorder's ``Work.wait()`` (tracer/patches/distributed.py installs it): its end
+    completes the work's collective, and the ops a backend runs inside it are not recorded.
 
     NOTE: gloo's reduce-scatter (``_reduce_scatter_base``, ``reduce_scatter_tensor_coalesced``)
     is an all-reduce whose work, a LambdaWork with no future, waits for it in ``wait()`` and then

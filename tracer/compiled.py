@@ -9,7 +9,7 @@ mode sees what that code dispatches (extern kernels such as ``aten.addmm.out``, 
 functional collectives and their waits), not the fused kernels (on a GPU the device recorder
 sees those).
 
-What this module adds while recording:
+What this module adds while recording (tracer/patches/dynamo.py wires it into Dynamo):
 
 - every graph a backend compiles (Dynamo's ``OutputGraph.call_user_compiler``) is wrapped: a
   call is an annotation range labelled ``torch.compile`` with attributes ``{"source":
@@ -32,8 +32,6 @@ from time import perf_counter_ns as _now
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .patches import Patches
-
 LABEL = "torch.compile"
 
 
@@ -42,18 +40,14 @@ LABEL = "torch.compile"
 SUPPORTED = hasattr(TorchDispatchMode, "ignore_compile_internals")
 
 
-def install(session, modules, compiled: bool) -> list:
-    """Patch what the module's doc says; returns the functions that undo it."""
+def prepare(session, modules, compiled: bool) -> None:
+    """Before recording: say what really runs where compiled code cannot run compiled, and
+    mark the module hooks for Dynamo (the patches: tracer/patches/dynamo.py)."""
     if compiled and not SUPPORTED:      # say what really runs: the eager program
         session._flusher.merge_meta("options", {
             "compiled": "eager", "compiled_why": f"torch {torch.__version__} runs compiled "
             "code eagerly under any dispatch mode (torch >= 2.9 runs it compiled)"})
     _run_frames_eagerly(type(modules)._pre, type(modules)._post)
-    patches = Patches()
-    _patch_optimized_module(patches)
-    if compiled:
-        _patch_compiler(patches, session, modules)
-    return [patches.undo]
 
 
 def _run_frames_eagerly(*functions) -> None:
@@ -71,38 +65,14 @@ def _run_frames_eagerly(*functions) -> None:
         eval_frame.set_code_exec_strategy(fn.__code__, strategy)
 
 
-def _patch_optimized_module(patches: Patches) -> None:
+def region_of(session, modules, compiled_fn, graph):
+    """What Dynamo runs for a graph a backend compiled (``OutputGraph.call_user_compiler``'s
+    result): a :class:`Region` that records each call; ``compiled_fn`` itself when that
+    fails (the recorder never breaks a compilation)."""
     try:
-        from torch._dynamo import eval_frame
-    except ImportError:    # pragma: no cover - torch without Dynamo
-        return
-    in_optimized = getattr(eval_frame, "_set_in_optimized_module", None)
-    if in_optimized is None:    # another torch: keep its warning
-        return
-
-    def make(original):
-        def call(self, *args, **kwargs):
-            with in_optimized():
-                return torch.nn.Module.__call__(self, *args, **kwargs)
-        return call
-    patches.wrap(getattr(eval_frame, "OptimizedModule", None), "__call__", make)
-
-
-def _patch_compiler(patches: Patches, session, modules) -> None:
-    try:
-        from torch._dynamo.output_graph import OutputGraph
-    except ImportError:    # pragma: no cover
-        return
-
-    def make(original):
-        def call_user_compiler(graph, gm, example_inputs):
-            compiled_fn = original(graph, gm, example_inputs)
-            try:
-                return Region(session, modules, _forward_of(compiled_fn), _describe(graph))
-            except Exception:     # never let the recorder break a compilation
-                return compiled_fn
-        return call_user_compiler
-    patches.wrap(OutputGraph, "call_user_compiler", make)
+        return Region(session, modules, _forward_of(compiled_fn), _describe(graph))
+    except Exception:
+        return compiled_fn
 
 
 def _forward_of(compiled_fn):

@@ -3,19 +3,19 @@ the process left (``exit`` in its metadata, docs/trace-format.md).
 
 ``os._exit(n)`` ends a process at once: no ``finally``, no ``atexit``, no flusher turn. Some
 training scripts call it on purpose (to skip a slow teardown), and a rank that called it
-mid-step used to leave a trace of 0 rows. While a trace is active, :func:`patch_os_exit`
-replaces ``os._exit`` with a wrapper that closes the trace (every queued row, the closing
-metadata, the final status file) and then calls the real one. ``sys.exit`` raises SystemExit,
-which unwinds through the session's ``__exit__``: its trace closes as for any ending, with the
-same ``exit`` entry. What no code in the process can cover: SIGKILL (the kernel ends it; the
-trace keeps everything up to the last flush, at most the flush interval before), ``os.abort``
-and fatal signals (faulthandler prints the stack), ``exec``.
+mid-step used to leave a trace of 0 rows. While a trace is active, ``os._exit`` is a wrapper
+(tracer/patches/process.py) that closes the trace (:func:`leave_first`: every queued row, the
+closing metadata, the final status file) and then calls the real one. ``sys.exit`` raises
+SystemExit, which unwinds through the session's ``__exit__``: its trace closes as for any
+ending, with the same ``exit`` entry. What no code in the process can cover: SIGKILL (the
+kernel ends it; the trace keeps everything up to the last flush, at most the flush interval
+before), ``os.abort`` and fatal signals (faulthandler prints the stack), ``exec``.
 
 A process forked while recording (a DataLoader or multiprocessing worker, or ``os.fork`` in the
 script) holds a copy of the session, its queue and the trace file's descriptor. Whatever it
 then wrote (its own hot path flushing a full queue, its close when it leaves through the
-``with`` block) would land in the parent's file. :func:`detach_forked_child` makes the child's
-copy record nothing and close nothing.
+``with`` block) would land in the parent's file. :func:`detach_forked_child` (a fork handler,
+tracer/patches/process.py) makes the child's copy record nothing and close nothing.
 """
 from __future__ import annotations
 
@@ -38,28 +38,18 @@ def exit_meta(how: str, code, step: int) -> dict:
     return {"exit": {"how": how, "code": exit_code(code), "step": step}}
 
 
-def patch_os_exit(session) -> callable:
-    """Replace ``os._exit`` while ``session`` records; returns the undo. Only the process
-    that started the trace closes it: a child forked from it (multiprocessing's workers end
-    with ``os._exit``) holds a copy of the session and the trace file's descriptor, and
-    writing through them would corrupt the parent's trace."""
-    original = os._exit
-    owner = os.getpid()
-
-    def _exit(n):
-        if os.getpid() == owner:
-            try:
-                leave(session, n)
-            except Exception:      # nothing may stop the exit the program asked for
-                pass
-        original(n)
-
-    os._exit = _exit
-
-    def undo() -> None:
-        if os._exit is _exit:
-            os._exit = original
-    return undo
+def leave_first(session, owner: int, code) -> None:
+    """What ``os._exit(code)`` does first while ``session`` records (tracer/patches/process.py
+    wraps it): close the trace. Only in the process that started it (``owner``, its pid): a
+    child forked from it (multiprocessing's workers end with ``os._exit``) holds a copy of the
+    session and the trace file's descriptor, and writing through them would corrupt the
+    parent's trace. Never raises: nothing may stop the exit the program asked for."""
+    if os.getpid() != owner:
+        return
+    try:
+        leave(session, code)
+    except Exception:
+        pass
 
 
 def detach_forked_child() -> None:
@@ -72,10 +62,6 @@ def detach_forked_child() -> None:
     session._recording, session._passthrough = False, True
     session._open = False                    # close() and os._exit's close write nothing
     _active.ACTIVE = None
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=detach_forked_child)
 
 
 def leave(session, code, ended_by: Optional[str] = None) -> None:

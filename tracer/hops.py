@@ -25,7 +25,8 @@ with ``"traced": false``, and the trace's metadata says so once per HOP (``untra
 ``{name: why}``). A HOP on tensor subclasses (DTensor, FakeTensor) is left to the subclass, as
 torch does when a mode answers NotImplemented. ``tag_activation_checkpoint`` never reaches a
 dispatch mode in eager code (it calls torch.utils.checkpoint directly): its call gets the range
-through a wrapper of its ``__call__`` instead, and its ops are recorded as checkpointing's.
+through a wrapper of its ``__call__`` instead (tracer/patches/dynamo.py), and its ops are
+recorded as checkpointing's.
 """
 from __future__ import annotations
 
@@ -34,7 +35,6 @@ from time import perf_counter_ns as _now
 
 import torch
 
-from .patches import Patches
 from .stacks import USER
 
 LABEL_PREFIX = "higher_order."
@@ -192,26 +192,16 @@ def _user_line(stacks, frame) -> str:
     return "?"
 
 
-def install(session) -> list:
-    """Wrap ``tag_activation_checkpoint``'s call (it bypasses the dispatcher in eager code)."""
-    patches = Patches()
+def call_tag_activation_checkpoint(session, original, hop, gmod, args, kwargs):
+    """``tag_activation_checkpoint``'s call (``original``: its ``__call__``) inside a range;
+    it bypasses the dispatcher in eager code (tracer/patches/dynamo.py routes it here)."""
+    # NOTE: export's pre-dispatch tracing goes on to the HOP's dispatch (torch's test)
+    if session._passthrough or not session._open or torch.compiler.is_compiling() or \
+            torch._ops._compute_keyset(args, kwargs, hop.non_fallthrough_keys) \
+            .highestPriorityTypeId() == _C.DispatchKey.PreDispatch:
+        return original(hop, gmod, *args, **kwargs)
+    opened, t0 = open_range(session, hop.name())
     try:
-        from torch._higher_order_ops.wrap import TagActivationCheckpoint
-    except ImportError:     # pragma: no cover - another torch
-        return [patches.undo]
-
-    def make(original):
-        def call(self, gmod, *args, **kwargs):
-            # NOTE: export's pre-dispatch tracing goes on to the HOP's dispatch (torch's test)
-            if session._passthrough or not session._open or torch.compiler.is_compiling() or \
-                    torch._ops._compute_keyset(args, kwargs, self.non_fallthrough_keys) \
-                    .highestPriorityTypeId() == _C.DispatchKey.PreDispatch:
-                return original(self, gmod, *args, **kwargs)
-            opened, t0 = open_range(session, self.name())
-            try:
-                return original(self, gmod, *args, **kwargs)
-            finally:
-                close_range(session, opened, t0)
-        return call
-    patches.wrap(TagActivationCheckpoint, "__call__", make)
-    return [patches.undo]
+        return original(hop, gmod, *args, **kwargs)
+    finally:
+        close_range(session, opened, t0)

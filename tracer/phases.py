@@ -28,6 +28,9 @@ module stack and grad mode (forward, else other). This module adds, without a co
   bucket rebuild in the second forward (broadcasts of the bucket layout).
 - an optimizer's closure (``optimizer.step(closure)``: LBFGS, Lightning's loop) runs with the
   optimizer phase lifted: its forward, backward and gradient sync get their own phases.
+
+The subclasses and wrappers that bring torch's calls here live in tracer/patches (autograd.py:
+checkpointing, the gradient seed, the optimizer step hooks; distributed.py: DDP).
 """
 from __future__ import annotations
 
@@ -35,12 +38,9 @@ import functools
 import weakref
 
 import torch
-import torch.utils.checkpoint as _checkpoint
 
 from .annotations import NO_PHASE
 from .labels import (PHASE_BACKWARD, PHASE_FORWARD, PHASE_GRAD_SYNC, PHASE_OTHER)
-from .patches import Patches
-from .pipelining import install as install_pipelining
 
 
 def _storage_ptr(tensor) -> int:
@@ -136,28 +136,42 @@ class PhaseRules:
             frame, depth = frame.f_back, depth + 1
         return stack
 
-    # ------------------------------------------------------------------ patches
-    def install(self, optimizer_post) -> list:
-        """Hook optimizer steps, patch checkpointing, DDP's constructor and
-        torch.distributed.pipelining (tracer.pipelining); returns the functions that undo it."""
-        from torch.optim.optimizer import (register_optimizer_step_post_hook,
-                                           register_optimizer_step_pre_hook)
-        session = self._session
+    # ------------------------------------------------------------------ torch's calls
+    # what tracer/patches wires into torch's functions (docs/phases.md)
+    def optimizer_step_begins(self, optimizer, args, kwargs):
+        """An optimizer step begins (its pre-hook): the optimizer phase, and its closure
+        outside it."""
+        self._session._in_optimizer += 1    # the hot path's optimizer phase
+        return self._closure_outside_step(args, kwargs)
 
-        def optimizer_pre(optimizer, args, kwargs):
-            session._in_optimizer += 1    # the hot path's optimizer phase
-            return self._closure_outside_step(args, kwargs)
+    def forward_modules(self) -> list:
+        """The running modules when checkpointing made a region's frame in the forward."""
+        return self._modules.snapshot()
 
-        patches = Patches()
-        self._patch_checkpoint(patches)
-        # loss.backward() makes the gradient seed (ones_like) before the autograd engine runs,
-        # with grad mode on: backward, not forward
-        patches.wrap(torch.autograd, "_make_grads",
-                     functools.partial(self._annotations.forcing, PHASE_BACKWARD))
-        self._patch_ddp(patches)
-        return [register_optimizer_step_pre_hook(optimizer_pre).remove,
-                register_optimizer_step_post_hook(optimizer_post).remove, patches.undo,
-                install_pipelining(session, self._annotations)]   # passes, P2P phases
+    def recompute_begins(self, forward_modules) -> list:
+        """A checkpointed region's recomputation begins, in the backward: its ops are
+        ``recompute`` and run under the modules of the forward; returns what to put back."""
+        self._session._recompute += 1
+        return self._modules.restore(forward_modules)
+
+    def recompute_ends(self, saved: list) -> None:
+        self._modules.restore(saved)
+        self._session._recompute -= 1
+
+    def as_gradient_seed(self, fn):
+        """``fn`` (the gradient seed ``loss.backward()`` makes before the engine runs, with
+        grad mode on) in the backward phase, not forward."""
+        return self._annotations.forcing(PHASE_BACKWARD, fn)
+
+    def as_setup(self, fn):
+        """``fn`` in the setup phase (``other``): DDP's constructor (its parameter broadcast)
+        and the rebuild of its gradient buckets, once, in the second forward (two broadcasts
+        of rank 0's bucket layout: integers, no parameter, gradient or activation)."""
+        return self._annotations.forcing(PHASE_OTHER, fn)
+
+    def ddp_made(self, ddp) -> None:
+        """A DistributedDataParallel wrapper made while recording (:meth:`owner_module`)."""
+        self._ddps.add(ddp)
 
     def _closure_outside_step(self, args: tuple, kwargs: dict):
         """``optimizer.step(closure)`` (LBFGS, Lightning's loop) runs forward and backward inside
@@ -181,58 +195,3 @@ class PhaseRules:
         if "closure" in kwargs:
             return args, dict(kwargs, closure=outside_step)
         return (args[0], outside_step, *args[2:]), kwargs
-
-    def _patch_checkpoint(self, patches: Patches) -> None:
-        session, modules = self._session, self._modules
-        frame_cls = getattr(_checkpoint, "_CheckpointFrame", None)
-        hook_cls = getattr(_checkpoint, "_recomputation_hook", None)
-        if frame_cls is None or hook_cls is None:   # another torch: recomputation stays backward
-            return
-
-        class Frame(frame_cls):
-            def __init__(self, *args, **kwargs):
-                super().__init__(*args, **kwargs)
-                self.paratrace_modules = modules.snapshot()     # the forward's module stack
-
-        class Recomputation(hook_cls):
-            def __init__(self, target_frame_ref, gid):
-                super().__init__(target_frame_ref, gid)
-                frame = target_frame_ref()
-                self._paratrace_stack = getattr(frame, "paratrace_modules", None)
-
-            def __enter__(self):
-                session._recompute += 1
-                self._paratrace_saved = modules.restore(self._paratrace_stack)
-                return super().__enter__()
-
-            def __exit__(self, *exc):
-                try:
-                    return super().__exit__(*exc)
-                finally:
-                    modules.restore(self._paratrace_saved)
-                    session._recompute -= 1
-
-        patches.wrap(_checkpoint, "_CheckpointFrame", lambda _: Frame)
-        patches.wrap(_checkpoint, "_recomputation_hook", lambda _: Recomputation)
-
-    def _patch_ddp(self, patches: Patches) -> None:
-        """DDP's constructor is setup (its parameter broadcast: ``other``), and so is the
-        rebuild of its gradient buckets, once, in the second forward: two broadcasts of rank
-        0's bucket layout (indices and sizes: integers, no parameter, gradient or activation).
-        The wrappers made while recording are remembered (:meth:`owner_module`)."""
-        try:
-            from torch.nn.parallel import DistributedDataParallel as DDP
-        except ImportError:   # pragma: no cover - torch without distributed
-            return
-        annotations, ddps = self._annotations, self._ddps
-        patches.wrap(getattr(torch._C._distributed_c10d, "Reducer", None), "_rebuild_buckets",
-                     functools.partial(annotations.forcing, PHASE_OTHER))
-
-        def make(original):
-            @functools.wraps(original)
-            def init(ddp_self, *args, **kwargs):
-                with annotations.forced(PHASE_OTHER):   # setup, not the forward pass
-                    original(ddp_self, *args, **kwargs)
-                ddps.add(ddp_self)
-            return init
-        patches.wrap(DDP, "__init__", make)

@@ -1,8 +1,9 @@
 """torch.distributed.pipelining under the recorder: passes, micro-batches and P2P phases from the
 schedule itself, not guessed from the op stream (docs/phases.md, "torch.distributed.pipelining").
 
-While a trace records, :func:`install` wraps, and its undo restores (when torch.distributed.pipelining
-is imported, if it is not yet: the recorder does not import it, that costs seconds):
+While a trace records, tracer/patches/distributed.py wraps these with the functions below, and
+puts them back when the trace ends (when torch.distributed.pipelining is imported, if it is not
+yet: the recorder does not import it, that costs seconds):
 
 - the stages' ``forward_one_chunk`` / ``backward_one_chunk`` / ``backward_weight_one_chunk``
   in annotation ranges ``F`` / ``B`` / ``W`` with ``microbatch`` (the chunk id the schedule
@@ -25,15 +26,15 @@ Nothing here runs per op: each wrapper runs once per pass, per P2P batch or per 
 from __future__ import annotations
 
 import functools
-import importlib.abc
-import importlib.machinery
-import sys
 from time import perf_counter_ns as _now
 
-from .labels import PHASE_BACKWARD, PHASE_FORWARD, PHASE_OTHER, SCHEDULE_LABEL
-from .patches import Patches
+from .labels import PHASE_BACKWARD, PHASE_FORWARD, PHASE_OTHER
 
 _PHASE = "_paratrace_phase"          # attribute a P2POp carries: the phase of its message
+# a stage's methods that build the P2POps of a pass, and the phase of their messages
+MESSAGE_PHASES = (("get_fwd_send_ops", PHASE_FORWARD), ("get_fwd_recv_ops", PHASE_FORWARD),
+                  ("get_bwd_send_ops", PHASE_BACKWARD), ("get_bwd_recv_ops", PHASE_BACKWARD))
+REDUCE_GRAD_LABEL = "pipelining.reduce_grad"
 # schedule class -> the name viz.metrics.theoretical_bubble knows (zb-h1: one stage per rank)
 _SCHEDULES = {"ScheduleGPipe": "gpipe", "Schedule1F1B": "1f1b",
               "ScheduleInterleaved1F1B": "interleaved", "ScheduleLoopedBFS": "looped-bfs",
@@ -55,84 +56,18 @@ def schedule_attrs(schedule) -> dict:
             "backward": bool(getattr(schedule, "_has_backward", True))}
 
 
-_SCHEDULES_MODULE = "torch.distributed.pipelining.schedules"
+def step_attrs(schedule, args, kwargs) -> dict:
+    """The range of a schedule's ``step``."""
+    return schedule_attrs(schedule)
 
 
-def install(session, annotations):
-    """Patch torch.distributed.pipelining now if it is imported, else as soon as it is;
-    returns the undo."""
-    patches = Patches()
-    if _SCHEDULES_MODULE in sys.modules:
-        _install(patches, session, annotations)
-        return patches.undo
-    finder = _OnImport(_SCHEDULES_MODULE, lambda: _install(patches, session, annotations))
-    sys.meta_path.insert(0, finder)
-
-    def undo():
-        if finder in sys.meta_path:
-            sys.meta_path.remove(finder)
-        patches.undo()
-    return undo
-
-
-class _OnImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Runs ``then`` once module ``name`` has been executed (imported while recording)."""
-
-    def __init__(self, name: str, then):
-        self._name, self._then, self._loader = name, then, None
-
-    def find_spec(self, name, path, target=None):
-        if name != self._name or self._loader is not None:
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(name, path)
-        if spec is None or spec.loader is None:
-            return None
-        self._loader, spec.loader = spec.loader, self
-        return spec
-
-    def create_module(self, spec):
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module) -> None:
-        self._loader.exec_module(module)
-        if self in sys.meta_path:
-            sys.meta_path.remove(self)
-        self._then()
-
-
-def _install(patches: "Patches", session, annotations) -> None:
-    stage_mod = sys.modules.get("torch.distributed.pipelining.stage")
-    sched_mod = sys.modules.get(_SCHEDULES_MODULE)
-    base = getattr(stage_mod, "_PipelineStageBase", None)
-    if base is None or sched_mod is None:   # another torch: its labels still name passes
-        return
-
-    def ranged(label: str, attrs_of):
-        return functools.partial(_ranged, session, label, attrs_of)
-    patches.wrap(base, "forward_one_chunk", ranged("F", _forward_attrs))
-    patches.wrap(base, "backward_one_chunk", ranged("B", _backward_attrs))
-    patches.wrap(base, "backward_weight_one_chunk", ranged("W", _weight_attrs))
-    grad_sync = ranged("pipelining.reduce_grad", lambda stage, a, k: {
-        "phase": "grad_sync", "stage": int(stage.stage_index)})
-    patches.wrap(base, "perform_reduce_grad", grad_sync)
-    patches.wrap(base, "scale_grads", grad_sync)
-    for name, phase in (("get_fwd_send_ops", PHASE_FORWARD), ("get_fwd_recv_ops", PHASE_FORWARD),
-                        ("get_bwd_send_ops", PHASE_BACKWARD),
-                        ("get_bwd_recv_ops", PHASE_BACKWARD)):
-        patches.wrap(base, name, functools.partial(_marking, phase))
-    schedule = getattr(sched_mod, "_PipelineSchedule", None)
-    if schedule is not None:
-        patches.wrap(schedule, "_maybe_compute_loss", ranged("F", _loss_attrs))
-        patches.wrap(schedule, "_initialize_pp_stages",
-                     functools.partial(annotations.forcing, PHASE_OTHER))
-    for name in ("PipelineScheduleSingle", "PipelineScheduleMulti"):
-        patches.wrap(getattr(sched_mod, name, None), "step",
-                     ranged(SCHEDULE_LABEL, lambda s, a, k: schedule_attrs(s)))
-    patches.wrap(sched_mod, "_batch_p2p", functools.partial(_phased_batch, annotations))
+def setup(annotations, original):
+    """``original`` in the setup phase (``other``): the first step's stage initialization."""
+    return annotations.forcing(PHASE_OTHER, original)
 
 
 # ---------------------------------------------------------------------------- ranges
-def _ranged(session, label: str, attrs_of, original):
+def ranged(session, label: str, attrs_of, original):
     """``original`` (a method) inside a recorded range ``label`` with ``attrs_of(self, args,
     kwargs)`` (no range when that is None)."""
     @functools.wraps(original)
@@ -159,11 +94,11 @@ def _pass_attrs(stage, microbatch) -> dict:
             "source": "pipelining"}
 
 
-def _forward_attrs(stage, args, kwargs):
+def forward_attrs(stage, args, kwargs):
     return _pass_attrs(stage, _arg(args, kwargs, 0, "fwd_chunk_id"))
 
 
-def _backward_attrs(stage, args, kwargs):
+def backward_attrs(stage, args, kwargs):
     if not getattr(stage, "has_backward", True):
         return None                      # eval(): backward_one_chunk returns at once
     attrs = _pass_attrs(stage, _arg(args, kwargs, 0, "bwd_chunk_id"))
@@ -172,13 +107,18 @@ def _backward_attrs(stage, args, kwargs):
     return attrs
 
 
-def _weight_attrs(stage, args, kwargs):
+def weight_attrs(stage, args, kwargs):
     if not getattr(stage, "has_backward", True):
         return None
     return _pass_attrs(stage, _arg(args, kwargs, 0, "bwd_chunk_id"))
 
 
-def _loss_attrs(schedule, args, kwargs):
+def reduce_grad_attrs(stage, args, kwargs):
+    """The range of a stage's gradient reduction or scaling: ``grad_sync``."""
+    return {"phase": "grad_sync", "stage": int(stage.stage_index)}
+
+
+def loss_attrs(schedule, args, kwargs):
     stage = _arg(args, kwargs, 0, "stage")
     if stage is None or not stage.is_last or getattr(schedule, "_loss_fn", None) is None:
         return None
@@ -186,7 +126,7 @@ def _loss_attrs(schedule, args, kwargs):
 
 
 # ---------------------------------------------------------------------------- P2P
-def _marking(phase: int, original):
+def marking(phase: int, original):
     """A ``get_*_ops`` whose P2POps carry ``phase``."""
     @functools.wraps(original)
     def method(self, *args, **kwargs):
@@ -197,7 +137,7 @@ def _marking(phase: int, original):
     return method
 
 
-def _phased_batch(annotations, original):
+def phased_batch(annotations, original):
     """The schedules' ``_batch_p2p(p2p_ops, desc)`` running each op under its phase."""
     @functools.wraps(original)
     def batch(p2p_ops, *args, **kwargs):

@@ -2,9 +2,9 @@
 
 The private dispatch mode (``_mode.py``) hands each op to :meth:`Session.on_op`, the hot path.
 The session keeps the lifecycle (start, the process group's arrival, close) and the step
-windows; the rest lives in focused modules: communication (comm.py), the patches of
-torch.distributed (process_group.py), annotations (annotations.py), stacks (stacks.py), module
-paths (modules.py), phases (phases.py), shapes (shapes.py), the status file (status.py), clock
+windows; the rest lives in focused modules: communication (comm.py), every patch into torch
+and os (patches/), annotations (annotations.py), stacks (stacks.py), module paths
+(modules.py), phases (phases.py), shapes (shapes.py), the status file (status.py), clock
 alignment (clock.py), the flusher (flusher.py) and GPU activity (device.py).
 """
 from __future__ import annotations
@@ -19,12 +19,12 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from . import _active, compiled, exits, hops, ops, rows, rundir, status
+from . import _active, compiled, exits, hops, ops, patches, rows, rundir, status
 from ._mode import RecordingMode
 from ._native import native_hot_path
 from .annotations import AnnotationStack, Range
 from .clock import ClockAlignment
-from .comm import CommTracker, special_op, wait_hook
+from .comm import CommTracker, special_op
 from .device import DeviceRecorder, clock_pair, cuda_in_use, pairs_meta
 from .dictionaries import Dictionaries
 from .dtensor import SubclassOps, function_phase
@@ -35,7 +35,6 @@ from .library import META_KEY as LIBRARY_META
 from .modules import ModuleTracker
 from .options import TraceOptions
 from .phases import PhaseRules
-from .process_group import patch_process_group
 from .process_info import rank_and_world, start_meta
 from .shapes import ShapeSignatures
 from .stacks import StackInterner
@@ -110,7 +109,7 @@ class Session(_SessionState):
         self._device: Optional[DeviceRecorder] = None     # GPU activity (CUDA only)
         self._device_wanted, self._open_ranges = False, 0  # a window waits for no open range
         self._pairs = [clock_pair()]       # clock pairs; the device adds its window edges
-        self._undo: list = []              # functions that remove hooks and patches
+        self._patches: Optional[patches.Patches] = None    # every patch into torch and os
         self._last_event_ns, self.status, self.error = 0, "running", None
 
     # ------------------------------------------------------------------ lifecycle
@@ -135,11 +134,10 @@ class Session(_SessionState):
         self._flusher.open(self.path, meta)
         self._open = True
         _active.ACTIVE = self
-        self._install_hooks()
-        self._undo.append(patch_process_group(on_init=self._on_pg_init,
-                                              on_destroy=self._on_pg_destroy,
-                                              wait_work=wait_hook(self)))
-        self._undo.append(exits.patch_os_exit(self))      # os._exit closes the trace first
+        if self.options.record_modules:
+            self._modules.install()
+        compiled.prepare(self, self._modules, self.options.compiled != "eager")
+        self._patches = patches.install(self)
         RecordingMode.skip_dynamo()
         self._mode = RecordingMode(self.on_op, compiled=self.options.compiled != "eager")
         self._mode._on_subclass = SubclassOps(self, self._mode)     # DTensor (dtensor.py)
@@ -188,9 +186,9 @@ class Session(_SessionState):
         if self._device is not None:
             self._device.close()           # its last window, written before the trace closes
         self._pairs.append(clock_pair())
-        for undo in reversed(self._undo):
-            undo()
-        self._undo.clear()
+        if self._patches is not None:
+            self._patches.undo()
+        self._modules.remove()             # its hooks, on in recorded windows
         self._flusher.add_meta({
             "status": self.status, "error": self.error, "end_ns": _now(),
             "end_unix": time.time(), "last_step": self.step_index,
@@ -202,15 +200,6 @@ class Session(_SessionState):
         self._write_status(final=True)
         self._flusher.close()
         self._open = False
-
-    def _install_hooks(self) -> None:
-        if self.options.record_modules:
-            self._modules.install()
-            self._undo.append(self._modules.remove)
-        # optimizer step hooks, checkpointing's recomputation, DDP's constructor
-        self._undo.extend(self._rules.install(self._optimizer_post))
-        self._undo.extend(compiled.install(self, self._modules, self.options.compiled != "eager"))
-        self._undo.extend(hops.install(self))
 
     def _on_pg_init(self, t0: Optional[int] = None) -> None:
         if self._pg_seen or not (dist.is_available() and dist.is_initialized()):
