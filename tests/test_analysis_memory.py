@@ -8,12 +8,12 @@ import pickle
 
 import pytest
 
-from tracer.workloads import Pipeline, pipeline_run
+from constructed.workloads import Pipeline, pipeline_run
 from viz.analysis import analyse
-from viz.columns import Records
+from viz.analysis.columns import Records
 from viz.engine import Engine
-from viz.groups import NO_STACK, Frame, OpGroup, SharedGroups
-from viz.rank import p2p_of_file
+from viz.analysis.op_groups import NO_STACK, Frame, OpGroup, SharedGroups
+from viz.analysis.rank import p2p_of_file
 from viz.run import open_run
 
 CFG = Pipeline(pp=2, dp=2, steps=3, microbatches=4, ops_per_pass=8)
@@ -87,7 +87,7 @@ def test_an_analysis_holds_one_copy_of_each_path_for_all_ranks(run, jobs):
 
 
 def test_groups_trimmed_together_share_each_trimmed_path():
-    from viz.callgraph import trim_common_prefix
+    from viz.analysis.callgraph import trim_common_prefix
     leaf = Frame("/work/model.py", 30, "forward", "Layer.forward")
     path = (MAIN, STEP, leaf)
     groups = [OpGroup(rank, path, None, None, "aten.mm.default", "forward", None, None, None,
@@ -112,7 +112,7 @@ def test_a_page_written_in_pieces_is_the_page_rendered_whole(tmp_path):
 
 
 def test_metrics_build_passes_and_p2p_times_one_step_at_a_time(run):
-    from viz.metrics import _Index
+    from viz.analysis.metrics import _Index
     analysis = analyse(open_run(run))
     timeline = analysis.timeline
     index = _Index(timeline)

@@ -84,7 +84,7 @@ def test_the_flow_is_one_way():
 
 
 def test_reading_and_analysing_never_import_torch():
-    code = ("import sys, viz.cli, viz.analysis, viz.report, viz.summary, viz.diff, tracer; "
+    code = ("import sys, viz.cli, viz.analysis, viz.render.report, viz.render.summary_json, viz.diff, tracer; "
             "tracer.load; assert 'torch' not in sys.modules, sorted(m for m in sys.modules "
             "if m.startswith('torch'))[:5]")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,

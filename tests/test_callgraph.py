@@ -25,14 +25,14 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import gpt_helpers
 import tracer
-from tracer.synthetic import SyntheticRank
-from viz.callgraph import (COMM, FUNCTION, HIDDEN, build_callgraph, function_id, prune,
+from constructed.synthetic import SyntheticRank
+from viz.analysis.callgraph import (COMM, FUNCTION, HIDDEN, build_callgraph, function_id, prune,
                            source_lines)
-from viz.groups import op_groups
-from viz.flops import flops
-from viz.modules import module_tree
+from viz.analysis.op_groups import op_groups
+from viz.analysis.flops import flops
+from viz.analysis.module_tree import module_tree
 from viz.render.callgraph_svg import render_svg, to_dot
-from viz.source import RecordedSources, display_paths, reading
+from viz.analysis.source import RecordedSources, display_paths, reading
 from viz.run import open_run
 
 REPO = Path(__file__).resolve().parent.parent

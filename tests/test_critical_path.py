@@ -4,11 +4,11 @@ from __future__ import annotations
 import pytest
 
 from test_timeline import gpipe_two_stages, synthetic
-from tracer.synthetic import write_run
+from constructed.synthetic import write_run
 from viz.analysis import analyse
-from viz.critical_path import COMM, COMPUTE, IDLE, TRANSFER
+from viz.analysis.critical_path import COMM, COMPUTE, IDLE, TRANSFER
 from viz.run import open_run
-from viz.summary import build_summary
+from viz.render.summary_json import build_summary
 
 U = 1_000
 

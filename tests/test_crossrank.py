@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from tracer.synthetic import SyntheticRank, write_run
+from constructed.synthetic import SyntheticRank, write_run
 from viz.analysis import analyse
-from viz.crossrank import bus_factor, collective_size
+from viz.analysis.crossrank import bus_factor, collective_size
 from viz.run import open_run
-from viz.summary import build_summary
+from viz.render.summary_json import build_summary
 
 U = 1_000                  # units of the constructed clocks: 1 us
 MB = 1 << 20

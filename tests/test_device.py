@@ -20,11 +20,11 @@ import tracer
 from tracer import rundir
 from tracer.device_format import DeviceWriter, read_device
 from tracer.kineto import KINDS, DeviceRecords, load_chrome_trace
-from tracer.synthetic import SyntheticRank
+from constructed.synthetic import SyntheticRank
 from viz.analysis import analyse
-from viz.device import attribute
+from viz.analysis.gpu_attribution import attribute
 from viz.run import open_run
-from viz.summary import build_summary
+from viz.render.summary_json import build_summary
 
 FIXTURE = Path(__file__).resolve().parent / "assets" / "gpu-h100"
 KINETO = FIXTURE / "kineto.json.gz"
@@ -150,7 +150,7 @@ def test_nccl_overlap_and_exposed_communication_on_the_device_clock(tmp_path):
 
 
 def test_chrome_trace_has_gpu_streams_and_launch_flows(fixture_run, tmp_path):
-    from viz.report import write_timeline
+    from viz.render.report import write_timeline
     analysis = analyse(open_run(str(fixture_run)), kineto={0: (str(KINETO),)})
     files = write_timeline(analysis, str(tmp_path))
     data = json.loads((tmp_path / files["chrome_trace"]).read_text())
@@ -215,7 +215,7 @@ def test_a_collective_that_launched_no_nccl_kernel_is_not_device_communication(m
 
 
 def test_the_timeline_draws_memory_apart_and_no_device_comm_in_step_2(merged, tmp_path):
-    from viz.report import write_timeline
+    from viz.render.report import write_timeline
     files = write_timeline(merged[0], str(tmp_path))
     events = json.loads((tmp_path / files["chrome_trace"]).read_text())["traceEvents"]
     cats = Counter(e.get("cat") for e in events if e.get("ph") == "X")

@@ -18,7 +18,7 @@ import torch
 import tracer
 from tracer import rundir
 from tracer.device_format import read_device
-from viz.device import attribute
+from viz.analysis.gpu_attribution import attribute
 
 pytestmark = pytest.mark.gpu
 

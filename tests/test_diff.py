@@ -28,7 +28,7 @@ from tracer.format import META_KEY, read_stream
 from viz import diff
 from viz.analysis import analyse
 from viz.diff.graph import ADDED, CHANGED, UNCHANGED
-from viz.groups import op_groups
+from viz.analysis.op_groups import op_groups
 from viz.run import open_run
 
 TINY = ["--layers", "2", "--hidden", "32", "--heads", "4", "--seq-len", "16",

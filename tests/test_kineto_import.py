@@ -23,7 +23,7 @@ from viz.analysis import analyse
 from viz.engine import Engine
 from viz.kineto_run import import_exports
 from viz.run import open_run
-from viz.summary import build_summary
+from viz.render.summary_json import build_summary
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 HTA = ASSETS / "kineto-hta"

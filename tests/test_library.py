@@ -17,7 +17,7 @@ import tracer
 from gpt_helpers import REPO
 from instrument import launch
 from tracer.library import LibraryRule, LibrarySpecError, parse_specs
-from viz.groups import op_groups, split_stack
+from viz.analysis.op_groups import op_groups, split_stack
 
 SITE = sysconfig.get_paths()["purelib"]
 TORCH = os.path.dirname(torch.__file__)

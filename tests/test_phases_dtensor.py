@@ -15,7 +15,7 @@ import pytest
 import tracer
 from gpt_helpers import REPO, env, free_port
 from test_tracer_dist import SCRIPTS
-from viz.flops import flops
+from viz.analysis.flops import flops
 
 KIND = {"all_gather_into_tensor": "all_gather", "_allgather_base_": "all_gather",
         "_reduce_scatter_base_": "reduce_scatter", "reduce_scatter_tensor": "reduce_scatter",

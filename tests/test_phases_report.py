@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from tracer.labels import PHASES
-from tracer.synthetic import SyntheticRank, write_run
+from constructed.synthetic import SyntheticRank, write_run
 
 SITE = [("/src/train.py", 10, "step", "step")]
 

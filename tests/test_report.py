@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 from test_callgraph import TP_FILE, line_of, traced_run
-from tracer.synthetic import SyntheticRank
+from constructed.synthetic import SyntheticRank
 from viz.cli import build
 
 CHROMIUM = "/usr/bin/chromium"
@@ -250,7 +250,7 @@ def test_index_puts_the_hang_first_and_escapes_trace_text(tmp_path):
 
 
 def test_a_hang_with_no_rank_missing_says_so_rather_than_naming_none():
-    from viz.pages import _hang_title
+    from viz.views.pages import _hang_title
     every = {"timeout_s": 8, "kind": "collective", "never_arrived": [], "ranks": {}}
     assert _hang_title(every) == \
         "Hang: every rank waited in a collective, none was missing from it (watchdog timeout 8 s)"

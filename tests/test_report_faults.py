@@ -22,7 +22,7 @@ import pytest
 import tracer
 from tracer import rundir
 from tracer.format import FORMAT_NAME, META_KEY, SCHEMA, read_stream
-from tracer.synthetic import SyntheticRank
+from constructed.synthetic import SyntheticRank
 
 STEPS, OPS_PER_STEP = 3, 40
 BATCH = 20                       # rows per batch: a truncation keeps the batches before it

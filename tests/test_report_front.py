@@ -163,7 +163,7 @@ _CELLS_HIT = """(() => { const bad = [];
 def long_names(tmp_path_factory) -> Path:
     """A report whose top ops and collectives carry long op names and source lines (a CPU
     flash-attention backward, a deep site-packages path, long qualnames)."""
-    from tracer.synthetic import SyntheticRank
+    from constructed.synthetic import SyntheticRank
     root = tmp_path_factory.mktemp("long-names")
     site = [("/opt/venvs/project/lib/python3.11/site-packages/megatron/core/transformer/"
              "dot_product_attention_with_a_long_module_name.py", 1234, "forward",
@@ -281,7 +281,7 @@ def test_every_page_of_a_report_with_setup_loads_cleanly(report, browser, tmp_pa
 def test_trace_text_is_escaped_on_the_front_page_and_in_search(tmp_path, browser):
     """Op names, function names and files from a trace reach the front page's tables, the
     call graphs and the search box's list; none of them may run."""
-    from tracer.synthetic import SyntheticRank
+    from constructed.synthetic import SyntheticRank
     evil = '<img src=x onerror="window.pwned=1">'
     stack = [("evil</td><script>window.pwned=2</script>.py", 3, "f", evil)]
     ranks = []

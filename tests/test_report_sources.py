@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tracer.synthetic import SyntheticRank
+from constructed.synthetic import SyntheticRank
 
 SECRET = "TOKEN = 'hunter2-do-not-share'\n\n\ndef train():\n    return TOKEN\n"
 

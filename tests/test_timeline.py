@@ -12,14 +12,14 @@ import pytest
 
 from tracer.format import COLUMN_NAMES
 from tracer.labels import PHASE_BACKWARD, PHASE_FORWARD
-from tracer.synthetic import SyntheticRank, write_run
+from constructed.synthetic import SyntheticRank, write_run
 from viz import intervals, metrics
 from viz.analysis import analyse, recount
-from viz.lanes import P2PLink
+from viz.analysis.lanes import P2PLink
 from viz.render import chrome_trace
-from viz.report import write_timeline
+from viz.render.report import write_timeline
 from viz.run import open_run
-from viz.timeline import IDLE_GAP_NS
+from viz.analysis.rank_lanes import IDLE_GAP_NS
 
 U = 1_000            # one constructed-clock unit: 1 us, in ns
 BASE = 1_000_000_000  # constructed clocks start here (any monotonic origin)

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from viz.groups import Frame, OpGroup
-from viz.views import report_views, same_work
+from viz.analysis.op_groups import Frame, OpGroup
+from viz.views.callgraph_pages import report_views, same_work
 
 MAIN = Frame("/work/train.py", 10, "main", "main")
 STEP = Frame("/work/train.py", 20, "step", "step")
@@ -89,7 +89,7 @@ def test_report_views_keep_the_merged_graphs_pruned_and_their_functions():
     """The unpruned merged graphs are dropped once drawn pruned (tens of MiB for many ranks):
     the views keep every pruned page and, of the unpruned whole-recording graph, its functions
     and what they issued."""
-    from viz.callgraph import FUNCTION, CallGraph, build_callgraph
+    from viz.analysis.callgraph import FUNCTION, CallGraph, build_callgraph
     groups = {0: work(0), 1: work(1, time_scale=2.0), 2: work(2, count=9)}
     views = report_views(_Analysis(groups))
     graphs = [p.graph for p in views.graphs] + [p.graph for p in views.zooms.values()] + \

@@ -12,7 +12,7 @@ in a step).
 """
 from __future__ import annotations
 
-from tracer.synthetic import SyntheticRank, write_run
+from constructed.synthetic import SyntheticRank, write_run
 
 U = 1_000              # one constructed unit: 1 us
 BASE = 1_000_000_000

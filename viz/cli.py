@@ -40,12 +40,12 @@ def build(run_dir: str, out_dir: Optional[str] = None, *,
     whose failure the caller already named; ``sources=False``: no source file is read
     (``--no-source``). Raises viz.run.RunError or
     tracer.kineto.KinetoError."""
-    from .analysis import analyse
+    from .analysis.run_analysis import analyse
     from .engine import Engine
     from .render.progress import Progress
-    from .report import build_report
+    from .render.report import build_report
     from .run import open_run
-    from .summary import build_summary, write_summary
+    from .render.summary_json import build_summary, write_summary
     progress = progress or Progress()
     warn = warn or _stderr("trace-report")
     left_out = []

@@ -19,7 +19,7 @@ from typing import Iterable, Optional, Sequence
 
 import networkx as nx
 
-from .groups import MEASURES, NO_STACK, Frame, OpGroup, Weights, total_of
+from .op_groups import MEASURES, NO_STACK, Frame, OpGroup, Weights, total_of
 from .rank_weights import freeze_per_rank, total_over_ranks
 from .source import definition_line
 

@@ -23,10 +23,10 @@ import dataclasses
 
 import numpy as np
 
-from .device import SETUP, DeviceTime
+from .gpu_attribution import SETUP, DeviceTime
 from .intervals import intervals, union
 from .lanes import DeviceLane, Pass, RankLanes, counted_steps
-from .timeline import RankRows
+from .rank_lanes import RankRows
 
 DRAWN_ACTIVITIES = 100_000      # per rank: GPU activities kept for the Chrome trace
 

@@ -23,12 +23,12 @@ from tracer.labels import PHASES
 from tracer.ops import PSEUDO_OPS, group_ranks, process_group_name
 
 from .columns import Records
-from .device import attribute
+from .gpu_attribution import attribute
 from .device_lanes import on_device
-from .groups import op_groups
+from .op_groups import op_groups
 from .intervals import Prefix
 from .lanes import P2PEnd, RankLanes, counted_steps
-from .timeline import DRAWN_OPS, RankRows, p2p_endpoints, rank_lanes
+from .rank_lanes import DRAWN_OPS, RankRows, p2p_endpoints, rank_lanes
 
 
 @dataclass

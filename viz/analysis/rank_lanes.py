@@ -197,7 +197,7 @@ def _compute_spans(rows: RankRows, comm: list) -> np.ndarray:
 
 
 def _comm_spans(rows: RankRows, send_ends: dict) -> list:
-    from .groups import site_of
+    from .op_groups import site_of
 
     last = int(max(rows.t1.max(initial=0), rows.t0.max(initial=0), rows.t_ret.max(initial=0)))
     trace = rows.trace

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from .groups import Weights, total_of
+from .op_groups import Weights, total_of
 
 
 class RankTable:

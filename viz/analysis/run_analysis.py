@@ -21,13 +21,13 @@ from tracer import TraceError, rundir
 from .columns import Records
 from .critical_path import critical_paths, path_intervals
 from .crossrank import CrossRank, cross_rank
-from .engine import Engine
-from .groups import SharedGroups
+from ..engine import Engine
+from .op_groups import SharedGroups
 from .metrics import metrics_of
 from .rank import analyse_rank_file, count_rank_file, p2p_of_file, path_modules_file
-from .run import Run, RunError
+from ..run import Run, RunError
 from .lanes import P2PLink, Timeline
-from .timeline import DRAWN_OPS, assemble, match_p2p
+from .rank_lanes import DRAWN_OPS, assemble, match_p2p
 
 
 @dataclass

@@ -21,17 +21,17 @@ import math
 import os
 from typing import Callable, Optional
 
-from ..analysis import RunAnalysis, analyse, recount
+from ..analysis.run_analysis import RunAnalysis, analyse, recount
 from ..engine import Engine
 from ..render.diff_html import write_page
 from ..render.diff_svg import diff_svgs
 from ..render.diff_text import format_table
 from ..run import Run
-from ..source import display_paths
+from ..analysis.source import display_paths
 from .graph import build_diff_graph, prune_diff
 from .profile import merge, rank_profile
 from .result import ALL_RANKS, DiffResult, RunSide, ScopeDiff, compare
-from ..grid import grid_of
+from ..analysis.grid import grid_of
 from .roles import assign_roles, group_label, match_roles
 from .words import describe
 

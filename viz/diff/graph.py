@@ -16,8 +16,8 @@ from typing import Iterable, Mapping, Optional
 
 import networkx as nx
 
-from ..callgraph import COMM, FUNCTION, OPS
-from ..groups import OpGroup
+from ..analysis.callgraph import COMM, FUNCTION, OPS
+from ..analysis.op_groups import OpGroup
 from .profile import function_key
 
 ADDED, REMOVED, CHANGED, UNCHANGED = "added", "removed", "changed", "unchanged"

@@ -22,9 +22,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping, Sequence
 
-from ..flops import base_name
-from ..groups import Frame, OpGroup
-from ..modules import NO_MODULE
+from ..analysis.flops import base_name
+from ..analysis.op_groups import Frame, OpGroup
+from ..analysis.module_tree import NO_MODULE
 
 MATMUL_OPS = frozenset({"mm", "addmm", "bmm", "baddbmm", "matmul", "linear"})
 TIME_METRICS = ("wall_s", "compute_s", "comm_s", "exposed_comm_s", "idle_s",

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from ..grid import AXES, Grid, grid_of
+from ..analysis.grid import AXES, Grid, grid_of
 
 
 @dataclass(frozen=True)

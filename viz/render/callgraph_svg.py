@@ -20,8 +20,8 @@ import graphviz
 
 from tracer.labels import PHASES
 
-from ..callgraph import COMM, FUNCTION, HIDDEN, OPS, CallGraph, EdgeData, NodeData
-from ..groups import Weights
+from ..analysis.callgraph import COMM, FUNCTION, HIDDEN, OPS, CallGraph, EdgeData, NodeData
+from ..analysis.op_groups import Weights
 from ..run import RunError
 from . import fmt_bytes, fmt_count, fmt_flops, fmt_ranks, fmt_time, short_op
 

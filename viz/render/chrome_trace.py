@@ -14,7 +14,7 @@ import json
 
 import numpy as np
 
-from ..lanes import Timeline
+from ..analysis.lanes import Timeline
 
 _PASS_TID = 0
 _OPS_TID = 1          # + recording thread number

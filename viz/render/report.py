@@ -31,17 +31,17 @@ from typing import Optional
 
 from tracer import rundir
 
-from . import crossrank_view, pages
-from .analysis import RunAnalysis, to_recount
-from .analysis import training as training_steps
-from .engine import Engine
-from .render import chrome_trace, inline_svg, timeline_svg
-from .render.callgraph_svg import render_svg, to_dot
-from .render.html import PageWriter
-from .render.progress import Progress
-from .source import RecordedSources, SourceText, reading
-from .views import (GraphPage, ReportOptions, ReportViews, defined_functions, report_views,
-                    step_split)
+from ..views import crossrank_page, pages
+from ..analysis.run_analysis import RunAnalysis, to_recount
+from ..analysis.run_analysis import training as training_steps
+from ..engine import Engine
+from . import chrome_trace, inline_svg, timeline_svg
+from .callgraph_svg import render_svg, to_dot
+from .html import PageWriter
+from .progress import Progress
+from ..analysis.source import RecordedSources, SourceText, reading
+from ..views.callgraph_pages import (GraphPage, ReportOptions, ReportViews, defined_functions,
+                                     report_views, step_split)
 
 TIMELINE_FILES = {"svg": "timeline.svg", "chrome_trace": "timeline.json"}
 TOP = 5             # ops and collectives on the front page
@@ -111,7 +111,7 @@ def _write_report(analysis: RunAnalysis, summary: dict, out_dir: str, options: R
             problems=pages.problems(analysis), run=pages.run_facts(analysis),
             lede=pages.lede(analysis), split=views.split,
             headline=pages.headline_rows(analysis, summary), ranks=rank_rows,
-            across=crossrank_view.headline(analysis),
+            across=crossrank_page.headline(analysis),
             top_ops=_top(views, comm=False), top_comm=_top(views, comm=True),
             graphs=views.graphs, rank_graphs=views.rank_graphs, setup=views.setup,
             zooms=list(views.zooms.values()),
@@ -127,10 +127,10 @@ def _write_crossrank_page(writer: PageWriter, analysis: RunAnalysis, views: Repo
     writer.write("crossrank.html", "crossrank.html", title="Across ranks", cross=analysis.cross,
                  clock=" and ".join(sorted(clocks)),
                  mismatches=[m.describe() for m in analysis.cross.mismatches[:100]],
-                 stragglers=crossrank_view.stragglers(analysis),
-                 heat=crossrank_view.heat_map(analysis),
-                 bandwidth=crossrank_view.bandwidth(analysis, views.paths, href),
-                 paths=crossrank_view.paths_rows(analysis))
+                 stragglers=crossrank_page.stragglers(analysis),
+                 heat=crossrank_page.heat_map(analysis),
+                 bandwidth=crossrank_page.bandwidth(analysis, views.paths, href),
+                 paths=crossrank_page.paths_rows(analysis))
 
 
 def _top(views: ReportViews, *, comm: bool) -> list:

@@ -14,7 +14,7 @@ import os
 
 from tracer import rundir
 
-from .analysis import RunAnalysis
+from ..analysis.run_analysis import RunAnalysis
 
 SCHEMA = "paratrace.summary/1"
 TIME_KEYS = ("wall_s", "compute_s", "comm_s", "exposed_comm_s", "idle_s", "overlap_fraction",

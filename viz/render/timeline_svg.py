@@ -13,8 +13,8 @@ from xml.sax.saxutils import escape, quoteattr
 
 import numpy as np
 
-from ..intervals import gaps, intervals, length, union, window
-from ..lanes import Timeline
+from ..analysis.intervals import gaps, intervals, length, union, window
+from ..analysis.lanes import Timeline
 from . import fmt_time
 
 COLOURS = {"F": "#4c9f70", "B": "#d1495b", "W": "#8d6cab", "compute": "#3b6ea8",

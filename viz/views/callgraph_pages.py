@@ -15,12 +15,12 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, replace
 from typing import Optional
 
-from .analysis import RunAnalysis
-from .callgraph import (FUNCTION, HIDDEN, CallGraph, build_callgraph, importance, prune,
+from ..analysis.run_analysis import RunAnalysis
+from ..analysis.callgraph import (FUNCTION, HIDDEN, CallGraph, build_callgraph, importance, prune,
                         source_lines, total_of, trim_common_prefix)
-from .groups import NO_STACK, Weights
-from .modules import NO_MODULE, module_tree
-from .source import display_paths
+from ..analysis.op_groups import NO_STACK, Weights
+from ..analysis.module_tree import NO_MODULE, module_tree
+from ..analysis.source import display_paths
 
 WHOLE_GRAPH = 0.9   # a function holding this share of every measure is nearly the whole graph
 

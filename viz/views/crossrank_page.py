@@ -4,8 +4,8 @@ disagree, and each step's critical path. Rows and texts only, from a RunAnalysis
 (:mod:`viz.crossrank`, :mod:`viz.critical_path`); the template draws them."""
 from __future__ import annotations
 
-from .analysis import RunAnalysis
-from .render import fmt_bytes, fmt_time
+from ..analysis.run_analysis import RunAnalysis
+from ..render import fmt_bytes, fmt_time
 
 
 def headline(analysis: RunAnalysis) -> str:

@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Optional
 
-from .analysis import RunAnalysis
-from .groups import NO_STACK, Weights, total_of
-from .render import fmt_bytes, fmt_count, fmt_time, short_op
+from ..analysis.run_analysis import RunAnalysis
+from ..analysis.op_groups import NO_STACK, Weights, total_of
+from ..render import fmt_bytes, fmt_count, fmt_time, short_op
 
 
 @dataclass

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..lanes import Timeline
-from ..metrics import metrics_of
+from ..analysis.lanes import Timeline
+from ..analysis.metrics import metrics_of
 from .measures import measures
 from .plan import Plan
 from .recording import Recording, study

@@ -35,8 +35,8 @@ import numpy as np
 
 from tracer.ops import group_ranks
 
-from ..intervals import Prefix, gaps
-from ..lanes import Timeline, counted_steps
+from ..analysis.intervals import Prefix, gaps
+from ..analysis.lanes import Timeline, counted_steps
 from .waits import RankView, hidden_waits, rank_view
 
 COMPUTE, IDLE, LAUNCH, WAIT, BEGIN, END, STEP = range(7)

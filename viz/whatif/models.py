@@ -21,7 +21,7 @@ from typing import Optional
 
 import numpy as np
 
-from ..flops import flops as op_flops, parse_shapes, base_name
+from ..analysis.flops import flops as op_flops, parse_shapes, base_name
 
 RING_KINDS = ("all_reduce", "all_gather", "reduce_scatter")   # the ring's step counts apply
 

@@ -16,8 +16,8 @@ import numpy as np
 
 from tracer.ops import group_text
 
-from ..intervals import intervals, union
-from ..lanes import CommSpan, Pass, RankLanes, Timeline
+from ..analysis.intervals import intervals, union
+from ..analysis.lanes import CommSpan, Pass, RankLanes, Timeline
 from .graph import BEGIN, COMPUTE, END, IDLE, LAUNCH, STEP, WAIT, ExecutionGraph
 
 

@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..intervals import gaps, intersect, intervals, union
+from ..analysis.intervals import gaps, intersect, intervals, union
 
 WAIT_FACTOR = 4
 MIN_WAIT_NS = 50_000
