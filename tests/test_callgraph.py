@@ -28,7 +28,7 @@ import tracer
 from constructed.synthetic import SyntheticRank
 from viz.analysis.callgraph import (COMM, FUNCTION, HIDDEN, build_callgraph, function_id, prune,
                            source_lines)
-from viz.analysis.op_groups import op_groups
+from viz.analysis.op_groups import group_ops
 from viz.analysis.flops import flops
 from viz.analysis.module_tree import module_tree
 from viz.render.callgraph_svg import render_svg, to_dot
@@ -63,7 +63,7 @@ def run():
 
 @pytest.fixture(scope="module")
 def groups(run):
-    return {rank: op_groups(run.load(rank)) for rank in run.files}
+    return {rank: group_ops(run.load(rank)) for rank in run.files}
 
 
 @pytest.fixture(scope="module")
@@ -256,7 +256,7 @@ def test_trace_without_stacks_still_graphs(tmp_path):
     r.op(0, 10, module="M", shapes="f32[4,4] f32[4,4]")
     r.comm("all_reduce", 20, 20, 50, group=(0, 1), nbytes=64, module="M", phase="forward")
     trace = tracer.load(r.write(tmp_path))
-    cg = build_callgraph(op_groups(trace))
+    cg = build_callgraph(group_ops(trace))
     (root,) = cg.nodes(FUNCTION)
     assert root.name == "(no stack recorded)" and root.total.ops == 2 and root.total.bytes == 64
     assert root.total.flops == 2 * 4 * 4 * 4

@@ -28,7 +28,7 @@ from tracer.format import META_KEY, read_stream
 from viz import diff
 from viz.analysis import analyse
 from viz.diff.graph import ADDED, CHANGED, UNCHANGED
-from viz.analysis.op_groups import op_groups
+from viz.analysis.op_groups import group_ops
 from viz.run import open_run
 
 TINY = ["--layers", "2", "--hidden", "32", "--heads", "4", "--seq-len", "16",
@@ -248,7 +248,7 @@ def test_an_edit_that_moves_every_line_is_no_structural_change(runs):
     a, b = open_run(runs["tp2"]), open_run(runs["tp2-edited"])
 
     def model_lines(run):
-        return {(f.file, f.line) for g in op_groups(run.load(0)) for f in g.path
+        return {(f.file, f.line) for g in group_ops(run.load(0)) for f in g.path
                 if f.file.endswith("sample_runs/model.py")}
     lines_a, lines_b = model_lines(a), model_lines(b)
     assert lines_a and lines_b and lines_a.isdisjoint(lines_b)   # other files, other lines

@@ -265,9 +265,9 @@ def test_op_tables_weigh_a_send_waited_late_as_the_timeline_does(tmp_path):
     r1.comm("recv", 105, 106, 130, peer=0)
     analysis = analysed(tmp_path, [r0, r1])
     for mine in (analysis.ranks[0], recount(analysis, frozenset({1})).ranks[0]):
-        (send,) = [g for g in mine.groups if g.kind == "send"]
+        (send,) = [g for g in mine.op_groups if g.kind == "send"]
         assert (send.count, send.time_ns) == (2, (30 + 5) * U)
-    (send,) = [g for g in analysis.ranks[0].counted_groups if g.kind == "send"]
+    (send,) = [g for g in analysis.ranks[0].counted_op_groups if g.kind == "send"]
     assert send.time_ns == (30 + 5) * U
 
 

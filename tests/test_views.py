@@ -59,7 +59,7 @@ class _Analysis:
     def __init__(self, groups: dict):
         class Rank:
             def __init__(self, rank, mine):
-                self.groups, self.steps = mine, [1]
+                self.op_groups, self.steps = mine, [1]
         self.world_size = len(groups)
         self.ranks = {rank: Rank(rank, mine) for rank, mine in groups.items()}
         self.metrics = {}

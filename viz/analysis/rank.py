@@ -25,7 +25,7 @@ from tracer.ops import PSEUDO_OPS, group_ranks, process_group_name
 from .columns import Records
 from .gpu_attribution import attribute
 from .device_lanes import on_device
-from .op_groups import op_groups
+from .op_groups import group_ops
 from .intervals import Prefix
 from .lanes import P2PEnd, RankLanes, counted_steps
 from .rank_lanes import DRAWN_OPS, RankRows, p2p_endpoints, rank_lanes
@@ -41,14 +41,14 @@ class RankAnalysis:
     warnings: list                # a damaged tail, a recording that never closed
     events: int
     steps: list                   # step indices the trace holds
-    groups: list                  # viz.groups.OpGroup
+    op_groups: list               # viz.analysis.op_groups.OpGroup
     op_counts: dict               # op overload -> calls (pseudo-ops left out)
     comm: list                    # summary.json's comm rows: kind, phase, group, count, bytes
     lanes: RankLanes
     last_op: dict = field(default_factory=dict)   # what the rank did last (failed ranks)
     device: Optional[dict] = None # GPU activity: summary.json's device object
     counted_steps: tuple = ()     # the steps its time metrics count (viz.lanes.counted_steps)
-    counted_groups: list = field(default_factory=list)   # op groups of those steps only
+    counted_op_groups: list = field(default_factory=list)   # op groups of those steps only
     exports: tuple = ()           # torch.profiler exports merged into its GPU activity
     export_errors: list = field(default_factory=list)   # exports that could not be used
     op_counts_by_phase: dict = field(default_factory=dict)   # phase -> op -> calls
@@ -144,17 +144,17 @@ def analyse_rank(trace: Trace, rank: int, send_ends: dict, op_budget: int = DRAW
     durations = dev.row_ns if dev is not None else host_durations(trace, caps)
     counted = tuple(counted_steps(lanes))
     frames: dict = {}         # the stacks' frames, shared by both groupings
-    groups = op_groups(trace, durations, frames)
+    groups = group_ops(trace, durations, frames)
     return RankAnalysis(
         rank=rank, path=trace.path, meta=trace.meta,
         warnings=list(trace.warnings) + list((trace.meta.get("imported") or {}).get("damage")
                                              or []),
-        events=len(trace), steps=recorded_steps(trace), groups=groups,
+        events=len(trace), steps=recorded_steps(trace), op_groups=groups,
         op_counts=op_counts(trace), op_counts_by_phase=op_counts_by_phase(trace),
         comm=comm_rows(trace), lanes=lanes, last_op=last_op(trace),
         device=None if dev is None else dev.summary(trace.dictionary("op"), trace.col("op")),
         counted_steps=counted, send_caps=caps,
-        counted_groups=_groups_over(trace, counted, durations, frames, all_steps=groups))
+        counted_op_groups=_groups_over(trace, counted, durations, frames, all_steps=groups))
 
 
 def send_caps(lanes: RankLanes) -> dict:
@@ -186,8 +186,8 @@ def _groups_over(trace: Trace, steps, durations: Optional[np.ndarray],
     """The op groups of ``steps`` only (``all_steps``: the groups of every step, if known)."""
     mask = np.isin(trace.col("step"), sorted(steps))
     if mask.all():
-        return all_steps if all_steps is not None else op_groups(trace, durations, frames)
-    return op_groups(trace.select(mask), None if durations is None else durations[mask], frames)
+        return all_steps if all_steps is not None else group_ops(trace, durations, frames)
+    return group_ops(trace.select(mask), None if durations is None else durations[mask], frames)
 
 
 @dataclass
@@ -195,7 +195,7 @@ class RankCounts:
     """What a rank did in some steps only: the counting part of a RankAnalysis."""
 
     steps: list
-    groups: list
+    op_groups: list
     op_counts: dict
     comm: list
     op_counts_by_phase: dict

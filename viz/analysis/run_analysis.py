@@ -22,7 +22,7 @@ from .columns import Records
 from .critical_path import critical_paths, path_intervals
 from .crossrank import CrossRank, cross_rank
 from ..engine import Engine
-from .op_groups import SharedGroups
+from .op_groups import SharedOpGroups
 from .metrics import metrics_of
 from .rank import analyse_rank_file, count_rank_file, p2p_of_file, path_modules_file
 from ..run import Run, RunError
@@ -169,7 +169,7 @@ def analyse(run: Run, engine: Optional[Engine] = None, kineto: Optional[dict] = 
     readable = sorted(endpoints)
     del endpoints           # every rank's sends and receives: freed before the results come
     budget = max(DRAWN_OPS // len(run.files), 1_000)
-    shared = SharedGroups()
+    shared = SharedOpGroups()
     analysed, late = _split(readable, engine.map(analyse_rank_file, [
         (run.files[r], r, send_ends.get(r, {}), budget, tuple(kineto.get(r, ())))
         for r in readable], then=lambda result: _shared(result, shared)))
@@ -190,16 +190,16 @@ def _path_modules(analysis: RunAnalysis, engine: Engine) -> None:
                 path.modules[module] = path.modules.get(module, 0) + ns
 
 
-def _shared(result, shared: SharedGroups):
+def _shared(result, shared: SharedOpGroups):
     """A rank's result (RankAnalysis or RankCounts) with its op groups on the frames and names
     ``shared`` holds (one copy for all ranks); an unreadable trace's error as it is."""
     if isinstance(result, TraceError):
         return result
-    whole = shared.of(result.groups)
-    if hasattr(result, "counted_groups"):
-        result.counted_groups = whole if result.counted_groups is result.groups else \
-            shared.of(result.counted_groups)
-    result.groups = whole
+    whole = shared.of(result.op_groups)
+    if hasattr(result, "counted_op_groups"):
+        result.counted_op_groups = whole if result.counted_op_groups is result.op_groups else \
+            shared.of(result.counted_op_groups)
+    result.op_groups = whole
     return result
 
 
@@ -252,12 +252,12 @@ def recount(analysis: RunAnalysis, steps: frozenset,
     and its metrics are kept as they are; each trace is read once more."""
     engine = engine or Engine(jobs=1)
     order = sorted(analysis.ranks)
-    shared = SharedGroups()
+    shared = SharedOpGroups()
     counts, _ = _split(order, engine.map(count_rank_file, [
         (analysis.ranks[r].path, r, steps, analysis.ranks[r].exports,
          analysis.ranks[r].send_caps) for r in order],
         then=lambda result: _shared(result, shared)))
-    ranks = {rank: replace(mine, groups=counts[rank].groups, op_counts=counts[rank].op_counts,
+    ranks = {rank: replace(mine, op_groups=counts[rank].op_groups, op_counts=counts[rank].op_counts,
                            op_counts_by_phase=counts[rank].op_counts_by_phase,
                            comm=counts[rank].comm, steps=counts[rank].steps)
              for rank, mine in analysis.ranks.items() if rank in counts}
@@ -279,6 +279,6 @@ def training(analysis: RunAnalysis, steps: frozenset,
     late = to_recount(analysis, steps)
     out = recount(replace(analysis, ranks={r: analysis.ranks[r] for r in sorted(late)}),
                   steps, engine).ranks if late else {}
-    ranks = {r: out[r] if r in late else replace(mine, groups=mine.counted_groups)
+    ranks = {r: out[r] if r in late else replace(mine, op_groups=mine.counted_op_groups)
              for r, mine in analysis.ranks.items() if r not in late or r in out}
     return replace(analysis, ranks=ranks, count_steps=steps)

@@ -49,9 +49,9 @@ def recorded_steps(analysis: RunAnalysis) -> frozenset:
 def _profiles(analysis: RunAnalysis, grid: Optional[tuple]) -> tuple:
     """(rank -> Profile, display paths) of every readable rank, process groups named along
     ``grid``."""
-    groups = {rank: mine.groups for rank, mine in analysis.ranks.items()}
+    groups = {rank: mine.op_groups for rank, mine in analysis.ranks.items()}
     paths = display_paths({f.file for gs in groups.values() for g in gs for f in g.path})
-    out = {rank: rank_profile(rank, mine.groups, mine.comm, paths, analysis.metrics.get(rank),
+    out = {rank: rank_profile(rank, mine.op_groups, mine.comm, paths, analysis.metrics.get(rank),
                               mine.steps, lambda ranks: group_label(ranks, grid))
            for rank, mine in sorted(analysis.ranks.items())}
     return out, paths
@@ -90,7 +90,7 @@ def diff_runs(run_a: Run, run_b: Run, *, warn: Optional[Callable[[str], None]] =
     totals = compare(ALL_RANKS, merge(list(prof_a.values())), merge(list(prof_b.values())))
 
     def merged(analysis):
-        return [g for r in sorted(analysis.ranks) for g in analysis.ranks[r].groups]
+        return [g for r in sorted(analysis.ranks) for g in analysis.ranks[r].op_groups]
 
     graphs = [build_diff_graph(ALL_RANKS, merged(a), paths_a, merged(b), paths_b)]
     # Roles whose structure (then sizes) changed are drawn first: with many roles, the first
@@ -98,8 +98,8 @@ def diff_runs(run_a: Run, run_b: Run, *, warn: Optional[Callable[[str], None]] =
     drawn = sorted(zip(matched, roles), key=lambda m: (not m[1].structural,
                                                        not m[1].sizes_changed))
     for (role, ra, rb), _ in drawn[:MAX_GRAPHS - 1]:
-        graphs.append(build_diff_graph(role.label, a.ranks[ra].groups, paths_a,
-                                       b.ranks[rb].groups, paths_b))
+        graphs.append(build_diff_graph(role.label, a.ranks[ra].op_groups, paths_a,
+                                       b.ranks[rb].op_groups, paths_b))
 
     keys = sorted(set(a.config) | set(b.config))
     changes = [(k, a.config.get(k), b.config.get(k)) for k in keys

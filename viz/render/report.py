@@ -96,7 +96,7 @@ def _write_report(analysis: RunAnalysis, summary: dict, out_dir: str, options: R
                 writer.write(f"ranks/rank-{row['rank']}.html", "rank.html",
                              title=f"Rank {row['rank']}", row=row,
                              meta=pages.meta_rows(mine.meta), warnings=mine.warnings,
-                             ops=pages.op_rows(mine.groups), comm=pages.comm_rows(mine.groups),
+                             ops=pages.op_rows(mine.op_groups), comm=pages.comm_rows(mine.op_groups),
                              modules=views.rank_trees[row["rank"]], world=world,
                              graph=views.rank_graphs[row["rank"]])
                 progress.advance()

@@ -159,8 +159,8 @@ def report_views(analysis: RunAnalysis, options: ReportOptions = ReportOptions()
     # (absent ranks of a large world would cost memory per rank and tell nothing)
     world = tuple(sorted(analysis.ranks))
     split = step_split(analysis)
-    whole = {rank: r.groups for rank, r in analysis.ranks.items()}
-    groups = {rank: r.groups for rank, r in (training or analysis).ranks.items()}
+    whole = {rank: r.op_groups for rank, r in analysis.ranks.items()}
+    groups = {rank: r.op_groups for rank, r in (training or analysis).ranks.items()}
     everything = [g for rank in sorted(whole) for g in whole[rank]]
     merged = [g for rank in sorted(groups) for g in groups[rank]]
     files = {f.file for g in everything for f in g.path}

@@ -73,9 +73,9 @@ def rank_rows(analysis: RunAnalysis, summary: dict) -> list:
         if mine is not None:
             row["host"] = mine.meta.get("host", "")
             row["events"] = mine.events
-            row["w"] = total_of(g.weights() for g in mine.groups)
-            row["compute"] = total_of(g.weights() for g in mine.groups if not g.kind)
-            row["comm"] = total_of(g.weights() for g in mine.groups if g.kind)
+            row["w"] = total_of(g.weights() for g in mine.op_groups)
+            row["compute"] = total_of(g.weights() for g in mine.op_groups if not g.kind)
+            row["comm"] = total_of(g.weights() for g in mine.op_groups if g.kind)
         row["time"] = _time_texts(((summary.get("ranks") or {}).get(str(rank)) or {})
                                   .get("time") or {})
         rows.append(row)

@@ -63,7 +63,7 @@ def what_if(analysis, targets: list) -> WhatIf:
     """Replay ``analysis`` (a viz.analysis.RunAnalysis) and predict each target (option ->
     value, the reference GPT's names: tp, sp, pp, dp, schedule, virtual_stages,
     microbatches). Raises TargetError for a target that cannot be predicted."""
-    groups = {r: mine.counted_groups for r, mine in analysis.ranks.items()}
+    groups = {r: mine.counted_op_groups for r, mine in analysis.ranks.items()}
     rec = study(analysis.timeline, analysis.cross.matched, groups, analysis.world_size)
     configs = [target_config(rec.config, dict(t), rec.world) for t in targets]
     sim = simulate(rec.graph, rec.graph.starts)
