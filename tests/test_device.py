@@ -24,7 +24,7 @@ from constructed.synthetic import SyntheticRank
 from viz.analysis import analyse
 from viz.analysis.gpu_attribution import attribute
 from viz.run import open_run
-from viz.render.summary_json import build_summary
+from viz.render.summary_json import build_summary, device_json
 
 FIXTURE = Path(__file__).resolve().parent / "assets" / "gpu-h100"
 KINETO = FIXTURE / "kineto.json.gz"
@@ -48,7 +48,7 @@ def attributed():
 def test_every_gpu_activity_of_the_h100_recording_is_attributed(attributed):
     trace, dev = attributed
     assert len(dev) == 1666                      # the README's count
-    summary = dev.summary(trace.dictionary("op"), trace.col("op"))
+    summary = device_json(dev.summary(trace.dictionary("op"), trace.col("op")))
     assert summary["attributed"] / summary["activities"] >= 0.99
     # inside an event's host interval; NCCL communicator setup in init_process_group (the
     # trace predates the recorder's own event for it); between two events: nearer one
@@ -65,7 +65,7 @@ def test_gemm_kernels_land_on_the_matmul_ops(attributed):
     assert dur[gemm].sum() > 15_000_000                       # ~16 ms of GEMMs in 2 steps
     assert dur[gemm & on_matmul].sum() == dur[gemm].sum()
     # aten.mm's device time: its GEMMs, ~16 ms (the fixture's README)
-    mm = dev.summary(op_names, codes)["by_op"]["aten.mm.default"]
+    mm = device_json(dev.summary(op_names, codes))["by_op"]["aten.mm.default"]
     assert mm == pytest.approx(0.016, abs=5e-4)
 
 

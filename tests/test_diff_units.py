@@ -6,7 +6,7 @@ import json
 import re
 from collections import Counter
 
-from viz.diff import write_diff
+from viz.render.diff_json import write_diff
 from viz.diff.graph import ADDED, CHANGED, REMOVED, UNCHANGED, build_diff_graph, prune_diff
 from viz.diff.profile import Profile, merge
 from viz.diff.result import ALL_RANKS, Delta, DiffResult, RunSide, compare

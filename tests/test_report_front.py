@@ -90,7 +90,7 @@ def top_by_time(run_dir: str, steps: set, comm: bool) -> list:
 
 
 def test_front_page_answers_what_happened(report, browser, tmp_path):
-    from viz.render import fmt_count, fmt_time, short_op
+    from viz.views.formatters import fmt_count, fmt_time, short_op
     summary = json.loads((report / "summary.json").read_text())
     steps = counted_steps(summary)
     assert steps == {1}, steps              # step 0 (setup) and the unfinished tail left out

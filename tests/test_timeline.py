@@ -13,11 +13,12 @@ import pytest
 from tracer.format import COLUMN_NAMES
 from tracer.labels import PHASE_BACKWARD, PHASE_FORWARD
 from constructed.synthetic import SyntheticRank, write_run
-from viz import intervals, metrics
+from viz.analysis import intervals, metrics
 from viz.analysis import analyse, recount
 from viz.analysis.lanes import P2PLink
 from viz.render import chrome_trace
 from viz.render.report import write_timeline
+from viz.render.summary_json import time_json
 from viz.run import open_run
 from viz.analysis.rank_lanes import IDLE_GAP_NS
 
@@ -68,7 +69,7 @@ def test_compute_comm_overlap_exposed_exact(tmp_path):
     assert m.bubble_fraction == pytest.approx(0.21)
     assert m.pipeline is None and m.theoretical_bubble_fraction is None
     assert [s.step for s in m.steps] == [0, 1, 2]
-    time = m.to_json()
+    time = time_json(m)
     for key in ("wall_s", "compute_s", "comm_s", "exposed_comm_s", "idle_s", "overlap_fraction",
                 "bubble_fraction"):
         assert time[key] == pytest.approx(getattr(m, key))

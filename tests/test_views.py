@@ -63,6 +63,7 @@ class _Analysis:
         self.world_size = len(groups)
         self.ranks = {rank: Rank(rank, mine) for rank, mine in groups.items()}
         self.metrics = {}
+        self.recorded_steps = frozenset({1})
 
 
 def test_report_views_draws_one_graph_per_distinct_work_and_names_its_ranks():

@@ -112,7 +112,7 @@ def main(argv: Optional[list] = None) -> int:
 
 def run(run_dir: str, out_dir: str, targets: list, jobs: Optional[int] = None) -> str:
     """Analyse, predict, write; returns whatif.html's path."""
-    from .analysis.run_analysis import analyse
+    from .analysis import analyse
     from .engine import Engine
     from .render.whatif_html import write_whatif_page
     from .render.whatif_json import REPLAY_SVG, svg_name, write_whatif_json

@@ -7,6 +7,7 @@ The map runs per rank (:mod:`.rank`: op groups, counts, GPU attribution, lanes),
 across ranks (:mod:`.timeline`, :mod:`.metrics`, :mod:`.crossrank`, :mod:`.critical_path`);
 :mod:`.map_reduce` drives both on the engine (docs/architecture.md).
 """
-from .run_analysis import RunAnalysis, analyse, recount
+from .map_reduce import analyse, recount
+from .run_analysis import RunAnalysis
 
 __all__ = ["RunAnalysis", "analyse", "recount"]

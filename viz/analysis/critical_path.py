@@ -68,15 +68,6 @@ class Path:
             out[s.what] += s.ns
         return dict(sorted(out.items()))
 
-    def to_json(self) -> dict:
-        total = self.ns or 1
-        return {"step": self.step, "end_rank": self.end_rank, "length_s": self.ns / 1e9,
-                "rank_share": {str(r): ns / total for r, ns in self.by_rank().items()},
-                "kind_share": {k: ns / total for k, ns in self.by_what().items()},
-                "module_share": {m: ns / total for m, ns in sorted(
-                    self.modules.items(), key=lambda kv: -kv[1])[:20]},
-                "segments": len(self.segments)}
-
 
 class _Rank:
     """One rank's lanes as sorted arrays for the walk."""

@@ -23,7 +23,7 @@ from tracer.labels import PHASES
 from tracer.ops import PSEUDO_OPS, group_ranks, process_group_name
 
 from .columns import Records
-from .gpu_attribution import attribute
+from .gpu_attribution import DeviceSummary, attribute
 from .device_lanes import on_device
 from .op_groups import group_ops
 from .intervals import Prefix
@@ -43,10 +43,10 @@ class RankAnalysis:
     steps: list                   # step indices the trace holds
     op_groups: list               # viz.analysis.op_groups.OpGroup
     op_counts: dict               # op overload -> calls (pseudo-ops left out)
-    comm: list                    # summary.json's comm rows: kind, phase, group, count, bytes
+    comm: list                    # CommRow: collectives by kind, phase and group
     lanes: RankLanes
     last_op: dict = field(default_factory=dict)   # what the rank did last (failed ranks)
-    device: Optional[dict] = None # GPU activity: summary.json's device object
+    device: Optional[DeviceSummary] = None  # GPU activity, attributed (counts, times)
     counted_steps: tuple = ()     # the steps its time metrics count (viz.lanes.counted_steps)
     counted_op_groups: list = field(default_factory=list)   # op groups of those steps only
     exports: tuple = ()           # torch.profiler exports merged into its GPU activity
@@ -278,8 +278,21 @@ def op_counts_by_phase(trace: Trace) -> dict:
     return {p: out[p] for p in PHASES if p in out}
 
 
+@dataclass(frozen=True)
+class CommRow:
+    """A rank's collectives and P2P of one kind, phase and process group: how many, how many
+    bytes it handed to them."""
+
+    kind: str
+    phase: str
+    group: tuple                  # the global ranks of the process group
+    process_group: Optional[str]  # torch's name of it, where the trace keeps one
+    count: int
+    bytes: int
+
+
 def comm_rows(trace: Trace) -> list:
-    """Collectives and P2P aggregated by (kind, phase, group): count and bytes."""
+    """Collectives and P2P aggregated by (kind, phase, group): :class:`CommRow` s."""
     kind, group = trace.col("kind"), trace.col("group")
     mask = kind >= 0
     if not mask.any():
@@ -292,13 +305,10 @@ def comm_rows(trace: Trace) -> list:
         entry = totals[(k, p, g)]
         entry[0] += 1
         entry[1] += max(b, 0)
-    rows = []
-    for (k, p, g), (count, total) in sorted(totals.items(), key=lambda kv: (
-            kinds[kv[0][0]], kv[0][1], groups[kv[0][2]])):
-        rows.append({"kind": kinds[k], "phase": PHASES[p], "group": list(group_ranks(groups[g])),
-                     "process_group": process_group_name(groups[g]), "count": count,
-                     "bytes": total})
-    return rows
+    return [CommRow(kinds[k], PHASES[p], group_ranks(groups[g]), process_group_name(groups[g]),
+                    count, total)
+            for (k, p, g), (count, total) in sorted(totals.items(), key=lambda kv: (
+                kinds[kv[0][0]], kv[0][1], groups[kv[0][2]]))]
 
 
 def last_op(trace: Trace) -> dict:

@@ -65,18 +65,18 @@ class Profile:
     steps: tuple = ()
 
 
-def rank_profile(rank: int, groups: Iterable[OpGroup], comm_rows: Iterable[dict],
+def rank_profile(rank: int, groups: Iterable[OpGroup], comm_rows: Iterable,
                  paths: Mapping[str, str], metrics, steps: Sequence[int],
                  group_name: Callable[[list], str]) -> Profile:
     """The profile of one rank from its OpGroups, its communication rows
-    (:func:`viz.rank.comm_rows`: OpGroups do not carry the process group), display paths of
+    (:class:`viz.analysis.rank.CommRow`: op groups do not carry the process group), display paths of
     its files, its RankMetrics (None if the timeline has none) and how to name a group's
     ranks."""
     out = Profile((rank,), steps=tuple(steps))
     for row in comm_rows:
-        key = (row["kind"], row["phase"], group_name(row["group"]))
-        out.comm[key] += row["count"]
-        out.comm_bytes[key] += row["bytes"]
+        key = (row.kind, row.phase, group_name(row.group))
+        out.comm[key] += row.count
+        out.comm_bytes[key] += row.bytes
     for grp in groups:
         out.ops[(grp.module or NO_MODULE, grp.op, grp.phase)] += grp.count
         out.op_counts[grp.op] += grp.count

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..analysis.intervals import gaps, intervals, length, union, window
 from ..analysis.lanes import Timeline
-from . import fmt_time
+from ..views.formatters import fmt_time
 
 COLOURS = {"F": "#4c9f70", "B": "#d1495b", "W": "#8d6cab", "compute": "#3b6ea8",
            "comm": "#f39237", "wait": "#fbd9b4", "idle": "#d0d0d0", "gpu": "#5c8fc9",

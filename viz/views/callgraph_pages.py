@@ -21,6 +21,7 @@ from ..analysis.callgraph import (FUNCTION, HIDDEN, CallGraph, build_callgraph, 
 from ..analysis.op_groups import NO_STACK, Weights
 from ..analysis.module_tree import NO_MODULE, module_tree
 from ..analysis.source import display_paths
+from .formatters import runs_text, steps_text
 
 WHOLE_GRAPH = 0.9   # a function holding this share of every measure is nearly the whole graph
 
@@ -56,27 +57,13 @@ class StepSplit:
     other: tuple
 
     def text(self, steps: tuple) -> str:
-        """``step 1``, ``steps 1-9``, ``steps 0, 10``."""
-        if not steps:
-            return "no steps"
-        runs = _runs(steps)
-        return ("step " if len(steps) == 1 else "steps ") + ", ".join(runs)
-
-
-def _runs(steps: tuple) -> list:
-    out, start = [], None
-    for i, s in enumerate(steps):
-        if start is None:
-            start = s
-        if i + 1 == len(steps) or steps[i + 1] != s + 1:
-            out.append(str(start) if start == s else f"{start}-{s}")
-            start = None
-    return out
+        """``step 1``, ``steps 1-9``, ``steps 0, 10`` (:func:`.formatters.steps_text`)."""
+        return steps_text(steps)
 
 
 def step_split(analysis: RunAnalysis) -> StepSplit:
     """The training steps (counted by any rank's time metrics) and the other recorded steps."""
-    recorded = {s for mine in analysis.ranks.values() for s in mine.steps}
+    recorded = analysis.recorded_steps
     counted = {s for m in analysis.metrics.values() for s in m.counted_steps} & recorded
     counted = counted or recorded
     return StepSplit(tuple(sorted(counted)), tuple(sorted(recorded - counted)))
@@ -227,7 +214,7 @@ def _rank_page(ranks: list, groups: list, steps: str, world: tuple,
     if len(ranks) == 1:
         return GraphPage(f"callgraphs/rank-{first}.html", f"Call graph: rank {first}, {steps}",
                          graph, ranks=(first,))
-    names = ", ".join(_runs(tuple(ranks)))
+    names = runs_text(ranks)
     return GraphPage(f"callgraphs/rank-{first}.html",
                      f"Call graph: ranks {names} (the same work), {steps}", graph,
                      f"Ranks {names} did the same work: the same call paths, ops, shapes, counts "
