@@ -1,6 +1,6 @@
 """What the report process holds of many ranks grows with their distinct call sites, not with
 the ranks: each rank's op groups, as its result comes in from a worker, are rebuilt on one
-shared copy of the frames, paths and names (viz.groups.SharedOpGroups, applied through
+shared copy of the frames, paths and names (viz.analysis.op_groups.SharedOpGroups, applied through
 Engine.map's ``then``); the sends and receives of the first pass arrive as columns."""
 from __future__ import annotations
 

@@ -68,7 +68,7 @@ def groups(run):
 
 @pytest.fixture(scope="module")
 def merged(run, groups):
-    # definition lines come from the source files the recording hashed (viz.source)
+    # definition lines come from the source files the recording hashed (viz.analysis.source)
     with reading(RecordedSources(run.load(r).meta for r in run.files)):
         return build_callgraph([g for r in sorted(groups) for g in groups[r]],
                                world=range(len(run.files)))

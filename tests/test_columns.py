@@ -1,6 +1,6 @@
-"""Records as numpy columns (viz.columns): what goes in comes out, record for record, whatever
-its fields hold (integers with Nones, booleans, strings, frames); slices, pickling, and the
-column look-ups the analyses use."""
+"""Records as numpy columns (viz.analysis.columns): what goes in comes out, record for record,
+whatever its fields hold (integers with Nones, booleans, strings, frames); slices, pickling, and
+the column look-ups the analyses use."""
 from __future__ import annotations
 
 import pickle

@@ -129,7 +129,8 @@ def test_twin_process_groups_and_p2p_are_numbered_apart(tmp_path):
     assert mismatch_text(m).startswith("collective #0 of group [0,1 (process group 2)]: ranks "
                                    "disagree on its size")
     assert (mismatch_json(m)["group"], mismatch_json(m)["process_group"]) == ([0, 1], "2")
-    assert [(row["group"], row["process_group"]) for row in collectives_json(cross)] == [([0, 1], None)]
+    assert [(row["group"], row["process_group"])
+            for row in collectives_json(cross)] == [([0, 1], None)]
 
 
 def test_a_rank_that_never_issued_a_collective_is_missing(tmp_path):

@@ -1,5 +1,5 @@
-"""Per-rank weights of a built call graph as columns (viz.rank_weights): every node and edge
-keeps, read-only, exactly what each rank put there and the same total, so the drawn graph
+"""Per-rank weights of a built call graph as columns (viz.analysis.rank_weights): every node and
+edge keeps, read-only, exactly what each rank put there and the same total, so the drawn graph
 (tooltips' top ranks, partial-rank nodes, notes of what pruning hid) is the same as from the
 dicts the builder filled; the table holds one row per node or edge and rank."""
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Timeline metrics on constructed traces with known times: exact values.
 
-Each test builds its ranks with tracer.synthetic (real trace files through the tracer's own
+Each test builds its ranks with constructed.synthetic (real trace files through the tracer's own
 writer) and analyses them with viz.analysis, so the analysis goes through the real reader.
 """
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""Which ranks share a call graph (viz.views.same_work): ranks that did the same work (the same
-attribution paths, ops, phases, shapes, modules, counts, bytes and FLOPs) get one graph, drawn
-once; a rank that did anything else gets its own. Times do not split ranks. The report built
-from a real run (test_report.py) checks the pages that say so."""
+"""Which ranks share a call graph (viz.views.callgraph_pages.same_work): ranks that did the same
+work (the same attribution paths, ops, phases, shapes, modules, counts, bytes and FLOPs) get one
+graph, drawn once; a rank that did anything else gets its own. Times do not split ranks. The
+report built from a real run (test_report.py) checks the pages that say so."""
 from __future__ import annotations
 
 from dataclasses import replace

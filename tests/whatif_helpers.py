@@ -1,5 +1,5 @@
 """Constructed recordings for the what-if tests: pipeline runs of the reference GPT's shape
-with known pass times, written through tracer.synthetic (the recorder's own writer).
+with known pass times, written through constructed.synthetic (the recorder's own writer).
 
 Each pass runs two matmuls per layer it holds, back to back (no host time between ops), in
 the module of that layer (``GPTChunk.blocks.<i>.attn.qkv``, a column-parallel linear), each

@@ -18,12 +18,13 @@ without a readable trace are not compared; a rank that stopped early (it failed 
 interrupted, was killed, or its file is truncated) and issued nothing more in the group is
 "unknown" for the collectives it never reached, a consequence of the stop rather than a
 disagreement: not missing. Whether the others launched them before or after it stopped does not
-matter (that race made the verdict change from run to run). P2P is matched by (sender, receiver, per-pair order)
-in :func:`viz.timeline.match_p2p`; unmatched sends and receives are counted here.
+matter (that race made the verdict change from run to run). P2P is matched by (sender, receiver,
+per-pair order) in :func:`viz.analysis.timeline.match_p2p`; unmatched sends and receives are
+counted here.
 
 All times are on rank 0's clock (host clocks aligned by the recorder). A pure function of the
-timeline (:mod:`viz.timeline`), which carries each collective's group, sequence number, dtype
-and source line.
+timeline (:mod:`viz.analysis.timeline`), which carries each collective's group, sequence number,
+dtype and source line.
 """
 from __future__ import annotations
 

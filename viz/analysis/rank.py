@@ -47,7 +47,7 @@ class RankAnalysis:
     lanes: RankLanes
     last_op: dict = field(default_factory=dict)   # what the rank did last (failed ranks)
     device: Optional[DeviceSummary] = None  # GPU activity, attributed (counts, times)
-    counted_steps: tuple = ()     # the steps its time metrics count (viz.lanes.counted_steps)
+    counted_steps: tuple = ()     # the steps its time metrics count (lanes.counted_steps)
     counted_op_groups: list = field(default_factory=list)   # op groups of those steps only
     exports: tuple = ()           # torch.profiler exports merged into its GPU activity
     export_errors: list = field(default_factory=list)   # exports that could not be used
@@ -65,8 +65,8 @@ class RankAnalysis:
 
 
 def p2p_of_file(path: str, rank: int) -> Records:
-    """The first pass over a rank's trace: its sends and receives (viz.timeline), as columns
-    (a pipeline stage of a long run has thousands). Raises TraceError if the trace's own
+    """The first pass over a rank's trace: its sends and receives (viz.analysis.timeline), as
+    columns (a pipeline stage of a long run has thousands). Raises TraceError if the trace's own
     metadata says it is not rank ``rank``'s."""
     trace = load_trace(path)
     check_identity(trace, path, rank)
@@ -132,8 +132,8 @@ def device_records(path: str, rank: int, kineto: tuple = ()) -> tuple:
 def analyse_rank(trace: Trace, rank: int, send_ends: dict, op_budget: int = DRAWN_OPS,
                  records: Optional[DeviceRecords] = None) -> RankAnalysis:
     """``send_ends``: the rank's send rows -> their matched receives' completions
-    (viz.timeline.match_p2p); ``op_budget``: individual ops kept for drawing; ``records``: its
-    GPU activity, which puts every time on the device clock."""
+    (viz.analysis.timeline.match_p2p); ``op_budget``: individual ops kept for drawing;
+    ``records``: its GPU activity, which puts every time on the device clock."""
     dev = attribute(trace, records) if records is not None and len(records) else None
     rows = RankRows(trace, rank)
     # NOTE: on the device a send ends with its NCCL kernel: no receive completion to borrow

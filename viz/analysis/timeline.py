@@ -12,9 +12,9 @@ from .lanes import P2PLink, Timeline, counted_steps
 
 
 def match_p2p(endpoints: dict) -> tuple:
-    """(links, send ends): ``endpoints`` is rank -> :func:`.rank_lanes.p2p_endpoints`. The k-th send from a
-    to b on a group pairs with the k-th receive on b from a; a send's data had arrived once its
-    receive completed: ``send_ends`` maps rank -> {send row: that completion}."""
+    """(links, send ends): ``endpoints`` is rank -> :func:`.rank_lanes.p2p_endpoints`. The k-th
+    send from a to b on a group pairs with the k-th receive on b from a; a send's data had
+    arrived once its receive completed: ``send_ends`` maps rank -> {send row: that completion}."""
     queues: dict = {}
     for rank in sorted(endpoints):
         for end in endpoints[rank]:

@@ -50,7 +50,7 @@ class DiffNode:
     """A function, or the ops / a collective kind one function issued in one direction."""
 
     id: str
-    type: str                  # viz.callgraph FUNCTION | OPS | COMM
+    type: str                  # viz.analysis.callgraph FUNCTION | OPS | COMM
     name: str                  # qualified name, "ops", or the communication kind
     file: str                  # short display path
     direction: str = ""        # leaves: the phase (tracer.labels.PHASES)

@@ -13,8 +13,8 @@ time, which differs on every run):
   (it follows from ``ops``, as each op has one kind, so it adds no structure of its own);
 - ``flops`` per op family, ``op_counts`` per op, ``time`` from the timeline analysis.
 
-Profiles are pure functions of :class:`viz.callgraph.OpGroup` s and
-:class:`viz.timeline.RankMetrics`.
+Profiles are pure functions of :class:`viz.analysis.callgraph.OpGroup` s and
+:class:`viz.analysis.rank_lanes.RankMetrics`.
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 The measured pipeline-schedule picture: passes labelled with their micro-batch, compute and
 communication as they happened on rank 0's clock, idle time shaded, step boundaries dashed, each
 rank's metrics beside its row and a legend below. Written as SVG text directly (graphviz lays out
-graphs, not time axes); every block has a <title> tooltip. Only draws what viz.timeline
+graphs, not time axes); every block has a <title> tooltip. Only draws what viz.analysis.timeline
 computed.
 """
 from __future__ import annotations
@@ -114,9 +114,10 @@ def _metrics_text(m) -> list:
 
 
 def render(timeline: Timeline, metrics: dict, cross=None, paths=()) -> str:
-    """The SVG text of a timeline and its metrics (viz.metrics.metrics_of); with the
-    cross-rank matching (viz.crossrank) waiting inside a collective is drawn apart from its
-    transfer, with the critical paths (viz.critical_path) the path is drawn over each row."""
+    """The SVG text of a timeline and its metrics (viz.analysis.metrics.metrics_of); with the
+    cross-rank matching (viz.analysis.crossrank) waiting inside a collective is drawn apart from
+    its transfer, with the critical paths (viz.analysis.critical_path) the path is drawn over
+    each row."""
     shown = {r: [s.step for s in m.steps if s.step in m.counted_steps][:SHOWN_STEPS]
              for r, m in metrics.items()}
     windows = [timeline.ranks[r].steps[s] for r, steps in shown.items() for s in steps]

@@ -1,9 +1,9 @@
 """What the report shows, computed from a :class:`viz.analysis.RunAnalysis`: the call graphs
 (all ranks merged, each rank, functions and modules zoomed in), pruned for reading, the module
-trees, and what each source line issued. Pure analyses; :mod:`viz.report` draws them.
+trees, and what each source line issued. Pure analyses; :mod:`viz.render.report` draws them.
 
 Call graphs and the module view show the *training steps*: the steps the time metrics count
-(:func:`viz.timeline.counted_steps`: step 0, which carries the model's construction and other
+(:func:`viz.analysis.lanes.counted_steps`: step 0, which carries the model's construction and other
 setup, and an unfinished last step are left out). What the other steps did gets one merged graph
 of its own (:func:`step_split`, :func:`groups_outside`). Source pages and the ranks' own pages
 cover the whole recording.
@@ -128,9 +128,9 @@ class ReportViews:
     setup: Optional[GraphPage]  # the other steps (setup, step 0, unfinished), all ranks merged
     zooms: dict               # function node id -> GraphPage (training steps)
     module_zooms: dict        # module path -> GraphPage (training steps)
-    tree: list                # viz.modules.ModuleRow of all ranks (training steps)
+    tree: list                # viz.analysis.module_tree.ModuleRow of all ranks (training steps)
     rank_trees: dict          # rank -> its ModuleRows (whole recording)
-    lines: dict               # file -> line -> viz.callgraph.LineOps (whole recording)
+    lines: dict               # file -> line -> viz.analysis.callgraph.LineOps (whole recording)
     paths: dict               # recorded file -> short display path
     source_pages: dict        # recorded file -> source/<slug>.html
     split: StepSplit

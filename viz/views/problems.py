@@ -60,7 +60,8 @@ def rank_error(analysis: RunAnalysis, rank: int) -> Optional[str]:
 
 
 def world_note(analysis: RunAnalysis) -> Optional[str]:
-    """Why the world is not what run.json says, or None (:func:`viz.analysis.map_reduce.world_of`)."""
+    """Why the world is not what run.json says, or None
+    (:func:`viz.analysis.map_reduce.world_of`)."""
     seen = analysis.world_disagreement
     if seen is None:
         return None

@@ -36,7 +36,7 @@ class Prediction:
     config: dict
     changes: dict
     timeline: Timeline
-    metrics: dict                    # rank -> viz.metrics.RankMetrics
+    metrics: dict                    # rank -> viz.analysis.metrics.RankMetrics
     measures: dict                   # whatif.json's M
     assumptions: list
 

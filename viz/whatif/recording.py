@@ -61,8 +61,8 @@ class Recording:
 
 
 def study(timeline, matched: list, groups: dict, world: int) -> Recording:
-    """``timeline``: the run's viz.lanes.Timeline; ``matched``: viz.crossrank's matched
-    collectives; ``groups``: rank -> its op groups over its counted steps; ``world``: the
+    """``timeline``: the run's viz.analysis.lanes.Timeline; ``matched``: viz.analysis.crossrank's
+    matched collectives; ``groups``: rank -> its op groups over its counted steps; ``world``: the
     run's world size."""
     graph = execution_graph(timeline, matched)
     config = graph.config = recorded_config(timeline, world)
