@@ -15,7 +15,7 @@ import numpy as np
 
 from ..analysis.intervals import gaps, intervals, length, union, window
 from ..analysis.lanes import Timeline
-from ..views.formatters import fmt_time
+from ..views.formatters import fmt_time, steps_text
 
 COLOURS = {"F": "#4c9f70", "B": "#d1495b", "W": "#8d6cab", "compute": "#3b6ea8",
            "comm": "#f39237", "wait": "#fbd9b4", "idle": "#d0d0d0", "gpu": "#5c8fc9",
@@ -307,8 +307,7 @@ def _title(timeline: Timeline, metrics: dict) -> str:
                                        "virtual_stages") if cfg.get(k) not in (None, "")]
     steps = sorted({s for m in metrics.values() for s in m.counted_steps})
     drawn = steps[:SHOWN_STEPS]
-    shown = "no steps" if not steps else f"step {drawn[0]}" if len(drawn) == 1 else \
-        f"steps {drawn[0]}-{drawn[-1]}"
+    shown = steps_text(drawn)
     if len(drawn) < len(steps):
         shown += f" of {len(steps)} counted (metrics cover all)"
     return "Timeline" + (f" ({', '.join(parts)})" if parts else "") + f", {shown}"
