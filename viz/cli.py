@@ -1,6 +1,8 @@
 """Console entry points of viz: ``trace-report`` and ``trace-diff``, and the build step
-``trace-run`` calls after a run. Each runs one way: open the run -> analyse it once -> hand the
-analysis to every renderer (summary.json, the report, the diff).
+``trace-run`` calls after a run. Each runs one way: open the run -> analyse it once
+(:mod:`viz.analysis`) -> its problems on stderr (:mod:`viz.views.problems`) -> hand the analysis
+to every renderer (:mod:`viz.render`: summary.json, the report; the diff's table and pages).
+This is the top layer: only the commands import every layer (docs/architecture.md).
 
 Errors are one line on stderr and exit status 2. Every damaged or missing trace is named on
 stderr, one line each, and the report is built from what was readable; the exit status is then
@@ -38,7 +40,7 @@ def build(run_dir: str, out_dir: Optional[str] = None, *,
     (viz.kineto_run; ``kineto_limit``: bytes of JSON a .gz may expand to); ``progress``
     (viz.render.progress.Progress, default: none shown) follows the work; ``reported``: ranks
     whose failure the caller already named; ``sources=False``: no source file is read
-    (``--no-source``). Raises viz.run.RunError or
+    (``--no-source``). Raises viz.run.RunError, viz.render.callgraph_svg.RenderError or
     tracer.kineto.KinetoError."""
     from .analysis import analyse
     from .engine import Engine

@@ -45,7 +45,7 @@ class RankAnalysis:
     op_counts: dict               # op overload -> calls (pseudo-ops left out)
     comm: list                    # CommRow: collectives by kind, phase and group
     lanes: RankLanes
-    last_op: dict = field(default_factory=dict)   # what the rank did last (failed ranks)
+    last_op: Optional[LastOp] = None     # what the rank did last (failed ranks)
     device: Optional[DeviceSummary] = None  # GPU activity, attributed (counts, times)
     counted_steps: tuple = ()     # the steps its time metrics count (lanes.counted_steps)
     counted_op_groups: list = field(default_factory=list)   # op groups of those steps only
@@ -311,23 +311,45 @@ def comm_rows(trace: Trace) -> list:
                 kinds[kv[0][0]], kv[0][1], groups[kv[0][2]]))]
 
 
-def last_op(trace: Trace) -> dict:
-    """What a rank was doing last: its last recorded op, where, and its last collective."""
-    out = {}
+@dataclass(frozen=True)
+class LastCollective:
+    """A rank's last collective: what, over which group, its sequence number, whether it
+    completed."""
+
+    kind: str
+    group: str                    # the recorded process group text
+    seq: int
+    completed: bool
+
+
+@dataclass(frozen=True)
+class LastOp:
+    """What a rank was doing last (a failed rank's last steps)."""
+
+    op: Optional[str] = None              # its last recorded op
+    where: Optional[tuple] = None         # (file, line) of its innermost frame
+    collective: Optional[LastCollective] = None
+
+
+def last_op(trace: Trace) -> Optional[LastOp]:
+    """What a rank was doing last: its last recorded op, where, and its last collective; None
+    when the trace holds neither."""
+    op = where = collective = None
     ops = trace.dictionary("op")
     codes = trace.col("op")
     real = np.nonzero(~np.isin(codes, [trace.code("op", name) for name in PSEUDO_OPS]))[0]
     if len(real):
         i = int(real[-1])
-        out["op"] = ops[codes[i]]
+        op = ops[codes[i]]
         stack = trace.stack(int(trace.col("stack")[i]))
         if stack:
-            out["where"] = f"{stack[0][0]}:{stack[0][1]}"
+            where = (stack[0][0], stack[0][1])
     comm = np.nonzero(trace.col("kind") >= 0)[0]
     if len(comm):
         i = int(comm[-1])
-        group = trace.dictionary("group")[trace.col("group")[i]]
-        out["collective"] = {"kind": trace.dictionary("kind")[trace.col("kind")[i]],
-                             "group": group, "seq": int(trace.col("seq")[i]),
-                             "completed": bool(trace.col("t1")[i] >= 0)}
-    return out
+        collective = LastCollective(trace.dictionary("kind")[trace.col("kind")[i]],
+                                    trace.dictionary("group")[trace.col("group")[i]],
+                                    int(trace.col("seq")[i]), bool(trace.col("t1")[i] >= 0))
+    if op is None and collective is None:
+        return None
+    return LastOp(op, where, collective)

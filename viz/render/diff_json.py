@@ -9,11 +9,17 @@ import os
 from typing import Optional
 
 from ..diff.graph import prune_diff
-from ..diff.result import DiffResult, RunSide, ScopeDiff
+from ..diff.result import Delta, DiffResult, RunSide, ScopeDiff
 from .diff_html import write_page
 from .diff_svg import diff_svgs
 
 SCHEMA = "paratrace.diff/1"
+
+
+def delta_json(d: Delta) -> dict:
+    """One of a scope's ``deltas``."""
+    return {"scope": d.scope, "category": d.category, "name": d.name, "a": d.a, "b": d.b,
+            "unit": d.unit, "rel": d.rel}
 
 
 def to_json(result: DiffResult, svgs: Optional[dict] = None) -> dict:
@@ -34,7 +40,7 @@ def to_json(result: DiffResult, svgs: Optional[dict] = None) -> dict:
             "comm": [{"kind": k[0], "phase": k[1], "group": k[2], "a_count": ca,
                       "b_count": cb, "a_bytes": ba, "b_bytes": bb}
                      for k, ca, cb, ba, bb in s.comm],
-            "deltas": [d.to_json() for d in s.deltas if d.size or d.category == "time"],
+            "deltas": [delta_json(d) for d in s.deltas if d.size or d.category == "time"],
         }
     return {
         "schema": SCHEMA, "a": side(result.a), "b": side(result.b),

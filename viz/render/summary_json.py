@@ -23,6 +23,7 @@ from ..analysis.critical_path import Path
 from ..analysis.crossrank import CrossRank, Mismatch
 from ..analysis.gpu_attribution import DeviceSummary, DeviceWhole
 from ..analysis.metrics import PipelineBubble, RankMetrics, StepMetrics
+from ..analysis.rank import LastOp
 from ..analysis.run_analysis import RunAnalysis
 from ..views.formatters import site_text
 from ..views.problems import mismatch_text, rank_error
@@ -57,8 +58,8 @@ def build_summary(analysis: RunAnalysis) -> dict:
         error = rank_error(analysis, rank) if entry["status"] != "ok" else None
         if error:
             entry["error"] = error
-        if mine is not None and entry["status"] != "ok" and mine.last_op:
-            entry["last_op"] = mine.last_op
+        if mine is not None and entry["status"] != "ok" and mine.last_op is not None:
+            entry["last_op"] = last_op_json(mine.last_op)
         ranks[str(rank)] = entry
     # the other ranks of the world have no trace file and nothing recorded: runs of them,
     # not an entry each (a world of a million beside 2 traces stays a small file)
@@ -132,6 +133,20 @@ def comm_json(rows: list) -> list:
     return [{"kind": r.kind, "phase": r.phase, "group": list(r.group),
              "process_group": r.process_group, "count": r.count, "bytes": r.bytes}
             for r in rows]
+
+
+def last_op_json(last: LastOp) -> dict:
+    """A failed rank's ``last_op``: its last op, where, its last collective."""
+    out: dict = {}
+    if last.op is not None:
+        out["op"] = last.op
+    if last.where is not None:
+        out["where"] = f"{last.where[0]}:{last.where[1]}"
+    if last.collective is not None:
+        c = last.collective
+        out["collective"] = {"kind": c.kind, "group": c.group, "seq": c.seq,
+                             "completed": c.completed}
+    return out
 
 
 def device_json(d: DeviceSummary) -> dict:

@@ -75,7 +75,7 @@ def fmt_ranks(ranks) -> str:
     return runs_text(ranks, ",")
 
 
-def ranks_text(first: int, last: int) -> str:
+def rank_run_text(first: int, last: int) -> str:
     """A run of ranks in words: ``rank 3``, ``ranks 2-999``."""
     return f"rank {first}" if first == last else f"ranks {range_text(first, last)}"
 

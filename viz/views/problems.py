@@ -16,7 +16,7 @@ from tracer.ops import group_label
 
 from ..analysis.crossrank import Mismatch
 from ..analysis.run_analysis import RunAnalysis
-from .formatters import rank_list, ranks_text, site_text
+from .formatters import rank_list, rank_run_text, site_text
 from .hangs import banner
 
 MOST_MISMATCHES = 5           # on the terminal; summary.json lists more
@@ -91,7 +91,7 @@ def absent_lines(analysis: RunAnalysis) -> list:
         f"no trace file in {analysis.run.traces_dir}"
     note = world_note(analysis)
     return ([note] if note else []) + \
-        [f"{ranks_text(first, last)}: {where}" for first, last in analysis.absent()]
+        [f"{rank_run_text(first, last)}: {where}" for first, last in analysis.absent()]
 
 
 def damage_lines(analysis: RunAnalysis) -> list:
@@ -159,7 +159,7 @@ def problems(analysis: RunAnalysis) -> list:
     if note:
         out.append(dict(level="warning", title=note, details=[]))
     for first, last in analysis.absent():
-        out.append(dict(level="missing", title=f"{ranks_text(first, last)}: no trace (" + (
+        out.append(dict(level="missing", title=f"{rank_run_text(first, last)}: no trace (" + (
             "no torch.profiler export given" if analysis.imported else "no trace file") + ")",
             details=[]))
     for rank, mine in sorted(analysis.ranks.items()):
