@@ -107,38 +107,38 @@ def headline_rows(analysis: RunAnalysis) -> list:
     compute and exposed communication, the overlap, the bubble beside the theory for the
     schedule, and the clock the metrics were measured on (the rank's lanes' clock; ``host``
     for a rank without a trace). ``bar``: compute, exposed communication and the rest as shares
-    of the step, for the stacked bar."""
+    of the step, for the stacked bar. A rank without metrics gets empty texts."""
     rows = []
     for rank in row_ranks(analysis):
-        m = _metrics(analysis, rank)
         mine = analysis.ranks.get(rank)
-        steps = (len(m.counted_steps) if m is not None else 0) or 1
-        wall = _number(m.wall_s if m is not None else None)
-        compute = _number(m.compute_s if m is not None else None)
-        exposed = _number(m.exposed_comm_s if m is not None else None)
-        pipeline = m.pipeline if m is not None else None
-        bubble = _number(pipeline.bubble_fraction if pipeline is not None else None)
         row = dict(rank=rank, status=analysis.status(rank),
-                   clock=mine.lanes.clock if mine is not None else "host",
-                   step=_seconds(wall, steps), compute=_seconds(compute, steps),
-                   exposed=_seconds(exposed, steps),
-                   overlap=_percent(m.overlap_fraction if m is not None else None),
-                   bubble=_percent(bubble if bubble is not None else
-                                   (m.bubble_fraction if m is not None else None)),
-                   bubble_kind="pipeline" if bubble is not None else "no compute",
-                   # the schedule's theory is about a pipeline bubble: none without one
-                   theory=_percent(m.theoretical_bubble_fraction)
-                   if bubble is not None else "", bar=[])
-        if wall:
-            c, e = min(compute or 0, wall) / wall, min(exposed or 0, wall) / wall
-            row["bar"] = [("compute", 100 * c), ("comm", 100 * min(e, 1 - c)),
-                          ("idle", 100 * max(0.0, 1 - c - e))]
+                   clock=mine.lanes.clock if mine is not None else "host", step="",
+                   compute="", exposed="", overlap="", bubble="", bubble_kind="no compute",
+                   theory="", bar=[])
+        metrics = _metrics(analysis, rank)
+        if metrics is not None:
+            row.update(_headline(metrics))
         rows.append(row)
     return rows
 
 
-def _number(value) -> Optional[float]:
-    return float(value) if isinstance(value, (int, float)) else None
+def _headline(m) -> dict:
+    """The headline's texts of one rank's metrics (viz.analysis.metrics.RankMetrics)."""
+    steps = len(m.counted_steps) or 1
+    wall, compute, exposed = m.wall_s, m.compute_s, m.exposed_comm_s
+    pipeline = m.pipeline.bubble_fraction if m.pipeline is not None else None
+    out = dict(step=_seconds(wall, steps), compute=_seconds(compute, steps),
+               exposed=_seconds(exposed, steps), overlap=_percent(m.overlap_fraction),
+               bubble=_percent(pipeline if pipeline is not None else m.bubble_fraction),
+               bubble_kind="pipeline" if pipeline is not None else "no compute",
+               # the schedule's theory is about a pipeline bubble: none without one
+               theory=_percent(m.theoretical_bubble_fraction) if pipeline is not None else "",
+               bar=[])
+    if wall:
+        c, e = min(compute, wall) / wall, min(exposed, wall) / wall
+        out["bar"] = [("compute", 100 * c), ("comm", 100 * min(e, 1 - c)),
+                      ("idle", 100 * max(0.0, 1 - c - e))]
+    return out
 
 
 def _seconds(value: Optional[float], steps: int) -> str:
