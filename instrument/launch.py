@@ -304,6 +304,7 @@ def build_report(out: str, reported: frozenset = frozenset(), sources: bool = Tr
     already said) no second time."""
     try:
         from viz.cli import build
+        from viz.render.callgraph_svg import RenderError
         from viz.run import RunError
     except ImportError as exc:
         say(f"report builder unavailable ({exc})")
@@ -311,7 +312,7 @@ def build_report(out: str, reported: frozenset = frozenset(), sources: bool = Tr
     try:
         index, _ = build(out, warn=say, reported=reported, sources=sources)
         return index
-    except (RunError, OSError, ValueError) as exc:
+    except (RunError, RenderError, OSError, ValueError) as exc:
         say(f"no report: {exc}")
         return None
     except Exception as exc:  # a bug in a renderer must not hide the traces already on disk

@@ -17,14 +17,12 @@ from typing import Optional
 
 import tracer
 from tracer import rundir
+from viz.views import hangs
 
 from .watchdog import P2P, Collective, highest_seqs, read_statuses
 
 SCHEMA = "paratrace.run/1"
 # Exit codes of workers ended from outside (SIGTERM/SIGINT/SIGKILL by the agent or watchdog).
-_HANG_CAUSES = {"collective": "never arrived at the collective the others waited in",
-                "left_behind": "recorded nothing after the other ranks finished",
-                "exit": "closed its trace but did not exit"}
 _ENDED = {-signal.SIGTERM, -signal.SIGINT, -signal.SIGKILL, 128 + signal.SIGTERM,
           128 + signal.SIGINT}
 
@@ -65,13 +63,9 @@ class Outcome:
         self.first_failure = culprits[0] if culprits else None
         for rank, info in self.ranks.items():
             seen = hang["ranks"].get(rank, {})
-            if int(rank) in culprits:
-                cause = _HANG_CAUSES[hang.get("kind", "collective")]
-            elif seen.get("final") and seen.get("status") == "ok":
-                cause = "had finished, ended while exiting"
-            else:
-                cause = "waiting"
-            info.update(error=f"hang: ended by --timeout {hang['timeout_s']:g} ({cause})",
+            info.update(error=hangs.rank_error(hang, int(rank) in culprits,
+                                               bool(seen.get("final"))
+                                               and seen.get("status") == "ok"),
                         terminated=int(rank) not in culprits)
 
 

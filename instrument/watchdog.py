@@ -29,9 +29,10 @@ from typing import Optional
 import tracer
 from tracer import rundir
 from tracer.ops import group_ranks
+from viz.views import hangs
+from viz.views.hangs import COLLECTIVE, EXIT, LEFT_BEHIND
 
 P2P = ("send", "recv")
-COLLECTIVE, LEFT_BEHIND, EXIT = "collective", "left_behind", "exit"
 EXIT_GRACE_S = 30.0       # a closed trace, a live process: torch's own shutdown grace
 
 
@@ -197,20 +198,9 @@ class HangDetector:
 
 
 def describe(verdict: Verdict, hang: dict) -> str:
-    """The one line trace-run prints when the watchdog ends a run."""
-    timeout = f"{hang['timeout_s']:g}s"
-    if verdict.kind == COLLECTIVE:
-        if not hang["never_arrived"]:     # all in: they disagree on it, or the backend hangs
-            return (f"no rank made progress for {timeout}: every rank waits in a collective and "
-                    "none is missing from it (ranks that disagree on a collective hang so: the "
-                    "report checks); ending the workers")
-        return (f"no rank made progress for {timeout}: rank(s) {_join(hang['never_arrived'])} "
-                "never arrived at the collective the others wait in; ending the workers")
-    if verdict.kind == LEFT_BEHIND:
-        return (f"rank(s) {_join(verdict.lingering)} recorded nothing for {timeout} after rank(s) "
-                f"{_join(verdict.finished)} finished; ending the workers")
-    return (f"rank(s) {_join(verdict.lingering)} closed the trace but did not exit for "
-            f"{hang['exit_grace_s']:g}s; ending them")
+    """The one line trace-run prints when the watchdog ends a run (worded by
+    :func:`viz.views.hangs.watchdog_line`, as the report and run.json word it)."""
+    return hangs.watchdog_line(hang, verdict.finished)
 
 
 def hang_report(traces_dir: str, verdict: Verdict, detector: HangDetector, *,
@@ -286,7 +276,3 @@ def _signal(pid: int, sig: int) -> None:
         os.kill(pid, sig)
     except ProcessLookupError:
         pass
-
-
-def _join(ranks: list) -> str:
-    return ", ".join(map(str, ranks))

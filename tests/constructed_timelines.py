@@ -1,11 +1,11 @@
 """Constructed runs with known times for the timeline, critical-path and phase tests: ranks
-built with tracer.synthetic (real trace files through the tracer's own writer) on a clock of
+built with constructed.synthetic (real trace files through the tracer's own writer) on a clock of
 1 us units from an arbitrary origin, analysed through the real reader, and the GPipe schedule
 of the papers on two stages, by hand."""
 from __future__ import annotations
 
 from tracer.labels import PHASE_BACKWARD
-from tracer.synthetic import SyntheticRank, write_run
+from constructed.synthetic import SyntheticRank, write_run
 from viz.analysis import analyse
 from viz.run import open_run
 

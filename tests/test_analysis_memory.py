@@ -1,6 +1,6 @@
 """What the report process holds of many ranks grows with their distinct call sites, not with
 the ranks: each rank's op groups, as its result comes in from a worker, are rebuilt on one
-shared copy of the frames, paths and names (viz.groups.SharedGroups, applied through
+shared copy of the frames, paths and names (viz.analysis.op_groups.SharedOpGroups, applied through
 Engine.map's ``then``); the sends and receives of the first pass arrive as columns."""
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ import pickle
 
 import pytest
 
-from tracer.workloads import Pipeline, pipeline_run
+from constructed.workloads import Pipeline, pipeline_run
 from viz.analysis import analyse
-from viz.columns import Records
+from viz.analysis.columns import Records
 from viz.engine import Engine
-from viz.groups import NO_STACK, Frame, OpGroup, SharedGroups
-from viz.rank import p2p_of_file
+from viz.analysis.op_groups import NO_STACK, Frame, OpGroup, SharedOpGroups
+from viz.analysis.rank import p2p_of_file
 from viz.run import open_run
 
 CFG = Pipeline(pp=2, dp=2, steps=3, microbatches=4, ops_per_pass=8)
@@ -34,7 +34,7 @@ def rank_groups(rank: int) -> list:
 
 
 def test_equal_frames_paths_and_names_become_one_copy():
-    shared = SharedGroups()
+    shared = SharedOpGroups()
     before = {rank: rank_groups(rank) for rank in range(3)}
     assert before[0][0].path is not before[1][0].path          # what pickling gives
     after = {rank: shared.of(groups) for rank, groups in before.items()}
@@ -67,15 +67,15 @@ def test_an_analysis_holds_one_copy_of_each_path_for_all_ranks(run, jobs):
         analysis = analyse(open_run(run), engine)
     paths, frames, names = {}, {}, {}
     for mine in analysis.ranks.values():
-        for g in mine.groups + mine.counted_groups:
+        for g in mine.op_groups + mine.counted_op_groups:
             assert paths.setdefault(g.path, g.path) is g.path
             assert all(frames.setdefault(f, f) is f for f in g.path)
             assert names.setdefault(g.op, g.op) is g.op
     # the data-parallel replicas of a stage (ranks 0 and 2) recorded paths in common: those
     # are one object for both (above), not a copy each
     for a, b in ((0, 2), (1, 3)):
-        common = {id(g.path) for g in analysis.ranks[a].groups} & \
-            {id(g.path) for g in analysis.ranks[b].groups}
+        common = {id(g.path) for g in analysis.ranks[a].op_groups} & \
+            {id(g.path) for g in analysis.ranks[b].op_groups}
         assert len(common) >= 10
     # the first pass's sends and receives come as columns: one stage sends, one receives
     ends = p2p_of_file(analysis.ranks[0].path, 0)
@@ -87,7 +87,7 @@ def test_an_analysis_holds_one_copy_of_each_path_for_all_ranks(run, jobs):
 
 
 def test_groups_trimmed_together_share_each_trimmed_path():
-    from viz.callgraph import trim_common_prefix
+    from viz.analysis.callgraph import trim_common_prefix
     leaf = Frame("/work/model.py", 30, "forward", "Layer.forward")
     path = (MAIN, STEP, leaf)
     groups = [OpGroup(rank, path, None, None, "aten.mm.default", "forward", None, None, None,
@@ -112,7 +112,7 @@ def test_a_page_written_in_pieces_is_the_page_rendered_whole(tmp_path):
 
 
 def test_metrics_build_passes_and_p2p_times_one_step_at_a_time(run):
-    from viz.metrics import _Index
+    from viz.analysis.metrics import _Index
     analysis = analyse(open_run(run))
     timeline = analysis.timeline
     index = _Index(timeline)

@@ -1,5 +1,7 @@
-"""The code's shape, checked: imports flow one way (no cycles; reading traces and analysing
-them never imports torch or the recorder's hot path), modules stay focused."""
+"""The code's shape, checked: imports flow one way (no cycles between modules nor between
+packages; viz in layers, inputs <- analysis <- diff, whatif <- views <- render <- commands;
+reading traces and analysing them never imports torch or the recorder's hot path), modules
+stay focused."""
 from __future__ import annotations
 
 import ast
@@ -17,6 +19,20 @@ MAX_FUNCTION_LINES = 80
 # Documented exceptions: the recorder's hot path is one function on purpose (every call
 # costs on every op).
 LONG_FUNCTIONS = {("tracer/session.py", "on_op")}
+# viz's units (module name prefixes) and their layers, lowest first (docs/architecture.md): a
+# module imports from its own unit and from the layers below, never from above nor from
+# another unit of its own layer (diff and whatif stay apart).
+VIZ_UNITS = {
+    "inputs": ("viz.run", "viz.engine", "viz.kineto_inputs", "viz.kineto_run"),
+    "analysis": ("viz.analysis",),
+    "diff": ("viz.diff",),
+    "whatif": ("viz.whatif",),
+    "views": ("viz.views",),
+    "render": ("viz.render",),
+    "commands": ("viz.cli", "viz.whatif_cli"),
+}
+VIZ_LAYERS = (("inputs",), ("analysis",), ("diff", "whatif"), ("views",), ("render",),
+              ("commands",))
 
 
 def modules() -> dict:
@@ -74,6 +90,71 @@ def test_no_import_cycles():
     assert not cycles, f"import cycles: {cycles[:5]}"
 
 
+def unit_of(module: str) -> str:
+    """The package a module belongs to for the package-level checks: viz's unit
+    (:data:`VIZ_UNITS`), else its top-level package; '' for a viz module of no unit."""
+    if module.split(".")[0] != "viz":
+        return module.split(".")[0]
+    for unit, prefixes in VIZ_UNITS.items():
+        if any(module == p or module.startswith(p + ".") for p in prefixes):
+            return unit
+    return "viz" if module == "viz" else ""
+
+
+def layer_violations(graph: nx.DiGraph) -> list:
+    """(importer, imported, why) of each import between viz's units that goes up a layer or
+    sideways to another unit of the same layer."""
+    layer = {unit: i for i, units in enumerate(VIZ_LAYERS) for unit in units}
+    wrong = []
+    for a, b in graph.edges:
+        ua, ub = unit_of(a), unit_of(b)
+        if ua == ub or ua not in layer or ub not in layer:
+            continue
+        if layer[ub] > layer[ua]:
+            wrong.append((a, b, f"{ua} imports {ub}, a layer above it"))
+        elif layer[ub] == layer[ua]:
+            wrong.append((a, b, f"{ua} imports {ub}, beside it"))
+    return wrong
+
+
+def package_cycles(graph: nx.DiGraph) -> list:
+    """Cycles of the graph of packages (viz's units, the other top-level packages)."""
+    packages = nx.DiGraph()
+    packages.add_edges_from((unit_of(a), unit_of(b)) for a, b in graph.edges
+                            if unit_of(a) != unit_of(b))
+    return list(nx.simple_cycles(packages))
+
+
+def test_every_viz_module_has_its_layer():
+    lost = [m for m in modules() if m.startswith("viz.") and not unit_of(m)]
+    assert not lost, f"viz modules in no unit of VIZ_UNITS (give each its layer): {lost}"
+
+
+def test_viz_imports_go_down_its_layers():
+    wrong = layer_violations(import_graph())
+    assert not wrong, "imports against viz's layers: " + "; ".join(
+        f"{a} -> {b} ({why})" for a, b, why in wrong)
+
+
+def test_no_import_cycles_between_packages():
+    cycles = package_cycles(import_graph())
+    assert not cycles, f"import cycles between packages: {cycles[:5]}"
+
+
+def test_the_layer_checks_catch_what_they_forbid():
+    """The checks above, on a graph with one wrong import each: a view importing a renderer
+    (up), diff importing whatif (beside), and a cycle between two packages."""
+    graph = import_graph()
+    graph.add_edge("viz.views.pages", "viz.render.html")
+    graph.add_edge("viz.diff.words", "viz.whatif.models")
+    assert {(a, b) for a, b, _ in layer_violations(graph)} == {
+        ("viz.views.pages", "viz.render.html"), ("viz.diff.words", "viz.whatif.models")}
+    assert package_cycles(graph)
+    graph = import_graph()
+    graph.add_edge("tracer.format", "instrument.cli")
+    assert ["tracer", "instrument"] in [sorted(c, reverse=True) for c in package_cycles(graph)]
+
+
 def test_the_flow_is_one_way():
     """tracer is the ground; viz and sample_runs sit on it; instrument on top."""
     graph = import_graph()
@@ -84,7 +165,8 @@ def test_the_flow_is_one_way():
 
 
 def test_reading_and_analysing_never_import_torch():
-    code = ("import sys, viz.cli, viz.analysis, viz.report, viz.summary, viz.diff, tracer; "
+    code = ("import sys, viz.cli, viz.analysis, viz.render.report, viz.render.summary_json, "
+            "viz.diff, tracer; "
             "tracer.load; assert 'torch' not in sys.modules, sorted(m for m in sys.modules "
             "if m.startswith('torch'))[:5]")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,

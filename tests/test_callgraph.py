@@ -23,14 +23,14 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import tracer
 from traced_runs import LAYERS, MICROBATCHES, OWN_CODE, TP_FILE, line_of, read_calls
-from tracer.synthetic import SyntheticRank
-from viz.callgraph import (COMM, FUNCTION, HIDDEN, build_callgraph, function_id, prune,
+from constructed.synthetic import SyntheticRank
+from viz.analysis.callgraph import (COMM, FUNCTION, HIDDEN, build_callgraph, function_id, prune,
                            source_lines)
-from viz.groups import op_groups
-from viz.flops import flops
-from viz.modules import module_tree
+from viz.analysis.op_groups import group_ops
+from viz.analysis.flops import flops
+from viz.analysis.module_tree import module_tree
 from viz.render.callgraph_svg import render_svg, to_dot
-from viz.source import RecordedSources, display_paths, reading
+from viz.analysis.source import RecordedSources, display_paths, reading
 from viz.run import open_run
 
 WORLD = range(4)
@@ -44,12 +44,12 @@ def run(callgraph_run):
 
 @pytest.fixture(scope="module")
 def groups(run):
-    return {rank: op_groups(run.load(rank)) for rank in run.files}
+    return {rank: group_ops(run.load(rank)) for rank in run.files}
 
 
 @pytest.fixture(scope="module")
 def merged(run, groups):
-    # definition lines come from the source files the recording hashed (viz.source)
+    # definition lines come from the source files the recording hashed (viz.analysis.source)
     with reading(RecordedSources(run.load(r).meta for r in run.files)):
         return build_callgraph([g for r in sorted(groups) for g in groups[r]],
                                world=range(len(run.files)))
@@ -386,7 +386,7 @@ def test_trace_without_stacks_still_graphs(tmp_path):
     r.op(0, 10, module="M", shapes="f32[4,4] f32[4,4]")
     r.comm("all_reduce", 20, 20, 50, group=(0, 1), nbytes=64, module="M", phase="forward")
     trace = tracer.load(r.write(tmp_path))
-    cg = build_callgraph(op_groups(trace))
+    cg = build_callgraph(group_ops(trace))
     (root,) = cg.nodes(FUNCTION)
     assert root.name == "(no stack recorded)" and root.total.ops == 2 and root.total.bytes == 64
     assert root.total.flops == 2 * 4 * 4 * 4

@@ -4,11 +4,8 @@ from __future__ import annotations
 import pytest
 
 from constructed_timelines import BASE, U, analysed, gpipe_two_stages, synthetic
-from tracer.synthetic import write_run
-from viz.analysis import analyse
-from viz.critical_path import COMM, COMPUTE, IDLE, TRANSFER
-from viz.run import open_run
-from viz.summary import build_summary
+from viz.analysis.critical_path import COMM, COMPUTE, IDLE, TRANSFER
+from viz.render.summary_json import build_summary
 
 
 def spans(path):

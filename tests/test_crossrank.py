@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from tracer.synthetic import SyntheticRank, write_run
+from constructed.synthetic import SyntheticRank, write_run
 from viz.analysis import analyse
-from viz.crossrank import bus_factor, collective_size
+from viz.analysis.crossrank import bus_factor, collective_size
 from viz.run import open_run
-from viz.summary import build_summary
+from viz.render.summary_json import build_summary, collectives_json, mismatch_json
+from viz.views.problems import mismatch_text
 
 U = 1_000                  # units of the constructed clocks: 1 us
 MB = 1 << 20
@@ -45,7 +46,7 @@ def test_a_late_rank_is_the_straggler_and_the_others_wait_for_it(tmp_path):
         assert (m.last_rank, m.skew_ns, m.transfer_ns) == (1, 60 * U, 10 * U)
         assert m.algbw == pytest.approx(MB / (10 * U / 1e9))
         assert m.site.file == "/src/train_1.py" and m.site.line == 41     # the late rank's line
-    (row,) = cross.table()
+    (row,) = collectives_json(cross)
     assert (row["kind"], row["group"], row["count"], row["bytes"]) == ("all_reduce", [0, 1, 2],
                                                                        6, 6 * MB)
     assert row["median_s"] == pytest.approx(10 * U / 1e9)
@@ -80,7 +81,7 @@ def test_all_gather_bandwidth_uses_the_gathered_size(tmp_path):
     rs = ranks(2)
     for r in rs:
         r.comm("all_gather", 0, 1, 100, group=(0, 1), nbytes=MB)
-    (row,) = analysed(tmp_path, rs).cross.table()
+    (row,) = collectives_json(analysed(tmp_path, rs).cross)
     assert row["bytes"] == 2 * MB
     assert row["algbw_GBps"] == pytest.approx(2 * MB / (100 * U / 1e9) / 1e9)
     assert row["busbw_GBps"] == pytest.approx(row["algbw_GBps"] / 2)
@@ -103,7 +104,7 @@ def test_members_that_disagree_are_named_with_their_source_lines(tmp_path, what,
     assert (m.group, m.seq, m.what) == ("0,1,2", 1, what)
     sides = {ranks_: value for value, ranks_, _ in m.sides}
     assert sides[(0, 1)] != sides[(2,)]
-    text = m.describe()
+    text = mismatch_text(m)
     assert text.startswith(f"collective #1 of group [0,1,2]: ranks disagree on its {what}")
     assert "ranks 0,1:" in text and "rank 2:" in text and "/src/train_2.py:42" in text
 
@@ -125,10 +126,11 @@ def test_twin_process_groups_and_p2p_are_numbered_apart(tmp_path):
     assert cross.unmatched_p2p == 0
     (m,) = cross.mismatches
     assert (m.group, m.seq, m.what) == ("0,1@2", 0, "size")
-    assert m.describe().startswith("collective #0 of group [0,1 (process group 2)]: ranks "
+    assert mismatch_text(m).startswith("collective #0 of group [0,1 (process group 2)]: ranks "
                                    "disagree on its size")
-    assert (m.to_json()["group"], m.to_json()["process_group"]) == ([0, 1], "2")
-    assert [(row["group"], row["process_group"]) for row in cross.table()] == [([0, 1], None)]
+    assert (mismatch_json(m)["group"], mismatch_json(m)["process_group"]) == ([0, 1], "2")
+    assert [(row["group"], row["process_group"])
+            for row in collectives_json(cross)] == [([0, 1], None)]
 
 
 def test_a_rank_that_never_issued_a_collective_is_missing(tmp_path):
@@ -142,7 +144,7 @@ def test_a_rank_that_never_issued_a_collective_is_missing(tmp_path):
     (m,) = cross.mismatches
     assert (m.seq, m.what) == (1, "missing")
     assert m.sides[1][:2] == (None, (2,))
-    assert m.describe() == ("collective #1 of group [0,1,2] (all_reduce, issued by ranks 0,1 "
+    assert mismatch_text(m) == ("collective #1 of group [0,1,2] (all_reduce, issued by ranks 0,1 "
                             "at /src/train_0.py:40, /src/train_1.py:41): rank 2 never issued it")
 
 
@@ -159,7 +161,7 @@ def test_a_killed_rank_whose_trace_ends_early_is_not_called_missing(tmp_path):
     rs[2].write(tmp_path, status=None)
     (m,) = analyse(open_run(str(tmp_path))).cross.mismatches
     assert (m.seq, m.what) == (1, "unknown")
-    assert "rank 2: the trace ends before it" in m.describe()
+    assert "rank 2: the trace ends before it" in mismatch_text(m)
 
 
 @pytest.mark.parametrize("later_collective", [False, True])

@@ -21,11 +21,11 @@ import tracer
 from tracer import rundir
 from tracer.device_format import DeviceWriter, read_device
 from tracer.kineto import KINDS, DeviceRecords, load_chrome_trace
-from tracer.synthetic import SyntheticRank
+from constructed.synthetic import SyntheticRank
 from viz.analysis import analyse
-from viz.device import attribute
+from viz.analysis.gpu_attribution import attribute
 from viz.run import open_run
-from viz.summary import build_summary
+from viz.render.summary_json import build_summary, device_json
 
 FIXTURE = Path(__file__).resolve().parent / "assets" / "gpu-h100"
 KINETO = FIXTURE / "kineto.json.gz"
@@ -49,7 +49,7 @@ def attributed():
 def test_every_gpu_activity_of_the_h100_recording_is_attributed(attributed):
     trace, dev = attributed
     assert len(dev) == 1666                      # the README's count
-    summary = dev.summary(trace.dictionary("op"), trace.col("op"))
+    summary = device_json(dev.summary(trace.dictionary("op"), trace.col("op")))
     assert summary["attributed"] / summary["activities"] >= 0.99
     # inside an event's host interval; NCCL communicator setup in init_process_group (the
     # trace predates the recorder's own event for it); between two events: nearer one. The
@@ -101,7 +101,7 @@ def test_gemm_kernels_land_on_the_matmul_ops(attributed):
     assert dur[gemm].sum() > 15_000_000                       # ~16 ms of GEMMs in 2 steps
     assert dur[gemm & on_matmul].sum() == dur[gemm].sum()
     # aten.mm's device time: its GEMMs, ~16 ms (the fixture's README)
-    mm = dev.summary(op_names, codes)["by_op"]["aten.mm.default"]
+    mm = device_json(dev.summary(op_names, codes))["by_op"]["aten.mm.default"]
     assert mm == pytest.approx(0.016, abs=5e-4)
 
 
@@ -186,7 +186,7 @@ def test_nccl_overlap_and_exposed_communication_on_the_device_clock(tmp_path):
 
 
 def test_chrome_trace_has_gpu_streams_and_launch_flows(fixture_run, tmp_path):
-    from viz.report import write_timeline
+    from viz.render.report import write_timeline
     analysis = analyse(open_run(str(fixture_run)), kineto={0: (str(KINETO),)})
     files = write_timeline(analysis, str(tmp_path))
     data = json.loads((tmp_path / files["chrome_trace"]).read_text())
@@ -251,7 +251,7 @@ def test_a_collective_that_launched_no_nccl_kernel_is_not_device_communication(m
 
 
 def test_the_timeline_draws_memory_apart_and_no_device_comm_in_step_2(merged, tmp_path):
-    from viz.report import write_timeline
+    from viz.render.report import write_timeline
     files = write_timeline(merged[0], str(tmp_path))
     events = json.loads((tmp_path / files["chrome_trace"]).read_text())["traceEvents"]
     cats = Counter(e.get("cat") for e in events if e.get("ph") == "X")

@@ -18,7 +18,8 @@ import torch
 import tracer
 from tracer import rundir
 from tracer.device_format import read_device
-from viz.device import attribute
+from viz.analysis.gpu_attribution import attribute
+from viz.render.summary_json import device_json
 
 pytestmark = pytest.mark.gpu
 
@@ -64,6 +65,6 @@ def test_trace_run_records_the_reference_gpt_on_one_gpu(tmp_path):
     records, _, problem = read_device(rundir.device_file(str(out / "traces"), 0))
     assert problem is None and len(records) > 0
     dev = attribute(trace, records)
-    summary = dev.summary(trace.dictionary("op"), trace.col("op"))
+    summary = device_json(dev.summary(trace.dictionary("op"), trace.col("op")))
     assert summary["attributed"] == summary["activities"]
     assert json.dumps(summary)          # plain JSON, as summary.json carries it

@@ -28,7 +28,9 @@ from tracer.format import META_KEY, read_stream
 from viz import diff
 from viz.analysis import analyse
 from viz.diff.graph import ADDED, CHANGED, UNCHANGED
-from viz.groups import op_groups
+from viz.render.diff_json import write_diff
+from viz.render.diff_text import format_table
+from viz.analysis.op_groups import group_ops
 from viz.run import open_run
 
 TINY = ["--layers", "2", "--hidden", "32", "--heads", "4", "--seq-len", "16",
@@ -228,11 +230,11 @@ def test_1f1b_vs_interleaved_p2p_doubles(pipelines):
 def test_run_against_itself_has_no_structural_change(runs, tmp_path):
     run = open_run(runs["sp"])
     result = diff.diff_runs(run, run)
-    table = diff.format_table(result, top=15)
+    table = format_table(result, top=15)
     assert "No structural change: on all 2 matched rank roles" in table
     assert "No op count, FLOP or communication figure differs." in table
     assert re.search(r"all ranks\s+wall_s\s+\S+ \S+\s+\S+ \S+\s+=", table), table
-    diff.write_diff(result, str(tmp_path))
+    write_diff(result, str(tmp_path))
     data = json.loads((tmp_path / "diff.json").read_text())
     assert data["structural_change"] is False
     for scope in [data["totals"]] + data["roles"]:
@@ -248,7 +250,7 @@ def test_an_edit_that_moves_every_line_is_no_structural_change(runs):
     a, b = open_run(runs["tp2"]), open_run(runs["tp2-edited"])
 
     def model_lines(run):
-        return {(f.file, f.line) for g in op_groups(run.load(0)) for f in g.path
+        return {(f.file, f.line) for g in group_ops(run.load(0)) for f in g.path
                 if f.file.endswith("sample_runs/model.py")}
     lines_a, lines_b = model_lines(a), model_lines(b)
     assert lines_a and lines_b and lines_a.isdisjoint(lines_b)   # other files, other lines
@@ -261,11 +263,11 @@ def test_an_edit_that_moves_every_line_is_no_structural_change(runs):
 def test_runs_that_recorded_different_steps_are_compared_on_the_steps_both_have(runs,
                                                                                 tmp_path):
     full = open_run(runs["tp2"])
-    recorded = diff.recorded_steps(analyse(full))
+    recorded = analyse(full).recorded_steps
     assert {0, 1} <= recorded      # two iterations (and what ran after the last optimizer step)
     # What trace-run --steps 1- records of the same run: no step 0 (setup, first iteration).
     later = open_run(keep_steps(runs["tp2"], tmp_path / "later", recorded - {0}))
-    assert diff.recorded_steps(analyse(later)) == recorded - {0}
+    assert analyse(later).recorded_steps == recorded - {0}
     result = diff.diff_runs(full, later)
     assert result.compared_steps == tuple(sorted(recorded - {0}))
     assert any(f"compared over the steps both recorded, {sorted(recorded - {0})}" in w
@@ -279,8 +281,8 @@ def test_runs_that_recorded_different_steps_are_compared_on_the_steps_both_have(
 def test_page_and_diff_call_graph_svg(runs, tmp_path):
     result = diffed(runs["tp1"], runs["tp2"])
     assert re.search(r"^\d+ op count, FLOP or communication figures differ \(--top 0\)\.$",
-                     diff.format_table(result, top=0), re.M)
-    page = diff.write_diff(result, str(tmp_path))
+                     format_table(result, top=0), re.M)
+    page = write_diff(result, str(tmp_path))
     html = open(page, encoding="utf-8").read()
     assert 'href="diff.json"' in html and 'href="diff-callgraph.svg"' in html
     assert "http://" not in html.replace("http://www.w3.org/", "")

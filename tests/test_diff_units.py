@@ -6,14 +6,14 @@ import json
 import re
 from collections import Counter
 
-from viz.diff import write_diff
+from viz.render.diff_json import write_diff
 from viz.diff.graph import ADDED, CHANGED, REMOVED, UNCHANGED, build_diff_graph, prune_diff
 from viz.diff.profile import Profile, merge
 from viz.diff.result import ALL_RANKS, Delta, DiffResult, RunSide, compare
 from viz.diff.roles import assign_roles, grid_role, group_label, match_roles
 from viz.diff.words import describe
-from viz.grid import Grid
-from viz.groups import Frame, OpGroup
+from viz.analysis.grid import Grid
+from viz.analysis.op_groups import Frame, OpGroup
 from viz.render.diff_svg import to_dot
 from viz.render.diff_text import fmt_rel
 

@@ -23,7 +23,7 @@ from viz.analysis import analyse
 from viz.engine import Engine
 from viz.kineto_run import import_exports
 from viz.run import open_run
-from viz.summary import build_summary
+from viz.render.summary_json import build_summary
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 HTA = ASSETS / "kineto-hta"
@@ -237,7 +237,7 @@ def test_collectives_match_across_ranks_like_a_recording(gloo):
 def test_stacks_modules_and_phases(gloo):
     out, summary, _ = gloo
     analysis = analyse(open_run(str(out)))
-    groups = analysis.ranks[0].groups
+    groups = analysis.ranks[0].op_groups
     linear = [g for g in groups if g.op == "aten.linear" and g.phase == "forward"]
     assert {g.module.rsplit(".", 1)[-1] for g in linear} == {"Linear_0", "Linear_1",
                                                              "Linear_2", "Linear_3",

@@ -17,7 +17,7 @@ import tracer
 from gpt_helpers import REPO
 from instrument import launch
 from tracer.library import LibraryRule, LibrarySpecError, parse_specs
-from viz.groups import op_groups, split_stack
+from viz.analysis.op_groups import group_ops, split_stack
 
 SITE = sysconfig.get_paths()["purelib"]
 TORCH = os.path.dirname(torch.__file__)
@@ -83,7 +83,7 @@ def test_the_rule_travels_in_the_trace_and_the_report_uses_it(tmp_path, monkeypa
         assert trace.meta["options"]["library"] == list(specs)
         (relu,) = [e for e in trace.records() if e["op"] == "aten.relu.default"]
         stacks[name] = relu["stack"]
-        groups = [g for g in op_groups(trace) if g.op == "aten.relu.default"]
+        groups = [g for g in group_ops(trace) if g.op == "aten.relu.default"]
         stacks[name + "-path"] = [f.function for f in groups[0].path]
         stacks[name + "-boundary"] = groups[0].boundary
     package = str(root / "ptfakepkg" / "__init__.py")

@@ -14,7 +14,7 @@ import pytest
 
 import tracer
 from gpt_helpers import REPO, SCRIPTS, env, free_port
-from viz.flops import flops
+from viz.analysis.flops import flops
 
 KIND = {"all_gather_into_tensor": "all_gather", "_allgather_base_": "all_gather",
         "_reduce_scatter_base_": "reduce_scatter", "reduce_scatter_tensor": "reduce_scatter",

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from tracer.labels import PHASES
-from tracer.synthetic import SyntheticRank, write_run
+from constructed.synthetic import SyntheticRank, write_run
 
 SITE = [("/src/train.py", 10, "step", "step")]
 
@@ -59,7 +59,8 @@ def test_summary_counts_ops_by_phase_and_every_renderer_draws_every_phase(tmp_pa
 
 
 def test_trace_diff_compares_runs_with_the_new_phases(tmp_path):
-    from viz.diff import diff_runs, to_json
+    from viz.diff import diff_runs
+    from viz.render.diff_json import to_json
     from viz.run import open_run
     a = phase_run(tmp_path / "a")
     b = phase_run(tmp_path / "b", extra_recompute=1)

@@ -21,7 +21,7 @@ import pytest
 from browser import blank, chromium
 from html_links import check_links, parse
 from traced_runs import TP_FILE, line_of
-from tracer.synthetic import SyntheticRank
+from constructed.synthetic import SyntheticRank
 from viz.cli import build
 
 MAX_SVG_NODES = 150 + 6          # the cap, plus the legend's sample nodes
@@ -134,11 +134,11 @@ def test_index_puts_the_hang_first_and_escapes_trace_text(callgraph_run, tmp_pat
 
 
 def test_a_hang_with_no_rank_missing_says_so_rather_than_naming_none():
-    from viz.pages import _hang_title
+    from viz.views.hangs import banner
     every = {"timeout_s": 8, "kind": "collective", "never_arrived": [], "ranks": {}}
-    assert _hang_title(every) == \
+    assert banner(every) == \
         "Hang: every rank waited in a collective, none was missing from it (watchdog timeout 8 s)"
-    assert _hang_title(dict(every, never_arrived=[1, 3])) == \
+    assert banner(dict(every, never_arrived=[1, 3])) == \
         "Hang: ranks 1, 3 never arrived (watchdog timeout 8 s)"
 
 

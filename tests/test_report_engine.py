@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from tracer.workloads import Pipeline, pipeline_run
+from constructed.workloads import Pipeline, pipeline_run
 from viz.analysis import analyse
 from viz.engine import Engine
 from viz.run import open_run

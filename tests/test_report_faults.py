@@ -5,7 +5,7 @@ Each fault gives one line per damaged or missing trace on stderr (naming the fil
 wrong and what was kept), a report built from what was readable, and the documented exit
 status: 0 when every rank's trace was at least partly read, 1 when some rank's could not be
 read at all, 2 for bad input (no readable trace, not a run directory, nowhere to write).
-Traces are constructed (tracer.synthetic), so every count below is exact.
+Traces are constructed (constructed.synthetic), so every count below is exact.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ import pytest
 import tracer
 from tracer import rundir
 from tracer.format import FORMAT_NAME, META_KEY, SCHEMA, read_stream
-from tracer.synthetic import SyntheticRank
+from constructed.synthetic import SyntheticRank
 
 STEPS, OPS_PER_STEP = 3, 40
 BATCH = 20                       # rows per batch: a truncation keeps the batches before it

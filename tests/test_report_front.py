@@ -84,7 +84,7 @@ def top_by_time(run_dir: str, steps: set, comm: bool) -> list:
 
 
 def test_front_page_answers_what_happened(report, browser, tmp_path):
-    from viz.render import fmt_count, fmt_time, short_op
+    from viz.views.formatters import fmt_count, fmt_time, short_op
     summary = json.loads((report / "summary.json").read_text())
     steps = counted_steps(summary)
     assert steps == {1}, steps              # step 0 (setup) and the unfinished tail left out
@@ -157,7 +157,7 @@ _CELLS_HIT = """(() => { const bad = [];
 def long_names(tmp_path_factory) -> Path:
     """A report whose top ops and collectives carry long op names and source lines (a CPU
     flash-attention backward, a deep site-packages path, long qualnames)."""
-    from tracer.synthetic import SyntheticRank
+    from constructed.synthetic import SyntheticRank
     root = tmp_path_factory.mktemp("long-names")
     site = [("/opt/venvs/project/lib/python3.11/site-packages/megatron/core/transformer/"
              "dot_product_attention_with_a_long_module_name.py", 1234, "forward",
@@ -275,7 +275,7 @@ def test_every_page_of_a_report_with_setup_loads_cleanly(report, browser, tmp_pa
 def test_trace_text_is_escaped_on_the_front_page_and_in_search(tmp_path, browser):
     """Op names, function names and files from a trace reach the front page's tables, the
     call graphs and the search box's list; none of them may run."""
-    from tracer.synthetic import SyntheticRank
+    from constructed.synthetic import SyntheticRank
     evil = '<img src=x onerror="window.pwned=1">'
     stack = [("evil</td><script>window.pwned=2</script>.py", 3, "f", evil)]
     ranks = []

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tracer.synthetic import SyntheticRank
+from constructed.synthetic import SyntheticRank
 
 STACK = [("train.py", 12, "step", "step"), ("train.py", 30, "main", "main")]
 

@@ -1,7 +1,7 @@
 """Source pages read only the recording's own files: a file's text is shown where the file at
 the recorded path has the content hash the recorder stored (``sources`` in the trace's
 metadata), with where it was found; nothing of a local file a foreign trace names; nothing at
-all with --no-source. Traces are constructed (tracer.synthetic) around real files in tmp_path;
+all with --no-source. Traces are constructed (constructed.synthetic) around real files in tmp_path;
 the recorder's side (the hashes of a real run) is checked in test_trace_run_exits.py.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tracer.synthetic import SyntheticRank
+from constructed.synthetic import SyntheticRank
 
 SECRET = "TOKEN = 'hunter2-do-not-share'\n\n\ndef train():\n    return TOKEN\n"
 

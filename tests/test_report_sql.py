@@ -59,7 +59,7 @@ def test_top_ops_per_module_are_the_report_op_groups(page, run):
     steps = frozenset(s for r in analysis.ranks.values() for s in r.steps if s > 0)
     totals = defaultdict(lambda: [0, 0.0])
     for mine in recount(analysis, steps).ranks.values():
-        for g in mine.groups:
+        for g in mine.op_groups:
             if not g.kind:
                 totals[(g.module, g.op)][0] += g.count
                 totals[(g.module, g.op)][1] += g.time_ns

@@ -1,6 +1,6 @@
 """Timeline metrics on constructed traces with known times: exact values.
 
-Each test builds its ranks with tracer.synthetic (real trace files through the tracer's own
+Each test builds its ranks with constructed.synthetic (real trace files through the tracer's own
 writer, tests/constructed_timelines.py) and analyses them with viz.analysis, so the analysis goes
 through the real reader.
 """
@@ -15,14 +15,13 @@ from chrome_trace_checks import check_chrome_trace
 from constructed_timelines import BASE, U, analysed, gpipe_two_stages, synthetic
 from tracer.format import COLUMN_NAMES
 from tracer.labels import PHASE_BACKWARD, PHASE_FORWARD
-from tracer.synthetic import SyntheticRank, write_run
-from viz import intervals, metrics
-from viz.analysis import analyse, recount
-from viz.lanes import P2PLink
+from viz.analysis import intervals, metrics, recount
+from viz.analysis.lanes import P2PLink
+from viz.analysis.rank_lanes import IDLE_GAP_NS
 from viz.render import chrome_trace
-from viz.report import write_timeline
-from viz.run import open_run
-from viz.timeline import IDLE_GAP_NS
+from viz.render.report import write_timeline
+from viz.render.summary_json import time_json
+
 
 def metrics_of(tmp_path, ranks):
     return analysed(tmp_path, ranks).metrics
@@ -57,7 +56,7 @@ def test_compute_comm_overlap_exposed_exact(tmp_path):
     assert m.bubble_fraction == pytest.approx(0.21)
     assert m.pipeline is None and m.theoretical_bubble_fraction is None
     assert [s.step for s in m.steps] == [0, 1, 2]
-    time = m.to_json()
+    time = time_json(m)
     for key in ("wall_s", "compute_s", "comm_s", "exposed_comm_s", "idle_s", "overlap_fraction",
                 "bubble_fraction"):
         assert time[key] == pytest.approx(getattr(m, key))
@@ -213,9 +212,9 @@ def test_op_tables_weigh_a_send_waited_late_as_the_timeline_does(tmp_path):
     r1.comm("recv", 105, 106, 130, peer=0)
     analysis = analysed(tmp_path, [r0, r1])
     for mine in (analysis.ranks[0], recount(analysis, frozenset({1})).ranks[0]):
-        (send,) = [g for g in mine.groups if g.kind == "send"]
+        (send,) = [g for g in mine.op_groups if g.kind == "send"]
         assert (send.count, send.time_ns) == (2, (30 + 5) * U)
-    (send,) = [g for g in analysis.ranks[0].counted_groups if g.kind == "send"]
+    (send,) = [g for g in analysis.ranks[0].counted_op_groups if g.kind == "send"]
     assert send.time_ns == (30 + 5) * U
 
 

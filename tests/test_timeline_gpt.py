@@ -19,7 +19,7 @@ from chrome_trace_checks import check_chrome_trace
 from conftest import CPU_ONLY
 from gpt_helpers import free_port
 from viz.analysis import analyse
-from viz.report import write_timeline
+from viz.render.report import write_timeline
 from viz.run import open_run
 
 MODEL = ["--tp", "1", "--layers", "4", "--hidden", "32", "--heads", "4", "--seq-len", "16",

@@ -14,7 +14,7 @@ import pytest
 import tracer
 from instrument import gather
 from instrument.watchdog import launched_seqs, never_arrived
-from tracer.synthetic import SyntheticRank
+from constructed.synthetic import SyntheticRank
 from trace_run_helpers import (C10D, ENV, PHASES, SCRIPTS, assert_no_traceback, comm_counts,
                                own_lines, problems, run_json, trace_run)
 

@@ -1,13 +1,13 @@
-"""Which ranks share a call graph (viz.views.same_work): ranks that did the same work (the same
-attribution paths, ops, phases, shapes, modules, counts, bytes and FLOPs) get one graph, drawn
-once; a rank that did anything else gets its own. Times do not split ranks. The report built
-from a real run (test_report.py) checks the pages that say so."""
+"""Which ranks share a call graph (viz.views.callgraph_pages.same_work): ranks that did the same
+work (the same attribution paths, ops, phases, shapes, modules, counts, bytes and FLOPs) get one
+graph, drawn once; a rank that did anything else gets its own. Times do not split ranks. The
+report built from a real run (test_report.py) checks the pages that say so."""
 from __future__ import annotations
 
 from dataclasses import replace
 
-from viz.groups import Frame, OpGroup
-from viz.views import report_views, same_work
+from viz.analysis.op_groups import Frame, OpGroup
+from viz.views.callgraph_pages import report_views, same_work
 
 MAIN = Frame("/work/train.py", 10, "main", "main")
 STEP = Frame("/work/train.py", 20, "step", "step")
@@ -59,10 +59,11 @@ class _Analysis:
     def __init__(self, groups: dict):
         class Rank:
             def __init__(self, rank, mine):
-                self.groups, self.steps = mine, [1]
+                self.op_groups, self.steps = mine, [1]
         self.world_size = len(groups)
         self.ranks = {rank: Rank(rank, mine) for rank, mine in groups.items()}
         self.metrics = {}
+        self.recorded_steps = frozenset({1})
 
 
 def test_report_views_draws_one_graph_per_distinct_work_and_names_its_ranks():
@@ -89,7 +90,7 @@ def test_report_views_keep_the_merged_graphs_pruned_and_their_functions():
     """The unpruned merged graphs are dropped once drawn pruned (tens of MiB for many ranks):
     the views keep every pruned page and, of the unpruned whole-recording graph, its functions
     and what they issued."""
-    from viz.callgraph import FUNCTION, CallGraph, build_callgraph
+    from viz.analysis.callgraph import FUNCTION, CallGraph, build_callgraph
     groups = {0: work(0), 1: work(1, time_scale=2.0), 2: work(2, count=9)}
     views = report_views(_Analysis(groups))
     graphs = [p.graph for p in views.graphs] + [p.graph for p in views.zooms.values()] + \

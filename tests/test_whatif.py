@@ -206,7 +206,7 @@ def test_a_late_callback_does_not_hide_a_blocking_wait(tmp_path):
     400 - 300 = 100 units, rank 0 computes its two ops of 100 units, and the replay still
     gives the measured step. Rank 1 is late in every all-reduce of the group (there is one),
     so its lateness is steady, not jitter: none is added."""
-    from tracer.synthetic import SyntheticRank, write_run
+    from constructed.synthetic import SyntheticRank, write_run
     ranks = []
     for r, launch in ((0, 100), (1, 300)):
         rank = SyntheticRank(r, 2, {"tp": 1, "pp": 1, "dp": 2}, unit_ns=U)

@@ -1,5 +1,5 @@
 """Constructed recordings for the what-if tests: pipeline runs of the reference GPT's shape
-with known pass times, written through tracer.synthetic (the recorder's own writer).
+with known pass times, written through constructed.synthetic (the recorder's own writer).
 
 Each pass runs two matmuls per layer it holds, back to back (no host time between ops), in
 the module of that layer (``GPTChunk.blocks.<i>.attn.qkv``, a column-parallel linear), each
@@ -12,7 +12,7 @@ in a step).
 """
 from __future__ import annotations
 
-from tracer.synthetic import SyntheticRank, write_run
+from constructed.synthetic import SyntheticRank, write_run
 
 U = 1_000              # one constructed unit: 1 us
 BASE = 1_000_000_000

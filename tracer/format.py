@@ -164,7 +164,7 @@ class TraceWriter:
                       meta: Optional[dict] = None) -> None:
         """Write one batch given column by column: numpy int arrays (dictionary columns hold
         codes), -1 standing for null as the reader gives it back; absent columns are null.
-        For constructed traces (tracer.synthetic); the recorder writes rows."""
+        For constructed traces (constructed.synthetic); the recorder writes rows."""
         n = len(next(iter(columns.values()))) if columns else 0
         arrays = []
         for name, typ in COLUMNS:

@@ -1,6 +1,8 @@
 """Console entry points of viz: ``trace-report`` and ``trace-diff``, and the build step
-``trace-run`` calls after a run. Each runs one way: open the run -> analyse it once -> hand the
-analysis to every renderer (summary.json, the report, the diff).
+``trace-run`` calls after a run. Each runs one way: open the run -> analyse it once
+(:mod:`viz.analysis`) -> its problems on stderr (:mod:`viz.views.problems`) -> hand the analysis
+to every renderer (:mod:`viz.render`: summary.json, the report; the diff's table and pages).
+This is the top layer: only the commands import every layer (docs/architecture.md).
 
 Errors are one line on stderr and exit status 2. Every damaged or missing trace is named on
 stderr, one line each, and the report is built from what was readable; the exit status is then
@@ -38,14 +40,15 @@ def build(run_dir: str, out_dir: Optional[str] = None, *,
     (viz.kineto_run; ``kineto_limit``: bytes of JSON a .gz may expand to); ``progress``
     (viz.render.progress.Progress, default: none shown) follows the work; ``reported``: ranks
     whose failure the caller already named; ``sources=False``: no source file is read
-    (``--no-source``). Raises viz.run.RunError or
+    (``--no-source``). Raises viz.run.RunError, viz.render.callgraph_svg.RenderError or
     tracer.kineto.KinetoError."""
     from .analysis import analyse
     from .engine import Engine
     from .render.progress import Progress
-    from .report import build_report
+    from .render.report import build_report
+    from .render.summary_json import write_summary
     from .run import open_run
-    from .summary import build_summary, write_summary
+    from .views.problems import problem_lines
     progress = progress or Progress()
     warn = warn or _stderr("trace-report")
     left_out = []
@@ -64,11 +67,26 @@ def build(run_dir: str, out_dir: Optional[str] = None, *,
         analysis.left_out = left_out
         for line in problem_lines(analysis, reported=reported):
             warn(line)
-        summary = build_summary(analysis)
-        write_summary(summary, out_dir)
-        index = build_report(analysis, summary, out_dir, engine=engine, progress=progress,
+        write_summary(analysis, out_dir)
+        training = _training(analysis, engine, progress)
+        index = build_report(analysis, out_dir, training=training, progress=progress,
                              sources=sources)
     return index, analysis
+
+
+def _training(analysis, engine, progress):
+    """The analysis over the training steps the call graphs show (None: every recorded step
+    is one): each rank's own counted op groups, or a recount on ``engine`` where they differ."""
+    from .analysis.map_reduce import to_recount, training
+    from .views.callgraph_pages import step_split
+    split = step_split(analysis)
+    if not split.other:
+        return None
+    steps = frozenset(split.counted)
+    if not to_recount(analysis, steps):
+        return training(analysis, steps)
+    with progress.phase("counting the training steps"):
+        return training(analysis, steps, engine)
 
 
 def _exports_are_the_run(run_dir: str) -> bool:
@@ -114,38 +132,6 @@ class _Counted:
         return out
 
 
-def problem_lines(analysis, most: int = 5, reported: frozenset = frozenset()) -> list:
-    """What a user must see first, one line each: ranks that disagree about a collective (the
-    usual cause of a hang), then damaged or missing traces. A rank that stopped before
-    collectives the others issued gets that said once: folded into its damage line if it has
-    one, left out if it is in ``reported`` (ranks whose failure the caller already named)."""
-    from tracer.ops import group_label
-    mismatches = [m for m in analysis.cross.mismatches if m.what != "unknown"]
-    lines = [f"mismatch: {m.describe()}" for m in mismatches[:most]]
-    if len(mismatches) > most:
-        lines.append(f"mismatch: {len(mismatches) - most} more (summary.json cross_rank)")
-    cut: dict = {}
-    for m in analysis.cross.mismatches:
-        if m.what == "unknown":
-            for rank in m.sides[1][1]:
-                cut.setdefault(rank, []).append(m)
-    damage = {rank: analysis.damage_of(rank) for rank in analysis.with_files()}
-    for rank, found in sorted(cut.items()):
-        ends = (f"the trace ends before {len(found)} collective(s) the other ranks issued "
-                f"(from #{found[0].seq} of group [{group_label(found[0].group)}])")
-        if damage.get(rank):
-            damage[rank][-1] += f"; {ends}, not compared"
-        elif rank not in reported:
-            mine = analysis.ranks[rank]
-            why = {"failed": "it failed", "interrupted": "it was interrupted"}.get(
-                mine.status, f"its recorder says {mine.status}")
-            if mine.meta.get("error"):
-                why += f" ({mine.meta['error']})"
-            lines.append(f"rank {rank}: {ends}: {why}, so they are not compared")
-    return lines + [line for rank in sorted(damage) for line in damage[rank]] \
-        + analysis.absent_lines()
-
-
 def kineto_ranks(entries, run) -> dict:
     """rank -> exports to merge into a recording (viz.kineto_inputs.merge_ranks)."""
     from .kineto_inputs import merge_ranks
@@ -156,10 +142,9 @@ def exit_status(analysis) -> int:
     """0, or 1 when something given could not be read at all: a rank's trace, a rank of the
     world without one (a recording), an export left out or unusable (exports: ranks of the
     world no export was given for are listed, not an error)."""
-    ranks = analysis.ranks.values()
     exports_failed = bool(analysis.left_out) or \
-        any(r.export_errors for r in ranks)
-    if ranks and all("imported" in r.meta for r in ranks):
+        any(r.export_errors for r in analysis.ranks.values())
+    if analysis.imported:
         return EXIT_UNREADABLE if exports_failed or analysis.unreadable else 0
     return EXIT_UNREADABLE if analysis.any_missing or exports_failed else 0
 
@@ -215,8 +200,9 @@ def _errors() -> tuple:
     from tracer import TraceError
     from tracer.kineto import KinetoError
 
-    from .run import RunError        # RenderError (graphviz missing or failing) is a RunError
-    return RunError, TraceError, KinetoError, OSError
+    from .render.callgraph_svg import RenderError   # graphviz missing or failing
+    from .run import RunError
+    return RunError, RenderError, TraceError, KinetoError, OSError
 
 
 def _print(text: str) -> None:
@@ -327,16 +313,25 @@ def diff_main(argv=None) -> int:
         a, b = open_run(args.run_a), open_run(args.run_b)
         if args.out:
             _check_writable(args.out)
-        from . import diff
+        from .analysis import analyse
+        from .diff import compare_runs
         from .engine import Engine
+        from .render.diff_json import write_diff
+        from .render.diff_text import format_table
+        from .views.problems import damage_lines
+        warn = _stderr(parser.prog)
         with for_stderr() as progress, Engine(args.jobs, args.dask) as engine:
             with progress.phase(f"reading {len(a.files) + len(b.files)} traces"):
-                result = diff.diff_runs(a, b, warn=_stderr(parser.prog),
-                                        engine=_Counted(engine, progress))
-        _print(diff.format_table(result, top=args.top))
+                engine = _Counted(engine, progress)
+                analysed = {name: analyse(run, engine) for name, run in (("A", a), ("B", b))}
+                for name, analysis in analysed.items():
+                    for line in damage_lines(analysis):
+                        warn(f"run {name}: {line}")
+                result = compare_runs(analysed["A"], analysed["B"], engine=engine)
+        _print(format_table(result, top=args.top))
         if args.out:
             with for_stderr() as progress, progress.phase("drawing the diff call graphs"):
-                page = diff.write_diff(result, args.out)
+                page = write_diff(result, args.out)
             _print(page)
     except _errors() as exc:
         return _fail(parser.prog, _message(exc))

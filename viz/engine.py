@@ -1,13 +1,12 @@
 """Where the per-rank map of the analysis runs: in this process, in local worker processes
 (``trace-report --jobs N``), or on a Dask cluster (``trace-report --dask ADDRESS``).
 
-Each task is a top-level function of viz.rank applied to one rank's trace file; it returns a
-small result (the cross-rank part never needs a trace). A task that finds its trace unreadable
-returns the error's one-line text instead of raising, so one bad file leaves the other ranks'
-results intact. Dask workers must see the trace files at the same paths (a shared filesystem)
-and run the same paratrace. No scheduler is written here: concurrent.futures and
-dask.distributed do the scheduling.
-"""
+Each task is a top-level function of viz.analysis.rank applied to one rank's trace file; it
+returns a small result (the cross-rank part never needs a trace). A task that finds its trace
+unreadable returns the error's one-line text instead of raising, so one bad file leaves the other
+ranks' results intact. Dask workers must see the trace files at the same paths (a shared
+filesystem) and run the same paratrace. No scheduler is written here: concurrent.futures and
+dask.distributed do the scheduling. """
 from __future__ import annotations
 
 import multiprocessing
@@ -82,7 +81,7 @@ class Engine:
             return [then(guarded(fn, *args)) for args in tasks]
         if self._pool is None:
             context = multiprocessing.get_context("forkserver")
-            context.set_forkserver_preload(["viz.rank"])
+            context.set_forkserver_preload(["viz.analysis.rank"])
             self._pool = ProcessPoolExecutor(max_workers=min(self.jobs, len(tasks)),
                                              mp_context=context)
         return [then(result) for result in self._pool.map(guarded, [fn] * len(tasks),

@@ -13,8 +13,8 @@ time, which differs on every run):
   (it follows from ``ops``, as each op has one kind, so it adds no structure of its own);
 - ``flops`` per op family, ``op_counts`` per op, ``time`` from the timeline analysis.
 
-Profiles are pure functions of :class:`viz.callgraph.OpGroup` s and
-:class:`viz.timeline.RankMetrics`.
+Profiles are pure functions of :class:`viz.analysis.callgraph.OpGroup` s and
+:class:`viz.analysis.rank_lanes.RankMetrics`.
 """
 from __future__ import annotations
 
@@ -22,9 +22,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping, Sequence
 
-from ..flops import base_name
-from ..groups import Frame, OpGroup
-from ..modules import NO_MODULE
+from ..analysis.flops import base_name
+from ..analysis.op_groups import Frame, OpGroup
+from ..analysis.module_tree import NO_MODULE
 
 MATMUL_OPS = frozenset({"mm", "addmm", "bmm", "baddbmm", "matmul", "linear"})
 TIME_METRICS = ("wall_s", "compute_s", "comm_s", "exposed_comm_s", "idle_s",
@@ -65,18 +65,18 @@ class Profile:
     steps: tuple = ()
 
 
-def rank_profile(rank: int, groups: Iterable[OpGroup], comm_rows: Iterable[dict],
+def rank_profile(rank: int, groups: Iterable[OpGroup], comm_rows: Iterable,
                  paths: Mapping[str, str], metrics, steps: Sequence[int],
                  group_name: Callable[[list], str]) -> Profile:
     """The profile of one rank from its OpGroups, its communication rows
-    (:func:`viz.rank.comm_rows`: OpGroups do not carry the process group), display paths of
+    (:class:`viz.analysis.rank.CommRow`: op groups do not carry the process group), display paths of
     its files, its RankMetrics (None if the timeline has none) and how to name a group's
     ranks."""
     out = Profile((rank,), steps=tuple(steps))
     for row in comm_rows:
-        key = (row["kind"], row["phase"], group_name(row["group"]))
-        out.comm[key] += row["count"]
-        out.comm_bytes[key] += row["bytes"]
+        key = (row.kind, row.phase, group_name(row.group))
+        out.comm[key] += row.count
+        out.comm_bytes[key] += row.bytes
     for grp in groups:
         out.ops[(grp.module or NO_MODULE, grp.op, grp.phase)] += grp.count
         out.op_counts[grp.op] += grp.count

@@ -42,10 +42,6 @@ class Delta:
             return 0.0
         return abs(self.b - self.a) / max(abs(self.a), abs(self.b))
 
-    def to_json(self) -> dict:
-        return {"scope": self.scope, "category": self.category, "name": self.name,
-                "a": self.a, "b": self.b, "unit": self.unit, "rel": self.rel}
-
 
 @dataclass
 class ScopeDiff:

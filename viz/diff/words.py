@@ -19,8 +19,8 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 
-from ..crossrank import bus_factor, collective_size
-from ..modules import NO_MODULE
+from ..analysis.crossrank import bus_factor, collective_size
+from ..analysis.module_tree import NO_MODULE
 from .result import ScopeDiff
 
 _PLURAL = {"all_reduce": "all-reduces", "all_gather": "all-gathers",

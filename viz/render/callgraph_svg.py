@@ -20,10 +20,10 @@ import graphviz
 
 from tracer.labels import PHASES
 
-from ..callgraph import COMM, FUNCTION, HIDDEN, OPS, CallGraph, EdgeData, NodeData
-from ..groups import Weights
-from ..run import RunError
-from . import fmt_bytes, fmt_count, fmt_flops, fmt_ranks, fmt_time, short_op
+from ..analysis.callgraph import COMM, FUNCTION, HIDDEN, OPS, CallGraph, EdgeData, NodeData
+from ..analysis.op_groups import Weights
+from ..views.formatters import (fmt_bytes, fmt_count, fmt_flops, fmt_ranks, fmt_time,
+                               short_op)
 
 COMM_COLOUR = "#1565c0"
 COMM_FILL = "#e3eefc"
@@ -40,8 +40,10 @@ TOP_RANKS = 16       # per-rank lines in a merged graph's tooltips
 Href = Callable[[str, int], Optional[str]]
 
 
-class RenderError(RunError):
-    """Rendering failed (graphviz missing or broken); the message is one line."""
+class RenderError(Exception):
+    """Rendering failed (graphviz missing or broken); the message is one line. The commands
+    take it as bad input (graphviz is the user's to install): one line on stderr, no
+    traceback."""
 
 
 def _esc(text: str) -> str:

@@ -4,7 +4,7 @@ Ranks are processes; each process has a "passes & annotations" thread (F/B/W pas
 other annotation ranges, nested), one thread per recording thread with its aten ops, and as
 many "comm" threads as it takes to lay out overlapping communications without overlap. Every
 pipeline send is joined to the recv that consumed it by a flow arrow. Times are microseconds
-from the first event of the run, on rank 0's clock. Only draws what viz.timeline computed.
+from the first event of the run, on rank 0's clock. Only draws what viz.analysis.timeline computed.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import json
 
 import numpy as np
 
-from ..lanes import Timeline
+from ..analysis.lanes import Timeline
 
 _PASS_TID = 0
 _OPS_TID = 1          # + recording thread number
@@ -66,7 +66,7 @@ class _Events:
 
 def write(timeline: Timeline, fh) -> None:
     """Write the Chrome trace JSON to ``fh``, rank by rank: a run can have hundreds of
-    thousands of op slices (viz.timeline.DRAWN_OPS caps how many)."""
+    thousands of op slices (viz.analysis.rank_lanes.DRAWN_OPS caps how many)."""
     firsts = [int(lane.op_start.min()) for lane in timeline.ranks.values() if len(lane.op_start)]
     firsts += [c.start for lane in timeline.ranks.values() for c in lane.comm[:1]]
     firsts += [p.start for lane in timeline.ranks.values() for p in lane.passes[:1]]

@@ -14,9 +14,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import graphviz
 
-from ..callgraph import COMM, FUNCTION
+from ..analysis.callgraph import COMM, FUNCTION
 from ..diff.graph import ADDED, CHANGED, REMOVED, UNCHANGED, DiffGraph, DiffNode, Side
-from . import fmt_bytes, fmt_count, fmt_flops, fmt_time
+from ..views.formatters import fmt_bytes, fmt_count, fmt_flops, fmt_time
 from .callgraph_svg import render_svg
 
 # status -> (border / text colour, fill)

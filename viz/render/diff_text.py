@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Optional
 
 from ..diff.result import ALL_RANKS, Delta, DiffResult
-from . import fmt_bytes, fmt_count, fmt_flops, fmt_time
+from ..views.formatters import fmt_bytes, fmt_count, fmt_flops, fmt_time
 
 
 def largest_changes(result: DiffResult) -> list:

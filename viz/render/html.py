@@ -16,7 +16,7 @@ import shutil
 import jinja2
 from markupsafe import Markup, escape
 
-from . import fmt_bytes, fmt_count, fmt_flops, fmt_ranks, fmt_time
+from ..views.formatters import fmt_bytes, fmt_count, fmt_flops, fmt_ranks, fmt_time
 
 _TEMPLATES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                           "templates")

@@ -3,7 +3,7 @@
 The measured pipeline-schedule picture: passes labelled with their micro-batch, compute and
 communication as they happened on rank 0's clock, idle time shaded, step boundaries dashed, each
 rank's metrics beside its row and a legend below. Written as SVG text directly (graphviz lays out
-graphs, not time axes); every block has a <title> tooltip. Only draws what viz.timeline
+graphs, not time axes); every block has a <title> tooltip. Only draws what viz.analysis.timeline
 computed.
 """
 from __future__ import annotations
@@ -13,9 +13,9 @@ from xml.sax.saxutils import escape, quoteattr
 
 import numpy as np
 
-from ..intervals import gaps, intervals, length, union, window
-from ..lanes import Timeline
-from . import fmt_time
+from ..analysis.intervals import gaps, intervals, length, union, window
+from ..analysis.lanes import Timeline
+from ..views.formatters import fmt_time, steps_text
 
 COLOURS = {"F": "#4c9f70", "B": "#d1495b", "W": "#8d6cab", "compute": "#3b6ea8",
            "comm": "#f39237", "wait": "#fbd9b4", "idle": "#d0d0d0", "gpu": "#5c8fc9",
@@ -114,9 +114,10 @@ def _metrics_text(m) -> list:
 
 
 def render(timeline: Timeline, metrics: dict, cross=None, paths=()) -> str:
-    """The SVG text of a timeline and its metrics (viz.metrics.metrics_of); with the
-    cross-rank matching (viz.crossrank) waiting inside a collective is drawn apart from its
-    transfer, with the critical paths (viz.critical_path) the path is drawn over each row."""
+    """The SVG text of a timeline and its metrics (viz.analysis.metrics.metrics_of); with the
+    cross-rank matching (viz.analysis.crossrank) waiting inside a collective is drawn apart from
+    its transfer, with the critical paths (viz.analysis.critical_path) the path is drawn over
+    each row."""
     shown = {r: [s.step for s in m.steps if s.step in m.counted_steps][:SHOWN_STEPS]
              for r, m in metrics.items()}
     windows = [timeline.ranks[r].steps[s] for r, steps in shown.items() for s in steps]
@@ -306,8 +307,7 @@ def _title(timeline: Timeline, metrics: dict) -> str:
                                        "virtual_stages") if cfg.get(k) not in (None, "")]
     steps = sorted({s for m in metrics.values() for s in m.counted_steps})
     drawn = steps[:SHOWN_STEPS]
-    shown = "no steps" if not steps else f"step {drawn[0]}" if len(drawn) == 1 else \
-        f"steps {drawn[0]}-{drawn[-1]}"
+    shown = steps_text(drawn)
     if len(drawn) < len(steps):
         shown += f" of {len(steps)} counted (metrics cover all)"
     return "Timeline" + (f" ({', '.join(parts)})" if parts else "") + f", {shown}"

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..lanes import Timeline
-from ..metrics import metrics_of
+from ..analysis.lanes import Timeline
+from ..analysis.metrics import metrics_of
 from .measures import measures
 from .plan import Plan
 from .recording import Recording, study
@@ -36,7 +36,7 @@ class Prediction:
     config: dict
     changes: dict
     timeline: Timeline
-    metrics: dict                    # rank -> viz.metrics.RankMetrics
+    metrics: dict                    # rank -> viz.analysis.metrics.RankMetrics
     measures: dict                   # whatif.json's M
     assumptions: list
 
@@ -63,7 +63,7 @@ def what_if(analysis, targets: list) -> WhatIf:
     """Replay ``analysis`` (a viz.analysis.RunAnalysis) and predict each target (option ->
     value, the reference GPT's names: tp, sp, pp, dp, schedule, virtual_stages,
     microbatches). Raises TargetError for a target that cannot be predicted."""
-    groups = {r: mine.counted_groups for r, mine in analysis.ranks.items()}
+    groups = {r: mine.counted_op_groups for r, mine in analysis.ranks.items()}
     rec = study(analysis.timeline, analysis.cross.matched, groups, analysis.world_size)
     configs = [target_config(rec.config, dict(t), rec.world) for t in targets]
     sim = simulate(rec.graph, rec.graph.starts)

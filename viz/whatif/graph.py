@@ -16,8 +16,9 @@ clock), as a list of :class:`Node` s:
 - ``STEP`` step: a step starts.
 
 A :class:`Comm` is one collective over its members (matched across ranks by group and sequence
-number, :mod:`viz.crossrank`) or one send matched with its receive (:func:`viz.timeline
-.match_p2p`): it completes for member r at the last member's launch plus ``transfer[r]``, the
+number, :mod:`viz.analysis.crossrank`) or one send matched with its receive
+(:func:`viz.analysis.timeline.match_p2p`): it completes for member r at the last member's launch
+plus ``transfer[r]``, the
 measured time from the last arrival to r's completion (when r had the result:
 :mod:`viz.whatif.waits`). A communication whose other members are not in the graph (their
 step was not counted, the collective did not match) completes its own measured duration after
@@ -35,8 +36,8 @@ import numpy as np
 
 from tracer.ops import group_ranks
 
-from ..intervals import Prefix, gaps
-from ..lanes import Timeline, counted_steps
+from ..analysis.intervals import Prefix, gaps
+from ..analysis.lanes import Timeline, counted_steps
 from .waits import RankView, hidden_waits, rank_view
 
 COMPUTE, IDLE, LAUNCH, WAIT, BEGIN, END, STEP = range(7)
@@ -113,8 +114,8 @@ class ExecutionGraph:
 
 
 def execution_graph(timeline: Timeline, matched: list) -> ExecutionGraph:
-    """The graph of every rank's counted steps. ``matched``: viz.crossrank's matched
-    collectives (:attr:`viz.crossrank.CrossRank.matched`)."""
+    """The graph of every rank's counted steps. ``matched``: viz.analysis.crossrank's matched
+    collectives (:attr:`viz.analysis.crossrank.CrossRank.matched`)."""
     ranks = timeline.ranks
     windows = {r: {s: lane.steps[s] for s in counted_steps(lane)} for r, lane in ranks.items()}
     graph = ExecutionGraph({}, [], [], {}, dict(timeline.config),

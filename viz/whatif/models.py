@@ -6,7 +6,7 @@
   completion), alpha + beta x bytes per (kind, group size), fitted on the recording's matched
   collectives; a (kind, size) the recording lacks is derived from what it has, by the ring
   algorithm's step counts and bus factors (nccl-tests' ``busbw``), and says so;
-- :class:`OpCostModel`: an op's time against its work (FLOPs where :mod:`viz.flops` has a
+- :class:`OpCostModel`: an op's time against its work (FLOPs where :mod:`viz.analysis.flops` has a
   formula, else the elements of its largest input), a + b x work per op kind, fitted on the
   recording's op groups (count-weighted).
 
@@ -21,7 +21,7 @@ from typing import Optional
 
 import numpy as np
 
-from ..flops import flops as op_flops, parse_shapes, base_name
+from ..analysis.flops import flops as op_flops, parse_shapes, base_name
 
 RING_KINDS = ("all_reduce", "all_gather", "reduce_scatter")   # the ring's step counts apply
 
@@ -207,8 +207,8 @@ def jitter(comms: list) -> dict:
 
 
 def work_of(op: str, shapes: Optional[str]) -> float:
-    """An op's work: its FLOPs (viz.flops) where a formula applies, else the elements of its
-    largest input tensor."""
+    """An op's work: its FLOPs (viz.analysis.flops) where a formula applies, else the elements of
+    its largest input tensor."""
     f = op_flops(op, shapes)
     if f:
         return float(f)
@@ -229,7 +229,8 @@ class OpCostModel:
 
     @classmethod
     def from_groups(cls, groups: list) -> "OpCostModel":
-        """Fit on op groups (viz.groups.OpGroup: op, shapes, count, time_ns) of compute ops."""
+        """Fit on op groups (viz.analysis.op_groups.OpGroup: op, shapes, count, time_ns) of
+        compute ops."""
         by_kind: dict = {}
         for g in groups:
             if g.kind is None and g.count > 0 and g.time_ns > 0:

@@ -25,7 +25,7 @@ from typing import Optional
 
 from sample_runs.parallel.pp_schedules import schedule_actions
 
-from ..grid import Grid
+from ..analysis.grid import Grid
 from .anatomy import mean, mean_part
 from .compose import Body, Call, Programs, spread
 from .graph import LAUNCH, WAIT, PassKey

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from ..grid import Grid, grid_of
-from ..lanes import counted_steps
+from ..analysis.grid import Grid, grid_of
+from ..analysis.lanes import counted_steps
 from .anatomy import anatomy
 from .costs import PartCosts, part_costs
 from .graph import ExecutionGraph, execution_graph
@@ -61,8 +61,8 @@ class Recording:
 
 
 def study(timeline, matched: list, groups: dict, world: int) -> Recording:
-    """``timeline``: the run's viz.lanes.Timeline; ``matched``: viz.crossrank's matched
-    collectives; ``groups``: rank -> its op groups over its counted steps; ``world``: the
+    """``timeline``: the run's viz.analysis.lanes.Timeline; ``matched``: viz.analysis.crossrank's
+    matched collectives; ``groups``: rank -> its op groups over its counted steps; ``world``: the
     run's world size."""
     graph = execution_graph(timeline, matched)
     config = graph.config = recorded_config(timeline, world)

@@ -5,8 +5,9 @@ Each rank runs its program as far as it can: compute and idle take their time, a
 the rank's arrival, a wait blocks until the communication completed for this rank. When no rank
 can move and a program is unfinished, the graph deadlocks (a prediction whose ranks disagree
 about the collectives they issue): :class:`SimulationError` names where. The result is laid out
-as a :class:`viz.lanes.Timeline`, so the timeline's own metrics (:func:`viz.metrics.metrics_of`)
-and drawing (:mod:`viz.render.timeline_svg`) read a simulated run as they read a measured one.
+as a :class:`viz.analysis.lanes.Timeline`, so the timeline's own metrics
+(:func:`viz.analysis.metrics.metrics_of`) and drawing (:mod:`viz.render.timeline_svg`) read a
+simulated run as they read a measured one.
 """
 from __future__ import annotations
 
@@ -16,8 +17,8 @@ import numpy as np
 
 from tracer.ops import group_text
 
-from ..intervals import intervals, union
-from ..lanes import CommSpan, Pass, RankLanes, Timeline
+from ..analysis.intervals import intervals, union
+from ..analysis.lanes import CommSpan, Pass, RankLanes, Timeline
 from .graph import BEGIN, COMPUTE, END, IDLE, LAUNCH, STEP, WAIT, ExecutionGraph
 
 

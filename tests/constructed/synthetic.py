@@ -20,9 +20,9 @@ import json
 import os
 from typing import Optional, Sequence
 
-from . import ops, rundir
-from .format import COLUMNS, DICT_COLUMNS, FORMAT_VERSION, TraceWriter
-from .labels import PHASE_CODES
+from tracer import ops, rundir
+from tracer.format import COLUMNS, DICT_COLUMNS, FORMAT_VERSION, TraceWriter
+from tracer.labels import PHASE_CODES
 
 _INDEX = {name: i for i, (name, _) in enumerate(COLUMNS)}
 _C10D_OPS = {"send": "c10d.send.default", "recv": "c10d.recv_.default",

@@ -1,9 +1,9 @@
 """What the report shows, computed from a :class:`viz.analysis.RunAnalysis`: the call graphs
 (all ranks merged, each rank, functions and modules zoomed in), pruned for reading, the module
-trees, and what each source line issued. Pure analyses; :mod:`viz.report` draws them.
+trees, and what each source line issued. Pure analyses; :mod:`viz.render.report` draws them.
 
 Call graphs and the module view show the *training steps*: the steps the time metrics count
-(:func:`viz.timeline.counted_steps`: step 0, which carries the model's construction and other
+(:func:`viz.analysis.lanes.counted_steps`: step 0, which carries the model's construction and other
 setup, and an unfinished last step are left out). What the other steps did gets one merged graph
 of its own (:func:`step_split`, :func:`groups_outside`). Source pages and the ranks' own pages
 cover the whole recording.
@@ -15,12 +15,13 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, replace
 from typing import Optional
 
-from .analysis import RunAnalysis
-from .callgraph import (FUNCTION, HIDDEN, CallGraph, build_callgraph, importance, prune,
+from ..analysis.run_analysis import RunAnalysis
+from ..analysis.callgraph import (FUNCTION, HIDDEN, CallGraph, build_callgraph, importance, prune,
                         source_lines, total_of, trim_common_prefix)
-from .groups import NO_STACK, Weights
-from .modules import NO_MODULE, module_tree
-from .source import display_paths
+from ..analysis.op_groups import NO_STACK, Weights
+from ..analysis.module_tree import NO_MODULE, module_tree
+from ..analysis.source import display_paths
+from .formatters import runs_text, steps_text
 
 WHOLE_GRAPH = 0.9   # a function holding this share of every measure is nearly the whole graph
 
@@ -56,27 +57,13 @@ class StepSplit:
     other: tuple
 
     def text(self, steps: tuple) -> str:
-        """``step 1``, ``steps 1-9``, ``steps 0, 10``."""
-        if not steps:
-            return "no steps"
-        runs = _runs(steps)
-        return ("step " if len(steps) == 1 else "steps ") + ", ".join(runs)
-
-
-def _runs(steps: tuple) -> list:
-    out, start = [], None
-    for i, s in enumerate(steps):
-        if start is None:
-            start = s
-        if i + 1 == len(steps) or steps[i + 1] != s + 1:
-            out.append(str(start) if start == s else f"{start}-{s}")
-            start = None
-    return out
+        """``step 1``, ``steps 1-9``, ``steps 0, 10`` (:func:`.formatters.steps_text`)."""
+        return steps_text(steps)
 
 
 def step_split(analysis: RunAnalysis) -> StepSplit:
     """The training steps (counted by any rank's time metrics) and the other recorded steps."""
-    recorded = {s for mine in analysis.ranks.values() for s in mine.steps}
+    recorded = analysis.recorded_steps
     counted = {s for m in analysis.metrics.values() for s in m.counted_steps} & recorded
     counted = counted or recorded
     return StepSplit(tuple(sorted(counted)), tuple(sorted(recorded - counted)))
@@ -141,9 +128,9 @@ class ReportViews:
     setup: Optional[GraphPage]  # the other steps (setup, step 0, unfinished), all ranks merged
     zooms: dict               # function node id -> GraphPage (training steps)
     module_zooms: dict        # module path -> GraphPage (training steps)
-    tree: list                # viz.modules.ModuleRow of all ranks (training steps)
+    tree: list                # viz.analysis.module_tree.ModuleRow of all ranks (training steps)
     rank_trees: dict          # rank -> its ModuleRows (whole recording)
-    lines: dict               # file -> line -> viz.callgraph.LineOps (whole recording)
+    lines: dict               # file -> line -> viz.analysis.callgraph.LineOps (whole recording)
     paths: dict               # recorded file -> short display path
     source_pages: dict        # recorded file -> source/<slug>.html
     split: StepSplit
@@ -159,8 +146,8 @@ def report_views(analysis: RunAnalysis, options: ReportOptions = ReportOptions()
     # (absent ranks of a large world would cost memory per rank and tell nothing)
     world = tuple(sorted(analysis.ranks))
     split = step_split(analysis)
-    whole = {rank: r.groups for rank, r in analysis.ranks.items()}
-    groups = {rank: r.groups for rank, r in (training or analysis).ranks.items()}
+    whole = {rank: r.op_groups for rank, r in analysis.ranks.items()}
+    groups = {rank: r.op_groups for rank, r in (training or analysis).ranks.items()}
     everything = [g for rank in sorted(whole) for g in whole[rank]]
     merged = [g for rank in sorted(groups) for g in groups[rank]]
     files = {f.file for g in everything for f in g.path}
@@ -227,7 +214,7 @@ def _rank_page(ranks: list, groups: list, steps: str, world: tuple,
     if len(ranks) == 1:
         return GraphPage(f"callgraphs/rank-{first}.html", f"Call graph: rank {first}, {steps}",
                          graph, ranks=(first,))
-    names = ", ".join(_runs(tuple(ranks)))
+    names = runs_text(ranks)
     return GraphPage(f"callgraphs/rank-{first}.html",
                      f"Call graph: ranks {names} (the same work), {steps}", graph,
                      f"Ranks {names} did the same work: the same call paths, ops, shapes, counts "

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import ops, rundir
-from .format import FORMAT_VERSION, TraceWriter
-from .labels import PHASE_BACKWARD, PHASE_FORWARD, PHASE_OTHER
+from tracer import ops, rundir
+from tracer.format import FORMAT_VERSION, TraceWriter
+from tracer.labels import PHASE_BACKWARD, PHASE_FORWARD, PHASE_OTHER
 
 BATCH_ROWS = 200_000
 _COMPUTE_OPS = ["aten.mm.default", "aten.addmm.default", "aten.add.Tensor", "aten.mul.Tensor",

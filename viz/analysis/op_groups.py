@@ -1,7 +1,7 @@
 """The aggregate every analysis reads: one rank's events grouped by where they came from.
 
 A run has millions of events but only thousands of distinct (stack, forward stack, op, phase,
-shapes, module) combinations. :func:`op_groups` aggregates them with numpy over the trace's
+shapes, module) combinations. :func:`group_ops` aggregates them with numpy over the trace's
 integer codes into :class:`OpGroup` s, each carrying its *attribution path*: the user frames,
 outermost first, of the forward stack that created the autograd node for a backward op (so the
 backward all-reduce of the column-parallel ``f`` lands on the column-parallel forward line),
@@ -146,7 +146,7 @@ def _group_rows(columns: list) -> tuple:
     return inverse.reshape(-1), first
 
 
-def op_groups(trace, durations: Optional[np.ndarray] = None,
+def group_ops(trace, durations: Optional[np.ndarray] = None,
               split_cache: Optional[dict] = None) -> list:
     """One rank's ops and collectives aggregated into :class:`OpGroup` s (pseudo-ops dropped).
     Each event weighs its host interval, or ``durations[row]`` when given (device time).
@@ -208,7 +208,7 @@ def op_groups(trace, durations: Optional[np.ndarray] = None,
     return out
 
 
-class SharedGroups:
+class SharedOpGroups:
     """One copy of equal frames, attribution paths and names across many ranks' op groups.
 
     Each rank's groups arrive from its task (unpickled from a worker) with copies of their own,

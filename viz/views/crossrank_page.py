@@ -1,11 +1,14 @@
 """What the report's cross-rank page shows (``crossrank.html``): a heat map of each rank's
 wait per step, the stragglers, each collective's bandwidth with its source line, the ranks that
 disagree, and each step's critical path. Rows and texts only, from a RunAnalysis
-(:mod:`viz.crossrank`, :mod:`viz.critical_path`); the template draws them."""
+(:mod:`viz.analysis.crossrank`, :mod:`viz.analysis.critical_path`); the template draws them."""
 from __future__ import annotations
 
-from .analysis import RunAnalysis
-from .render import fmt_bytes, fmt_time
+from tracer.ops import group_ranks, process_group_name
+
+from ..analysis.run_analysis import RunAnalysis
+from .formatters import fmt_bytes, fmt_time
+from .problems import mismatch_text
 
 
 def headline(analysis: RunAnalysis) -> str:
@@ -48,15 +51,23 @@ def stragglers(analysis: RunAnalysis) -> list:
 
 
 def bandwidth(analysis: RunAnalysis, paths: dict, href) -> list:
-    """The collectives table, each row with its source line linked."""
+    """The collectives table (:meth:`viz.analysis.crossrank.CrossRank.collectives`), each row
+    with its source line linked."""
     out = []
-    for row in analysis.cross.table():
-        file, _, line = row["site"].rpartition(":")
-        out.append(dict(row, bytes_text=fmt_bytes(row["bytes"]),
-                        median_text=fmt_time(row["median_s"] * 1e9),
+    for c in analysis.cross.collectives():
+        file, line = (c.site.file, c.site.line) if c.site is not None else ("", 0)
+        out.append(dict(kind=c.kind, group=list(group_ranks(c.group)),
+                        process_group=process_group_name(c.group), count=c.count,
+                        algbw_GBps=c.algbw_GBps, busbw_GBps=c.busbw_GBps,
+                        bytes_text=fmt_bytes(c.bytes), median_text=fmt_time(c.median_s * 1e9),
                         where=f"{paths.get(file, file)}:{line}" if file else "",
-                        href=href(file, int(line)) if file and line.isdigit() else None))
+                        href=href(file, line) if file and line >= 0 else None))
     return out
+
+
+def mismatches(analysis: RunAnalysis, most: int = 100) -> list:
+    """The disagreements between ranks, one line each, the first ``most``."""
+    return [mismatch_text(m) for m in analysis.cross.mismatches[:most]]
 
 
 def paths_rows(analysis: RunAnalysis) -> list:

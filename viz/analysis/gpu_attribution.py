@@ -68,8 +68,9 @@ class DeviceTime:
         """Memcpys and memsets: memory activity, never compute."""
         return (self.kind == MEMCPY) | (self.kind == MEMSET)
 
-    def summary(self, op_names: list, op_codes: np.ndarray) -> dict:
-        """summary.json's ``device`` object of the rank."""
+    def summary(self, op_names: list, op_codes: np.ndarray) -> "DeviceSummary":
+        """The rank's GPU activity in numbers: how much was attributed and how, its busy time,
+        device time per op, and :func:`whole`."""
         attributed = self.row != UNATTRIBUTED
         by_op: dict = {}
         dur = (self.end - self.start).astype(np.float64)
@@ -81,13 +82,46 @@ class DeviceTime:
         setup = float(dur[self.row == SETUP].sum())
         if setup > 0:
             by_op[SETUP_OP] = by_op.get(SETUP_OP, 0.0) + setup / 1e9
-        return {"activities": int(len(self)), "attributed": int(attributed.sum()),
-                "attributed_by": {"inside_an_event": int((self.how == 0).sum()),
-                                  "process_group_setup": int((self.how == 1).sum()),
-                                  "between_events": int((self.how == 2).sum())},
-                "busy_s": busy_ns(self.start, self.end) / 1e9,
-                "by_op": dict(sorted(by_op.items(), key=lambda kv: -kv[1])),
-                "whole": whole(self.kind, self.is_nccl, self.start, self.end)}
+        return DeviceSummary(
+            activities=int(len(self)), attributed=int(attributed.sum()),
+            inside_an_event=int((self.how == 0).sum()),
+            process_group_setup=int((self.how == 1).sum()),
+            between_events=int((self.how == 2).sum()),
+            busy_s=busy_ns(self.start, self.end) / 1e9,
+            by_op=dict(sorted(by_op.items(), key=lambda kv: -kv[1])),
+            whole=whole(self.kind, self.is_nccl, self.start, self.end))
+
+
+@dataclass(frozen=True)
+class DeviceWhole:
+    """Every activity of a recording or export, counted and measured (DESIGN.md's
+    ``device.whole``; seconds)."""
+
+    kernels: int
+    memcpys: int
+    memsets: int
+    comm_kernels: int             # NCCL kernels
+    span_s: float                 # last end - first start
+    busy_s: float                 # union of every activity
+    compute_s: float              # union of the kernels that are not NCCL
+    comm_s: float                 # union of NCCL kernels
+    memory_s: float               # union of memcpys and memsets
+    idle_s: float                 # span - busy
+    overlap_fraction: Optional[float]   # |comm ∩ compute| / |comm|; None without comm
+
+
+@dataclass(frozen=True)
+class DeviceSummary:
+    """One rank's GPU activity in numbers (:meth:`DeviceTime.summary`)."""
+
+    activities: int
+    attributed: int
+    inside_an_event: int          # launched inside an event's host interval
+    process_group_setup: int      # launched in process-group setup no event records
+    between_events: int           # launched between two events: the nearer one
+    busy_s: float
+    by_op: dict                   # op -> device seconds, most first
+    whole: DeviceWhole
 
 
 def nccl_names(names: list) -> np.ndarray:
@@ -95,12 +129,12 @@ def nccl_names(names: list) -> np.ndarray:
     return np.array(["nccl" in n.lower() for n in names] + [False], dtype=bool)
 
 
-def whole(kind: np.ndarray, nccl: np.ndarray, start: np.ndarray, end: np.ndarray) -> dict:
-    """summary.json's ``device.whole``: every activity of the recording or export, counted
-    and measured (DESIGN.md): busy = union of all activities; compute = union of the kernels
-    that are not NCCL; comm = union of NCCL kernels; memory = union of memcpys and memsets;
-    span = last end - first start; idle = span - busy; overlap = |comm ∩ compute| / |comm|,
-    None without comm."""
+def whole(kind: np.ndarray, nccl: np.ndarray, start: np.ndarray, end: np.ndarray
+          ) -> DeviceWhole:
+    """Every activity of the recording or export, counted and measured (DESIGN.md): busy =
+    union of all activities; compute = union of the kernels that are not NCCL; comm = union of
+    NCCL kernels; memory = union of memcpys and memsets; span = last end - first start; idle =
+    span - busy; overlap = |comm ∩ compute| / |comm|, None without comm."""
     kernel = kind == KERNEL
     memory = (kind == MEMCPY) | (kind == MEMSET)
     compute_iv = union(intervals(start[kernel & ~nccl], end[kernel & ~nccl]))
@@ -108,16 +142,13 @@ def whole(kind: np.ndarray, nccl: np.ndarray, start: np.ndarray, end: np.ndarray
     busy = length(union(intervals(start, end)))
     span = int(end.max() - start.min()) if len(start) else 0
     comm = length(comm_iv)
-    out = {"kernels": int(kernel.sum()), "memcpys": int((kind == MEMCPY).sum()),
-            "memsets": int((kind == MEMSET).sum()), "comm_kernels": int(nccl.sum()),
-            "span_s": span / 1e9, "busy_s": busy / 1e9,
-            "compute_s": length(compute_iv) / 1e9, "comm_s": comm / 1e9,
-            "memory_s": length(union(intervals(start[memory], end[memory]))) / 1e9,
-            "idle_s": (span - busy) / 1e9,
-            "overlap_fraction": length(intersect(comm_iv, compute_iv)) / comm if comm else None}
-    if not comm:
-        out["why_null"] = {"overlap_fraction": "no NCCL kernel: no device communication"}
-    return out
+    return DeviceWhole(
+        kernels=int(kernel.sum()), memcpys=int((kind == MEMCPY).sum()),
+        memsets=int((kind == MEMSET).sum()), comm_kernels=int(nccl.sum()),
+        span_s=span / 1e9, busy_s=busy / 1e9, compute_s=length(compute_iv) / 1e9,
+        comm_s=comm / 1e9, memory_s=length(union(intervals(start[memory], end[memory]))) / 1e9,
+        idle_s=(span - busy) / 1e9,
+        overlap_fraction=length(intersect(comm_iv, compute_iv)) / comm if comm else None)
 
 
 def busy_ns(start: np.ndarray, end: np.ndarray) -> int:

@@ -23,12 +23,12 @@ from tracer.labels import PHASES
 from tracer.ops import PSEUDO_OPS, group_ranks, process_group_name
 
 from .columns import Records
-from .device import attribute
+from .gpu_attribution import DeviceSummary, attribute
 from .device_lanes import on_device
-from .groups import op_groups
+from .op_groups import group_ops
 from .intervals import Prefix
 from .lanes import P2PEnd, RankLanes, counted_steps
-from .timeline import DRAWN_OPS, RankRows, p2p_endpoints, rank_lanes
+from .rank_lanes import DRAWN_OPS, RankRows, p2p_endpoints, rank_lanes
 
 
 @dataclass
@@ -41,14 +41,14 @@ class RankAnalysis:
     warnings: list                # a damaged tail, a recording that never closed
     events: int
     steps: list                   # step indices the trace holds
-    groups: list                  # viz.groups.OpGroup
+    op_groups: list               # viz.analysis.op_groups.OpGroup
     op_counts: dict               # op overload -> calls (pseudo-ops left out)
-    comm: list                    # summary.json's comm rows: kind, phase, group, count, bytes
+    comm: list                    # CommRow: collectives by kind, phase and group
     lanes: RankLanes
-    last_op: dict = field(default_factory=dict)   # what the rank did last (failed ranks)
-    device: Optional[dict] = None # GPU activity: summary.json's device object
-    counted_steps: tuple = ()     # the steps its time metrics count (viz.lanes.counted_steps)
-    counted_groups: list = field(default_factory=list)   # op groups of those steps only
+    last_op: Optional[LastOp] = None     # what the rank did last (failed ranks)
+    device: Optional[DeviceSummary] = None  # GPU activity, attributed (counts, times)
+    counted_steps: tuple = ()     # the steps its time metrics count (lanes.counted_steps)
+    counted_op_groups: list = field(default_factory=list)   # op groups of those steps only
     exports: tuple = ()           # torch.profiler exports merged into its GPU activity
     export_errors: list = field(default_factory=list)   # exports that could not be used
     op_counts_by_phase: dict = field(default_factory=dict)   # phase -> op -> calls
@@ -65,8 +65,8 @@ class RankAnalysis:
 
 
 def p2p_of_file(path: str, rank: int) -> Records:
-    """The first pass over a rank's trace: its sends and receives (viz.timeline), as columns
-    (a pipeline stage of a long run has thousands). Raises TraceError if the trace's own
+    """The first pass over a rank's trace: its sends and receives (viz.analysis.timeline), as
+    columns (a pipeline stage of a long run has thousands). Raises TraceError if the trace's own
     metadata says it is not rank ``rank``'s."""
     trace = load_trace(path)
     check_identity(trace, path, rank)
@@ -132,8 +132,8 @@ def device_records(path: str, rank: int, kineto: tuple = ()) -> tuple:
 def analyse_rank(trace: Trace, rank: int, send_ends: dict, op_budget: int = DRAWN_OPS,
                  records: Optional[DeviceRecords] = None) -> RankAnalysis:
     """``send_ends``: the rank's send rows -> their matched receives' completions
-    (viz.timeline.match_p2p); ``op_budget``: individual ops kept for drawing; ``records``: its
-    GPU activity, which puts every time on the device clock."""
+    (viz.analysis.timeline.match_p2p); ``op_budget``: individual ops kept for drawing;
+    ``records``: its GPU activity, which puts every time on the device clock."""
     dev = attribute(trace, records) if records is not None and len(records) else None
     rows = RankRows(trace, rank)
     # NOTE: on the device a send ends with its NCCL kernel: no receive completion to borrow
@@ -144,17 +144,17 @@ def analyse_rank(trace: Trace, rank: int, send_ends: dict, op_budget: int = DRAW
     durations = dev.row_ns if dev is not None else host_durations(trace, caps)
     counted = tuple(counted_steps(lanes))
     frames: dict = {}         # the stacks' frames, shared by both groupings
-    groups = op_groups(trace, durations, frames)
+    groups = group_ops(trace, durations, frames)
     return RankAnalysis(
         rank=rank, path=trace.path, meta=trace.meta,
         warnings=list(trace.warnings) + list((trace.meta.get("imported") or {}).get("damage")
                                              or []),
-        events=len(trace), steps=recorded_steps(trace), groups=groups,
+        events=len(trace), steps=recorded_steps(trace), op_groups=groups,
         op_counts=op_counts(trace), op_counts_by_phase=op_counts_by_phase(trace),
         comm=comm_rows(trace), lanes=lanes, last_op=last_op(trace),
         device=None if dev is None else dev.summary(trace.dictionary("op"), trace.col("op")),
         counted_steps=counted, send_caps=caps,
-        counted_groups=_groups_over(trace, counted, durations, frames, all_steps=groups))
+        counted_op_groups=_groups_over(trace, counted, durations, frames, all_steps=groups))
 
 
 def send_caps(lanes: RankLanes) -> dict:
@@ -186,8 +186,8 @@ def _groups_over(trace: Trace, steps, durations: Optional[np.ndarray],
     """The op groups of ``steps`` only (``all_steps``: the groups of every step, if known)."""
     mask = np.isin(trace.col("step"), sorted(steps))
     if mask.all():
-        return all_steps if all_steps is not None else op_groups(trace, durations, frames)
-    return op_groups(trace.select(mask), None if durations is None else durations[mask], frames)
+        return all_steps if all_steps is not None else group_ops(trace, durations, frames)
+    return group_ops(trace.select(mask), None if durations is None else durations[mask], frames)
 
 
 @dataclass
@@ -195,7 +195,7 @@ class RankCounts:
     """What a rank did in some steps only: the counting part of a RankAnalysis."""
 
     steps: list
-    groups: list
+    op_groups: list
     op_counts: dict
     comm: list
     op_counts_by_phase: dict
@@ -278,8 +278,21 @@ def op_counts_by_phase(trace: Trace) -> dict:
     return {p: out[p] for p in PHASES if p in out}
 
 
+@dataclass(frozen=True)
+class CommRow:
+    """A rank's collectives and P2P of one kind, phase and process group: how many, how many
+    bytes it handed to them."""
+
+    kind: str
+    phase: str
+    group: tuple                  # the global ranks of the process group
+    process_group: Optional[str]  # torch's name of it, where the trace keeps one
+    count: int
+    bytes: int
+
+
 def comm_rows(trace: Trace) -> list:
-    """Collectives and P2P aggregated by (kind, phase, group): count and bytes."""
+    """Collectives and P2P aggregated by (kind, phase, group): :class:`CommRow` s."""
     kind, group = trace.col("kind"), trace.col("group")
     mask = kind >= 0
     if not mask.any():
@@ -292,32 +305,51 @@ def comm_rows(trace: Trace) -> list:
         entry = totals[(k, p, g)]
         entry[0] += 1
         entry[1] += max(b, 0)
-    rows = []
-    for (k, p, g), (count, total) in sorted(totals.items(), key=lambda kv: (
-            kinds[kv[0][0]], kv[0][1], groups[kv[0][2]])):
-        rows.append({"kind": kinds[k], "phase": PHASES[p], "group": list(group_ranks(groups[g])),
-                     "process_group": process_group_name(groups[g]), "count": count,
-                     "bytes": total})
-    return rows
+    return [CommRow(kinds[k], PHASES[p], group_ranks(groups[g]), process_group_name(groups[g]),
+                    count, total)
+            for (k, p, g), (count, total) in sorted(totals.items(), key=lambda kv: (
+                kinds[kv[0][0]], kv[0][1], groups[kv[0][2]]))]
 
 
-def last_op(trace: Trace) -> dict:
-    """What a rank was doing last: its last recorded op, where, and its last collective."""
-    out = {}
+@dataclass(frozen=True)
+class LastCollective:
+    """A rank's last collective: what, over which group, its sequence number, whether it
+    completed."""
+
+    kind: str
+    group: str                    # the recorded process group text
+    seq: int
+    completed: bool
+
+
+@dataclass(frozen=True)
+class LastOp:
+    """What a rank was doing last (a failed rank's last steps)."""
+
+    op: Optional[str] = None              # its last recorded op
+    where: Optional[tuple] = None         # (file, line) of its innermost frame
+    collective: Optional[LastCollective] = None
+
+
+def last_op(trace: Trace) -> Optional[LastOp]:
+    """What a rank was doing last: its last recorded op, where, and its last collective; None
+    when the trace holds neither."""
+    op = where = collective = None
     ops = trace.dictionary("op")
     codes = trace.col("op")
     real = np.nonzero(~np.isin(codes, [trace.code("op", name) for name in PSEUDO_OPS]))[0]
     if len(real):
         i = int(real[-1])
-        out["op"] = ops[codes[i]]
+        op = ops[codes[i]]
         stack = trace.stack(int(trace.col("stack")[i]))
         if stack:
-            out["where"] = f"{stack[0][0]}:{stack[0][1]}"
+            where = (stack[0][0], stack[0][1])
     comm = np.nonzero(trace.col("kind") >= 0)[0]
     if len(comm):
         i = int(comm[-1])
-        group = trace.dictionary("group")[trace.col("group")[i]]
-        out["collective"] = {"kind": trace.dictionary("kind")[trace.col("kind")[i]],
-                             "group": group, "seq": int(trace.col("seq")[i]),
-                             "completed": bool(trace.col("t1")[i] >= 0)}
-    return out
+        collective = LastCollective(trace.dictionary("kind")[trace.col("kind")[i]],
+                                    trace.dictionary("group")[trace.col("group")[i]],
+                                    int(trace.col("seq")[i]), bool(trace.col("t1")[i] >= 0))
+    if op is None and collective is None:
+        return None
+    return LastOp(op, where, collective)

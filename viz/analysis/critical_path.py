@@ -8,11 +8,10 @@ sender was the late one), a collective to its last-arriving member at its arriva
 completed, the rank was idle and the path says so. The walk ends at the rank's step start.
 
 Each step's path is a list of :class:`Segment` s, latest first, whose lengths add up to the
-step's time on the path; :meth:`Path.by_rank` and :meth:`Path.by_what` give the shares.
-Module shares need each op's module, which only the trace has: :mod:`viz.rank` computes them
-per rank for the segments that fall on it (:func:`module_time`). A pure function of the
-timeline and the cross-rank matching; multi-rank critical paths are open work in HTA and
-TraceLens.
+step's time on the path; :meth:`Path.by_rank` and :meth:`Path.by_what` give the shares. Module
+shares need each op's module, which only the trace has: :mod:`viz.analysis.rank` computes them
+per rank for the segments that fall on it (:func:`module_time`). A pure function of the timeline
+and the cross-rank matching; multi-rank critical paths are open work in HTA and TraceLens.
 """
 from __future__ import annotations
 
@@ -68,15 +67,6 @@ class Path:
             out[s.what] += s.ns
         return dict(sorted(out.items()))
 
-    def to_json(self) -> dict:
-        total = self.ns or 1
-        return {"step": self.step, "end_rank": self.end_rank, "length_s": self.ns / 1e9,
-                "rank_share": {str(r): ns / total for r, ns in self.by_rank().items()},
-                "kind_share": {k: ns / total for k, ns in self.by_what().items()},
-                "module_share": {m: ns / total for m, ns in sorted(
-                    self.modules.items(), key=lambda kv: -kv[1])[:20]},
-                "segments": len(self.segments)}
-
 
 class _Rank:
     """One rank's lanes as sorted arrays for the walk."""
@@ -124,7 +114,7 @@ class _Rank:
 
 
 def critical_paths(timeline: Timeline, cross: CrossRank) -> list:
-    """The critical path of every step that some rank counted (viz.timeline.counted_steps)."""
+    """The critical path of every step that some rank counted (viz.analysis.lanes.counted_steps)."""
     ranks = {r: _Rank(lane) for r, lane in timeline.ranks.items()}
     sender = {(link.dst, link.dst_index): (link.src, link.src_index) for link in timeline.links}
     matched = {(r, c.index): m for m in cross.matched for r, c in m.spans.items()}

@@ -1,7 +1,8 @@
-"""What the report's pages show, as rows and texts for the templates: problems first, the run's
-facts, the front page's headline per rank and its top ops and collectives, a row per rank, each
-rank's metadata, op and collective tables, and source lines with what they issued. Built from a
-:class:`viz.analysis.RunAnalysis` and the summary dict; no I/O.
+"""What the report's pages show, as rows and texts for the templates: the run's facts, the front
+page's headline per rank and its top ops and collectives, a row per rank, each rank's metadata,
+op and collective tables, and source lines with what they issued. Built from a
+:class:`viz.analysis.RunAnalysis` alone (its metrics, not summary.json); no I/O. The problems
+banners: :mod:`.problems`.
 """
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Optional
 
-from .analysis import RunAnalysis
-from .groups import NO_STACK, Weights, total_of
-from .render import fmt_bytes, fmt_count, fmt_time, short_op
+from ..analysis.op_groups import NO_STACK, Weights, total_of
+from ..analysis.run_analysis import RunAnalysis
+from .formatters import fmt_bytes, fmt_count, fmt_time, range_text, short_op
+from .problems import rank_error
 
 
 @dataclass
@@ -58,77 +60,85 @@ def row_ranks(analysis: RunAnalysis) -> list:
     an entry in run.json), and one ``ranks 2-999`` text per run of the others (no trace file,
     nothing known), so a world of a million beside 2 traces is 3 rows."""
     rows = [(rank, rank) for rank in analysis.listed()]
-    rows += [(first, f"{first}-{last}" if last > first else first)
+    rows += [(first, range_text(first, last) if last > first else first)
              for first, last in analysis.unlisted()]
     return [rank for _, rank in sorted(rows, key=lambda row: row[0])]
 
 
-def rank_rows(analysis: RunAnalysis, summary: dict) -> list:
+def rank_rows(analysis: RunAnalysis) -> list:
     """One row per rank of the index's rank table (:func:`row_ranks`)."""
     rows = []
     for rank in row_ranks(analysis):
-        row = dict(rank=rank, status=analysis.status(rank), error=analysis.error(rank),
+        row = dict(rank=rank, status=analysis.status(rank), error=rank_error(analysis, rank),
                    host="", events=0, w=Weights(), compute=Weights(), comm=Weights(), time={})
         mine = analysis.ranks.get(rank)
         if mine is not None:
             row["host"] = mine.meta.get("host", "")
             row["events"] = mine.events
-            row["w"] = total_of(g.weights() for g in mine.groups)
-            row["compute"] = total_of(g.weights() for g in mine.groups if not g.kind)
-            row["comm"] = total_of(g.weights() for g in mine.groups if g.kind)
-        row["time"] = _time_texts(((summary.get("ranks") or {}).get(str(rank)) or {})
-                                  .get("time") or {})
+            row["w"] = total_of(g.weights() for g in mine.op_groups)
+            row["compute"] = total_of(g.weights() for g in mine.op_groups if not g.kind)
+            row["comm"] = total_of(g.weights() for g in mine.op_groups if g.kind)
+        row["time"] = _time_texts(_metrics(analysis, rank))
         rows.append(row)
     return rows
 
 
-def _time_texts(time: dict) -> dict:
-    """summary.json's time metrics of a rank, formatted (seconds and fractions)."""
-    def seconds(key):
-        value = time.get(key)
+def _metrics(analysis: RunAnalysis, rank: int):
+    """A rank's time metrics (viz.analysis.metrics.RankMetrics), or None: a rank without a
+    readable trace has none."""
+    return analysis.metrics.get(rank) if rank in analysis.ranks else None
+
+
+def _time_texts(metrics) -> dict:
+    """A rank's time metrics, formatted (seconds and fractions; '' where there is none)."""
+    def seconds(value):
         return fmt_time(value * 1e9) if isinstance(value, (int, float)) else ""
 
-    def percent(key):
-        value = time.get(key)
+    def percent(value):
         return f"{100 * value:.1f} %" if isinstance(value, (int, float)) else ""
-    return dict(wall=seconds("wall_s"), exposed_comm=seconds("exposed_comm_s"),
-                bubble=percent("bubble_fraction"))
+    if metrics is None:
+        return dict(wall="", exposed_comm="", bubble="")
+    return dict(wall=seconds(metrics.wall_s), exposed_comm=seconds(metrics.exposed_comm_s),
+                bubble=percent(metrics.bubble_fraction))
 
 
-def headline_rows(analysis: RunAnalysis, summary: dict) -> list:
-    """The front page's line per rank, from summary.json's ``time`` block: the mean counted
-    step's time, compute and exposed communication, the overlap, the bubble beside the theory
-    for the schedule, and the clock the metrics were measured on (``host`` unless summary.json
-    says otherwise). ``bar``: compute, exposed communication and the rest as shares of the step,
-    for the stacked bar."""
+def headline_rows(analysis: RunAnalysis) -> list:
+    """The front page's line per rank, from its time metrics: the mean counted step's time,
+    compute and exposed communication, the overlap, the bubble beside the theory for the
+    schedule, and the clock the metrics were measured on (the rank's lanes' clock; ``host``
+    for a rank without a trace). ``bar``: compute, exposed communication and the rest as shares
+    of the step, for the stacked bar. A rank without metrics gets empty texts."""
     rows = []
     for rank in row_ranks(analysis):
-        entry = (summary.get("ranks") or {}).get(str(rank)) or {}
-        time = entry.get("time") or {}
-        steps = len(time.get("counted_steps") or ()) or 1
-        wall = _number(time.get("wall_s"))
-        compute, exposed = _number(time.get("compute_s")), _number(time.get("exposed_comm_s"))
-        pipeline = time.get("pipeline") or {}
-        bubble = _number(pipeline.get("bubble_fraction"))
-        row = dict(rank=rank, status=analysis.status(rank), clock=time.get("clock") or "host",
-                   step=_seconds(wall, steps), compute=_seconds(compute, steps),
-                   exposed=_seconds(exposed, steps),
-                   overlap=_percent(time.get("overlap_fraction")),
-                   bubble=_percent(bubble if bubble is not None else time.get("bubble_fraction")),
-                   bubble_kind="pipeline" if bubble is not None else "no compute",
-                   # the schedule's theory is about a pipeline bubble: none without one
-                   theory=_percent(time.get("theoretical_bubble_fraction"))
-                   if bubble is not None else "", bar=[])
-        if wall:
-            c, e = min(compute or 0, wall) / wall, min(exposed or 0, wall) / wall
-            row["bar"] = [("compute", 100 * c), ("comm", 100 * min(e, 1 - c)),
-                          ("idle", 100 * max(0.0, 1 - c - e))]
+        mine = analysis.ranks.get(rank)
+        row = dict(rank=rank, status=analysis.status(rank),
+                   clock=mine.lanes.clock if mine is not None else "host", step="",
+                   compute="", exposed="", overlap="", bubble="", bubble_kind="no compute",
+                   theory="", bar=[])
+        metrics = _metrics(analysis, rank)
+        if metrics is not None:
+            row.update(_headline(metrics))
         rows.append(row)
     return rows
 
 
-def _number(value) -> Optional[float]:
-    return float(value) if isinstance(value, (int, float)) else None
+def _headline(m) -> dict:
+    """The headline's texts of one rank's metrics (viz.analysis.metrics.RankMetrics)."""
+    steps = len(m.counted_steps) or 1
+    wall, compute, exposed = m.wall_s, m.compute_s, m.exposed_comm_s
+    pipeline = m.pipeline.bubble_fraction if m.pipeline is not None else None
+    out = dict(step=_seconds(wall, steps), compute=_seconds(compute, steps),
+               exposed=_seconds(exposed, steps), overlap=_percent(m.overlap_fraction),
+               bubble=_percent(pipeline if pipeline is not None else m.bubble_fraction),
+               bubble_kind="pipeline" if pipeline is not None else "no compute",
+               # the schedule's theory is about a pipeline bubble: none without one
+               theory=_percent(m.theoretical_bubble_fraction) if pipeline is not None else "",
+               bar=[])
+    if wall:
+        c, e = min(compute, wall) / wall, min(exposed, wall) / wall
+        out["bar"] = [("compute", 100 * c), ("comm", 100 * min(e, 1 - c)),
+                      ("idle", 100 * max(0.0, 1 - c - e))]
+    return out
 
 
 def _seconds(value: Optional[float], steps: int) -> str:
@@ -210,85 +220,6 @@ def utc(ts: float) -> str:
     return datetime.fromtimestamp(float(ts), timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-def problems(analysis: RunAnalysis) -> list:
-    """What went wrong, most important first: ranks that disagree about a collective (the
-    usual cause of a hang), a hang (who never arrived), failed ranks, ranks without a readable
-    trace, damaged traces."""
-    out = [dict(level="mismatch", title=f"Mismatch: {m.describe()}", details=[])
-           for m in analysis.cross.mismatches if m.what != "unknown"][:20]
-    hang = analysis.run.info.get("hang")
-    if hang:
-        details = []
-        for rank, info in sorted((hang.get("ranks") or {}).items(), key=lambda kv: int(kv[0])):
-            details.append(dict(rank=rank, status=info.get("status"), step=info.get("step"),
-                                last=info.get("last_collective"),
-                                inflight=info.get("inflight"), stack=info.get("stack")))
-        out.append(dict(level="hang", title=_hang_title(hang), details=details))
-    for rank in analysis.with_files():
-        status = analysis.status(rank)
-        if status == "failed":
-            out.append(dict(level="failed", title=f"rank {rank} failed: "
-                            f"{analysis.error(rank) or 'no error recorded'}", details=[]))
-        elif status == "missing":
-            out.append(dict(level="missing", title=f"rank {rank}: no trace "
-                            f"({analysis.unreadable[rank]})", details=[]))
-    if analysis.world_note:
-        out.append(dict(level="warning", title=analysis.world_note, details=[]))
-    imported = analysis.ranks and all("imported" in m.meta for m in analysis.ranks.values())
-    for ranks in analysis.absent_runs():
-        out.append(dict(level="missing", title=f"{ranks}: no trace (" + (
-            "no torch.profiler export given" if imported else "no trace file") + ")",
-            details=[]))
-    for rank, mine in sorted(analysis.ranks.items()):
-        for warning in mine.warnings:
-            out.append(dict(level="warning", title=f"rank {rank}: {warning}", details=[]))
-    notice = not_derivable(analysis)
-    if notice:
-        out.append(dict(level="notice", title=notice, details=[]))
-    return out
-
-
-def not_derivable(analysis: RunAnalysis) -> str:
-    """Once, for a run imported from torch.profiler exports: what the exports cannot tell
-    (paratrace shows nothing in its place, never a guess), and for which ranks when not all."""
-    imported = {r: (m.meta.get("imported") or {}) for r, m in analysis.ranks.items()
-                if "imported" in m.meta}
-    if not imported:
-        return ""
-    ranks_of: dict = {}
-    for rank, info in sorted(imported.items()):
-        for item in info.get("missing") or []:
-            ranks_of.setdefault(item, []).append(rank)
-    parts = [item if len(ranks) == len(imported) else
-             f"{item} (rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))})"
-             for item, ranks in ranks_of.items()]
-    if any(not any(i.startswith("stacks") for i in info.get("missing") or [])
-           for info in imported.values()):
-        parts.append("calling lines: a source line is where its function starts (torch."
-                     "profiler records no calling line)")
-    return ("From torch.profiler exports, not derivable and not shown: " + "; ".join(parts)
-            + ".") if parts else ""
-
-
-def _hang_title(hang: dict) -> str:
-    """The hang as trace-run's watchdog saw it: ranks that never arrived at the collective the
-    others waited in, ranks left behind after their peers finished, or ranks that closed their
-    trace but never exited."""
-    never, behind = hang.get("never_arrived") or [], hang.get("lingering") or []
-    timeout = f" (watchdog timeout {hang.get('timeout_s')} s)" if hang.get("timeout_s") else ""
-    kind = hang.get("kind")
-    if kind == "left_behind" and behind:
-        return (f"Hang: rank{'s' if len(behind) != 1 else ''} {', '.join(map(str, behind))} "
-                f"recorded nothing after the others finished{timeout}")
-    if kind == "exit" and behind:
-        return (f"Hang: rank{'s' if len(behind) != 1 else ''} {', '.join(map(str, behind))} "
-                f"closed the trace but did not exit{timeout}")
-    if not never:
-        return f"Hang: every rank waited in a collective, none was missing from it{timeout}"
-    return (f"Hang: rank{'s' if len(never) != 1 else ''} "
-            f"{', '.join(str(r) for r in never)} never arrived{timeout}")
-
-
 _LEDE_KEYS = (("tp", "tp {}"), ("sp", "sp"), ("pp", "pp {}"), ("dp", "dp {}"),
               ("schedule", "{}"), ("microbatches", "{} micro-batches"),
               ("virtual_stages", "{} virtual stages"))
@@ -331,7 +262,7 @@ def run_facts(analysis: RunAnalysis) -> dict:
     command = run.info.get("command")
     if isinstance(command, list):
         command = " ".join(str(c) for c in command)
-    steps = {s for mine in analysis.ranks.values() for s in mine.steps}
+    steps = set(analysis.recorded_steps)
     return dict(command=command or " ".join(first.get("argv") or []),
                 exit_code=run.info.get("exit_code"), world_size=analysis.world_size,
                 config=analysis.config, steps=steps, backend=first.get("backend"),

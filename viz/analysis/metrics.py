@@ -1,7 +1,7 @@
 """Time metrics of a timeline: per rank and step, compute, communication, exposed communication,
 idle time, overlap and bubbles, the pipeline bubble split into warm-up, steady state and
 cool-down, the papers' theoretical bubble beside the measurement, and the replayed bubble
-(:mod:`viz.replay`). Definitions and worked examples: docs/metrics.md.
+(:mod:`viz.analysis.replay`). Definitions and worked examples: docs/metrics.md.
 
 Every query of a rank's compute inside a window goes through an index (:class:`_Index`), so the
 whole analysis is O(n log n) in the events of a step, however many steps and passes a run has.
@@ -9,7 +9,7 @@ whole analysis is O(n log n) in the events of a step, however many steps and pas
 from __future__ import annotations
 
 import bisect
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
@@ -51,11 +51,6 @@ class StepMetrics:
     pipeline: Optional[PipelineBubble]
     memory_s: float = 0.0            # device clock: memcpys and memsets, never compute
 
-    def to_json(self) -> dict:
-        out = asdict(self)
-        out["start_ns"], out["end_ns"] = out.pop("start"), out.pop("end")
-        return out
-
 
 @dataclass
 class RankMetrics:
@@ -77,31 +72,6 @@ class RankMetrics:
     clock_error_s: Optional[float] = None
     memory_s: float = 0.0
     passes: dict = field(default_factory=dict)   # kind -> mean compute seconds per pass
-
-    def to_json(self) -> dict:
-        """summary.json's ``time`` object: DESIGN.md's keys first, then the details."""
-        return {
-            "wall_s": self.wall_s, "compute_s": self.compute_s, "comm_s": self.comm_s,
-            "exposed_comm_s": self.exposed_comm_s, "idle_s": self.idle_s,
-            "overlap_fraction": self.overlap_fraction, "bubble_fraction": self.bubble_fraction,
-            "overlapped_comm_s": self.overlapped_comm_s, "memory_s": self.memory_s,
-            "counted_steps": list(self.counted_steps),
-            "pipeline": asdict(self.pipeline) if self.pipeline else None,
-            "theoretical_bubble_fraction": self.theoretical_bubble_fraction,
-            "pass_compute_s": self.passes,
-            "clock_error_s": self.clock_error_s,
-            "per_step": [s.to_json() for s in self.steps],
-            **self._why_null(),
-        }
-
-    def _why_null(self) -> dict:
-        """Why a fraction is null (never NaN): there was nothing to divide by."""
-        why = {}
-        if self.overlap_fraction is None:
-            why["overlap_fraction"] = "no communication in the counted steps"
-        if self.bubble_fraction is None:
-            why["bubble_fraction"] = "no counted step"
-        return {"why_null": why} if why else {}
 
 
 # ---------------------------------------------------------------------------- theory

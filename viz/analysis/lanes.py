@@ -1,6 +1,6 @@
 """The timeline's records: passes, communication spans, P2P links, each rank's lanes, the
-timeline of all ranks. Plain data, built by :mod:`viz.timeline` (host clock) and
-:mod:`viz.device_lanes` (device clock), read by the metrics and the renderers."""
+timeline of all ranks. Plain data, built by :mod:`viz.analysis.timeline` (host clock) and
+:mod:`viz.analysis.device_lanes` (device clock), read by the metrics and the renderers."""
 from __future__ import annotations
 
 import sys
@@ -48,7 +48,7 @@ class CommSpan:
     capped: bool = False       # a send whose end was moved to its matched recv's completion
     seq: Optional[int] = None  # per-group sequence number (matching across ranks)
     dtype: Optional[str] = None
-    site: Optional[tuple] = None   # innermost user frame that issued it (viz.groups.Frame)
+    site: Optional[tuple] = None   # innermost user frame that issued it (op_groups.Frame)
     returned: Optional[int] = None  # when the launching call returned (None: unknown)
     blocking: Optional[bool] = None  # c10d's async_op was False (None: P2P, unknown)
     # on the device clock: True when it spans the GPU work it launched; False when it launched
@@ -110,7 +110,7 @@ class RankLanes:
     memory: np.ndarray = field(default_factory=lambda: np.zeros((0, 2), dtype=np.int64))
 
     def __post_init__(self):
-        # Held as columns (viz.columns): a 64-rank run has half a million spans and passes.
+        # Held as columns (viz.analysis.columns): a 64-rank run has half a million spans and passes.
         self.comm = Records.of(CommSpan, self.comm)
         self.passes = Records.of(Pass, self.passes)
         self.inferred_passes = Records.of(Pass, self.inferred_passes)

@@ -1,6 +1,6 @@
 """The offline HTML report of a run: what users open after a run.
 
-``build_report(analysis, summary, out_dir)`` writes into ``out_dir``::
+``build_report(analysis, out_dir)`` writes into ``out_dir``::
 
     index.html                 the run at a glance: problems first (hung / failed / missing
                                ranks), the timeline picture, a line per rank (step time,
@@ -10,7 +10,7 @@
     callgraphs/all.html        call graph of all ranks merged, training steps (+ all.svg)
     callgraphs/setup.html      call graph of the other steps: setup, step 0, unfinished
     callgraphs/rank-R.html     call graph of rank R (+ rank-R.svg), standing for every rank
-                               that did the same work (viz.views.same_work)
+                               that did the same work (viz.views.callgraph_pages.same_work)
     callgraphs/fn-N.html       a function zoomed in (every path starting there)
     callgraphs/mod-N.html      the ops of one nn.Module subtree
     modules.html               the nn.Module tree: ops, FLOPs, time, communication
@@ -19,8 +19,9 @@
     timeline.svg, timeline.json   the timeline picture and its Chrome trace (Perfetto)
     svgview.js                 pan, zoom and search of the pictures, shared by every page
 
-and links ``summary.json`` (:mod:`viz.summary`, written beside it). The analyses come in
-computed (:mod:`viz.analysis`, :mod:`viz.views`, :mod:`viz.pages`); this module draws them and
+and links ``summary.json`` (:mod:`.summary_json`, written beside it). The analysis comes in
+computed (:mod:`viz.analysis`), the training steps recounted where needed (viz.cli); the views
+(:mod:`viz.views`) turn it into graphs to draw, rows and texts; this module draws them and
 writes the files. No page loads anything from the network.
 """
 from __future__ import annotations
@@ -31,53 +32,44 @@ from typing import Optional
 
 from tracer import rundir
 
-from . import crossrank_view, pages
-from .analysis import RunAnalysis, to_recount
-from .analysis import training as training_steps
-from .engine import Engine
-from .render import chrome_trace, inline_svg, timeline_svg
-from .render.callgraph_svg import render_svg, to_dot
-from .render.html import PageWriter
-from .render.progress import Progress
-from .source import RecordedSources, SourceText, reading
-from .views import (GraphPage, ReportOptions, ReportViews, defined_functions, report_views,
-                    step_split)
+from ..analysis import RunAnalysis
+from ..analysis.source import RecordedSources, SourceText, reading
+from ..views import crossrank_page, pages
+from ..views.callgraph_pages import (GraphPage, ReportOptions, ReportViews, defined_functions,
+                                     report_views)
+from ..views.problems import problems
+from . import chrome_trace, inline_svg, timeline_svg
+from .callgraph_svg import render_svg, to_dot
+from .html import PageWriter
+from .progress import Progress
 
 TIMELINE_FILES = {"svg": "timeline.svg", "chrome_trace": "timeline.json"}
 TOP = 5             # ops and collectives on the front page
 
 
-def build_report(analysis: RunAnalysis, summary: dict, out_dir: str, *,
-                 options: ReportOptions = ReportOptions(), engine: Optional[Engine] = None,
+def build_report(analysis: RunAnalysis, out_dir: str, *,
+                 training: Optional[RunAnalysis] = None,
+                 options: ReportOptions = ReportOptions(),
                  progress: Optional[Progress] = None, sources: bool = True) -> str:
     """Write index.html and every page it links into ``out_dir``; return index.html's path.
-    The call graphs show the training steps: each rank's groups over its counted steps, or a
-    recount on ``engine`` (default: this process) where they differ; ``progress`` shows how far
-    it got. Source files are read only as the recording allows (viz.source); ``sources=False``
-    reads none (``--no-source``: a report to share)."""
+    The call graphs show the training steps: ``training`` is the analysis recounted over them
+    (viz.analysis.map_reduce.training; None: every recorded step counts); ``progress`` shows
+    how far it got. Source files are read only as the recording allows
+    (viz.analysis.source); ``sources=False`` reads none (``--no-source``: a report to
+    share)."""
     recorded = RecordedSources(mine.meta for mine in analysis.ranks.values()) if sources \
         else None
-    with reading(recorded):
-        return _write_report(analysis, summary, out_dir, options, engine, progress, recorded)
-
-
-def _write_report(analysis: RunAnalysis, summary: dict, out_dir: str, options: ReportOptions,
-                  engine: Optional[Engine], progress: Optional[Progress],
-                  recorded: Optional[RecordedSources]) -> str:
     progress = progress or Progress()
+    with reading(recorded):
+        with progress.phase("building the call graphs"):
+            views = report_views(analysis, options, training=training)
+        return _write_report(analysis, views, out_dir, progress, recorded)
+
+
+def _write_report(analysis: RunAnalysis, views: ReportViews, out_dir: str, progress: Progress,
+                  recorded: Optional[RecordedSources]) -> str:
     os.makedirs(out_dir, exist_ok=True)
     writer = PageWriter(out_dir)
-    split = step_split(analysis)
-    training = None
-    if split.other:
-        steps = frozenset(split.counted)
-        if not to_recount(analysis, steps):
-            training = training_steps(analysis, steps)
-        else:
-            with progress.phase("counting the training steps"):
-                training = training_steps(analysis, steps, engine)
-    with progress.phase("building the call graphs"):
-        views = report_views(analysis, options, training=training)
     world = tuple(sorted(analysis.ranks))       # the ranks the module tables sum over
     graphs = views.graphs + ([views.setup] if views.setup else []) + \
         list(views.zooms.values()) + list(views.module_zooms.values())
@@ -89,14 +81,15 @@ def _write_report(analysis: RunAnalysis, summary: dict, out_dir: str, options: R
                      steps=views.split.text(views.split.counted))
         progress.advance()
         _write_source_pages(writer, views, zoom_links, progress, recorded)
-        rank_rows = pages.rank_rows(analysis, summary)
+        rank_rows = pages.rank_rows(analysis)
         for row in rank_rows:
             mine = analysis.ranks.get(row["rank"])
             if mine is not None:
                 writer.write(f"ranks/rank-{row['rank']}.html", "rank.html",
                              title=f"Rank {row['rank']}", row=row,
                              meta=pages.meta_rows(mine.meta), warnings=mine.warnings,
-                             ops=pages.op_rows(mine.groups), comm=pages.comm_rows(mine.groups),
+                             ops=pages.op_rows(mine.op_groups),
+                             comm=pages.comm_rows(mine.op_groups),
                              modules=views.rank_trees[row["rank"]], world=world,
                              graph=views.rank_graphs[row["rank"]])
                 progress.advance()
@@ -108,10 +101,10 @@ def _write_report(analysis: RunAnalysis, summary: dict, out_dir: str, options: R
         progress.advance()
         return writer.write(
             "index.html", "index.html", title="paratrace report",
-            problems=pages.problems(analysis), run=pages.run_facts(analysis),
+            problems=problems(analysis), run=pages.run_facts(analysis),
             lede=pages.lede(analysis), split=views.split,
-            headline=pages.headline_rows(analysis, summary), ranks=rank_rows,
-            across=crossrank_view.headline(analysis),
+            headline=pages.headline_rows(analysis), ranks=rank_rows,
+            across=crossrank_page.headline(analysis),
             top_ops=_top(views, comm=False), top_comm=_top(views, comm=True),
             graphs=views.graphs, rank_graphs=views.rank_graphs, setup=views.setup,
             zooms=list(views.zooms.values()),
@@ -126,11 +119,11 @@ def _write_crossrank_page(writer: PageWriter, analysis: RunAnalysis, views: Repo
     clocks = {lane.clock for lane in analysis.timeline.ranks.values()}
     writer.write("crossrank.html", "crossrank.html", title="Across ranks", cross=analysis.cross,
                  clock=" and ".join(sorted(clocks)),
-                 mismatches=[m.describe() for m in analysis.cross.mismatches[:100]],
-                 stragglers=crossrank_view.stragglers(analysis),
-                 heat=crossrank_view.heat_map(analysis),
-                 bandwidth=crossrank_view.bandwidth(analysis, views.paths, href),
-                 paths=crossrank_view.paths_rows(analysis))
+                 mismatches=crossrank_page.mismatches(analysis),
+                 stragglers=crossrank_page.stragglers(analysis),
+                 heat=crossrank_page.heat_map(analysis),
+                 bandwidth=crossrank_page.bandwidth(analysis, views.paths, href),
+                 paths=crossrank_page.paths_rows(analysis))
 
 
 def _top(views: ReportViews, *, comm: bool) -> list:

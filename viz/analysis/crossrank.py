@@ -18,12 +18,13 @@ without a readable trace are not compared; a rank that stopped early (it failed 
 interrupted, was killed, or its file is truncated) and issued nothing more in the group is
 "unknown" for the collectives it never reached, a consequence of the stop rather than a
 disagreement: not missing. Whether the others launched them before or after it stopped does not
-matter (that race made the verdict change from run to run). P2P is matched by (sender, receiver, per-pair order)
-in :func:`viz.timeline.match_p2p`; unmatched sends and receives are counted here.
+matter (that race made the verdict change from run to run). P2P is matched by (sender, receiver,
+per-pair order) in :func:`viz.analysis.timeline.match_p2p`; unmatched sends and receives are
+counted here.
 
 All times are on rank 0's clock (host clocks aligned by the recorder). A pure function of the
-timeline (:mod:`viz.timeline`), which carries each collective's group, sequence number, dtype
-and source line.
+timeline (:mod:`viz.analysis.timeline`), which carries each collective's group, sequence number,
+dtype and source line.
 """
 from __future__ import annotations
 
@@ -32,12 +33,11 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Optional
 
-from tracer.ops import group_label, group_ranks, process_group_name
+from tracer.ops import group_ranks
 
 from .lanes import SLOTS, Timeline
 
 P2P = ("send", "recv")
-MAX_LISTED = 100               # mismatches listed in summary.json (all are counted)
 _UNSIZED = ("barrier",)
 
 
@@ -110,32 +110,6 @@ class Mismatch:
     what: str                    # "kind" | "size" | "dtype" | "missing" | "unknown"
     sides: tuple                 # ((value, ranks, sites), ...): who issued what, from where
 
-    def to_json(self) -> dict:
-        return {"group": list(group_ranks(self.group)),
-                "process_group": process_group_name(self.group), "seq": self.seq,
-                "what": self.what,
-                "sides": [{"value": value, "ranks": list(ranks),
-                           "sites": sorted({_where(s) for s in sites if s is not None})}
-                          for value, ranks, sites in self.sides],
-                "text": self.describe()}
-
-    def describe(self) -> str:
-        head = f"collective #{self.seq} of group [{group_label(self.group)}]"
-        if self.what in ("missing", "unknown"):
-            (kind, issued, sites), (_, absent, _) = self.sides
-            where = ", ".join(sorted({_where(s) for s in sites if s is not None})) or "?"
-            if self.what == "missing":
-                return (f"{head} ({kind}, issued by {_ranks(issued)} at {where}): "
-                        f"{_ranks(absent)} never issued it")
-            return (f"{head} ({kind}, issued by {_ranks(issued)} at {where}): "
-                    f"{_ranks(absent)}: the trace ends before it (the rank failed, was killed "
-                    f"or its trace was cut short); whether it was issued is unknown")
-        parts = []
-        for value, ranks, sites in self.sides:
-            where = ", ".join(sorted({_where(s) for s in sites if s is not None})) or "?"
-            parts.append(f"{_ranks(ranks)}: {value} (at {where})")
-        return f"{head}: ranks disagree on its {self.what}: " + "; ".join(parts)
-
 
 @dataclass
 class CrossRank:
@@ -154,20 +128,9 @@ class CrossRank:
         return sorted(((r, ns / 1e9) for r, ns in self.late_ns.items() if ns > 0),
                       key=lambda x: (-x[1], x[0]))
 
-    def to_json(self) -> dict:
-        """summary.json's ``cross_rank`` object."""
-        return {
-            "matched": len(self.matched), "unmatched": self.unmatched,
-            "unmatched_p2p": self.unmatched_p2p,
-            "mismatch_count": len(self.mismatches),
-            "mismatches": [m.to_json() for m in self.mismatches[:MAX_LISTED]],
-            "stragglers": [{"rank": r, "late_s": s} for r, s in self.stragglers()],
-            "wait_s": {str(r): ns / 1e9 for r, ns in sorted(self.wait_ns.items())},
-            "collectives": self.table(),
-        }
-
-    def table(self) -> list:
-        """Per (kind, group): count, bytes (sum of S), median transfer, bandwidths."""
+    def collectives(self) -> list:
+        """Per (kind, group), a :class:`CollectiveStats`: count, bytes (sum of S), median
+        transfer, bandwidths, the source line that issued most of them."""
         rows = defaultdict(list)
         for m in self.matched:
             if m.kind not in _UNSIZED:
@@ -177,14 +140,26 @@ class CrossRank:
             total = sum(m.size for m in calls)
             transfer = sum(m.transfer_ns for m in calls) / 1e9
             algbw = total / transfer / 1e9 if transfer > 0 and total else None
-            out.append({"kind": kind, "group": list(group_ranks(group)),
-                        "process_group": process_group_name(group), "count": len(calls),
-                        "bytes": total,
-                        "median_s": statistics.median(m.transfer_ns for m in calls) / 1e9,
-                        "algbw_GBps": algbw,
-                        "busbw_GBps": algbw * bus_factor(kind, calls[0].n) if algbw else None,
-                        "site": _where(_commonest(m.site for m in calls))})
+            out.append(CollectiveStats(
+                kind, group, len(calls), total,
+                statistics.median(m.transfer_ns for m in calls) / 1e9, algbw,
+                algbw * bus_factor(kind, calls[0].n) if algbw else None,
+                _commonest(m.site for m in calls)))
         return out
+
+
+@dataclass(frozen=True)
+class CollectiveStats:
+    """The matched collectives of one kind over one process group."""
+
+    kind: str
+    group: str                   # the recorded process group text (tracer.ops.group_text)
+    count: int
+    bytes: int                   # sum of S
+    median_s: float              # median transfer
+    algbw_GBps: Optional[float]
+    busbw_GBps: Optional[float]
+    site: Optional[tuple]        # the commonest source line (viz.analysis.op_groups.Frame)
 
 
 def cross_rank(timeline: Timeline) -> CrossRank:
@@ -275,16 +250,8 @@ def _disagreement(group: str, seq: int, spans: dict, readable: dict,
     return Mismatch(group, seq, "unknown", (side, (None, cut, ())))
 
 
-def _ranks(ranks) -> str:
-    return f"rank{'s' if len(ranks) != 1 else ''} {','.join(map(str, ranks))}"
-
-
 def _commonest(items):
     """The most frequent item (None left out); among equally frequent ones, the first seen, so
     the choice does not follow the set order of string hashes, which differs between runs."""
     counts = Counter(i for i in items if i is not None)
     return counts.most_common(1)[0][0] if counts else None
-
-
-def _where(frame) -> str:
-    return f"{frame.file}:{frame.line}" if frame is not None else ""

@@ -1,17 +1,15 @@
-"""The timeline: every rank laid on rank 0's clock, as lanes of compute, communication and passes.
+"""One rank's lanes on rank 0's clock: its compute, communication, passes and steps, built from
+its trace alone (the map; :mod:`.timeline` puts every rank's lanes together).
 
-Built in two per-rank phases and one cross-rank step, so that each rank's trace can be analysed
-on its own (in a worker process, one trace in memory at a time):
+Built in two per-rank phases around one cross-rank step, so that each rank's trace can be
+analysed on its own (in a worker process, one trace in memory at a time):
 
 1. :func:`p2p_endpoints` lists one rank's sends and receives (small);
-2. :func:`match_p2p` pairs the k-th send from a to b on a group with the k-th receive on b from
-   a, and says where each send really ended (its matched receive's completion);
-3. :func:`rank_lanes` builds one rank's :class:`RankLanes` given those send ends;
-4. :func:`assemble` puts the lanes together into a :class:`Timeline`.
+2. :func:`.timeline.match_p2p` pairs them across ranks and says where each send really ended;
+3. :func:`rank_lanes` builds one rank's :class:`~.lanes.RankLanes` given those send ends.
 
-:mod:`viz.analysis` runs them, rank by rank. Definitions and worked examples are in
-docs/metrics.md; the metrics themselves are :mod:`viz.metrics`. All times are integer
-nanoseconds on rank 0's clock (``Trace.global_times``).
+:mod:`.map_reduce` runs them, rank by rank. Definitions and worked examples are in
+docs/metrics.md. All times are integer nanoseconds on rank 0's clock (``Trace.global_times``).
 """
 from __future__ import annotations
 
@@ -19,9 +17,8 @@ import numpy as np
 
 from tracer import ops as _ops
 
-from .grid import grid_of
 from .intervals import intervals, union
-from .lanes import CommSpan, P2PEnd, P2PLink, RankLanes, Timeline, counted_steps
+from .lanes import CommSpan, P2PEnd, RankLanes
 from .passes import annotation_spans, infer_passes
 
 # A gap between two ops of one thread longer than this is idle, not host overhead: Python,
@@ -33,7 +30,6 @@ DRAWN_OPS = 400_000
 _WAIT_OPS = ("_c10d_functional.wait_tensor.default", "c10d_functional.wait_tensor.default")
 
 
-# ---------------------------------------------------------------------------- one rank
 class RankRows:
     """One trace's columns on the global clock, and which rows are what."""
 
@@ -79,24 +75,6 @@ def p2p_endpoints(rows: RankRows) -> list:
         src, dst = (rows.rank, peer) if kind == "send" else (peer, rows.rank)
         out.append(P2PEnd(rows.group_of(i), src, dst, kind == "recv", i, int(rows.t1[i])))
     return out
-
-
-def match_p2p(endpoints: dict) -> tuple:
-    """(links, send ends): ``endpoints`` is rank -> :func:`p2p_endpoints`. The k-th send from a
-    to b on a group pairs with the k-th receive on b from a; a send's data had arrived once its
-    receive completed: ``send_ends`` maps rank -> {send row: that completion}."""
-    queues: dict = {}
-    for rank in sorted(endpoints):
-        for end in endpoints[rank]:
-            queues.setdefault((end.group, end.src, end.dst), ([], []))[end.is_recv].append(end)
-    links, send_ends = [], {}
-    for (_, src, dst), (sends, recvs) in sorted(queues.items()):
-        if src not in endpoints or dst not in endpoints:
-            continue
-        for send, recv in zip(sends, recvs):
-            links.append(P2PLink(src, send.index, dst, recv.index))
-            send_ends.setdefault(src, {})[send.index] = recv.end
-    return links, send_ends
 
 
 def rank_lanes(rows: RankRows, send_ends: dict, op_budget: int = DRAWN_OPS) -> RankLanes:
@@ -197,7 +175,7 @@ def _compute_spans(rows: RankRows, comm: list) -> np.ndarray:
 
 
 def _comm_spans(rows: RankRows, send_ends: dict) -> list:
-    from .groups import site_of
+    from .op_groups import site_of
 
     last = int(max(rows.t1.max(initial=0), rows.t0.max(initial=0), rows.t_ret.max(initial=0)))
     trace = rows.trace
@@ -229,23 +207,3 @@ def _comm_spans(rows: RankRows, send_ends: dict) -> list:
                               int(rows.t_ret[i]) if rows.t_ret[i] >= 0 else None,
                               bool(async_op[i] == 0) if async_op[i] >= 0 else None))
     return sorted(spans, key=lambda c: c.start)
-
-
-# ---------------------------------------------------------------------------- all ranks
-def assemble(lanes: dict, links: list, config: dict, world: int = 0) -> Timeline:
-    """The timeline of every rank's lanes. When no rank's passes are named (annotations,
-    pipelining labels), passes inferred from each rank's P2P order stand in. When the run
-    recorded its rank grid, a rank's pipeline is its grid's (context parallelism's ring and
-    expert parallelism are P2P too, but not a pipeline); else the ranks it sent to or received
-    from."""
-    if not any(lane.passes for lane in lanes.values()):
-        for lane in lanes.values():
-            lane.passes = lane.inferred_passes
-    grid = grid_of(config, world or max(lanes, default=0) + 1)
-    if grid is not None:
-        for rank, lane in lanes.items():
-            lane.pipeline_group = grid.pipeline(rank) if grid.pp > 1 else (rank,)
-    counted = [w for lane in lanes.values() for s, w in lane.steps.items()
-               if s in counted_steps(lane)]
-    origin = min((w[0] for w in counted), default=0)
-    return Timeline(dict(sorted(lanes.items())), links, config, origin)

@@ -1,6 +1,6 @@
 """Call graphs: where in the user's code every op and collective of a run comes from.
 
-Built from :mod:`viz.groups` (one rank's events aggregated by attribution path):
+Built from :mod:`viz.analysis.op_groups` (one rank's events aggregated by attribution path):
 
 1. :func:`build_callgraph` turns groups (of one rank, or of all ranks merged) into a networkx
    DiGraph: a node per Python function, edges caller -> callee weighted by ops, time, bytes and
@@ -19,7 +19,7 @@ from typing import Iterable, Optional, Sequence
 
 import networkx as nx
 
-from .groups import MEASURES, NO_STACK, Frame, OpGroup, Weights, total_of
+from .op_groups import MEASURES, NO_STACK, Frame, OpGroup, Weights, total_of
 from .rank_weights import freeze_per_rank, total_over_ranks
 from .source import definition_line
 
@@ -31,7 +31,7 @@ FUNCTION, OPS, COMM, HIDDEN = "function", "ops", "comm", "hidden"
 class NodeData:
     """A call-graph node: a function, the ops or a collective of a call site, or a note of what
     pruning hid. Weights are inclusive (everything issued below the node). Once the graph is
-    built, ``per_rank`` is a read-only :class:`viz.rank_weights.RankWeights`."""
+    built, ``per_rank`` is a read-only :class:`viz.analysis.rank_weights.RankWeights`."""
 
     id: str
     type: str

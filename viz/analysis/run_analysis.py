@@ -1,0 +1,123 @@
+"""RunAnalysis: everything viz computes about a run, computed once and handed to every view and
+renderer (:mod:`.map_reduce` computes it).
+
+Which ranks are where, as sets (no text: the views word them, :mod:`viz.views.problems`):
+
+- ``ranks``: every rank whose trace was read; ``unreadable``: the others with a trace file;
+- :meth:`RunAnalysis.with_files`: both; :meth:`RunAnalysis.absent`: runs of ranks of the
+  world without a trace file;
+- :meth:`RunAnalysis.listed`: ranks with a row of their own (a trace file, or an entry in
+  run.json); :meth:`RunAnalysis.unlisted`: runs of the others;
+- :attr:`RunAnalysis.missing`: ranks of the world without a readable trace.
+
+Runs of ranks are (first, last) pairs: a world of 10^7 ranks beside 2 traces costs nothing per
+absent rank.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from ..run import Run
+from .crossrank import CrossRank
+from .lanes import Timeline
+
+
+@dataclass(frozen=True)
+class WorldDisagreement:
+    """run.json's ``world_size``, set aside because the traces disagree with it
+    (:func:`.map_reduce.world_of`)."""
+
+    claimed: int                      # what run.json says
+    traces_say: bool                  # whether the traces said their world (else: a rank's file)
+    highest_rank: int                 # the highest rank with a readable trace
+
+
+@dataclass
+class RunAnalysis:
+    """A run's analyses. ``ranks`` holds every readable rank; ``unreadable`` the others that
+    have a trace file, with the one-line reason."""
+
+    run: Run
+    world_size: int
+    ranks: dict                       # rank -> viz.analysis.rank.RankAnalysis
+    unreadable: dict                  # rank -> why its trace could not be read
+    timeline: Timeline
+    metrics: dict                     # rank -> viz.analysis.metrics.RankMetrics
+    cross: CrossRank                  # collectives matched across ranks
+    paths: list                       # viz.analysis.critical_path.Path of each counted step
+    count_steps: Optional[frozenset] = None   # counts cover these steps only (trace-diff)
+    config: dict = field(default_factory=dict)
+    world_disagreement: Optional[WorldDisagreement] = None   # run.json's world set aside
+    left_out: list = field(default_factory=list)  # --kineto files that are no export (lines)
+
+    @property
+    def missing(self) -> list:
+        """Ranks of the world with no readable trace, and rank files outside the world (files of
+        another run) that could not be used. NOTE: one entry per rank of the world: callers
+        that only need to know whether any is missing use :attr:`any_missing`."""
+        return sorted({r for r in range(self.world_size) if r not in self.ranks}
+                      | set(self.unreadable))
+
+    @property
+    def any_missing(self) -> bool:
+        """Whether some rank of the world has no readable trace (bounded by the trace files)."""
+        return bool(self.unreadable) or len(self.ranks) < self.world_size
+
+    @property
+    def imported(self) -> bool:
+        """Whether every readable rank was imported from a torch.profiler export."""
+        return bool(self.ranks) and all("imported" in r.meta for r in self.ranks.values())
+
+    @property
+    def recorded_steps(self) -> frozenset:
+        """Every step index some rank recorded."""
+        return frozenset(s for mine in self.ranks.values() for s in mine.steps)
+
+    def with_files(self) -> list:
+        """Ranks with a trace file, readable or not (in the world or not)."""
+        return sorted(set(self.ranks) | set(self.unreadable))
+
+    def absent(self) -> list:
+        """(first, last) of each run of consecutive ranks of the world without any trace file;
+        computed from the files, so a world of 10^7 ranks beside 2 traces is one pair."""
+        return _gaps(self.with_files(), self.world_size)
+
+    def listed(self) -> list:
+        """Ranks that get a row of their own: those with a trace file and those trace-run's
+        run.json says something about (a rank that died before its tracer started), inside
+        the world. The others are absent, listed as runs (:meth:`unlisted`)."""
+        reported = {int(r) for r in (self.run.info.get("ranks") or {})
+                    if int(r) < self.world_size}
+        return sorted(set(self.with_files()) | reported)
+
+    def unlisted(self) -> list:
+        """(first, last) of each run of ranks of the world without a row (:meth:`listed`)."""
+        return _gaps(self.listed(), self.world_size)
+
+    def reported(self, rank: int) -> dict:
+        """What trace-run's run.json says about ``rank`` ({} if nothing)."""
+        return (self.run.info.get("ranks") or {}).get(str(rank)) or {}
+
+    def status(self, rank: int) -> str:
+        """ok | failed | missing (DESIGN.md's summary.json statuses)."""
+        if rank not in self.ranks:
+            return "missing"
+        reported = self.reported(rank)
+        if reported.get("status") == "failed" or (reported.get("exit_code") not in (None, 0)):
+            return "failed"
+        return "ok" if self.ranks[rank].status == "ok" else "failed"
+
+
+def _gaps(present: list, world: int) -> list:
+    """(first, last) of each run of ranks in ``range(world)`` not in ``present`` (sorted)."""
+    out, start = [], 0
+    for rank in present:
+        if rank >= world:
+            break
+        if rank > start:
+            out.append((start, rank - 1))
+        start = rank + 1
+    if start < world:
+        out.append((start, world - 1))
+    return out

@@ -1,0 +1,193 @@
+"""What went wrong in a run, worded once for everyone who says it: the terminal
+(:func:`problem_lines`: trace-report's and trace-run's lines on stderr; :func:`damage_lines`:
+trace-diff's), the report's front page (:func:`problems`), and summary.json's ``error`` of a rank
+(:func:`rank_error`). Ranks that disagree about a collective come first (the usual cause of a
+hang), then the hang (:mod:`.hangs`), failed ranks, ranks without a readable trace, damaged
+traces. Facts come from the :class:`viz.analysis.RunAnalysis` (which ranks are where); this
+module only words them.
+"""
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+from tracer import rundir
+from tracer.ops import group_label
+
+from ..analysis.crossrank import Mismatch
+from ..analysis.run_analysis import RunAnalysis
+from .formatters import rank_list, rank_run_text, site_text
+from .hangs import banner
+
+MOST_MISMATCHES = 5           # on the terminal; summary.json lists more
+MOST_BANNERS = 20             # mismatch banners on the front page
+
+
+def mismatch_text(m: Mismatch) -> str:
+    """A disagreement in one line: the collective, who issued what from where."""
+    head = f"collective #{m.seq} of group [{group_label(m.group)}]"
+    if m.what in ("missing", "unknown"):
+        (kind, issued, sites), (_, absent, _) = m.sides
+        where = _sites_text(sites)
+        if m.what == "missing":
+            return (f"{head} ({kind}, issued by {rank_list(issued)} at {where}): "
+                    f"{rank_list(absent)} never issued it")
+        return (f"{head} ({kind}, issued by {rank_list(issued)} at {where}): "
+                f"{rank_list(absent)}: the trace ends before it (the rank failed, was killed "
+                f"or its trace was cut short); whether it was issued is unknown")
+    parts = [f"{rank_list(ranks)}: {value} (at {_sites_text(sites)})"
+             for value, ranks, sites in m.sides]
+    return f"{head}: ranks disagree on its {m.what}: " + "; ".join(parts)
+
+
+def _sites_text(sites) -> str:
+    return ", ".join(sorted({site_text(s) for s in sites if s is not None})) or "?"
+
+
+def rank_error(analysis: RunAnalysis, rank: int) -> Optional[str]:
+    """Why a rank failed, as recorded by trace-run or the tracer, or why its trace is
+    unreadable."""
+    reported = analysis.reported(rank)
+    if reported.get("error"):
+        return reported["error"]
+    if rank in analysis.ranks:
+        mine = analysis.ranks[rank]
+        if mine.meta.get("error"):
+            return mine.meta["error"]
+        if mine.status == "running":
+            return "the rank ended without closing its trace (killed?)"
+    return analysis.unreadable.get(rank)
+
+
+def world_note(analysis: RunAnalysis) -> Optional[str]:
+    """Why the world is not what run.json says, or None
+    (:func:`viz.analysis.map_reduce.world_of`)."""
+    seen = analysis.world_disagreement
+    if seen is None:
+        return None
+    where = os.path.join(analysis.run.dir, rundir.RUN_RECORD)
+    recorded = analysis.world_size
+    theirs = f"the traces say {recorded}" if seen.traces_say else \
+        f"a trace of rank {seen.highest_rank} is there"
+    return f"{where}: world_size {seen.claimed} does not match the traces ({theirs}); " \
+        f"the report uses {recorded}"
+
+
+def rank_damage(analysis: RunAnalysis, rank: int) -> list:
+    """One line per thing wrong with ``rank``'s trace: unreadable, absent, or damaged (the file,
+    what is wrong, what was kept)."""
+    if rank in analysis.unreadable:
+        return [f"{analysis.unreadable[rank]}; rank {rank} is left out"]
+    if rank not in analysis.ranks:
+        return [f"rank {rank}: no trace file in {analysis.run.traces_dir}"]
+    return list(analysis.ranks[rank].warnings)
+
+
+def absent_lines(analysis: RunAnalysis) -> list:
+    """What a user is told about the world: the note on its size, then each run of ranks
+    without a trace file (or without an export, for an import): ``ranks 2-999: ...``, one line
+    for a world of 1,000 ranks beside 2 traces, not 998."""
+    where = "no torch.profiler export given (--kineto)" if analysis.imported else \
+        f"no trace file in {analysis.run.traces_dir}"
+    note = world_note(analysis)
+    return ([note] if note else []) + \
+        [f"{rank_run_text(first, last)}: {where}" for first, last in analysis.absent()]
+
+
+def damage_lines(analysis: RunAnalysis) -> list:
+    """One line per trace that is missing, unreadable or damaged, then the world's lines."""
+    return [line for rank in analysis.with_files() for line in rank_damage(analysis, rank)] \
+        + absent_lines(analysis)
+
+
+def problem_lines(analysis: RunAnalysis, most: int = MOST_MISMATCHES,
+                  reported: frozenset = frozenset()) -> list:
+    """What a user must see first on the terminal, one line each: ranks that disagree about a
+    collective, then damaged or missing traces. A rank that stopped before collectives the
+    others issued gets that said once: folded into its damage line if it has one, left out if
+    it is in ``reported`` (ranks whose failure the caller already named)."""
+    mismatches = [m for m in analysis.cross.mismatches if m.what != "unknown"]
+    lines = [f"mismatch: {mismatch_text(m)}" for m in mismatches[:most]]
+    if len(mismatches) > most:
+        lines.append(f"mismatch: {len(mismatches) - most} more (summary.json cross_rank)")
+    cut: dict = {}
+    for m in analysis.cross.mismatches:
+        if m.what == "unknown":
+            for rank in m.sides[1][1]:
+                cut.setdefault(rank, []).append(m)
+    damage = {rank: rank_damage(analysis, rank) for rank in analysis.with_files()}
+    for rank, found in sorted(cut.items()):
+        ends = (f"the trace ends before {len(found)} collective(s) the other ranks issued "
+                f"(from #{found[0].seq} of group [{group_label(found[0].group)}])")
+        if damage.get(rank):
+            damage[rank][-1] += f"; {ends}, not compared"
+        elif rank not in reported:
+            mine = analysis.ranks[rank]
+            why = {"failed": "it failed", "interrupted": "it was interrupted"}.get(
+                mine.status, f"its recorder says {mine.status}")
+            if mine.meta.get("error"):
+                why += f" ({mine.meta['error']})"
+            lines.append(f"rank {rank}: {ends}: {why}, so they are not compared")
+    return lines + [line for rank in sorted(damage) for line in damage[rank]] \
+        + absent_lines(analysis)
+
+
+def problems(analysis: RunAnalysis) -> list:
+    """The front page's banners, most important first (``level``, ``title``, ``details``):
+    ranks that disagree about a collective, a hang (who never arrived, each rank's state),
+    failed ranks, ranks without a readable trace, the world's note, damaged traces, and what a
+    run imported from exports cannot tell."""
+    out = [dict(level="mismatch", title=f"Mismatch: {mismatch_text(m)}", details=[])
+           for m in analysis.cross.mismatches if m.what != "unknown"][:MOST_BANNERS]
+    hang = analysis.run.info.get("hang")
+    if hang:
+        details = []
+        for rank, info in sorted((hang.get("ranks") or {}).items(), key=lambda kv: int(kv[0])):
+            details.append(dict(rank=rank, status=info.get("status"), step=info.get("step"),
+                                last=info.get("last_collective"),
+                                inflight=info.get("inflight"), stack=info.get("stack")))
+        out.append(dict(level="hang", title=banner(hang), details=details))
+    for rank in analysis.with_files():
+        status = analysis.status(rank)
+        if status == "failed":
+            out.append(dict(level="failed", title=f"rank {rank} failed: "
+                            f"{rank_error(analysis, rank) or 'no error recorded'}", details=[]))
+        elif status == "missing":
+            out.append(dict(level="missing", title=f"rank {rank}: no trace "
+                            f"({analysis.unreadable[rank]})", details=[]))
+    note = world_note(analysis)
+    if note:
+        out.append(dict(level="warning", title=note, details=[]))
+    for first, last in analysis.absent():
+        out.append(dict(level="missing", title=f"{rank_run_text(first, last)}: no trace (" + (
+            "no torch.profiler export given" if analysis.imported else "no trace file") + ")",
+            details=[]))
+    for rank, mine in sorted(analysis.ranks.items()):
+        for warning in mine.warnings:
+            out.append(dict(level="warning", title=f"rank {rank}: {warning}", details=[]))
+    notice = not_derivable(analysis)
+    if notice:
+        out.append(dict(level="notice", title=notice, details=[]))
+    return out
+
+
+def not_derivable(analysis: RunAnalysis) -> str:
+    """Once, for a run imported from torch.profiler exports: what the exports cannot tell
+    (paratrace shows nothing in its place, never a guess), and for which ranks when not all."""
+    imported = {r: (m.meta.get("imported") or {}) for r, m in analysis.ranks.items()
+                if "imported" in m.meta}
+    if not imported:
+        return ""
+    ranks_of: dict = {}
+    for rank, info in sorted(imported.items()):
+        for item in info.get("missing") or []:
+            ranks_of.setdefault(item, []).append(rank)
+    parts = [item if len(ranks) == len(imported) else
+             f"{item} (rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))})"
+             for item, ranks in ranks_of.items()]
+    if any(not any(i.startswith("stacks") for i in info.get("missing") or [])
+           for info in imported.values()):
+        parts.append("calling lines: a source line is where its function starts (torch."
+                     "profiler records no calling line)")
+    return ("From torch.profiler exports, not derivable and not shown: " + "; ".join(parts)
+            + ".") if parts else ""
