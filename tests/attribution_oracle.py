@@ -1,5 +1,6 @@
 """An independent count of which recorded event launched each GPU activity of the H100 fixture
-(tests/assets/gpu-h100), for tests/test_device.py to hold viz.device's attribution against.
+(tests/assets/gpu-h100), for tests/test_device.py to hold viz.analysis.gpu_attribution's
+attribution against.
 
 Written apart from the importer and the attribution code, sharing nothing with them: the
 profiler export is read with the standard library (every ``ts`` parsed as decimal text, so no

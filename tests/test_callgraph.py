@@ -148,7 +148,7 @@ def rows(callgraph_run) -> list:
     """(rank, attribution path, record) of every event of every rank, pseudo ops left out;
     the path is the own frames, outermost first, as (file, qualname, line), of the stack that
     created the event's autograd node where the trace has one (a backward op), else of its
-    live stack. Read from the trace files here, apart from viz.groups."""
+    live stack. Read from the trace files here, apart from viz.analysis.op_groups."""
     out = []
     for rank in WORLD:
         trace = tracer.load(str(callgraph_run / "traces" / f"rank-{rank}.arrow"))

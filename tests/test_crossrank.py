@@ -109,6 +109,17 @@ def test_members_that_disagree_are_named_with_their_source_lines(tmp_path, what,
     assert "ranks 0,1:" in text and "rank 2:" in text and "/src/train_2.py:42" in text
 
 
+def test_a_scatter_matches_though_only_its_root_hands_bytes(tmp_path):
+    """A scatter's root hands the whole input, its receivers hand nothing (bytes count what a
+    rank hands): that is no size disagreement (parallelize_module's weight scatters)."""
+    rs = ranks(3)
+    for r in rs:
+        r.comm("scatter", 0, 1, 10, group=(0, 1, 2), nbytes=3 * 1024 if r.rank == 0 else 0,
+               dtype="f32", stack=site(r.rank))
+    cross = analysed(tmp_path, rs).cross
+    assert cross.mismatches == [] and len(cross.matched) == 1 and cross.unmatched == 0
+
+
 def test_twin_process_groups_and_p2p_are_numbered_apart(tmp_path):
     """The recorder's numbering (Flight Recorder's): a send does not move the collectives' count
     and a later group over the same ranks (``0,1@2``) counts on its own, so ranks that order

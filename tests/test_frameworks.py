@@ -218,3 +218,14 @@ def test_fsdp_tp_sp_norm_gradient_all_reduces_are_grad_sync(fsdp_tp):
         assert kinds[("all_gather", "forward")] > 0 and kinds[("all_gather", "backward")] > 0
         assert kinds[("reduce_scatter", "forward")] > 0
         assert kinds[("reduce_scatter", "backward")] > 0
+
+
+def test_fsdp_tp_sp_weight_scatters_match_across_ranks(fsdp_tp):
+    """parallelize_module scatters each weight from rank 0: the receivers hand no bytes but
+    receive the root's dtype, so cross-rank analysis matches them without a false mismatch."""
+    summary = json.loads((fsdp_tp["out"] / "summary.json").read_text())
+    scatters = [e for mine in fsdp_tp["ranks"].values() for e in collectives(mine["records"])
+                if e["kind"] == "scatter"]
+    assert scatters and {e["phase"] for e in scatters} == {"other"}
+    assert "mismatch" not in fsdp_tp["proc"].stderr
+    assert summary["cross_rank"].get("mismatches", []) == []

@@ -228,8 +228,10 @@ def _disagreement(group: str, seq: int, spans: dict, readable: dict,
     on: their absence is the stop's consequence, not a disagreement, whenever they stopped."""
     for what, value in (("kind", lambda c: c.kind), ("dtype", lambda c: c.dtype),
                         ("size", lambda c: c.nbytes)):
-        if what == "size" and any(c.kind in ("all_to_all", "barrier") for c in spans.values()):
-            continue      # all_to_all may split unevenly; a barrier carries nothing
+        if what == "size" and any(c.kind in ("all_to_all", "barrier", "scatter")
+                                  for c in spans.values()):
+            continue      # all_to_all may split unevenly; a barrier carries nothing; a
+            # scatter's root hands every chunk, its receivers none (bytes count what is handed)
         values = defaultdict(list)
         for rank, c in sorted(spans.items()):
             values[value(c)].append(rank)
