@@ -32,6 +32,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import elastic_launch
 
 from tracer import rundir
+from viz.views import failures
 
 from . import gather, orphans, preflight, run_record, single
 from .cli import (EXIT_USAGE, Target, UsageError, build_parser, check_out, check_own_options,
@@ -220,22 +221,10 @@ def record_run(config, target: Target, out: str, command: list, outcome: Outcome
 
 
 def say_failures(record: dict, local: set) -> None:
-    """One line for the ranks that failed on their own (not ended by the launcher or the
-    watchdog): the first failure, and which ranks failed after it (their errors: run.json)."""
-    if record["hang"] is not None or record["interrupted"]:
-        return
-    failed = [r for r, info in record["ranks"].items()
-              if info["status"] == "failed" and not info.get("terminated")]
-    if not failed:
-        return
-    first = str(record["first_failure"]) if str(record["first_failure"]) in failed else failed[0]
-    error = record["ranks"][first]["error"]
-    line = f"rank {first} failed: {error}" if first in local else \
-        f"first failure, on another node: rank {first}: {error}"
-    after = [r for r in failed if r != first]
-    if after:
-        line += f"; then rank(s) {', '.join(after)} failed too (errors in run.json)"
-    say(line)
+    """The first failure in one line (viz.views.failures words it), if a rank failed."""
+    line = failures.first_failure_line(record, local)
+    if line:
+        say(line)
 
 
 def send_traces(out: str, record: dict, node: dict) -> int:

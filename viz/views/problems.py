@@ -16,6 +16,7 @@ from tracer.ops import group_label
 
 from ..analysis.crossrank import Mismatch
 from ..analysis.run_analysis import RunAnalysis
+from .failures import rank_failed
 from .formatters import rank_list, rank_run_text, site_text
 from .hangs import banner
 
@@ -150,8 +151,8 @@ def problems(analysis: RunAnalysis) -> list:
     for rank in analysis.with_files():
         status = analysis.status(rank)
         if status == "failed":
-            out.append(dict(level="failed", title=f"rank {rank} failed: "
-                            f"{rank_error(analysis, rank) or 'no error recorded'}", details=[]))
+            out.append(dict(level="failed", title=rank_failed(rank, rank_error(analysis, rank)),
+                            details=[]))
         elif status == "missing":
             out.append(dict(level="missing", title=f"rank {rank}: no trace "
                             f"({analysis.unreadable[rank]})", details=[]))
