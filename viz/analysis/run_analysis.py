@@ -8,7 +8,7 @@ Which ranks are where, as sets (no text: the views word them, :mod:`viz.views.pr
   world without a trace file;
 - :meth:`RunAnalysis.listed`: ranks with a row of their own (a trace file, or an entry in
   run.json); :meth:`RunAnalysis.unlisted`: runs of the others;
-- :attr:`RunAnalysis.missing`: ranks of the world without a readable trace.
+- :meth:`RunAnalysis.missing`: runs of ranks without a readable trace.
 
 Runs of ranks are (first, last) pairs: a world of 10^7 ranks beside 2 traces costs nothing per
 absent rank.
@@ -51,13 +51,12 @@ class RunAnalysis:
     world_disagreement: Optional[WorldDisagreement] = None   # run.json's world set aside
     left_out: list = field(default_factory=list)  # --kineto files that are no export (lines)
 
-    @property
     def missing(self) -> list:
-        """Ranks of the world with no readable trace, and rank files outside the world (files of
-        another run) that could not be used. NOTE: one entry per rank of the world: callers
-        that only need to know whether any is missing use :attr:`any_missing`."""
-        return sorted({r for r in range(self.world_size) if r not in self.ranks}
-                      | set(self.unreadable))
+        """(first, last) of each run of ranks without a readable trace: ranks of the world with
+        none, and rank files outside the world (another run's) that could not be read."""
+        readable = sorted(r for r in self.ranks if r < self.world_size)
+        outside = sorted(r for r in self.unreadable if r >= self.world_size)
+        return _gaps(readable, self.world_size) + [(r, r) for r in outside]
 
     @property
     def any_missing(self) -> bool:

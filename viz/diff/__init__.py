@@ -94,9 +94,7 @@ def compare_runs(a: RunAnalysis, b: RunAnalysis, *, engine: Optional[Engine] = N
                if a.config.get(k) != b.config.get(k)]
     return DiffResult(_side(a, steps_a), _side(b, steps_b), method, changes, roles, only_a,
                       only_b, totals, graphs, _warnings(a, b, steps_a, steps_b, common),
-                      tuple(sorted(common or steps_a | steps_b)),
-                      unreadable=[("A", r) for r in a.missing] + [("B", r) for r in b.missing],
-                      in_words=describe(totals))
+                      tuple(sorted(common or steps_a | steps_b)), in_words=describe(totals))
 
 
 def _warnings(a: RunAnalysis, b: RunAnalysis, steps_a: frozenset, steps_b: frozenset,
@@ -104,9 +102,11 @@ def _warnings(a: RunAnalysis, b: RunAnalysis, steps_a: frozenset, steps_b: froze
     """What makes the comparison partial: unreadable ranks, different recorded steps."""
     out = []
     for name, analysis in (("A", a), ("B", b)):
-        if analysis.missing:
-            out.append(f"run {name} has no readable trace for ranks {analysis.missing}: they "
-                       "are left out")
+        missing = analysis.missing()
+        if missing:
+            runs = ", ".join(str(first) if first == last else f"{first}-{last}"
+                             for first, last in missing)      # runs: a world of 10^7 is cheap
+            out.append(f"run {name} has no readable trace for ranks {runs}: they are left out")
     if common:
         out.append(f"the runs recorded different steps (A {sorted(steps_a)}, B "
                    f"{sorted(steps_b)}): ops, FLOPs and communication are compared over the "

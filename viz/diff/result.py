@@ -92,7 +92,6 @@ class DiffResult:
     graphs: list               # DiffGraph: all ranks, then roles (at most MAX_GRAPHS)
     warnings: list = field(default_factory=list)
     compared_steps: tuple = ()  # the steps whose ops, FLOPs and communication are compared
-    unreadable: list = field(default_factory=list)   # ("A" | "B", rank) without a readable trace
     in_words: list = field(default_factory=list)     # communication changes, as sentences
 
     @property
