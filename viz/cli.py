@@ -335,7 +335,7 @@ def diff_main(argv=None) -> int:
             _print(page)
     except _errors() as exc:
         return _fail(parser.prog, _message(exc))
-    return EXIT_UNREADABLE if result.unreadable else 0
+    return EXIT_UNREADABLE if analysed["A"].any_missing or analysed["B"].any_missing else 0
 
 
 if __name__ == "__main__":  # pragma: no cover
