@@ -1,6 +1,8 @@
 """Benchmark: trace-whatif's predictions against real runs of the reference GPT.
 
     python benchmarks/whatif.py [--repeat 3] [--steps 7] [--model default|tiny] [--keep DIR]
+                                [--warmup 1] [--detail]
+    python benchmarks/whatif.py --reuse DIR [--detail]     # predict again from kept runs
 
 Each repeat records two base configurations with trace-run (2 ranks, gloo, CPU,
 OMP_NUM_THREADS=1): A = pp 2 (1F1B, m=4) and B = dp 2, then runs every target configuration
@@ -16,7 +18,9 @@ at 2 by moving the data-parallel degree the other way):
 - tensor degree: A -> tp 2 + SP (pp 1, dp 1); B -> tp 2 + SP (dp 1).
 
 The runs of one repeat alternate, so every configuration sees the same machine; the load
-average is printed. Errors are medians over repeats: step error is predicted / real - 1,
+average before the first run is printed. The two bases run once first, not counted
+(--warmup): on a machine that sat idle the first runs were 13-25 % slower (the first
+repeat's pp 2 base 684 ms against 545 and 503 in the next two). Errors are medians over repeats: step error is predicted / real - 1,
 bubble error predicted - real in points. Predictions and real runs are both traced (the
 recording's durations carry the tracer's cost, so the prediction is of a traced step).
 Default sizes (8 layers, hidden 256, seq 64, micro-batch 8) take about 10-15 minutes at
@@ -31,6 +35,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
@@ -111,6 +116,26 @@ def one_repeat(root: str, i: int, model: list, steps: int, found: dict) -> None:
         configs.setdefault(key(cfg), cfg)
     runs = {k: analyse(open_run(trace(os.path.join(root, f"{i}-{n}"), cfg, model, steps)))
             for n, (k, cfg) in enumerate(configs.items())}
+    evaluate(runs, found)
+
+
+def reused_repeats(root: str) -> list:
+    """The repeats a --keep directory holds: per repeat, config key -> analysed run."""
+    repeats: dict = {}
+    for name in sorted(os.listdir(root)):
+        i, _, n = name.partition("-")
+        if not (i.isdigit() and n.isdigit()):
+            continue
+        analysis = analyse(open_run(os.path.join(root, name)))
+        config = {k: analysis.config.get(k) for k in ("tp", "pp", "dp", "schedule",
+                                                      "microbatches", "virtual_stages", "sp")}
+        repeats.setdefault(int(i), {})[key(config)] = analysis
+    return [runs for _, runs in sorted(repeats.items())]
+
+
+def evaluate(runs: dict, found: dict) -> None:
+    """Predict each target from its base's run (``runs``: config key -> analysis) and pair
+    the prediction with the real run's measures."""
     for name, base in BASES.items():
         mine = [t for t in TARGETS if t[2] == name]
         result = what_if(runs[key(target_config(base, {}))], [t[3] for t in mine])
@@ -122,10 +147,14 @@ def one_repeat(root: str, i: int, model: list, steps: int, found: dict) -> None:
                 (prediction.measures, measures(real.metrics)))
 
 
-def table(found: dict, repeats: int, loads: list) -> str:
+def table(found: dict, repeats: int, loads) -> str:
+    """The medians over repeats; ``loads``: (the load average before the first run, after
+    each repeat), or None for runs reused from a --keep directory."""
+    where = "reused runs" if loads is None else (
+        f"load average {loads[0]:.2f} before, {statistics.median(loads[1]):.1f} while running "
+        f"(the benchmark's own 2 ranks), {os.cpu_count()} cores")
     lines = [f"trace-whatif against real runs, {datetime.date.today()}, medians over {repeats} "
-             f"repeat(s), 2 ranks each (load average {statistics.median(loads):.1f} on "
-             f"{os.cpu_count()} cores)",
+             f"repeat(s), 2 ranks each ({where})",
              f"{'target':<22}{'class':<15}{'pred step':>10}{'real step':>10}{'step err':>9}"
              f"{'pred bub':>9}{'real bub':>9}{'bub err':>8}{'goal':>6}"]
     for label, (kind, pairs) in found.items():
@@ -144,6 +173,16 @@ def table(found: dict, repeats: int, loads: list) -> str:
     return "\n".join(lines)
 
 
+def detail(found: dict) -> str:
+    """Every repeat's step and bubble errors, to see the spread behind the medians."""
+    lines = ["per repeat: step error % (bubble error p)"]
+    for label, (_, pairs) in found.items():
+        lines.append(f"{label:<22}" + "  ".join(
+            f"{100 * (p['step_s'] / r['step_s'] - 1):+6.1f} ({100 * (p['bubble_fraction'] - r['bubble_fraction']):+5.1f})"
+            for p, r in pairs))
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3, help="repeats (default 3)")
@@ -152,17 +191,40 @@ def main(argv=None) -> int:
     parser.add_argument("--model", choices=sorted(MODELS), default="default",
                         help="model size (default: 8 layers, hidden 256; tiny: a quick check)")
     parser.add_argument("--keep", metavar="DIR", help="keep the runs in DIR")
+    parser.add_argument("--reuse", metavar="DIR", help="predict again from the runs a "
+                        "--keep DIR holds, running nothing (to try a change of the models)")
+    parser.add_argument("--detail", action="store_true", help="also print every repeat's errors")
+    parser.add_argument("--warmup", type=int, default=1, metavar="N",
+                        help="runs of the two bases first, not counted (default 1: the first "
+                        "runs on a machine that sat idle are slower)")
     args = parser.parse_args(argv)
     found: dict = {}
     loads = []
-    root = args.keep or tempfile.mkdtemp(prefix="whatif-bench-")
-    os.makedirs(root, exist_ok=True)
-    for i in range(args.repeat):
-        one_repeat(root, i, MODELS[args.model], args.steps, found)
-        loads.append(os.getloadavg()[0])
-    print(table(found, args.repeat, loads))
-    if not args.keep:
-        subprocess.run(["rm", "-rf", root], check=False)
+    start = time.monotonic()
+    if args.reuse:
+        repeats = reused_repeats(args.reuse)
+        if not repeats:
+            raise SystemExit(f"{args.reuse}: no runs of benchmarks/whatif.py --keep in it")
+        for runs in repeats:
+            evaluate(runs, found)
+        print(table(found, len(repeats), None))
+    else:
+        root = args.keep or tempfile.mkdtemp(prefix="whatif-bench-")
+        os.makedirs(root, exist_ok=True)
+        before = os.getloadavg()[0]
+        for i in range(args.warmup):
+            for name, base in BASES.items():
+                trace(os.path.join(root, f"warmup-{i}-{name}"), target_config(base, {}),
+                      MODELS[args.model], args.steps)
+        for i in range(args.repeat):
+            one_repeat(root, i, MODELS[args.model], args.steps, found)
+            loads.append(os.getloadavg()[0])
+        print(table(found, args.repeat, (before, loads)))
+        if not args.keep:
+            subprocess.run(["rm", "-rf", root], check=False)
+    if args.detail:
+        print(detail(found))
+    print(f"{time.monotonic() - start:.0f} s")
     return 0
 
 

@@ -199,17 +199,13 @@ def test_replay_on_the_device_clock_of_a_gpu_recording():
     assert result.replay.ranks[0].clock == "device"
 
 
-def test_a_late_callback_does_not_hide_a_blocking_wait(tmp_path):
+def late_callback_run(directory, meta=None):
     """A blocking all-reduce: rank 0 launches at 100, rank 1 at 300, both resume at 400 (their
-    next op), but gloo's callback says 450. The timeline counted 105-400 as host time on rank
-    0; the graph makes it a wait that ends at the resumption: the all-reduce's transfer is
-    400 - 300 = 100 units, rank 0 computes its two ops of 100 units, and the replay still
-    gives the measured step. Rank 1 is late in every all-reduce of the group (there is one),
-    so its lateness is steady, not jitter: none is added."""
+    next op), but the recorded completion says 450 (gloo's callback, waiting for the GIL)."""
     from constructed.synthetic import SyntheticRank, write_run
     ranks = []
     for r, launch in ((0, 100), (1, 300)):
-        rank = SyntheticRank(r, 2, {"tp": 1, "pp": 1, "dp": 2}, unit_ns=U)
+        rank = SyntheticRank(r, 2, {"tp": 1, "pp": 1, "dp": 2}, unit_ns=U, meta=meta)
         rank.op(0, 10)
         rank.next_step(0)
         rank.op(0, launch)
@@ -218,15 +214,35 @@ def test_a_late_callback_does_not_hide_a_blocking_wait(tmp_path):
         rank.next_step(500)
         rank.op(500, 510)
         ranks.append(rank)
-    write_run(tmp_path, ranks)
-    analysis = analyse(open_run(str(tmp_path)))
-    result = what_if(analysis, [])
+    write_run(directory, ranks)
+    return analyse(open_run(str(directory)))
+
+
+def test_a_late_callback_does_not_hide_a_blocking_wait(tmp_path):
+    """In a trace recorded before completions were stamped where they happen (no
+    ``completion`` key), the timeline counted 105-400 as host time on rank 0; the graph makes
+    it a wait that ends at the resumption: the all-reduce's transfer is 400 - 300 = 100 units,
+    rank 0 computes its two ops of 100 units, and the replay still gives the measured step.
+    Rank 1 is late in every all-reduce of the group (there is one), so its lateness is
+    steady, not jitter: none is added."""
+    result = what_if(late_callback_run(tmp_path), [])
     assert result.replayed["step_s"] == pytest.approx(result.measured["step_s"])
     assert units(result.replayed["ranks"]["0"]["compute_s"]) == pytest.approx(100 + 100)
     assert units(result.measured["ranks"]["0"]["compute_s"]) == pytest.approx(495)
     fit = result.models[1]
     assert fit.startswith("collective all_reduce over 2 ranks: 100.0 us")
     assert fit.endswith("jitter 0.0 us")
+
+
+def test_a_trace_that_stamps_completions_where_they_happen_is_read_as_it_is(tmp_path):
+    """The same rows with ``completion`` 2 in the metadata (the recorder since the fix): the
+    completion at 450 is when the rank had the result, so the host time 105-400 on rank 0 is
+    compute as the timeline has it (ops 0-100 and 400-500, host time 105-400: 495 units a
+    step), and the all-reduce's transfer is 450 - 300 = 150 units."""
+    result = what_if(late_callback_run(tmp_path, {"completion": 2}), [])
+    assert result.replayed["step_s"] == pytest.approx(result.measured["step_s"])
+    assert units(result.replayed["ranks"]["0"]["compute_s"]) == pytest.approx(495)
+    assert result.models[1].startswith("collective all_reduce over 2 ranks: 150.0 us")
 
 
 def test_a_missing_rank_replays_what_is_there_and_refuses_targets(tmp_path):

@@ -69,6 +69,22 @@ def test_the_execution_graph_holds_passes_p2p_edges_and_steps(run):
     assert len(tied) == len(counted[0])           # the tied embedding's, once a step
 
 
+def test_the_recorder_says_its_completions_need_no_correction(run):
+    """The recorder writes how it stamps completions (tracer.process_info.COMPLETION) into
+    every trace it starts, and viz.whatif reads such traces as they are: no rank's waits are
+    re-read from its host time (viz.whatif.waits.late_completions)."""
+    from tracer.process_info import COMPLETION
+    from viz.whatif.waits import late_completions
+    out, _ = run
+    analysis = analyse(open_run(str(out / "run")))
+    assert sorted(analysis.ranks) == [0, 1]
+    for mine in analysis.ranks.values():
+        assert mine.meta["completion"] == COMPLETION == 2
+        assert not late_completions(mine.meta)
+    assert late_completions({k: v for k, v in analysis.ranks[0].meta.items()
+                             if k != "completion"})
+
+
 def test_whatif_json_follows_the_contract(run):
     _, doc = run
     assert doc["schema"] == "paratrace.whatif/1"

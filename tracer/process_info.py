@@ -16,6 +16,13 @@ import torch.distributed as dist
 
 from .format import FORMAT_VERSION
 
+# How this recorder stamps a collective's completion (docs/trace-format.md, ``completion``):
+# 2: where it happens, the first of its work future's callback, an op started once that future
+# is done, and the end of Work.wait(), the ops a backend runs inside Work.wait() not recorded.
+# Traces without the key came before that: their completion could be the callback alone, which
+# waits for the GIL and can land after the rank went on (viz.whatif.waits corrects those).
+COMPLETION = 2
+
 
 def rank_and_world() -> tuple:
     """From torch.distributed once it is initialized, else RANK / WORLD_SIZE, else 0 / 1."""
@@ -40,7 +47,7 @@ def start_meta(rank: int, world_size: int, options: dict, clock_pairs: list,
         "start_unix": time.time(), "argv": list(sys.argv), "options": options,
         "torch": torch.__version__, "python": sys.version.split()[0], "hot_path": hot_path,
         "local_rank": env_int("LOCAL_RANK"), "node_rank": env_int("GROUP_RANK"),
-        "clock_pairs": clock_pairs, "source_roots": source_roots(),
+        "clock_pairs": clock_pairs, "source_roots": source_roots(), "completion": COMPLETION,
     }
 
 

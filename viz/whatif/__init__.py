@@ -25,6 +25,7 @@ from .plan import Plan
 from .recording import Recording, study
 from .simulate import SimulationError, as_timeline, simulate
 from .targets import TargetError, describe, target_config
+from .waits import late_completions
 
 __all__ = ["what_if", "WhatIf", "Prediction", "TargetError", "SimulationError"]
 
@@ -64,7 +65,8 @@ def what_if(analysis, targets: list) -> WhatIf:
     value, the reference GPT's names: tp, sp, pp, dp, schedule, virtual_stages,
     microbatches). Raises TargetError for a target that cannot be predicted."""
     groups = {r: mine.counted_op_groups for r, mine in analysis.ranks.items()}
-    rec = study(analysis.timeline, analysis.cross.matched, groups, analysis.world_size)
+    late = frozenset(r for r, mine in analysis.ranks.items() if late_completions(mine.meta))
+    rec = study(analysis.timeline, analysis.cross.matched, groups, analysis.world_size, late)
     configs = [target_config(rec.config, dict(t), rec.world) for t in targets]
     sim = simulate(rec.graph, rec.graph.starts)
     replay = as_timeline(rec.graph, sim, rec.config)

@@ -19,8 +19,8 @@ A :class:`Comm` is one collective over its members (matched across ranks by grou
 number, :mod:`viz.analysis.crossrank`) or one send matched with its receive
 (:func:`viz.analysis.timeline.match_p2p`): it completes for member r at the last member's launch
 plus ``transfer[r]``, the
-measured time from the last arrival to r's completion (when r had the result:
-:mod:`viz.whatif.waits`). A communication whose other members are not in the graph (their
+measured time from the last arrival to r's completion (when r had the result; in traces whose
+completions may be late, :mod:`viz.whatif.waits`). A communication whose other members are not in the graph (their
 step was not counted, the collective did not match) completes its own measured duration after
 its launch.
 
@@ -113,15 +113,18 @@ class ExecutionGraph:
         return len(self.passes) - 1
 
 
-def execution_graph(timeline: Timeline, matched: list) -> ExecutionGraph:
+def execution_graph(timeline: Timeline, matched: list,
+                    late: frozenset = frozenset()) -> ExecutionGraph:
     """The graph of every rank's counted steps. ``matched``: viz.analysis.crossrank's matched
-    collectives (:attr:`viz.analysis.crossrank.CrossRank.matched`)."""
+    collectives (:attr:`viz.analysis.crossrank.CrossRank.matched`); ``late``: the ranks whose
+    recorded completions may have come late (:func:`viz.whatif.waits.late_completions`), whose
+    hidden waits are taken out of their compute."""
     ranks = timeline.ranks
     windows = {r: {s: lane.steps[s] for s in counted_steps(lane)} for r, lane in ranks.items()}
     graph = ExecutionGraph({}, [], [], {}, dict(timeline.config),
                            _clock(timeline), {r: tuple(l.pipeline_group) for r, l in ranks.items()})
     spans = {r: _spans_in(lane, windows[r]) for r, lane in ranks.items()}
-    views = _views(ranks, matched)
+    views = _views(ranks, matched, late)
     ids = _communications(graph, timeline, matched, spans, views)
     for rank, lane in ranks.items():
         graph.programs[rank] = _program(graph, lane, views[rank], windows[rank], spans[rank],
@@ -135,14 +138,15 @@ def _clock(timeline: Timeline) -> str:
     return "device" if "device" in clocks else "host"
 
 
-def _views(ranks: dict, matched: list) -> dict:
-    """rank -> RankView, with the hidden waits (viz.whatif.waits) that end after the last
-    member of their collective launched it: a rank cannot have had the result before."""
+def _views(ranks: dict, matched: list, late: frozenset) -> dict:
+    """rank -> RankView; on the ``late`` ranks with the hidden waits (viz.whatif.waits) that
+    end after the last member of their collective launched it: a rank cannot have had the
+    result before."""
     last = {(r, c.index): m.last_arrival for m in matched for r, c in m.spans.items()}
     views = {}
     for rank, lane in ranks.items():
-        waits = {i: w for i, w in hidden_waits(lane).items()
-                 if w[1] >= last.get((rank, i), w[1])}
+        hidden = hidden_waits(lane) if rank in late else {}
+        waits = {i: w for i, w in hidden.items() if w[1] >= last.get((rank, i), w[1])}
         views[rank] = rank_view(lane, waits)
     return views
 

@@ -60,11 +60,13 @@ class Recording:
         return lines
 
 
-def study(timeline, matched: list, groups: dict, world: int) -> Recording:
+def study(timeline, matched: list, groups: dict, world: int,
+          late: frozenset = frozenset()) -> Recording:
     """``timeline``: the run's viz.analysis.lanes.Timeline; ``matched``: viz.analysis.crossrank's
     matched collectives; ``groups``: rank -> its op groups over its counted steps; ``world``: the
-    run's world size."""
-    graph = execution_graph(timeline, matched)
+    run's world size; ``late``: the ranks whose completions may have come late
+    (viz.whatif.waits.late_completions)."""
+    graph = execution_graph(timeline, matched, late)
     config = graph.config = recorded_config(timeline, world)
     grid = grid_of(config, world)
     anatomies = anatomy(graph)
