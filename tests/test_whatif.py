@@ -183,6 +183,50 @@ def test_alpha_beta_fit_and_the_ring_for_another_group_size():
     ns, how = model.time("reduce_scatter", 2, size)
     assert ns == pytest.approx(a + 0.5 * size * b) and "no reduce_scatter recorded" in how
     assert model.time("all_reduce", 2, size) == (pytest.approx(2 * a + size * b), None)
+    # ProcessGroupGloo runs a reduce-scatter as an all-reduce of its whole input
+    gloo = CollectiveModel.from_graph(graph, LinkModel.from_graph(graph), "gloo")
+    ns, how = gloo.time("reduce_scatter", 2, size)
+    assert ns == pytest.approx(2 * a + size * b) and "gloo runs it as an all_reduce" in how
+    ns, how = gloo.time("reduce_scatter", 4, size)
+    assert ns == pytest.approx(6 * a + 1.5 * size * b) and "over 2 ranks" in how
+
+
+def test_a_gloo_reduce_scatter_recorded_is_read_as_the_all_reduce_it_ran():
+    """Reduce-scatters recorded on gloo taking 2a + S*b (the all-reduce ProcessGroupGloo runs):
+    an all-gather derived from them is the ring's: one step of latency a, and each rank
+    moves the shard S it hands in, a + S*b."""
+    from viz.whatif.graph import Comm, ExecutionGraph
+    from viz.whatif.models import CollectiveModel, LinkModel
+    a, b = 40_000, 0.5
+    graph = ExecutionGraph({}, [], [], {})
+    for size in (1 << 14, 1 << 16, 1 << 18):
+        t = 2 * a + size * b
+        graph.add_comm(Comm("reduce_scatter", (0, 1), size, (0, 1), {0: t, 1: t}, waited=True))
+    model = CollectiveModel.from_graph(graph, LinkModel.from_graph(graph), "gloo")
+    ns, how = model.time("all_gather", 2, 1 << 20)
+    assert ns == pytest.approx(a + (1 << 20) * b) and "reduce_scatter fit" in how
+
+
+def test_jitter_is_added_only_to_collectives_of_its_role():
+    """Gradient buckets (dp) whose last member comes 10 to 30 units late against blocking TP
+    all-reduces of the same size 1 to 3 units late: each role gets its own jitter (10 and 1
+    units over the steady lateness), and a role with none recorded gets none."""
+    from viz.whatif.graph import Comm, ExecutionGraph
+    from viz.whatif.models import CollectiveModel, LinkModel
+    graph = ExecutionGraph({}, [], [], {})
+    for group, spread in (((0, 1), 10), ((2, 3), 1)):
+        for late in (spread, 3 * spread):
+            lo, hi = group
+            graph.add_comm(Comm("all_reduce", group, 64, group, {lo: 100, hi: 100},
+                                waited=True, prompt=True, lateness={lo: -late, hi: late}))
+    role = {(0, 1): "dp", (2, 3): "tp"}
+    model = CollectiveModel.from_graph(graph, LinkModel.from_graph(graph),
+                                       role_of=lambda c: role[c.group])
+    # steady lateness of the later member: (spread + 3 spread) / 2; jitter: the last member's
+    # lateness less that, 0 and spread, mean spread / 2
+    assert model.time("all_reduce", 2, 64, "dp")[0] == pytest.approx(100 + 5)
+    assert model.time("all_reduce", 2, 64, "tp")[0] == pytest.approx(100 + 0.5)
+    assert model.time("all_reduce", 2, 64, "embedding")[0] == pytest.approx(100)
 
 
 def test_replay_on_the_device_clock_of_a_gpu_recording():
@@ -231,7 +275,7 @@ def test_a_late_callback_does_not_hide_a_blocking_wait(tmp_path):
     assert units(result.measured["ranks"]["0"]["compute_s"]) == pytest.approx(495)
     fit = result.models[1]
     assert fit.startswith("collective all_reduce over 2 ranks: 100.0 us")
-    assert fit.endswith("jitter 0.0 us")
+    assert fit.endswith("jitter 0.0 us (dp)")
 
 
 def test_a_trace_that_stamps_completions_where_they_happen_is_read_as_it_is(tmp_path):

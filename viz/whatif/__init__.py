@@ -66,7 +66,9 @@ def what_if(analysis, targets: list) -> WhatIf:
     microbatches). Raises TargetError for a target that cannot be predicted."""
     groups = {r: mine.counted_op_groups for r, mine in analysis.ranks.items()}
     late = frozenset(r for r, mine in analysis.ranks.items() if late_completions(mine.meta))
-    rec = study(analysis.timeline, analysis.cross.matched, groups, analysis.world_size, late)
+    backends = {mine.meta.get("backend") for mine in analysis.ranks.values()}
+    rec = study(analysis.timeline, analysis.cross.matched, groups, analysis.world_size, late,
+                backends.pop() if len(backends) == 1 else None)
     configs = [target_config(rec.config, dict(t), rec.world) for t in targets]
     sim = simulate(rec.graph, rec.graph.starts)
     replay = as_timeline(rec.graph, sim, rec.config)

@@ -5,7 +5,8 @@
 - :class:`CollectiveModel`: a collective's transfer time (from the last member's arrival to the
   completion), alpha + beta x bytes per (kind, group size), fitted on the recording's matched
   collectives; a (kind, size) the recording lacks is derived from what it has, by the ring
-  algorithm's step counts and bus factors (nccl-tests' ``busbw``), and says so;
+  algorithm's step counts and bus factors (nccl-tests' ``busbw``), and says so; on gloo a
+  reduce-scatter is what ProcessGroupGloo runs, an all-reduce of its whole input;
 - :class:`OpCostModel`: an op's time against its work (FLOPs where :mod:`viz.analysis.flops` has a
   formula, else the elements of its largest input), a + b x work per op kind, fitted on the
   recording's op groups (count-weighted).
@@ -17,7 +18,7 @@ misses the long samples counts more than one that misses the short ones.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -116,13 +117,18 @@ class CollectiveModel:
 
     fits: dict                       # (kind, n) -> Fit
     link: LinkModel
-    jitters: dict = None             # (kind, n) -> mean jitter (ns) of its prompt ones
+    jitters: dict = None             # (kind, n, role) -> mean jitter (ns) of its prompt ones
+    backend: Optional[str] = None    # the recording's, when every rank had the same
 
     @classmethod
-    def from_graph(cls, graph, link: LinkModel) -> "CollectiveModel":
+    def from_graph(cls, graph, link: LinkModel, backend: Optional[str] = None,
+                   role_of: Optional[Callable] = None) -> "CollectiveModel":
         """Fitted on the matched collectives some member waited for (a completion no one
         waited for may have been reported late: viz.whatif.waits), each taken from its last
-        member's launch to the earliest completion; their jitter (:func:`jitter`) apart."""
+        member's launch to the earliest completion; their jitter (:func:`jitter`) apart, per
+        role (``role_of(comm)``: tp, dp, embedding, ...): how late the last member comes
+        depends on what the members did before, a gradient bucket launched amid a backward
+        (milliseconds) or a blocking TP collective a few ops after the last (microseconds)."""
         extra = jitter(graph.comms)
         samples: dict = {}
         noise: dict = {}
@@ -132,19 +138,32 @@ class CollectiveModel:
             key = (c.kind, len(c.group))
             samples.setdefault(key, []).append((c.nbytes, min(c.transfer.values()), c.waited))
             if cid in extra:
-                noise.setdefault(key, []).append(extra[cid])
+                role = role_of(c) if role_of is not None else None
+                noise.setdefault(key + (role,), []).append(extra[cid])
         samples = {key: [(b, t) for b, t, w in s if w] or [(b, t) for b, t, _ in s]
                    for key, s in samples.items()}
         fits = {key: fit_line([b for b, _ in s], [t for _, t in s])
                 for key, s in sorted(samples.items())}
-        return cls(fits, link, {key: float(np.mean(v)) for key, v in noise.items()})
+        return cls(fits, link, {key: float(np.mean(v)) for key, v in noise.items()}, backend)
 
-    def time(self, kind: str, n: int, nbytes: int) -> tuple:
-        """(ns, how: None when fitted on this very kind and size, else a sentence)."""
+    def time(self, kind: str, n: int, nbytes: int, role: Optional[str] = None) -> tuple:
+        """(ns, how: None when fitted on this very kind and size, else a sentence); the
+        jitter of the recorded collectives of this kind, size and ``role`` is added."""
         if n < 2:
             return 0.0, None
         if (kind, n) in self.fits:
-            return self.fits[(kind, n)](nbytes) + (self.jitters or {}).get((kind, n), 0.0), None
+            extra = (self.jitters or {}).get((kind, n, role), 0.0)
+            return self.fits[(kind, n)](nbytes) + extra, None
+        if kind == "reduce_scatter" and self.backend == "gloo":
+            # ProcessGroupGloo.reduce_scatter_tensor_coalesced all-reduces a clone of the whole
+            # input and copies the rank's chunk out: its time is that all-reduce's (without
+            # the all-reduces' jitter, which belongs to where they ran, as for any derived kind)
+            if ("all_reduce", n) in self.fits:
+                ns, how = self.fits[("all_reduce", n)](nbytes), None
+            else:
+                ns, how = self.time("all_reduce", n, nbytes)
+            return ns, (f"reduce_scatter over {n} ranks: gloo runs it as an all_reduce of its "
+                        "input; " + (how or f"from the all_reduce fit over {n} ranks"))
         same_kind = sorted((k for k in self.fits if k[0] == kind), key=lambda k: abs(k[1] - n))
         if same_kind:
             return self._rescaled(same_kind[0], kind, n, nbytes), (
@@ -167,14 +186,20 @@ class CollectiveModel:
 
     def _rescaled(self, base: tuple, kind: str, n: int, nbytes: int) -> float:
         fit = self.fits[base]
-        steps = ring_steps(kind, n) / max(ring_steps(base[0], base[1]), 1)
-        volume = ring_volume(kind, n) / max(ring_volume(base[0], base[1]), 1e-12)
+        ran = "all_reduce" if base[0] == "reduce_scatter" and self.backend == "gloo" else base[0]
+        steps = ring_steps(kind, n) / max(ring_steps(ran, base[1]), 1)
+        volume = ring_volume(kind, n) / max(ring_volume(ran, base[1]), 1e-12)
         return max(fit.alpha * steps + fit.beta * nbytes * volume, 0.0)
 
     def describe(self) -> list:
         jitters = self.jitters or {}
-        return [f"{kind} over {n} ranks: {fit.describe('byte')}"
-                + (f"; jitter {jitters[(kind, n)] / 1e3:.1f} us" if (kind, n) in jitters else "")
+
+        def noise(kind, n):
+            found = [f"{j / 1e3:.1f} us" + (f" ({role})" if role else "")
+                     for (k, m, role), j in sorted(jitters.items(), key=str)
+                     if (k, m) == (kind, n)]
+            return f"; jitter {', '.join(found)}" if found else ""
+        return [f"{kind} over {n} ranks: {fit.describe('byte')}{noise(kind, n)}"
                 for (kind, n), fit in self.fits.items()]
 
 

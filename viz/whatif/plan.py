@@ -245,7 +245,7 @@ class Plan:
             group = self._group(rank, role, comm.group)
             if group is None:
                 continue
-            ns = self._collective_ns(comm.kind, len(group), comm.nbytes)
+            ns = self._collective_ns(comm.kind, len(group), comm.nbytes, role)
             out.append((at, Call(comm.kind, group, comm.nbytes, ns, role,
                                  wait=waits.get(cid, part.compute))))
         return out
@@ -257,8 +257,9 @@ class Plan:
         self.note("TP collectives inside passes by Megatron's rules (shared/ORACLES.md), "
                   "blocking, spread evenly over each pass")
         group = roles(self.grid, rank)["tp"]
-        return [Call(c.kind, group, c.nbytes, self._collective_ns(c.kind, self.grid.tp, c.nbytes),
-                     "tp") for c in tp_calls(shape, kind, layers, first, last)]
+        return [Call(c.kind, group, c.nbytes,
+                     self._collective_ns(c.kind, self.grid.tp, c.nbytes, "tp"), "tp")
+                for c in tp_calls(shape, kind, layers, first, last)]
 
     # ------------------------------------------------------------------ gradient buckets
     def _buckets(self, rank: int, src: int, chunk: int, compute: float) -> list:
@@ -270,7 +271,8 @@ class Plan:
                 self.note("gradient buckets: the recorded ones, at their places in the last "
                           "backward")
             return [(share * compute, Call("all_reduce", group, nbytes,
-                                           self._collective_ns("all_reduce", len(group), nbytes),
+                                           self._collective_ns("all_reduce", len(group), nbytes,
+                                                               "dp"),
                                            "bucket")) for share, nbytes in recorded]
         if self.shape is None:
             raise TargetError("--dp needs the model sizes in the recorded config to size the "
@@ -280,7 +282,8 @@ class Plan:
                   "each, filled in reverse parameter order), launched as their parameters' "
                   "last gradients are ready, in proportion to parameters")
         return [(share * compute, Call("all_reduce", group, n * BYTES,
-                                       self._collective_ns("all_reduce", len(group), n * BYTES),
+                                       self._collective_ns("all_reduce", len(group), n * BYTES,
+                                                           "dp"),
                                        "bucket"))
                 for n, owner, share in buckets(self.shape, pp_i) if owner == chunk]
 
@@ -316,20 +319,22 @@ class Plan:
                                     lambda s: sp_grad_elements(s, pp_i) * BYTES)
         if sp_bytes and self.grid.tp > 1:
             calls.append(Call("all_reduce", mine["tp"], sp_bytes,
-                              self._collective_ns("all_reduce", self.grid.tp, sp_bytes), "tp"))
+                              self._collective_ns("all_reduce", self.grid.tp, sp_bytes, "tp"),
+                              "tp"))
         if self.grid.pp > 1 and pp_i in (0, self.grid.pp - 1):
             tied = self._post_bytes(src, post, "embedding",
                                     lambda s: tied_elements(s) * BYTES)
             if tied:
                 calls.append(Call("all_reduce", mine["embedding"], tied,
-                                  self._collective_ns("all_reduce", 2, tied), "embedding"))
+                                  self._collective_ns("all_reduce", 2, tied, "embedding"),
+                                  "embedding"))
         out = Body(compute, post.idle, [(compute * share, Call(c.kind, c.group, c.nbytes, c.ns,
                                                               c.role, wait=compute * share))
                                         for c in calls])
         if pp_i == self.grid.pp - 1 and self.grid.dp > 1:
             out.calls.append((compute, Call("all_reduce", mine["dp"], LOSS_BYTES,
                                             self._collective_ns("all_reduce", self.grid.dp,
-                                                                LOSS_BYTES), "dp",
+                                                                LOSS_BYTES, "dp"), "dp",
                                             wait=compute)))
         return out
 
@@ -368,8 +373,8 @@ class Plan:
         group = roles(self.grid, rank).get(role)
         return tuple(group) if group is not None and len(group) > 1 else None
 
-    def _collective_ns(self, kind: str, n: int, nbytes: int) -> float:
-        ns, how = self.rec.collectives.time(kind, n, nbytes)
+    def _collective_ns(self, kind: str, n: int, nbytes: int, role: str) -> float:
+        ns, how = self.rec.collectives.time(kind, n, nbytes, role)
         if how:
             self.note(how)
         return ns

@@ -15,7 +15,7 @@ from ..analysis.lanes import counted_steps
 from .anatomy import anatomy
 from .costs import PartCosts, part_costs
 from .graph import ExecutionGraph, execution_graph
-from .megatron import Shape, shape_of
+from .megatron import Shape, role_of, roles, shape_of
 from .models import CollectiveModel, LinkModel, OpCostModel
 
 
@@ -61,18 +61,21 @@ class Recording:
 
 
 def study(timeline, matched: list, groups: dict, world: int,
-          late: frozenset = frozenset()) -> Recording:
+          late: frozenset = frozenset(), backend: Optional[str] = None) -> Recording:
     """``timeline``: the run's viz.analysis.lanes.Timeline; ``matched``: viz.analysis.crossrank's
     matched collectives; ``groups``: rank -> its op groups over its counted steps; ``world``: the
     run's world size; ``late``: the ranks whose completions may have come late
-    (viz.whatif.waits.late_completions)."""
+    (viz.whatif.waits.late_completions); ``backend``: the process groups' backend, when every
+    rank recorded the same (gloo runs some collectives as others: viz.whatif.models)."""
     graph = execution_graph(timeline, matched, late)
     config = graph.config = recorded_config(timeline, world)
     grid = grid_of(config, world)
     anatomies = anatomy(graph)
     shape = shape_of(config)
     link = LinkModel.from_graph(graph)
-    collectives = CollectiveModel.from_graph(graph, link)
+    collectives = CollectiveModel.from_graph(
+        graph, link, backend,
+        (lambda c: role_of(c.group, roles(grid, c.members[0]))) if grid is not None else None)
     ops = OpCostModel.from_groups([g for mine in groups.values() for g in mine])
     costs = None
     if shape is not None and grid is not None:
