@@ -20,11 +20,12 @@ at 2 by moving the data-parallel degree the other way):
 The runs of one repeat alternate, so every configuration sees the same machine; the load
 average before the first run is printed. The two bases run once first, not counted
 (--warmup): on a machine that sat idle the first runs were 13-25 % slower (the first
-repeat's pp 2 base 684 ms against 545 and 503 in the next two). Errors are medians over repeats: step error is predicted / real - 1,
-bubble error predicted - real in points. Predictions and real runs are both traced (the
+repeat's pp 2 base 684 ms against 545 and 503 in the next two). Errors are medians over
+repeats: step error is predicted / real - 1, bubble error predicted - real in points. Predictions and real runs are both traced (the
 recording's durations carry the tracer's cost, so the prediction is of a traced step).
-Default sizes (8 layers, hidden 256, seq 64, micro-batch 8) take about 10-15 minutes at
---repeat 3; --model tiny checks the script in about a minute.
+Default sizes (8 layers, hidden 256, seq 64, micro-batch 8) take about 4 minutes at
+--repeat 3 on a quiet 2-core machine (more under load); --model tiny checks the script in
+about a minute.
 """
 from __future__ import annotations
 
@@ -177,9 +178,10 @@ def detail(found: dict) -> str:
     """Every repeat's step and bubble errors, to see the spread behind the medians."""
     lines = ["per repeat: step error % (bubble error p)"]
     for label, (_, pairs) in found.items():
-        lines.append(f"{label:<22}" + "  ".join(
-            f"{100 * (p['step_s'] / r['step_s'] - 1):+6.1f} ({100 * (p['bubble_fraction'] - r['bubble_fraction']):+5.1f})"
-            for p, r in pairs))
+        cells = [(100 * (p["step_s"] / r["step_s"] - 1),
+                  100 * (p["bubble_fraction"] - r["bubble_fraction"])) for p, r in pairs]
+        lines.append(f"{label:<22}" + "  ".join(f"{step:+6.1f} ({bubble:+5.1f})"
+                                                 for step, bubble in cells))
     return "\n".join(lines)
 
 

@@ -18,11 +18,10 @@ clock), as a list of :class:`Node` s:
 A :class:`Comm` is one collective over its members (matched across ranks by group and sequence
 number, :mod:`viz.analysis.crossrank`) or one send matched with its receive
 (:func:`viz.analysis.timeline.match_p2p`): it completes for member r at the last member's launch
-plus ``transfer[r]``, the
-measured time from the last arrival to r's completion (when r had the result; in traces whose
-completions may be late, :mod:`viz.whatif.waits`). A communication whose other members are not in the graph (their
-step was not counted, the collective did not match) completes its own measured duration after
-its launch.
+plus ``transfer[r]``, the measured time from the last arrival to r's completion (when r had
+the result; in traces whose completions may be late, :mod:`viz.whatif.waits`). A
+communication whose other members are not in the graph (their step was not counted, the
+collective did not match) completes its own measured duration after its launch.
 
 Replaying these programs with their measured durations reproduces the recording
 (:mod:`viz.whatif.simulate`); the transformations edit them (:mod:`viz.whatif.compose`).
