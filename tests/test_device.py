@@ -262,6 +262,26 @@ def test_the_timeline_draws_memory_apart_and_no_device_comm_in_step_2(merged, tm
     assert 'class="comm"' not in svg
 
 
+def test_the_front_page_bar_shows_memory_apart_from_idle(merged):
+    """The headline's stacked bar on the device clock: compute, exposed communication, the
+    memcpys and memsets neither hid, and idle, as docs/metrics.md defines them: idle is what
+    none of compute, communication and memory covers, so memory's share is the step less
+    compute, exposed communication and idle, at most all the memory activity."""
+    from viz.views.pages import headline_rows
+    analysis, rank = merged
+    time = rank["time"]
+    (row,) = headline_rows(analysis)
+    assert [cls for cls, _ in row["bar"]] == ["compute", "comm", "memory", "idle"]
+    share = dict(row["bar"])
+    wall = time["wall_s"]
+    expected = wall - time["compute_s"] - time["exposed_comm_s"] - time["idle_s"]
+    assert 0 < expected <= time["memory_s"] * (1 + 1e-9)
+    assert share["memory"] == pytest.approx(100 * expected / wall)
+    assert share["idle"] == pytest.approx(100 * time["idle_s"] / wall)
+    assert sum(share.values()) == pytest.approx(100)
+    assert row["memory"]
+
+
 def test_an_export_without_base_time_merges_the_same(merged, fixture_run, tmp_path):
     """Torch before 2.1 wrote no baseTimeNanoseconds and absolute microseconds: the same
     export in that form (its times made absolute exactly) merges to the same numbers."""

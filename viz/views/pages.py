@@ -107,14 +107,15 @@ def headline_rows(analysis: RunAnalysis) -> list:
     compute and exposed communication, the overlap, the bubble beside the theory for the
     schedule, and the clock the metrics were measured on (the rank's lanes' clock; ``host``
     for a rank without a trace). ``bar``: compute, exposed communication and the rest as shares
-    of the step, for the stacked bar. A rank without metrics gets empty texts."""
+    of the step, for the stacked bar; on the device clock, memory activity (memcpys, memsets)
+    under neither is a share of its own, not idle. A rank without metrics gets empty texts."""
     rows = []
     for rank in row_ranks(analysis):
         mine = analysis.ranks.get(rank)
         row = dict(rank=rank, status=analysis.status(rank),
                    clock=mine.lanes.clock if mine is not None else "host", step="",
-                   compute="", exposed="", overlap="", bubble="", bubble_kind="no compute",
-                   theory="", bar=[])
+                   compute="", exposed="", memory="", overlap="", bubble="",
+                   bubble_kind="no compute", theory="", bar=[])
         metrics = _metrics(analysis, rank)
         if metrics is not None:
             row.update(_headline(metrics))
@@ -135,9 +136,18 @@ def _headline(m) -> dict:
                theory=_percent(m.theoretical_bubble_fraction) if pipeline is not None else "",
                bar=[])
     if wall:
-        c, e = min(compute, wall) / wall, min(exposed, wall) / wall
-        out["bar"] = [("compute", 100 * c), ("comm", 100 * min(e, 1 - c)),
-                      ("idle", 100 * max(0.0, 1 - c - e))]
+        c = min(compute, wall) / wall
+        e = min(exposed / wall, 1 - c)
+        out["bar"] = [("compute", 100 * c), ("comm", 100 * e)]
+        rest = max(0.0, 1 - c - e)
+        if m.memory_s > 0:
+            # idle is what none of compute, communication and memory covers (docs/metrics.md),
+            # so memory under neither of the first two is the rest of the step
+            idle = min(max(m.idle_s, 0.0) / wall, rest)
+            out["memory"] = _seconds((rest - idle) * wall, steps)
+            out["bar"].append(("memory", 100 * (rest - idle)))
+            rest = idle
+        out["bar"].append(("idle", 100 * rest))
     return out
 
 
