@@ -180,6 +180,7 @@ def test_alpha_beta_fit_and_the_ring_for_another_group_size():
     size = 1 << 20
     ns, how = model.time("all_reduce", 4, size)
     assert ns == pytest.approx(6 * a + 1.5 * size * b) and "over 2 ranks" in how
+    assert "(9 samples only)" in how              # a derivation says what little it rests on
     ns, how = model.time("reduce_scatter", 2, size)
     assert ns == pytest.approx(a + 0.5 * size * b) and "no reduce_scatter recorded" in how
     assert model.time("all_reduce", 2, size) == (pytest.approx(2 * a + size * b), None)
