@@ -210,8 +210,8 @@ def test_a_gloo_reduce_scatter_recorded_is_read_as_the_all_reduce_it_ran():
 
 def test_jitter_is_added_only_to_collectives_of_its_role():
     """Gradient buckets (dp) whose last member comes 10 to 30 units late against blocking TP
-    all-reduces of the same size 1 to 3 units late: each role gets its own jitter (10 and 1
-    units over the steady lateness), and a role with none recorded gets none."""
+    all-reduces of the same size 1 to 3 units late: each role gets its own jitter (a mean of
+    5 and 0.5 units over the steady lateness), and a role with none recorded gets none."""
     from viz.whatif.graph import Comm, ExecutionGraph
     from viz.whatif.models import CollectiveModel, LinkModel
     graph = ExecutionGraph({}, [], [], {})
