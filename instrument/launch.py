@@ -279,8 +279,13 @@ def report(out: str, exit_code: int, no_report: bool, reported: frozenset = froz
 
 
 def said_failed(record: dict) -> frozenset:
-    """Ranks whose failure :func:`say_failures` named: the report says them no second time."""
-    if record["hang"] is not None or record["interrupted"]:
+    """Ranks whose end trace-run already named: the report says them no second time. After
+    Ctrl-C that is every rank the interrupt stopped ("interrupted; the traces hold what was
+    recorded"): ranks stop a collective or two apart, which needs no line per rank."""
+    if record["interrupted"]:
+        return frozenset(int(r) for r, info in record["ranks"].items()
+                         if info.get("tracer_status") == "interrupted")
+    if record["hang"] is not None:
         return frozenset()
     return frozenset(int(r) for r, info in record["ranks"].items()
                      if info["status"] == "failed" and not info.get("terminated"))

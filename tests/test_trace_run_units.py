@@ -207,6 +207,21 @@ def test_run_record_is_written_whole_and_read_back(tmp_path):
         run_record.write(str(tmp_path / "no-such-dir"), record)
 
 
+def test_the_report_names_no_rank_trace_run_already_named():
+    ranks = {"0": {"status": "failed", "tracer_status": "interrupted", "terminated": False},
+             "1": {"status": "failed", "tracer_status": "interrupted", "terminated": False},
+             "2": {"status": "ok", "tracer_status": "ok"}}
+    # Ctrl-C: "interrupted; the traces hold what was recorded" names every interrupted rank,
+    # however far apart the interrupt caught them
+    assert launch.said_failed({"interrupted": True, "hang": None, "ranks": ranks}) == {0, 1}
+    # a hang's banner lists each rank's state; the report's lines stay
+    assert launch.said_failed({"interrupted": False, "hang": {}, "ranks": ranks}) == set()
+    # a failure: the rank that failed was named, a bystander the launcher ended was not
+    ranks = {"0": {"status": "failed", "terminated": False},
+             "1": {"status": "failed", "terminated": True}, "2": {"status": "ok"}}
+    assert launch.said_failed({"interrupted": False, "hang": None, "ranks": ranks}) == {0}
+
+
 def test_hang_blames_the_ranks_the_watchdog_named_and_not_those_that_had_finished():
     outcome = run_record.Outcome(ranks={
         "0": {"status": "failed", "exit_code": -15, "error": "x"},
