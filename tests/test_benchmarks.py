@@ -89,3 +89,35 @@ def test_kineto_benchmark_prints_its_lines(tmp_path):
                  "paratrace's reader (raw_decode + columns)"):
         assert re.search(rf"^{re.escape(name)}\s+40,573\s+{NUMBER}\s+{NUMBER}\s+\d+\s+{NUMBER}",
                          proc.stdout, re.M), (name, proc.stdout)
+
+
+def test_the_whatif_benchmark_tables_medians_of_known_errors(monkeypatch):
+    """benchmarks/whatif.py's recording runs take minutes (docs/whatif.md); its arithmetic is
+    checked here on made-up measures: the median error over repeats, the bubble error in
+    points, and the goal of the target's class."""
+    monkeypatch.syspath_prepend(REPO)
+    from benchmarks import whatif as bench
+
+    def m(step_s, bubble):
+        return {"step_s": step_s, "bubble_fraction": bubble}
+    # three repeats of a schedule target: errors +10 %, -5 %, +2 % -> median +2.0 %
+    found = {"A -> gpipe": ("schedule", [(m(1.10, 0.30), m(1.00, 0.25)),
+                                         (m(0.95, 0.20), m(1.00, 0.25)),
+                                         (m(2.04, 0.50), m(2.00, 0.40))]),
+             # one repeat of a tensor target, 20 % long: past its 15 % goal
+             "B -> tp 2+sp, dp 1": ("tensor", [(m(0.60, 0.0), m(0.50, 0.0))])}
+    rows = {line[:22].strip(): line for line in bench.table(found, 3, None).splitlines()[2:]}
+    gpipe = rows["A -> gpipe"].split()
+    # medians: predicted 1.10 s, real 1.00 s, bubbles 0.300 / 0.250, bubble error +5.0 p
+    assert gpipe[4:] == ["1100.0m", "1000.0m", "+2.0%", "0.300", "0.250", "+5.0p", "10%",
+                         "yes"]
+    assert rows["B -> tp 2+sp, dp 1"].split()[-6:] == ["+20.0%", "0.000", "0.000", "+0.0p",
+                                                       "15%", "NO"]
+    spread = bench.detail(found).splitlines()
+    assert spread[1].split()[3:] == ["+10.0", "(", "+5.0)", "-5.0", "(", "-5.0)", "+2.0",
+                                     "(+10.0)"]
+    # a target changes only what it names; dp follows the world of 2 ranks
+    assert bench.target_config(bench.BASES["A"], {"tp": 2, "pp": 1})["dp"] == 1
+    assert bench.target_config(bench.BASES["B"], {"pp": 2})["dp"] == 1
+    assert bench.target_config(bench.BASES["A"], {"schedule": "gpipe", "virtual_stages": 2}
+                               )["virtual_stages"] == 1
