@@ -39,9 +39,8 @@ from .cli import (EXIT_USAGE, Target, UsageError, build_parser, check_out, check
                   prepare_out, resolve_target, worker_args)
 from .monitor import Monitor, say
 from .preflight import describe_launch_error, is_this_machine, launch_config, rendezvous_host
-from .run_record import Outcome
+from .run_record import EXIT_HANG, Outcome
 
-EXIT_HANG = 124
 EXIT_LAUNCH = 1
 GATHER_TIMEOUT_S = 120.0
 

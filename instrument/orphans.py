@@ -143,7 +143,6 @@ class Strays:
     def __init__(self, grace_s: float = GRACE_S):
         self.grace_s = grace_s
         self.termed: dict = {}          # pid -> when it got SIGTERM
-        self.ended = 0
 
     def tick(self, now: Optional[float] = None) -> None:
         now = time.monotonic() if now is None else now
@@ -153,7 +152,6 @@ class Strays:
                 _reap(pid)
             elif pid not in self.termed:
                 self.termed[pid] = now
-                self.ended += 1
                 _signal(pid, signal.SIGTERM)
             elif now - self.termed[pid] >= self.grace_s:
                 _signal(pid, signal.SIGKILL)

@@ -22,6 +22,7 @@ from viz.views import hangs
 from .watchdog import P2P, Collective, highest_seqs, read_statuses
 
 SCHEMA = "paratrace.run/1"
+EXIT_HANG = 124         # trace-run's exit status after a hang (as coreutils' timeout)
 # Exit codes of workers ended from outside (SIGTERM/SIGINT/SIGKILL by the agent or watchdog).
 _ENDED = {-signal.SIGTERM, -signal.SIGINT, -signal.SIGKILL, 128 + signal.SIGTERM,
           128 + signal.SIGINT}

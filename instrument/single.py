@@ -18,7 +18,7 @@ from typing import Optional
 
 from . import orphans
 from .monitor import Monitor, say
-from .run_record import Outcome, exit_status
+from .run_record import EXIT_HANG, Outcome, exit_status
 from .watchdog import read_statuses
 
 # torchrun options that start more than one process or reach other machines: refused with
@@ -65,7 +65,7 @@ def launch(argv: list, traces_dir: str, what: str, *, timeout: Optional[float]) 
     rank = next(iter(read_statuses(traces_dir)), 0)
     if monitor.hang is not None:
         outcome.ranks = {str(rank): {"status": "failed", "exit_code": code, "error": None}}
-        outcome.add_hang(monitor.hang, 124)
+        outcome.add_hang(monitor.hang, EXIT_HANG)
     elif stopped_by is not None:
         outcome.interrupted, outcome.exit_code = True, 128 + stopped_by
     elif code == 0:

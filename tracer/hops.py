@@ -145,7 +145,7 @@ class HigherOrderOps:
         except Exception as exc:      # never let the recorder break a HOP: run it untouched
             return f"no dispatch key ({type(exc).__name__}: {exc})"
         cached = self._plans.get((id(func), key))
-        if cached is not None and cached[0] is func:
+        if cached is not None:        # its id is this HOP's: the entry keeps the HOP alive
             return cached[1]
         try:
             kernel = func.py_kernels[torch._ops.resolve_key(func, key)]

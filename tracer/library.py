@@ -129,9 +129,9 @@ class LibraryRule:
                 (user if is_lib else library).difference_update(paths)
                 continue
             (library if is_lib else user).update(paths)
-        user |= {os.path.abspath(p) + os.sep for p in user_paths}
-        user |= {os.path.abspath(p) + os.sep for p in always_user}
-        library -= user & {os.path.abspath(p) + os.sep for p in (*user_paths, *always_user)}
+        named = {os.path.abspath(p) + os.sep for p in (*user_paths, *always_user)}
+        user |= named
+        library -= named
         return cls(library, user, [f"{'' if lib else '-'}{name}" for name, lib in parsed])
 
     def is_library(self, path: str) -> bool:

@@ -52,7 +52,6 @@ RF_ENTER = "rf_enter"
 RF_EXIT = "rf_exit"
 WAIT = "wait"
 HOP = "higher_order"                     # a HigherOrderOperator (tracer/hops.py)
-SKIP_COMM = "not_comm"
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,6 @@ class ExportArg:
 
     path: str
     rank: Optional[int]          # given, or found in its head; None: not known yet
-    given: bool = False          # the rank came from R=FILE
 
 
 def parse_entries(entries: list) -> list:
@@ -56,7 +55,7 @@ def parse_entries(entries: list) -> list:
                 same = "" if seen[key] == p else f" (the same file as {seen[key]})"
                 raise RunError(f"--kineto {p}: given twice{same}: each export is read once")
             seen[key] = p
-            out.append(ExportArg(p, r, given=r is not None))
+            out.append(ExportArg(p, r))
     return out
 
 

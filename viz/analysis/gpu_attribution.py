@@ -82,14 +82,14 @@ class DeviceTime:
         setup = float(dur[self.row == SETUP].sum())
         if setup > 0:
             by_op[SETUP_OP] = by_op.get(SETUP_OP, 0.0) + setup / 1e9
+        all_of_it = whole(self.kind, self.is_nccl, self.start, self.end)
         return DeviceSummary(
             activities=int(len(self)), attributed=int(attributed.sum()),
             inside_an_event=int((self.how == 0).sum()),
             process_group_setup=int((self.how == 1).sum()),
             between_events=int((self.how == 2).sum()),
-            busy_s=busy_ns(self.start, self.end) / 1e9,
-            by_op=dict(sorted(by_op.items(), key=lambda kv: -kv[1])),
-            whole=whole(self.kind, self.is_nccl, self.start, self.end))
+            busy_s=all_of_it.busy_s,
+            by_op=dict(sorted(by_op.items(), key=lambda kv: -kv[1])), whole=all_of_it)
 
 
 @dataclass(frozen=True)
@@ -149,20 +149,6 @@ def whole(kind: np.ndarray, nccl: np.ndarray, start: np.ndarray, end: np.ndarray
         comm_s=comm / 1e9, memory_s=length(union(intervals(start[memory], end[memory]))) / 1e9,
         idle_s=(span - busy) / 1e9,
         overlap_fraction=length(intersect(comm_iv, compute_iv)) / comm if comm else None)
-
-
-def busy_ns(start: np.ndarray, end: np.ndarray) -> int:
-    """Length of the union of intervals."""
-    if not len(start):
-        return 0
-    order = np.argsort(start, kind="stable")
-    s, e = start[order], end[order]
-    reach = np.maximum.accumulate(e)
-    new = np.ones(len(s), bool)
-    new[1:] = s[1:] > reach[:-1]
-    first = np.nonzero(new)[0]
-    last = np.append(first[1:] - 1, len(s) - 1)
-    return int((reach[last] - s[first]).sum())
 
 
 def to_local(trace, unix_ns: np.ndarray) -> np.ndarray:
@@ -274,7 +260,3 @@ def _between(events: np.ndarray, t0, end, t: np.ndarray, row, how) -> None:
         before, after = t[n] - ends[k], starts[k + 1] - t[n]
         row[n] = rows[k] if before <= after else rows[k + 1]
         how[n] = 2
-
-
-def kind_names(kind: np.ndarray) -> list:
-    return [KINDS[k] for k in kind.tolist()]

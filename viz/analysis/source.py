@@ -9,12 +9,13 @@ What may be read: only the files the recording names *and* whose content here is
 it saw. The recorder keeps the sha256 and size of every source file its stacks name, with the
 root it lies under (the run's working directory, the script's directory, or the ``sys.path``
 entry a package was imported from: ``sources`` in the trace's metadata, tracer/process_info.py).
-:class:`RecordedSources` holds them; while one is active (:func:`reading`), :func:`read_source`
-and :func:`definition_lines` return a file's lines only if the file found at the recorded path
-has that hash, and nothing otherwise (nor with no recording active). So a trace from someone
-else that names a local ``secret.py`` gets none of it into a report (matching the hash means
-knowing the content already), and a file edited since the run is said to be changed instead of
-shown against lines that moved. ``trace-report --no-source`` activates none: no file is read.
+:class:`RecordedSources` holds them. Its ``text`` (the report's source pages) and, while it is
+active (:func:`reading`), :func:`definition_lines` give a file only if the file found at the
+recorded path has that hash, and nothing otherwise (nor with no recording active). So a trace
+from someone else that names a local ``secret.py`` gets none of it into a report (matching the
+hash means knowing the content already), and a file edited since the run is said to be changed
+instead of shown against lines that moved. ``trace-report --no-source`` activates none: no
+file is read.
 """
 from __future__ import annotations
 
@@ -151,19 +152,14 @@ _ACTIVE: Optional[RecordedSources] = None
 
 @contextmanager
 def reading(sources: Optional[RecordedSources]):
-    """Within the block, :func:`read_source` and :func:`definition_lines` read what
-    ``sources`` allows (None: nothing at all, as ``--no-source``)."""
+    """Within the block, :func:`definition_lines` reads what ``sources`` allows (None: nothing
+    at all, as ``--no-source``)."""
     global _ACTIVE
     before, _ACTIVE = _ACTIVE, sources
     try:
         yield sources
     finally:
         _ACTIVE = before
-
-
-def read_source(file: str) -> Optional[list]:
-    """Lines of a recorded ``.py`` file if the active recording allows it (above), else None."""
-    return _ACTIVE.text(file).lines if _ACTIVE is not None else None
 
 
 def definition_lines(file: str) -> dict:

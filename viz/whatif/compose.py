@@ -126,12 +126,12 @@ class Programs:
         return cid
 
 
-def spread(calls: list, compute: float, first: float = 0.0, last: float = 1.0) -> list:
-    """(place, call) of blocking ``calls`` spread evenly over [first, last] of ``compute``."""
+def spread(calls: list, compute: float) -> list:
+    """(place, call) of blocking ``calls`` spread evenly over ``compute``."""
     n = len(calls)
     out = []
     for i, call in enumerate(calls):
-        at = compute * (first + (last - first) * (i + 0.5) / n)
+        at = compute * (i + 0.5) / n
         out.append((at, Call(call.kind, call.group, call.nbytes, call.ns, call.role, call.key,
                              at)))
     return out

@@ -114,8 +114,8 @@ def part_costs(anatomies: dict, groups: dict, shape: Shape, pp_rank_of) -> Optio
         return None
     means = {key: (v[0] / v[1] if v[1] else 0.0) for key, v in sums.items()}
     gap_ns = {k: sum(v) / len(v) for k, v in gaps.items()}
-    per_pass = {key: [(op, shp, mod, calls / max(v[1], 1) if key[1] == "layer" else
-                       calls / max(v[1], 1), each) for op, shp, mod, calls, each in v[2]]
+    per_pass = {key: [(op, shp, mod, calls / max(v[1], 1), each)
+                      for op, shp, mod, calls, each in v[2]]
                 for key, v in sums.items()}
     layer_b = means.get(("B", "layer"), 0.0)
     if w_layer and layer_b > 0:

@@ -48,23 +48,12 @@ class Fit:
                 f"samples, {err} mean error on them")
 
 
-def fit_line(x, y, w=None, robust: bool = False) -> Fit:
-    """Weighted least squares of y = alpha + beta x (beta >= 0; one distinct x: the mean).
-    ``robust``: through the median y of each distinct x (weighted by how many it has), so a
-    few slow outliers (a process descheduled on a loaded machine) do not set the model; the
-    error is still taken over every sample."""
+def fit_line(x, y, w=None) -> Fit:
+    """Weighted least squares of y = alpha + beta x (beta >= 0; one distinct x: the mean)."""
     x, y = np.asarray(x, float), np.asarray(y, float)
     w = np.ones_like(x) if w is None else np.asarray(w, float)
     if not len(x):
         return Fit(0.0, 0.0, 0, None)
-    if robust:
-        keys = np.unique(x)
-        med = np.array([np.median(y[x == k]) for k in keys])
-        fit = fit_line(keys, med, np.array([w[x == k].sum() for k in keys]))
-        model = fit.alpha + fit.beta * x
-        total = float((w * y).sum())
-        error = float((w * np.abs(model - y)).sum() / total) if total > 0 else None
-        return Fit(fit.alpha, fit.beta, int(len(x)), error)
     mean_x, mean_y = np.average(x, weights=w), np.average(y, weights=w)
     spread = np.average((x - mean_x) ** 2, weights=w)
     beta = np.average((x - mean_x) * (y - mean_y), weights=w) / spread if spread > 0 else 0.0

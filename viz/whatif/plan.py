@@ -90,7 +90,7 @@ class Plan:
         return graph
 
     def _rank(self, rank: int) -> None:
-        tp_i, _, dp_i, pp_i = self.grid.coords(rank)
+        pp_i = self.grid.coords(rank)[3]
         src = self._source(rank)
         anat = self.rec.anatomies[src]
         plan = torch_order if self.torch_plans else schedule_actions
@@ -312,7 +312,7 @@ class Plan:
         compute = post.compute * self._params_ratio(rank, src)
         first_launch = next((at for at, op, _ in post.events if op == LAUNCH), None)
         share = first_launch / post.compute if first_launch is not None and post.compute else 0.1
-        tp_i, _, dp_i, pp_i = self.grid.coords(rank)
+        pp_i = self.grid.coords(rank)[3]
         mine = roles(self.grid, rank)
         calls = []
         sp_bytes = self._post_bytes(src, post, "tp",

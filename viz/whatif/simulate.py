@@ -111,14 +111,13 @@ def _run_rank(rank: int, program: list, position: dict, clock: dict, run: RankRu
     return i > start
 
 
-def as_timeline(graph: ExecutionGraph, sim: Simulated, config: dict,
-                pipeline_groups: dict = None) -> Timeline:
+def as_timeline(graph: ExecutionGraph, sim: Simulated, config: dict) -> Timeline:
     """The simulated run as a Timeline (every step closed, steps numbered as the programs
     number them)."""
     lanes = {}
     for rank, run in sim.runs.items():
         lanes[rank] = _lanes(graph, rank, run, sim.done,
-                             (pipeline_groups or graph.pipeline_groups).get(rank, (rank,)))
+                             graph.pipeline_groups.get(rank, (rank,)))
     origin = min((w[0] for lane in lanes.values() for w in lane.steps.values()), default=0)
     return Timeline(dict(sorted(lanes.items())), [], dict(config), origin)
 
