@@ -2,7 +2,7 @@
 
 For a tiny-op and a mid-op model (4 transformer blocks, AdamW) prints the median step time of
 each recorder and its extra time over the untraced step, in wall time, the main thread's CPU
-time and the process's CPU time:
+time and the process's CPU time, then each recorder's worst step beside its median step:
 
 - untraced;
 - a bare no-op TorchDispatchMode whose ``__torch_dispatch__`` only calls the op (the floor any
@@ -50,11 +50,14 @@ from overhead_recorders import (MODELS, UNWRAPPED, Recorders, ops_per_step,  # n
 from tracer.format import TraceWriter  # noqa: E402
 
 
-def measure(recorders: Recorders, models: list, rounds: int, steps: int) -> dict:
-    """(model, recorder) -> per round: (wall, main thread's CPU, process CPU) seconds a step,
-    the finishing work included (spread over the run's steps). Process CPU is a mean, not a
-    median: the flusher's work lands in some steps and not others."""
+def measure(recorders: Recorders, models: list, rounds: int, steps: int) -> tuple:
+    """(times, steps_seen). times: (model, recorder) -> per round: (wall, main thread's CPU,
+    process CPU) seconds a step, the finishing work included (spread over the run's steps).
+    Process CPU is a mean, not a median: the flusher's work lands in some steps and not
+    others. steps_seen: (model, recorder) -> every counted step's (wall, main thread's CPU)
+    seconds, over all rounds: its worst steps (a GPU window's close lands in one step)."""
     times = {(m, name): [] for m in models for name in recorders.factories}
+    seen = {(m, name): [] for m in models for name in recorders.factories}
     for round_ in range(rounds + 1):               # round 0 warms every path up, not counted
         for model in models:
             recorders.model = model
@@ -66,10 +69,11 @@ def measure(recorders: Recorders, models: list, rounds: int, steps: int) -> dict
                         (statistics.median(walls) + finish_wall / steps,
                          statistics.median(mains) + finish_main / steps,
                          statistics.mean(cpus) + finish_cpu / steps))
-    return times
+                    seen[model, name].extend(zip(walls, mains))
+    return times, seen
 
 
-def report(times: dict, recorders: Recorders, models: list) -> None:
+def report(times: dict, seen: dict, recorders: Recorders, models: list) -> None:
     """Extra time: over the untraced step, of the in-run step time plus the recorder's
     finishing work per step (paratrace: the last flush; torch.profiler: processing its events
     at exit and writing its file), medians over rounds of each round's median step. Three
@@ -104,6 +108,27 @@ def report(times: dict, recorders: Recorders, models: list) -> None:
         print(f"paratrace extra / extra of the no-op mode without torch's Dynamo wrapper: "
               f"wall {low[0]:.2f}, main {low[1]:.2f}, cpu {low[2]:.2f}")
         print(paired_line(times, model, clocks))
+        print(worst_lines(seen, model))
+
+
+def worst_lines(seen: dict, model: str) -> str:
+    """Each recorder's worst step beside its median step, over every counted step of every
+    round (no finishing work): a stall that lands in one step in a few (a GPU window's close,
+    a flush) shows here and hides in the medians above."""
+    lines = [f"worst step of each recorder, over every counted step ({model}):",
+             f"{'recorder':28s} {'wall median':>11s} {'worst':>9s} {'x median':>8s}"
+             f" {'main cpu median':>15s} {'worst':>9s} {'x median':>8s}"]
+    for (m, name), steps in seen.items():
+        if m != model or not steps:
+            continue
+        parts = []
+        for i, width in ((0, 11), (1, 15)):
+            values = [s[i] for s in steps]
+            median, worst = statistics.median(values), max(values)
+            parts.append(f"{median * 1e3:{width - 2}.2f}ms {worst * 1e3:7.2f}ms "
+                         f"{worst / median if median > 0 else float('nan'):8.2f}")
+        lines.append(f"{name:28s} {parts[0]} {parts[1]}")
+    return "\n".join(lines)
 
 
 def paired_line(times: dict, model: str, clocks: tuple) -> str:
@@ -191,11 +216,11 @@ def main() -> None:
 def run(recorders: Recorders, args) -> None:
     models = args.models.split(",")
     load = os.getloadavg()
-    times = measure(recorders, models, args.rounds, args.steps)
+    times, seen = measure(recorders, models, args.rounds, args.steps)
     print(f"{args.rounds} interleaved rounds of {args.steps} steps (first dropped), medians; "
           f"load average at start {load[0]:.2f}, at end {os.getloadavg()[0]:.2f}, "
           f"{os.cpu_count()} CPUs")
-    report(times, recorders, models)
+    report(times, seen, recorders, models)
 
     trace_path = recorders.last_trace[models[-1]]
     trace = tracer.load(trace_path)

@@ -1,16 +1,21 @@
 """The recorder's device-time plumbing, without a GPU: CUPTI windows that follow the steps (run
 with torch.profiler's CPU activity standing in for CUDA, so the windowing, the export, the
-flusher's parsing and the clock pairs all run for real), the metadata that maps CUPTI's clock
-and threads onto the trace, the process-group setup event, and the option that turns it off.
-What only a GPU can show (CUDA kernels attributed to ops) is in test_device_gpu.py."""
+flusher's parsing and the clock pairs all run for real), where each window is saved (the
+flusher, not the training thread; the closing thread for what is left at a crash), the same
+exports through torch.autograd's binding as through torch.profiler, the metadata that maps
+CUPTI's clock and threads onto the trace, the process-group setup event, and the option that
+turns it off. What only a GPU can show (CUDA kernels attributed to ops) is in
+test_device_gpu.py."""
 from __future__ import annotations
 
 import glob
+import json
 import os
 import subprocess
 import sys
 import threading
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -19,10 +24,12 @@ from conftest import CPU_ONLY
 from gpt_helpers import REPO, free_port
 from instrument.cli import Target, build_parser, worker_args
 from tracer import device as device_module
+from tracer import flusher as flusher_module
 from tracer import ops, rundir
 from tracer import session as session_module
 from tracer.device import DeviceRecorder
 from tracer.device_format import read_device
+from waiting import wait_until
 
 
 def _train(steps: int) -> None:
@@ -59,6 +66,167 @@ def test_device_windows_follow_the_recorded_steps(tmp_path, monkeypatch):
     assert problem is None and [m["window"] for m in metas] == [0, 1]
     assert len(records) == 0                        # CPU ops are no GPU activity
     assert glob.glob(os.path.join(str(tmp_path), ".*window*")) == []
+
+
+def _spy_on_windows(monkeypatch) -> tuple:
+    """Record, per window, the thread that saved its export and the thread that parsed it,
+    and the export's complete events as json reads them (not paratrace's parser)."""
+    saved, parsed = [], []
+    export, load = DeviceRecorder._export, device_module.load_chrome_trace
+
+    def spy_export(self, save, path):
+        export(self, save, path)
+        saved.append((os.path.basename(path), threading.current_thread()))
+
+    def spy_load(path, *args, **kwargs):
+        with open(path) as fh:
+            events = json.load(fh)["traceEvents"]
+        parsed.append((os.path.basename(path), threading.current_thread(),
+                       [(e.get("cat"), e["name"]) for e in events if e.get("ph") == "X"]))
+        return load(path, *args, **kwargs)
+    monkeypatch.setattr(DeviceRecorder, "_export", spy_export)
+    monkeypatch.setattr(device_module, "load_chrome_trace", spy_load)
+    return saved, parsed
+
+
+def _windows_of_three_steps(out: str) -> None:
+    """Record steps 1-3 of six (a window each), then wait until the flusher has taken every
+    window (a bound, not a measurement: it writes at least every flush_interval)."""
+    with tracer.trace(out, steps="1-3") as session:
+        _train(6)
+        device = session._device
+        wait_until(lambda: device.windows == 3 and not device._pending,
+                   "the flusher taking the three windows")
+
+
+def test_the_flusher_saves_and_parses_each_window(tmp_path, monkeypatch):
+    _cpu_stands_in_for_cuda(monkeypatch)
+    saved, parsed = _spy_on_windows(monkeypatch)
+    _windows_of_three_steps(str(tmp_path))
+    names = [f".rank-0.window-{i}.json" for i in range(3)]
+    assert [name for name, _ in saved] == names and [p[0] for p in parsed] == names
+    # never the training thread: the thread that ran the steps (this one)
+    for _, thread in saved + [(p[0], p[1]) for p in parsed]:
+        assert thread is not threading.main_thread() and thread.name == "paratrace-flusher"
+    assert all(len(p[2]) > 0 for p in parsed)          # each window held the CPU ops
+    _, metas, problem = read_device(rundir.device_file(str(tmp_path), 0))
+    assert problem is None and [m["window"] for m in metas] == [0, 1, 2]
+    assert glob.glob(os.path.join(str(tmp_path), ".*window*")) == []
+
+
+def test_the_binding_and_torch_profiler_export_the_same_windows(tmp_path, monkeypatch):
+    # the path before (torch.profiler, stopped and exported at the cut on the training thread)
+    # and the binding (the flusher exports), each on the same seeded training
+    _cpu_stands_in_for_cuda(monkeypatch)
+    saved, parsed = _spy_on_windows(monkeypatch)
+    runs = {}
+    for path in ("torch.profiler", "binding"):
+        monkeypatch.setattr(DeviceRecorder, "window_path", path)
+        del saved[:], parsed[:]
+        torch.manual_seed(0)
+        _windows_of_three_steps(str(tmp_path / path))
+        records, metas, problem = read_device(rundir.device_file(str(tmp_path / path), 0))
+        assert problem is None
+        runs[path] = ([p[2] for p in parsed], metas, records,
+                      {thread.name for _, thread in saved})
+    before, now = runs["torch.profiler"], runs["binding"]
+    assert len(now[0]) == 3 and now[0] == before[0]      # every window's events, in order
+    assert now[1] == before[1] and len(now[2]) == len(before[2])
+    assert before[3] == {"MainThread"} and now[3] == {"paratrace-flusher"}
+
+
+def test_without_the_binding_torch_profiler_runs_the_windows(tmp_path, monkeypatch):
+    # a torch without torch.autograd's binding: torch.profiler, its export still on the flusher
+    _cpu_stands_in_for_cuda(monkeypatch)
+    monkeypatch.setattr(device_module, "binding", lambda: None)
+    made = []
+    start = device_module.ProfilerWindow.start
+    monkeypatch.setattr(device_module.ProfilerWindow, "start",
+                        lambda self: (made.append(self), start(self)))
+    saved, parsed = _spy_on_windows(monkeypatch)
+    _windows_of_three_steps(str(tmp_path))
+    assert len(made) == 3 and [p[0] for p in parsed] == \
+        [f".rank-0.window-{i}.json" for i in range(3)]
+    assert {thread.name for _, thread in saved} == {"paratrace-flusher"}
+    _, metas, problem = read_device(rundir.device_file(str(tmp_path), 0))
+    assert problem is None and [m["window"] for m in metas] == [0, 1, 2]
+
+
+def test_a_crash_still_writes_every_window(tmp_path, monkeypatch):
+    # the flusher never gets to the windows (it writes only at close here): the training
+    # raises in its fifth step, a window under way and the four of steps 0-3 pending; closing
+    # writes all five
+    _cpu_stands_in_for_cuda(monkeypatch)
+    monkeypatch.setattr(flusher_module, "STEP_FLUSH_GAP", 1000.0)
+    saved, parsed = _spy_on_windows(monkeypatch)
+    model = torch.nn.Linear(8, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(RuntimeError, match="the training failed"):
+        with tracer.trace(str(tmp_path), flush_interval=1000.0):
+            for step in range(5):
+                model(torch.randn(4, 8)).sum().backward()
+                if step == 4:
+                    raise RuntimeError("the training failed")
+                opt.step()
+                opt.zero_grad()
+    trace = tracer.load(rundir.trace_file(str(tmp_path), 0))
+    assert trace.status == "failed" and trace.meta["device_time"]["windows"] == 5
+    _, metas, problem = read_device(rundir.device_file(str(tmp_path), 0))
+    assert problem is None and [m["window"] for m in metas] == [0, 1, 2, 3, 4]
+    assert [p[0] for p in parsed] == [f".rank-0.window-{i}.json" for i in range(5)]
+    assert {thread.name for _, thread in saved} == {"MainThread"}    # all of them at close
+    assert glob.glob(os.path.join(str(tmp_path), ".*window*")) == []
+
+
+def test_a_window_that_is_not_saved_costs_only_itself(tmp_path, monkeypatch):
+    # the second window's export fails (a full disk): said in the metadata, the others kept
+    _cpu_stands_in_for_cuda(monkeypatch)
+    export = DeviceRecorder._export
+
+    def failing(self, save, path):
+        if path.endswith("window-1.json"):
+            raise OSError(28, "No space left on device")
+        export(self, save, path)
+    monkeypatch.setattr(DeviceRecorder, "_export", failing)
+    _windows_of_three_steps(str(tmp_path))
+    trace = tracer.load(rundir.trace_file(str(tmp_path), 0))
+    assert trace.status == "ok" and trace.meta["device_time"] == {
+        "source": "cupti", "windows": 3,
+        "error": "a device window was not saved ([Errno 28] No space left on device)"}
+    _, metas, problem = read_device(rundir.device_file(str(tmp_path), 0))
+    assert problem is None and [m["window"] for m in metas] == [0, 2]
+    assert glob.glob(os.path.join(str(tmp_path), ".*window*")) == []
+
+
+@pytest.mark.gpu
+def test_on_cuda_the_binding_records_the_kernels_torch_profiler_did(tmp_path, monkeypatch):
+    # the same steps recorded both ways on a GPU: three windows each, and in them the same
+    # kernels, memcpys and memsets by name (written without a GPU: first run by a GPU session)
+    from tracer.kineto import KINDS
+    monkeypatch.setattr(device_module, "WINDOW_S", 0.0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.GELU(),
+                                torch.nn.Linear(256, 256)).cuda()
+    opt = torch.optim.AdamW(model.parameters())
+    x = torch.randn(64, 256, device="cuda")
+
+    def steps(n):
+        for _ in range(n):
+            model(x).square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+    steps(3)                                  # cuBLAS and the allocator warm up untraced
+    got = {}
+    for path in ("torch.profiler", "binding"):
+        monkeypatch.setattr(DeviceRecorder, "window_path", path)
+        with tracer.trace(str(tmp_path / path), steps="1-3"):
+            steps(5)
+            torch.cuda.synchronize()
+        records, metas, problem = read_device(rundir.device_file(str(tmp_path / path), 0))
+        assert problem is None and [m["window"] for m in metas] == [0, 1, 2]
+        work = records.kind < KINDS.index("runtime")
+        got[path] = sorted((KINDS[k], records.names[n])
+                           for k, n in zip(records.kind[work], records.name[work]))
+    assert got["binding"] and got["binding"] == got["torch.profiler"]
 
 
 def test_a_running_profiler_keeps_the_recorder_to_host_time(tmp_path, monkeypatch, capfd):
