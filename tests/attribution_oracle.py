@@ -16,6 +16,9 @@ event by brute force in exact integers. The method is the fixture README's:
   during its call, and t1 is its completion, absent when it was still in flight at the end;
 - otherwise, before the first recorded event: process-group *setup* (NCCL communicator setup
   in init_process_group, which the fixture's trace predates an event for);
+- otherwise, inside an annotation range (``paratrace::annotation``, [t0, t1]): *in the region*
+  of the innermost (latest-started) one holding it, where a compiled region's fused kernels
+  land (docs/gpu.md); none of the fixture's launches is;
 - otherwise, before the last event's start: *between* events.
 
     python3 tests/attribution_oracle.py     # prints the counts and the launches that differ
@@ -73,9 +76,20 @@ def events(fixture: Path = FIXTURE) -> list:
             if not op.startswith("paratrace::")]
 
 
-def attribute(acts: list, evs: list, collective_call: bool = True) -> list:
-    """Per activity: ("inside", row) | ("setup", None) | ("between", None) | (None, None).
-    ``collective_call=False`` is the README's first wording: every event's [t0, t1]."""
+def ranges(fixture: Path = FIXTURE) -> list:
+    """(row, t0, t1) of every annotation range of the trace."""
+    with pa.OSFile(str(fixture / "trace" / "rank-0.arrow")) as fh:
+        table = pa.ipc.open_stream(fh).read_all()
+    columns = [table.column(c).to_pylist() for c in ("op", "t0", "t1")]
+    return [(row, t0, t1) for row, (op, t0, t1) in enumerate(zip(*columns))
+            if op == "paratrace::annotation" and t1 is not None]
+
+
+def attribute(acts: list, evs: list, collective_call: bool = True,
+              regions: tuple = ()) -> list:
+    """Per activity: ("inside", row) | ("setup", None) | ("region", row) | ("between", None)
+    | (None, None), ``regions`` being :func:`ranges`. ``collective_call=False`` is the
+    README's first wording: every event's [t0, t1]."""
     spans = [(t0, t_ret if collective and collective_call else t1, row)
              for row, _, t0, t1, t_ret, collective in evs]
     spans = [(t0, end, row) for t0, end, row in spans if end is not None]
@@ -88,6 +102,9 @@ def attribute(acts: list, evs: list, collective_call: bool = True) -> list:
             out.append(("inside", max(holding)[1]))    # the innermost: the latest started
         elif when < first:
             out.append(("setup", None))
+        elif any(t0 <= when <= t1 for _, t0, t1 in regions):
+            out.append(("region", max((t0, row) for row, t0, t1 in regions
+                                      if t0 <= when <= t1)[1]))
         elif when < last:
             out.append(("between", None))
         else:
@@ -96,9 +113,10 @@ def attribute(acts: list, evs: list, collective_call: bool = True) -> list:
 
 
 def counts(attributed: list) -> dict:
-    out = {"inside_an_event": 0, "process_group_setup": 0, "between_events": 0}
-    names = {"inside": "inside_an_event", "setup": "process_group_setup",
-             "between": "between_events"}
+    out = {"inside_an_event": 0, "inside_a_region": 0, "process_group_setup": 0,
+           "between_events": 0}
+    names = {"inside": "inside_an_event", "region": "inside_a_region",
+             "setup": "process_group_setup", "between": "between_events"}
     for how, _ in attributed:
         if how:
             out[names[how]] += 1
@@ -121,7 +139,8 @@ def closest_boundary_ns(acts: list, evs: list) -> int:
 
 if __name__ == "__main__":
     acts, evs = launches(), events()
-    now, readme = attribute(acts, evs), attribute(acts, evs, collective_call=False)
+    now, readme = attribute(acts, evs, regions=ranges()), \
+        attribute(acts, evs, collective_call=False)
     print("collective call [t0, t_ret]:", counts(now))
     print("every event [t0, t1]:       ", counts(readme))
     print("closest launch to an event boundary:", closest_boundary_ns(acts, evs), "ns")

@@ -52,12 +52,16 @@ def test_every_gpu_activity_of_the_h100_recording_is_attributed(attributed):
     summary = device_json(dev.summary(trace.dictionary("op"), trace.col("op")))
     assert summary["attributed"] / summary["activities"] >= 0.99
     # inside an event's host interval; NCCL communicator setup in init_process_group (the
-    # trace predates the recorder's own event for it); between two events: nearer one. The
-    # counts of the README's method, computed apart from the code (tests/attribution_oracle.py)
+    # trace predates the recorder's own event for it); inside an annotation range and none of
+    # its events: none here (the 2 between events lie outside every range); between two
+    # events: nearer one. The counts of the README's method, computed apart from the code
+    # (tests/attribution_oracle.py)
     expected = attribution_oracle.counts(attribution_oracle.attribute(
-        attribution_oracle.launches(), attribution_oracle.events()))
+        attribution_oracle.launches(), attribution_oracle.events(),
+        regions=attribution_oracle.ranges()))
     assert summary["attributed_by"] == expected == {
-        "inside_an_event": 1340, "process_group_setup": 324, "between_events": 2}
+        "inside_an_event": 1340, "inside_a_region": 0, "process_group_setup": 324,
+        "between_events": 2}
 
 
 def test_each_launch_lands_where_the_readme_method_puts_it(attributed):
@@ -72,14 +76,15 @@ def test_each_launch_lands_where_the_readme_method_puts_it(attributed):
     launch comes to an event's edge, so they move nothing."""
     _, dev = attributed
     acts, evs = attribution_oracle.launches(), attribution_oracle.events()
-    expected = attribution_oracle.attribute(acts, evs)
-    how = {0: "inside", 1: "setup", 2: "between", -1: None}
-    got = [(how[h], row if h == 0 else None) for h, row in zip(dev.how.tolist(),
-                                                                dev.row.tolist())]
+    expected = attribution_oracle.attribute(acts, evs, regions=attribution_oracle.ranges())
+    how = {0: "inside", 1: "setup", 2: "between", 3: "region", -1: None}
+    got = [(how[h], row if h in (0, 3) else None) for h, row in zip(dev.how.tolist(),
+                                                                     dev.row.tolist())]
     assert got == expected
     first_wording = attribution_oracle.attribute(acts, evs, collective_call=False)
     assert attribution_oracle.counts(first_wording) == {
-        "inside_an_event": 1338, "process_group_setup": 324, "between_events": 4}
+        "inside_an_event": 1338, "inside_a_region": 0, "process_group_setup": 324,
+        "between_events": 4}
     ops = {row: op for row, op, *_ in evs}
     moved = [(acts[i][:2], ops[expected[i][1]]) for i in range(len(acts))
              if first_wording[i] != expected[i]]

@@ -116,6 +116,14 @@ def test_front_page_answers_what_happened(report, browser, tmp_path):
         assert row[7] == (f"{100 * time['pipeline']['bubble_fraction']:.0f} % "
                           f"({100 * time['theoretical_bubble_fraction']:.0f} %)")
         assert row[8] == "host"
+    headings = browser.js("[...document.querySelectorAll('table.headline th')]"
+                          ".map(th => th.textContent.trim())")
+    assert headings[7] == "bubble (theory)", headings
+    # the legend keys the passes drawn: F and B (1F1B has no W pass)
+    legend = browser.js("[...document.querySelectorAll('a.preview svg > text')]"
+                        ".map(t => t.textContent)")
+    assert {"forward pass (micro-batch)", "backward pass"} <= set(legend), legend
+    assert "weight-gradient pass" not in legend
     bars = browser.js("[...document.querySelectorAll('table.headline .bar')].map(b => "
                       "[...b.children].reduce((s, c) => s + c.getBoundingClientRect().width, 0)"
                       " / b.getBoundingClientRect().width)")
@@ -304,3 +312,44 @@ def test_trace_text_is_escaped_on_the_front_page_and_in_search(tmp_path, browser
             browser.key("Enter")
         assert browser.js("window.pwned === undefined"), page
         assert browser.console == [], (page, browser.console)
+
+
+def test_a_run_without_a_pipeline_shows_no_passes_nor_bubble(tmp_path, browser):
+    """Two data-parallel ranks, no pipeline, no F/B/W pass: the timeline's legend keys no pass,
+    and the headline's last share is not a "bubble (theory)" but the step without compute.
+    Each counted step (units of us): ops [0, 40) and [100, 140), an all-reduce launched at 40
+    that completes at 100 (the host waits in between: not compute), the next step at 140. So
+    compute is 80 of 140: 60/140 = 43 % without compute, 40/140 the bar's communication."""
+    from constructed.synthetic import SyntheticRank
+    for rank in (0, 1):
+        r = SyntheticRank(rank, 2, {"tp": 1, "pp": 1, "dp": 2})
+        for step in range(3):
+            base = 140 * step
+            r.op(base, base + 40, stack=[("/src/train.py", 5, "step", "step")])
+            r.comm("all_reduce", base + 40, base + 41, base + 100, group=(0, 1),
+                   phase="grad_sync", stack=[("/src/train.py", 9, "step", "step")])
+            r.op(base + 100, base + 140, stack=[("/src/train.py", 6, "step", "step")])
+            r.next_step(base + 140)
+        r.write(tmp_path / "run" / "traces")
+    index = Path(build(str(tmp_path / "run"), str(tmp_path / "out"))[0])
+    browser.console.clear()
+    browser.open(index.as_uri())
+    assert browser.console == [], browser.console
+    headings = browser.js("[...document.querySelectorAll('table.headline th')]"
+                          ".map(th => th.textContent.trim())")
+    assert headings[7] == "no compute" and not any("bubble" in h for h in headings), headings
+    rows = rows_of(browser, "table.headline")
+    assert [row[7] for row in rows] == [f"{100 * 60 / 140:.0f} %"] * 2 == ["43 %"] * 2
+    note = browser.js("document.querySelector('table.headline').nextElementSibling"
+                      ".textContent")
+    assert "no compute: the share of the step without compute" in note
+    assert "theoretical" not in note and "pipeline bubble" not in note
+    legend = browser.js("[...document.querySelectorAll('a.preview svg > text')]"
+                        ".map(t => t.textContent)")
+    assert "computing" in legend and "idle" in legend, legend
+    assert not {"forward pass (micro-batch)", "backward pass",
+                "weight-gradient pass"} & set(legend), legend
+    assert not browser.js("document.querySelector('a.preview svg .pass')")
+    ranks = browser.js("[...document.querySelectorAll('main > table')].find(t => "
+                       "t.textContent.includes('comm bytes')).rows[0].textContent")
+    assert "no compute" in ranks and "bubble" not in ranks

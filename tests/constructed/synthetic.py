@@ -105,9 +105,14 @@ class SyntheticRank:
         self._cid += 1
 
     def annotate(self, label: str, t0: float, t1: float, *, outer: Sequence[dict] = (),
-                 **attrs) -> None:
-        """A closed annotation range (``tracer.annotate``), inside the ``outer`` ones."""
-        self.row(t0=self.t(t0), t1=self.t(t1), op=ops.OP_ANNOTATION,
+                 thread: int = 0, stack: Optional[Sequence] = None,
+                 row_module: Optional[str] = None, **attrs) -> None:
+        """A closed annotation range (``tracer.annotate``), inside the ``outer`` ones, closed
+        on ``thread``; ``stack`` and ``row_module``: the row's own stack and module, which the
+        recorder writes for a higher-order operator's range (``attrs`` may hold a ``module``
+        attribute of their own, as a ``torch.compile`` range's do)."""
+        self.row(t0=self.t(t0), t1=self.t(t1), op=ops.OP_ANNOTATION, thread=thread,
+                 stack=_stack(stack), module=row_module,
                  annotation=_annotation(list(outer) + [dict(label=label, **attrs)]))
 
     def next_step(self, t: float) -> None:

@@ -12,11 +12,17 @@ which runtime or driver call launched it (the correlation id). Attribution:
    which (``threads``), else on any.
 3. Launches inside process-group setup of a trace that recorded no event for it (the window
    from the trace's start to its first clock alignment) go to ``c10d.init_process_group``.
-4. A launch between two events on its thread (host work no aten op covers: ``torch.tensor``'s
+4. A launch inside no event but inside an annotation range (a ``torch.compile`` region whose
+   fused kernels are no aten op, a higher-order operator, a CUDA graph replayed or a Triton
+   kernel called directly under ``tracer.annotate`` or ``record_function``) goes to the
+   innermost such range, and is counted apart: the range's row, shown by kernel name
+   (:func:`viz.analysis.op_groups.kernel_groups`).
+5. A launch between two events on its thread (host work no aten op covers: ``torch.tensor``'s
    host-to-device copy, NCCL's copies after a collective returned) goes to the nearer of the
    two, and is counted apart.
 
-Each activity follows its launch. The result, :class:`DeviceTime`, gives every row of the trace
+The launching thread's own events and ranges come first, then any thread's. Each activity
+follows its launch. The result, :class:`DeviceTime`, gives every row of the trace
 its device time (call-graph weights, module and op times), the activities on the rank's clock
 (lanes per stream, compute and communication on the device) and the summary counts.
 """
@@ -34,6 +40,7 @@ from .intervals import intersect, intervals, length, union
 
 SETUP = -2                    # attributed to process-group setup (no row records it)
 UNATTRIBUTED = -1
+INSIDE, IN_SETUP, BETWEEN, IN_REGION = 0, 1, 2, 3   # how a launch was attributed (-1: not)
 SETUP_OP = "c10d.init_process_group"
 KERNEL, MEMCPY, MEMSET = (KINDS.index(k) for k in ("kernel", "memcpy", "memset"))
 
@@ -49,13 +56,20 @@ class DeviceTime:
     kind: np.ndarray              # codes of tracer.kineto.KINDS
     name: np.ndarray              # codes into names
     names: list
-    row: np.ndarray               # trace row of the launching event, SETUP or UNATTRIBUTED
-    how: np.ndarray               # 0 inside an event, 1 setup, 2 between events, -1 none
+    row: np.ndarray               # trace row of the launching event or range, SETUP or
+    #                               UNATTRIBUTED
+    how: np.ndarray               # INSIDE, IN_SETUP, BETWEEN, IN_REGION; -1 none
     launch: np.ndarray            # when its launch call started (-1: no launch record)
     row_ns: np.ndarray            # per trace row: device time of the activities it launched
 
     def __len__(self) -> int:
         return len(self.start)
+
+    def in_regions(self) -> "RegionWork":
+        """The activities launched inside an annotation range and none of its events."""
+        mine = self.how == IN_REGION
+        return RegionWork(self.row[mine], self.name[mine], self.names,
+                          (self.end - self.start)[mine])
 
     @property
     def is_nccl(self) -> np.ndarray:
@@ -74,22 +88,41 @@ class DeviceTime:
         attributed = self.row != UNATTRIBUTED
         by_op: dict = {}
         dur = (self.end - self.start).astype(np.float64)
-        rows = self.row[attributed & (self.row >= 0)]
-        if len(rows):
-            per_code = np.bincount(op_codes[rows], weights=dur[attributed & (self.row >= 0)],
+        region = self.how == IN_REGION
+        on_op = (self.row >= 0) & ~region
+        if on_op.any():
+            per_code = np.bincount(op_codes[self.row[on_op]], weights=dur[on_op],
                                    minlength=len(op_names))
             by_op = {op_names[i]: s / 1e9 for i, s in enumerate(per_code.tolist()) if s > 0}
+        if region.any():        # a range's own GPU work goes by kernel name, not by the range
+            per_name = np.bincount(self.name[region], weights=dur[region],
+                                   minlength=len(self.names))
+            for i, s in enumerate(per_name.tolist()):
+                if s > 0:
+                    by_op[self.names[i]] = by_op.get(self.names[i], 0.0) + s / 1e9
         setup = float(dur[self.row == SETUP].sum())
         if setup > 0:
             by_op[SETUP_OP] = by_op.get(SETUP_OP, 0.0) + setup / 1e9
         all_of_it = whole(self.kind, self.is_nccl, self.start, self.end)
         return DeviceSummary(
             activities=int(len(self)), attributed=int(attributed.sum()),
-            inside_an_event=int((self.how == 0).sum()),
-            process_group_setup=int((self.how == 1).sum()),
-            between_events=int((self.how == 2).sum()),
+            inside_an_event=int((self.how == INSIDE).sum()),
+            inside_a_region=int(region.sum()),
+            process_group_setup=int((self.how == IN_SETUP).sum()),
+            between_events=int((self.how == BETWEEN).sum()),
             busy_s=all_of_it.busy_s,
             by_op=dict(sorted(by_op.items(), key=lambda kv: -kv[1])), whole=all_of_it)
+
+
+@dataclass(frozen=True)
+class RegionWork:
+    """GPU activities launched inside annotation ranges, outside their events: per activity
+    the range's trace row, its name (a code into ``names``) and its device time (ns)."""
+
+    row: np.ndarray
+    name: np.ndarray
+    names: list
+    ns: np.ndarray
 
 
 @dataclass(frozen=True)
@@ -117,6 +150,7 @@ class DeviceSummary:
     activities: int
     attributed: int
     inside_an_event: int          # launched inside an event's host interval
+    inside_a_region: int          # inside an annotation range, outside its events
     process_group_setup: int      # launched in process-group setup no event records
     between_events: int           # launched between two events: the nearer one
     busy_s: float
@@ -203,37 +237,45 @@ def _launch_rows(trace, t: np.ndarray, tid: np.ndarray) -> tuple:
     t0, t1, t_ret = trace.col("t0"), trace.col("t1"), trace.col("t_ret")
     # a collective launches during its call (t0 to its return), not until its completion
     end = np.where(t_ret >= 0, t_ret, np.where(t1 >= 0, t1, t0))
+    ranges = np.nonzero((op == trace.code("op", _ops.OP_ANNOTATION)) & (t1 >= t0))[0]
     thread = trace.col("thread")
     idents = {int(k): int(v) & 0xFFFFFFFF for k, v in (trace.meta.get("threads") or {}).items()}
     row = np.full(len(t), UNATTRIBUTED, dtype=np.int64)
     how = np.full(len(t), -1, dtype=np.int64)
-    groups = [(events, np.ones(len(t), bool))]
-    if idents:     # same-thread attribution first, then any thread for the rest
-        groups = [(events[thread[events] == k], tid == ident) for k, ident in idents.items()] \
-            + groups
-    for rows, which in groups:
-        todo = which & (row == UNATTRIBUTED)
-        if not todo.any() or not len(rows):
-            continue
-        rows = rows[np.argsort(t0[rows], kind="stable")]
-        starts, ends = t0[rows], np.maximum.accumulate(end[rows])
-        when = t[todo]
-        j = np.searchsorted(starts, when, side="right") - 1
-        inside = (j >= 0) & (ends[np.maximum(j, 0)] >= when)
-        # the innermost event holding t: the latest-started whose own end is past t
-        k = np.where(inside, j, -1)
-        own_end = end[rows]
-        late = inside & (own_end[np.maximum(k, 0)] < when)     # only these need a walk back
-        for n in np.nonzero(late)[0].tolist():
-            while k[n] >= 0 and own_end[k[n]] < when[n]:
-                k[n] -= 1
-        chosen = np.where(k >= 0, rows[np.maximum(k, 0)], UNATTRIBUTED)
-        idx = np.nonzero(todo)[0]
-        row[idx] = chosen
-        how[idx] = np.where(chosen >= 0, 0, -1)
+    for k, ident in idents.items():     # the launching thread's events, then its ranges
+        mine = tid == ident
+        _innermost(events[thread[events] == k], t0, end, t, mine, row, how, INSIDE)
+        _innermost(ranges[thread[ranges] == k], t0, t1, t, mine, row, how, IN_REGION)
+    anyone = np.ones(len(t), bool)       # then any thread's
+    _innermost(events, t0, end, t, anyone, row, how, INSIDE)
     _setup(trace, t, row, how)
+    _innermost(ranges, t0, t1, t, anyone, row, how, IN_REGION)
     _between(events, t0, end, t, row, how)
     return row, how
+
+
+def _innermost(rows: np.ndarray, t0: np.ndarray, end: np.ndarray, t: np.ndarray,
+               which: np.ndarray, row: np.ndarray, how: np.ndarray, code: int) -> None:
+    """Each launch of ``which`` not yet attributed, held by one of ``rows`` (its t0 to its
+    ``end``, ends included), goes to the innermost: the latest-started whose end is past it."""
+    todo = which & (row == UNATTRIBUTED)
+    if not todo.any() or not len(rows):
+        return
+    rows = rows[np.argsort(t0[rows], kind="stable")]
+    starts, ends = t0[rows], np.maximum.accumulate(end[rows])
+    when = t[todo]
+    j = np.searchsorted(starts, when, side="right") - 1
+    inside = (j >= 0) & (ends[np.maximum(j, 0)] >= when)
+    k = np.where(inside, j, -1)
+    own_end = end[rows]
+    late = inside & (own_end[np.maximum(k, 0)] < when)     # only these need a walk back
+    for n in np.nonzero(late)[0].tolist():
+        while k[n] >= 0 and own_end[k[n]] < when[n]:
+            k[n] -= 1
+    found = k >= 0
+    idx = np.nonzero(todo)[0][found]
+    row[idx] = rows[k[found]]
+    how[idx] = code
 
 
 def _setup(trace, t: np.ndarray, row: np.ndarray, how: np.ndarray) -> None:
@@ -243,7 +285,7 @@ def _setup(trace, t: np.ndarray, row: np.ndarray, how: np.ndarray) -> None:
     if start is None or aligned is None or trace.code("op", _ops.OP_PG_INIT) >= 0:
         return
     mask = (row == UNATTRIBUTED) & (t >= start) & (t <= aligned)
-    row[mask], how[mask] = SETUP, 1
+    row[mask], how[mask] = SETUP, IN_SETUP
 
 
 def _between(events: np.ndarray, t0, end, t: np.ndarray, row, how) -> None:
@@ -259,4 +301,4 @@ def _between(events: np.ndarray, t0, end, t: np.ndarray, row, how) -> None:
             continue                 # before the first event or after the last: not between
         before, after = t[n] - ends[k], starts[k + 1] - t[n]
         row[n] = rows[k] if before <= after else rows[k + 1]
-        how[n] = 2
+        how[n] = BETWEEN

@@ -46,7 +46,7 @@ class Weights:
     """What a node, edge or line accounts for. Slotted: a merged call graph of many ranks holds
     one per node, edge, rank and direction (hundreds of thousands for 64 ranks)."""
 
-    ops: int = 0          # events (aten ops and collectives)
+    ops: int = 0          # events (aten ops, collectives); a range's kernels: launches
     time_ns: float = 0    # summed durations; a collective counts launch to completion
     bytes: int = 0        # bytes handed to collectives
     comms: int = 0        # collective / P2P calls
@@ -146,6 +146,22 @@ def _group_rows(columns: list) -> tuple:
     return inverse.reshape(-1), first
 
 
+def _splitter(trace, split_cache: Optional[dict]) -> Callable[[int], tuple]:
+    """Stack code -> its frames split (:func:`split_stack`), each decoded once into
+    ``split_cache``."""
+    cache = {} if split_cache is None else split_cache
+    library, texts = library_test(trace), trace.dictionary("stack")
+
+    def split(code: int) -> tuple:
+        # NOTE: decodes from one copy of the dictionary; Trace.stack(code) copies the whole
+        # dictionary on every call, quadratic over a run's thousands of stacks.
+        if code not in cache:
+            cache[code] = split_stack(decode_stack(texts[code]), library) \
+                if code >= 0 else ((NO_STACK,), None)
+        return cache[code]
+    return split
+
+
 def group_ops(trace, durations: Optional[np.ndarray] = None,
               split_cache: Optional[dict] = None) -> list:
     """One rank's ops and collectives aggregated into :class:`OpGroup` s (pseudo-ops dropped).
@@ -173,18 +189,8 @@ def group_ops(trace, durations: Optional[np.ndarray] = None,
     byte_sums = np.bincount(inverse, weights=nbytes)
     kinds = trace.col("kind")[rows][first]
     kind_names, shape_names = trace.dictionary("kind"), trace.dictionary("shapes")
-    module_names, stack_texts = trace.dictionary("module"), trace.dictionary("stack")
-    split_cache = {} if split_cache is None else split_cache
-    library = library_test(trace)
-
-    def split(code: int) -> tuple:
-        # NOTE: decodes from one copy of the dictionary; Trace.stack(code) copies the whole
-        # dictionary on every call, quadratic over a run's thousands of stacks.
-        if code not in split_cache:
-            split_cache[code] = split_stack(decode_stack(stack_texts[code]), library) \
-                if code >= 0 else ((NO_STACK,), None)
-        return split_cache[code]
-
+    module_names = trace.dictionary("module")
+    split = _splitter(trace, split_cache)
     out = []
     for g, row in enumerate(first.tolist()):
         stack, fwd = int(cols["stack"][row]), int(cols["fwd_stack"][row])
@@ -206,6 +212,131 @@ def group_ops(trace, durations: Optional[np.ndarray] = None,
             time_ns=float(times[g]), bytes=int(byte_sums[g]),
             flops=op_flops(op, shapes) * count))
     return out
+
+
+class RegionSite(NamedTuple):
+    """Where a range's own GPU work is shown: an attribution path, module and phase."""
+
+    path: tuple
+    boundary: Optional[Frame]
+    module: Optional[str]
+    phase: str
+
+
+def kernel_groups(trace, work, keep: Optional[np.ndarray] = None,
+                  split_cache: Optional[dict] = None) -> list:
+    """GPU work launched inside annotation ranges and none of their events
+    (:meth:`viz.analysis.gpu_attribution.DeviceTime.in_regions`: a compiled region's fused
+    kernels, a CUDA graph replayed, a Triton kernel called directly) as op groups named by
+    kernel: a range's activities of one kernel name are one group (``count``: launches), under
+    the range's site (:func:`region_sites`). ``keep``: which trace rows count (a step range)."""
+    if work is None or not len(work.row):
+        return []
+    sel = np.ones(len(work.row), bool) if keep is None else np.asarray(keep)[work.row]
+    if not sel.any():
+        return []
+    names, ns = work.name[sel], work.ns[sel]
+    ranges, per = np.unique(work.row[sel], return_inverse=True)
+    index: dict = {}          # ranges at one site (a compiled graph's calls) group together
+    site_of = np.array([index.setdefault(x, len(index)) for x in
+                        region_sites(trace, ranges.tolist(), split_cache)], dtype=np.int64)
+    sites = list(index)
+    site = site_of[per.reshape(-1)]
+    inverse, first = _group_rows([site, names])
+    counts, times = np.bincount(inverse), np.bincount(inverse, weights=ns)
+    out = []
+    for g, i in enumerate(first.tolist()):
+        where = sites[int(site[i])]
+        out.append(OpGroup(rank=trace.rank, path=where.path, boundary=where.boundary,
+                           via=None, op=work.names[int(names[i])], phase=where.phase,
+                           kind=None, shapes=None, module=where.module, count=int(counts[g]),
+                           time_ns=float(times[g]), bytes=0, flops=0))
+    return out
+
+
+def region_sites(trace, rows: list, split_cache: Optional[dict] = None) -> list:
+    """The :class:`RegionSite` of each range row (docs/gpu.md). Its path: the row's own stack
+    (a higher-order operator's), else the call path its events (same thread) share
+    (:func:`_shared_path`), cut at the compiled function a ``torch.compile`` range names
+    (``code``), else that function's line. Its module: the row's, else the range's
+    ``module`` attribute, else what its events' modules share. Its phase: the one most of its
+    events have, else the range's ``pass``, else the row's."""
+    split = _splitter(trace, split_cache)
+    op, t0, t1 = trace.col("op"), trace.col("t0"), trace.col("t1")
+    thread, stack, module = trace.col("thread"), trace.col("stack"), trace.col("module")
+    phase, modules, notes = trace.col("phase"), trace.dictionary("module"), \
+        trace.col("annotation")
+    drop = np.array([name in PSEUDO_OPS for name in trace.dictionary("op")] + [True])
+    real = np.nonzero(~drop[op])[0]
+    real = real[np.argsort(t0[real], kind="stable")]
+    per_thread = {int(k): real[thread[real] == k] for k in np.unique(thread[rows])}
+    out = []
+    for r in rows:
+        entry = (trace.annotation(int(notes[r])) or ({},))[-1]
+        mine = per_thread[int(thread[r])]
+        inner = mine[np.searchsorted(t0[mine], t0[r], side="left"):
+                     np.searchsorted(t0[mine], t1[r], side="right")]
+        if stack[r] >= 0:
+            path, boundary = split(int(stack[r]))
+        else:
+            path, boundary = _shared_path([split(int(c)) for c in np.unique(stack[inner])
+                                           if c >= 0], entry), None
+        if module[r] >= 0:
+            mod = modules[module[r]]
+        elif isinstance(entry.get("module"), str) and entry["module"]:
+            mod = entry["module"]
+        else:
+            mod = _shared_module({modules[m] if m >= 0 else None
+                                  for m in module[inner].tolist()})
+        if len(inner):
+            name = PHASES[int(np.bincount(phase[inner]).argmax())]
+        else:
+            name = entry["pass"] if entry.get("pass") in PHASES else PHASES[int(phase[r])]
+        out.append(RegionSite(path, boundary, mod, name))
+    return out
+
+
+def _shared_path(splits: list, entry: dict) -> tuple:
+    """The frames the paths of ``splits`` ((path, boundary) of its events) share from the
+    outermost, less the lines that issued an op themselves (no library call between: the
+    range's own work is not on another op's line), up to the compiled function where the range
+    names one (``code``: "file:line", ``fn``); that function alone when nothing is left;
+    NO_STACK without either."""
+    file, _, line = str(entry.get("code") or "").rpartition(":")
+    fn = str(entry.get("fn") or "")
+
+    def compiled(f: Frame) -> bool:
+        return bool(file) and f.file == file and (str(f.line) == line or f.qualname == fn)
+    paths = [path for path, _ in splits]
+    shared: list = []
+    for frames in (zip(*paths) if paths else ()):
+        if any(f != frames[0] for f in frames) or frames[0] is NO_STACK:
+            break
+        shared.append(frames[0])
+    direct = {path[-1] for path, boundary in splits if boundary is None}
+    while shared and shared[-1] in direct and not compiled(shared[-1]):
+        shared.pop()
+    cut = next((i for i, f in enumerate(shared) if compiled(f)), None)
+    if cut is not None:
+        return tuple(shared[:cut + 1])
+    if shared:
+        return tuple(shared)
+    if file and line.isdigit():
+        return (Frame(file, int(line), fn.rpartition(".")[2] or "?", fn or "?"),)
+    return (NO_STACK,)
+
+
+def _shared_module(names: set) -> Optional[str]:
+    """The module path every name lies under (``GPT.blocks`` of ``GPT.blocks.0`` and
+    ``GPT.blocks.1``); None when one has none, or there are none."""
+    if not names or None in names:
+        return None
+    common = []
+    for level in zip(*(n.split(".") for n in names)):
+        if any(x != level[0] for x in level):
+            break
+        common.append(level[0])
+    return ".".join(common) or None
 
 
 class SharedOpGroups:

@@ -23,9 +23,9 @@ from tracer.labels import PHASES
 from tracer.ops import PSEUDO_OPS, group_ranks, process_group_name
 
 from .columns import Records
-from .gpu_attribution import DeviceSummary, attribute
+from .gpu_attribution import DeviceSummary, RegionWork, attribute
 from .device_lanes import on_device
-from .op_groups import group_ops
+from .op_groups import group_ops, kernel_groups
 from .intervals import Prefix
 from .lanes import P2PEnd, RankLanes, counted_steps
 from .rank_lanes import DRAWN_OPS, RankRows, p2p_endpoints, rank_lanes
@@ -144,7 +144,8 @@ def analyse_rank(trace: Trace, rank: int, send_ends: dict, op_budget: int = DRAW
     durations = dev.row_ns if dev is not None else host_durations(trace, caps)
     counted = tuple(counted_steps(lanes))
     frames: dict = {}         # the stacks' frames, shared by both groupings
-    groups = group_ops(trace, durations, frames)
+    work = dev.in_regions() if dev is not None else None
+    groups = group_ops(trace, durations, frames) + kernel_groups(trace, work, None, frames)
     return RankAnalysis(
         rank=rank, path=trace.path, meta=trace.meta,
         warnings=list(trace.warnings) + list((trace.meta.get("imported") or {}).get("damage")
@@ -154,7 +155,8 @@ def analyse_rank(trace: Trace, rank: int, send_ends: dict, op_budget: int = DRAW
         comm=comm_rows(trace), lanes=lanes, last_op=last_op(trace),
         device=None if dev is None else dev.summary(trace.dictionary("op"), trace.col("op")),
         counted_steps=counted, send_caps=caps,
-        counted_op_groups=_groups_over(trace, counted, durations, frames, all_steps=groups))
+        counted_op_groups=_groups_over(trace, counted, durations, frames, all_steps=groups,
+                                       work=work))
 
 
 def send_caps(lanes: RankLanes) -> dict:
@@ -182,12 +184,16 @@ def host_durations(trace: Trace, caps: dict) -> Optional[np.ndarray]:
 
 
 def _groups_over(trace: Trace, steps, durations: Optional[np.ndarray],
-                 frames: Optional[dict] = None, all_steps: Optional[list] = None) -> list:
-    """The op groups of ``steps`` only (``all_steps``: the groups of every step, if known)."""
+                 frames: Optional[dict] = None, all_steps: Optional[list] = None,
+                 work: Optional[RegionWork] = None) -> list:
+    """The op groups of ``steps`` only (``all_steps``: the groups of every step, if known),
+    with the GPU work ranges launched outside their events (``work``) by kernel."""
     mask = np.isin(trace.col("step"), sorted(steps))
     if mask.all():
-        return all_steps if all_steps is not None else group_ops(trace, durations, frames)
-    return group_ops(trace.select(mask), None if durations is None else durations[mask], frames)
+        return all_steps if all_steps is not None else \
+            group_ops(trace, durations, frames) + kernel_groups(trace, work, None, frames)
+    return group_ops(trace.select(mask), None if durations is None else durations[mask],
+                     frames) + kernel_groups(trace, work, mask, frames)
 
 
 @dataclass
@@ -210,7 +216,8 @@ def count_rank_file(path: str, rank: int, steps: frozenset, kineto: tuple = (),
     records, _, _ = device_records(path, rank, kineto)
     dev = attribute(trace, records) if records is not None and len(records) else None
     groups = _groups_over(trace, steps, dev.row_ns if dev is not None
-                          else host_durations(trace, caps or {}))
+                          else host_durations(trace, caps or {}),
+                          work=dev.in_regions() if dev is not None else None)
     mask = np.isin(trace.col("step"), sorted(steps))
     if not mask.all():
         trace = trace.select(mask)

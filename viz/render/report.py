@@ -99,11 +99,12 @@ def _write_report(analysis: RunAnalysis, views: ReportViews, out_dir: str, progr
         writer.write("timeline.html", "timeline.html", title="Timeline", svg=timeline,
                      files=TIMELINE_FILES)
         progress.advance()
+        headline = pages.headline_rows(analysis)
         return writer.write(
             "index.html", "index.html", title="paratrace report",
             problems=problems(analysis), run=pages.run_facts(analysis),
             lede=pages.lede(analysis), split=views.split,
-            headline=pages.headline_rows(analysis), ranks=rank_rows,
+            headline=headline, bubble=pages.bubble_column(headline), ranks=rank_rows,
             across=crossrank_page.headline(analysis),
             top_ops=_top(views, comm=False), top_comm=_top(views, comm=True),
             graphs=views.graphs, rank_graphs=views.rank_graphs, setup=views.setup,

@@ -153,6 +153,7 @@ def device_json(d: DeviceSummary) -> dict:
     """A rank's ``device`` object."""
     return {"activities": d.activities, "attributed": d.attributed,
             "attributed_by": {"inside_an_event": d.inside_an_event,
+                              "inside_a_region": d.inside_a_region,
                               "process_group_setup": d.process_group_setup,
                               "between_events": d.between_events},
             "busy_s": d.busy_s, "by_op": d.by_op, "whole": whole_json(d.whole)}

@@ -135,8 +135,10 @@ def render(timeline: Timeline, metrics: dict, cross=None, paths=()) -> str:
         _draw_rank(c, rank, timeline.ranks[rank], metrics[rank], shown[rank], y,
                    heights[rank], waits.get(rank, []), on_path.get(rank, []))
         y += heights[rank] + ROW_GAP
+    kinds = {p.kind for rank in ranks for p in _shown_passes(timeline.ranks[rank], shown[rank],
+                                                               lo, hi)}
     _legend(c, y + 8, any(lane.device is not None for lane in timeline.ranks.values()),
-            bool(on_path))
+            bool(on_path), kinds)
     title = _title(timeline, metrics)
     width = LEFT + PLOT + RIGHT
     head = (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{bottom + 30}" '
@@ -174,8 +176,7 @@ def _draw_rank(c: "_Canvas", rank: int, lane, m, shown: list, y: float, row_h: i
         for g0, g1 in c.drawable(gaps(busy, a, b)).tolist():
             c.rect(g0, g1, y + PASS_H + 2, 2 * LANE_H, COLOURS["idle"],
                    f"rank {rank} idle {_fmt_s((g1 - g0) / 1e9)}", cls="idle")
-    _passes(c, lane, rank, [p for p in lane.passes if p.step in shown and p.end > lo
-                            and p.start < hi], y)
+    _passes(c, lane, rank, _shown_passes(lane, shown, lo, hi), y)
     shown_compute = window(lane.compute, lo, hi)
     for a, b in c.drawable(shown_compute).tolist():
         c.rect(a, b, y + PASS_H + 2, LANE_H, COLOURS["compute"],
@@ -202,6 +203,11 @@ def _draw_rank(c: "_Canvas", rank: int, lane, m, shown: list, y: float, row_h: i
     for i, line in enumerate(_metrics_text(m) + ([f"clock: {lane.clock}"]
                                                   if lane.clock != "host" else [])):
         c.text(LEFT + PLOT + 10, y + 10 + 12 * i, line, class_="metric")
+
+
+def _shown_passes(lane, shown: list, lo: int, hi: int) -> list:
+    """The rank's passes of the steps drawn, inside the picture's time range."""
+    return [p for p in lane.passes if p.step in shown and p.end > lo and p.start < hi]
 
 
 def _passes(c: "_Canvas", lane, rank: int, passes: list, y: float) -> None:
@@ -285,10 +291,14 @@ def _comm_blocks(c: _Canvas, lane, rank: int, y: float, lo: int, hi: int) -> Non
                cls="comm")
 
 
-def _legend(c: "_Canvas", y: float, gpu: bool, path: bool) -> None:
+PASS_KEYS = (("F", "forward pass (micro-batch)"), ("B", "backward pass"),
+             ("W", "weight-gradient pass"))
+
+
+def _legend(c: "_Canvas", y: float, gpu: bool, path: bool, kinds: set) -> None:
+    """The colours' key: the pass kinds drawn (none without passes), then the lanes'."""
     x = LEFT
-    keys = [("F", "forward pass (micro-batch)"), ("B", "backward pass"),
-            ("W", "weight-gradient pass"), ("compute", "computing"),
+    keys = [key for key in PASS_KEYS if key[0] in kinds] + [("compute", "computing"),
             ("comm", "communication in flight"), ("wait", "waiting for a late rank"),
             ("idle", "idle")] + ([("gpu", "GPU kernels"), ("memory", "memcpy/memset")]
                                  if gpu else []) + \

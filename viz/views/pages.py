@@ -83,6 +83,24 @@ def rank_rows(analysis: RunAnalysis) -> list:
     return rows
 
 
+def bubble_column(headline: list) -> dict:
+    """The heading and footnote of the headline's last share (:func:`headline_rows`): the
+    pipeline bubble beside the schedule's theory where a rank has a pipeline; else no bubble
+    and no theory, but what the share is: the step without compute (exposed communication,
+    memory activity, idle time). ``short``: the same column's name in the ranks table."""
+    if any(row["bubble_kind"] == "pipeline" for row in headline):
+        return dict(heading="bubble (theory)", short="bubble",
+                    title="pipeline bubble (the schedule's theoretical bubble)",
+                    note="bubble: the pipeline bubble beside the schedule's theoretical one "
+                         "(a rank without a pipeline: the share of its step not computing)")
+    return dict(heading="no compute", short="no compute",
+                title="share of the step without compute: exposed communication, memory "
+                      "and idle",
+                note="no compute: the share of the step without compute, that is exposed "
+                     "communication, memory activity and idle time (no pipeline in this run: "
+                     "no bubble to set beside a schedule's theory)")
+
+
 def _metrics(analysis: RunAnalysis, rank: int):
     """A rank's time metrics (viz.analysis.metrics.RankMetrics), or None: a rank without a
     readable trace has none."""
