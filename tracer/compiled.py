@@ -19,7 +19,11 @@ What this module adds while recording (tracer/patches/dynamo.py wires it into Dy
   from hooks on that node;
 - the module hooks return at once while Dynamo traces (modules.py): Dynamo inlines them as
   nothing instead of failing on, or graph-breaking at, their bookkeeping; inside compiled code
-  ops carry the module that called the compiled region;
+  ops carry the module that called the compiled region. Called as frames of their own (a
+  compiled module's ``__call__`` runs eagerly and calls them), Dynamo never compiles them nor
+  what they call (:func:`prepare`);
+- Dynamo's compilation of a frame runs with the dispatch modes off the stack on every path,
+  DDP's included (:func:`without_modes`): its tracing on fake tensors is never recorded;
 - ``OptimizedModule.__call__`` without its warning about global module hooks: the warning says
   the hooks fire for the wrapper and again for the wrapped module; the module tracker names the
   wrapper as the module it wraps (modules.py), so that is harmless here.
@@ -31,6 +35,8 @@ from time import perf_counter_ns as _now
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from .compat import skip_dynamo
 
 LABEL = "torch.compile"
 
@@ -51,18 +57,32 @@ def prepare(session, modules, compiled: bool) -> None:
 
 
 def _run_frames_eagerly(*functions) -> None:
-    """Dynamo never compiles a call of these as a frame of its own (a module hook called from a
-    compiled module's ``__call__``); inlined into a traced frame they still are. Otherwise
-    Dynamo caches the hook as traced, a no-op, and runs that whenever it is called inside a
-    compiled module, even while recording with compiled="eager"."""
-    try:
-        from torch._C._dynamo import eval_frame
-        strategy = eval_frame._FrameExecStrategy(eval_frame._FrameAction.SKIP,
-                                                 eval_frame._FrameAction.DEFAULT)
-    except (ImportError, AttributeError):     # pragma: no cover - another torch
-        return
+    """Dynamo never runs a call of these, nor anything they call, as a frame of its own
+    (compat.skip_dynamo); inlined into a traced frame they still are, and return at once there
+    (modules.py). A compiled module's ``_call_impl`` runs eagerly (Dynamo skips torch.nn's
+    frames) and calls the global hooks with Dynamo's frame callback set: without this mark
+    Dynamo compiled ``ModuleTracker._name`` as a frame, and failed on the module tree it walks
+    (``UnspecializedNNModuleVariable ... already tracked for mutation``), or cached it traced,
+    a no-op, for every later call. (Before torch 2.7 only the hook's own frame is marked;
+    there Dynamo compiles nothing while the recorder's mode is on the stack: SUPPORTED.)"""
     for fn in functions:
-        eval_frame.set_code_exec_strategy(fn.__code__, strategy)
+        skip_dynamo(fn.__code__)
+
+
+def without_modes(compile_frame):
+    """``compile_frame`` (Dynamo's ``convert_frame._compile``) run with every dispatch mode off
+    the stack, as Dynamo runs it itself, except on the path it takes for a module that
+    DistributedDataParallel runs (DDPOptimizer: ``compile(DDP(m))``, ``DDP(compile(m))``).
+    There Dynamo left the modes on: the recorder saw its tracing on fake tensors (``aten.empty``,
+    ``prim.device``, every op of the model on FakeTensors) as the user's forward."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    def compile_unrecorded(*args, **kwargs):
+        if "skip" in kwargs:      # the frames Dynamo's logs skip to reach the user's: one more
+            kwargs["skip"] += 1
+        with _disable_current_modes():
+            return compile_frame(*args, **kwargs)
+    return compile_unrecorded
 
 
 def region_of(session, modules, compiled_fn, graph):
@@ -90,10 +110,21 @@ def _forward_of(compiled_fn):
     return compiled_fn
 
 
+def _backend_name(fn) -> str:
+    """A backend's name; DDPOptimizer's (DDP's module compiled: Dynamo splits its graph at
+    the gradient buckets and compiles each piece with the user's backend) names that too:
+    ``ddp_optimizer(inductor)``."""
+    owner = getattr(fn, "__self__", None)
+    inner = getattr(owner, "backend_compile_fn", None)
+    if type(owner).__name__ == "DDPOptimizer" and inner is not None:
+        return f"ddp_optimizer({_backend_name(inner)})"
+    return str(getattr(fn, "compiler_name", None) or getattr(fn, "__name__", None) or
+               type(fn).__name__)
+
+
 def _describe(graph) -> dict:
     code = graph.root_tx.f_code
-    backend = getattr(graph.compiler_fn, "compiler_name", None) or \
-        getattr(graph.compiler_fn, "__name__", None) or type(graph.compiler_fn).__name__
+    backend = _backend_name(graph.compiler_fn)
     return {"source": LABEL, "graph": str(getattr(graph, "dynamo_compile_id", "?")),
             "code": f"{code.co_filename}:{code.co_firstlineno}", "fn": code.co_qualname
             if hasattr(code, "co_qualname") else code.co_name, "backend": str(backend)}

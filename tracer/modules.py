@@ -7,6 +7,7 @@ Backward ops get the module of the forward op that created their autograd node (
 """
 from __future__ import annotations
 
+import functools
 import weakref
 
 import torch
@@ -17,9 +18,22 @@ _GraphModule = torch.fx.GraphModule
 
 
 def _unwrapped(module):
-    """The module a torch.compile OptimizedModule wraps, else the module."""
-    return module.__dict__["_modules"]["_orig_mod"] \
-        if type(module).__name__ == "OptimizedModule" else module
+    """The module a torch.compile OptimizedModule wraps (also once FSDP2's ``fully_shard``
+    made it an ``FSDPOptimizedModule``), else the module."""
+    return module.__dict__["_modules"]["_orig_mod"] if _is_optimized(type(module)) else module
+
+
+@functools.lru_cache(maxsize=None)
+def _is_optimized(cls) -> bool:
+    # NOTE: by name: importing torch._dynamo here would cost seconds at import
+    return any(base.__name__ == "OptimizedModule" for base in cls.__mro__)
+
+
+def _without_wrappers(name: str) -> str:
+    """A ``named_modules`` name without torch.compile's wrapper attribute: the wrapper and the
+    module it wraps are one module (``_orig_mod.blocks.0._orig_mod.mlp``: ``blocks.0.mlp``)."""
+    return ".".join(part for part in name.split(".") if part != "_orig_mod") \
+        if "_orig_mod" in name else name
 
 
 class ModuleTracker:
@@ -51,7 +65,9 @@ class ModuleTracker:
                 break
             for name, child in root.named_modules():
                 if child is module and name:
-                    return f"{type(_unwrapped(root)).__name__}.{name}"
+                    name = _without_wrappers(name)
+                    return f"{type(_unwrapped(root)).__name__}.{name}" if name else \
+                        type(_unwrapped(root)).__name__
         return type(_unwrapped(module)).__name__
 
     def path_of_parameter(self, param):
@@ -59,7 +75,7 @@ class ModuleTracker:
         for root in list(self.roots):
             for name, child in root.named_modules():
                 if any(p is param for p in child.parameters(recurse=False)):
-                    root_name = type(_unwrapped(root)).__name__
+                    root_name, name = type(_unwrapped(root)).__name__, _without_wrappers(name)
                     return f"{root_name}.{name}" if name else root_name
         return None
 
@@ -105,12 +121,13 @@ class ModuleTracker:
             root, _, root_path = self._stack[0]
             paths = self._root_paths.get(root)
             if paths is None:
-                paths = {id(m): n for n, m in root.named_modules(remove_duplicate=False)}
+                paths = {id(m): _without_wrappers(n)
+                         for n, m in root.named_modules(remove_duplicate=False)}
                 self._root_paths[root] = paths
-            name = paths.get(id(module))
+            name = paths.get(id(module))     # "": the root, or the module a root wraps
             # a GraphModule nobody owns is a compiled graph (compiled.py) run by its backend
-            path = f"{root_path}.{name}" if name else parent_path \
-                if isinstance(module, _GraphModule) else type(module).__name__
+            path = (f"{root_path}.{name}" if name else root_path) if name is not None else \
+                parent_path if isinstance(module, _GraphModule) else type(module).__name__
         key = id(module)
         try:
             # NOTE: by id, not a WeakKeyDictionary (which makes a weakref at every lookup); the

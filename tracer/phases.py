@@ -9,7 +9,8 @@ module stack and grad mode (forward, else other). This module adds, without a co
   function again inside the backward of the region, under its ``_recomputation_hook``; a
   subclass of that hook counts the recomputations in progress (``Session._recompute``), and a
   subclass of ``_CheckpointFrame`` remembers the module stack of the forward so the recomputed
-  ops carry the modules they had in the forward.
+  ops carry the modules they had in the forward. The reentrant one (``CheckpointFunction``)
+  replays the function inside its node's backward: the replay is wrapped to the same effect.
 - collectives (decided once per collective, not per op): ``grad_sync`` for one launched from a
   hook of an ``AccumulateGrad`` node (DDP's Reducer, post-accumulate-grad hooks). One outside
   backward, modules and optimizer steps is classed by what it carries: ``grad_sync`` when its
@@ -40,6 +41,7 @@ import weakref
 import torch
 
 from .annotations import NO_PHASE
+from .compat import function_application
 from .labels import (PHASE_BACKWARD, PHASE_FORWARD, PHASE_GRAD_SYNC, PHASE_OTHER)
 
 
@@ -51,7 +53,6 @@ def _storage_ptr(tensor) -> int:
         return 0
 
 
-_APPLY = torch.autograd.Function.apply.__func__.__code__
 _REDUCTIONS = frozenset(("all_reduce", "reduce_scatter", "reduce"))
 
 
@@ -128,13 +129,10 @@ class PhaseRules:
         backward belongs to the line that called ``apply``, as a built-in op's does."""
         if stack < 0:
             return stack
-        depth = 0
-        while frame is not None and depth < 16:
-            if frame.f_code is _APPLY:
-                caller = frame.f_back
-                return self._session._capture(caller) if caller is not None else stack
-            frame, depth = frame.f_back, depth + 1
-        return stack
+        found = function_application(frame, 16)
+        if found is None or found[1] is None:
+            return stack
+        return self._session._capture(found[1])
 
     # ------------------------------------------------------------------ torch's calls
     # what tracer/patches wires into torch's functions (docs/phases.md)
@@ -157,6 +155,39 @@ class PhaseRules:
     def recompute_ends(self, saved: list) -> None:
         self._modules.restore(saved)
         self._session._recompute -= 1
+
+    def reentrant_checkpoint(self, forward, ctx, run_function, args):
+        """Reentrant checkpointing's ``CheckpointFunction.forward(ctx, run_function, *args)``
+        (``use_reentrant=True``): its backward runs ``ctx.run_function`` again, then a backward
+        of its own through what that replay made. The replay is ``recompute``, under the
+        modules of the forward (as the non-reentrant recomputation); the inner backward stays
+        ``backward``, its ops on the modules of the replayed ops that made their nodes. The
+        Function's own node belongs to the module that called checkpoint: its first op, inside
+        the function, would otherwise give it the first module the function runs."""
+        forward_modules = self.forward_modules()
+        out = forward(ctx, run_function, *args)
+        self._node_belongs_to(ctx, forward_modules[-1][1] if forward_modules else -1)
+        ctx.run_function = self._replay(ctx.run_function, forward_modules)
+        return out
+
+    def _replay(self, run_function, forward_modules):
+        def replay(*args, **kwargs):
+            saved = self.recompute_begins(forward_modules)
+            try:
+                return run_function(*args, **kwargs)
+            finally:
+                self.recompute_ends(saved)
+        return replay
+
+    def _node_belongs_to(self, node, module: int) -> None:
+        """The autograd node ``node`` made in the forward belongs to ``module`` (its origin's
+        stack stays)."""
+        seq = node._sequence_nr()
+        for origins in (self._session._fwd_of_node, self._session._fwd_prev):
+            origin = origins.get(seq)
+            if origin is not None:
+                origins[seq] = (origin >> 32) << 32 | (module + 1)
+                return
 
     def as_gradient_seed(self, fn):
         """``fn`` (the gradient seed ``loss.backward()`` makes before the engine runs, with

@@ -1,5 +1,6 @@
 """The patches into autograd, checkpointing and the optimizers: where phases.py's rules see the
-recomputation, the gradient seed and the optimizer steps (docs/phases.md)."""
+recomputation (non-reentrant and reentrant), the gradient seed and the optimizer steps
+(docs/phases.md)."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -15,6 +16,7 @@ def install(patches: "Patches", session) -> None:
     rules = session._rules
     _optimizer_steps(patches, rules, session._optimizer_post)
     _recomputation(patches, rules)
+    _reentrant_replay(patches, rules)
     # loss.backward() makes the gradient seed (ones_like) before the autograd engine runs
     patches.wrap(torch.autograd, "_make_grads", rules.as_gradient_seed)
 
@@ -59,3 +61,19 @@ def _recomputation(patches: "Patches", rules) -> None:
 
     patches.wrap(_checkpoint, "_CheckpointFrame", lambda _: Frame)
     patches.wrap(_checkpoint, "_recomputation_hook", lambda _: Recomputation)
+
+
+def _reentrant_replay(patches: "Patches", rules) -> None:
+    """Reentrant checkpointing's Function (``use_reentrant=True``): its forward hands the rules
+    the function its backward replays (phases.py)."""
+    function = getattr(_checkpoint, "CheckpointFunction", None)
+    if function is None or not isinstance(vars(function).get("forward"), staticmethod):
+        return      # another torch: the replay stays backward
+
+    def make(original):
+        forward = original.__func__
+
+        def checkpointed(ctx, run_function, *args):
+            return rules.reentrant_checkpoint(forward, ctx, run_function, args)
+        return staticmethod(checkpointed)
+    patches.wrap(function, "forward", make)

@@ -1,5 +1,6 @@
-"""The patches into torch.compile's machinery: Dynamo's compiled module call and its call of a
-backend (compiled.py), and the ``tag_activation_checkpoint`` higher-order operator (hops.py)."""
+"""The patches into torch.compile's machinery: Dynamo's compiled module call, its compilation of
+a frame and its call of a backend (compiled.py), and the ``tag_activation_checkpoint``
+higher-order operator (hops.py)."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -16,6 +17,7 @@ if TYPE_CHECKING:
 def install(patches: "Patches", session, compiled: bool) -> None:
     _optimized_module_call(patches)
     if compiled:
+        _compile_unrecorded(patches)
         _backend_call(patches, session)
     _tag_activation_checkpoint(patches, session)
 
@@ -37,6 +39,17 @@ def _optimized_module_call(patches: "Patches") -> None:
                 return torch.nn.Module.__call__(self, *args, **kwargs)
         return call
     patches.wrap(getattr(eval_frame, "OptimizedModule", None), "__call__", make)
+
+
+def _compile_unrecorded(patches: "Patches") -> None:
+    """Dynamo's compilation of a frame (``convert_frame._compile``: tracing with fake tensors,
+    the backend's compilation, inductor's benchmarking) with the dispatch modes off the stack
+    (compiled.py)."""
+    try:
+        from torch._dynamo import convert_frame
+    except ImportError:    # pragma: no cover - torch without Dynamo
+        return
+    patches.wrap(convert_frame, "_compile", _compiled.without_modes)
 
 
 def _backend_call(patches: "Patches", session) -> None:
