@@ -21,6 +21,8 @@ from typing import Callable
 
 from torch.distributed import run as torchrun
 
+from tracer.compat import launcher_option
+
 from .cli import UsageError
 
 DEFAULT_MASTER_PORT = 29500
@@ -70,8 +72,9 @@ def check_options(args: argparse.Namespace) -> None:
     if not args.monitor_interval > 0:
         raise UsageError("--monitor-interval must be a positive number of seconds "
                          f"(got {args.monitor_interval:g})")
-    if args.shutdown_timeout is not None and args.shutdown_timeout < 0:
-        raise UsageError(f"--shutdown-timeout must be 0 or more (got {args.shutdown_timeout})")
+    shutdown_timeout = launcher_option(args, "shutdown_timeout")
+    if shutdown_timeout is not None and shutdown_timeout < 0:
+        raise UsageError(f"--shutdown-timeout must be 0 or more (got {shutdown_timeout})")
     if args.master_port is not None and not 0 <= args.master_port < 65536:
         raise UsageError(f"--master-port must be between 0 and 65535 (got {args.master_port})")
     backends = _rendezvous_backends()
@@ -85,7 +88,8 @@ def check_options(args: argparse.Namespace) -> None:
     _with_option("--tee", Std.from_str, args.tee)
     if args.log_dir and os.path.exists(args.log_dir) and not os.path.isdir(args.log_dir):
         raise UsageError(f"--log-dir {args.log_dir} is a file, not a directory")
-    unknown = [name.strip() for name in (args.signals_to_handle or "").split(",")
+    signals = launcher_option(args, "signals_to_handle") or ""
+    unknown = [name.strip() for name in signals.split(",")
                if name.strip() and not isinstance(getattr(signal, name.strip(), None), int)]
     if unknown:
         raise UsageError(f"--signals-to-handle: no signal named {', '.join(unknown)}")

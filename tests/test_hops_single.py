@@ -102,8 +102,11 @@ def test_loops_record_each_iteration_inside_their_range(run):
     # map over 4 rows: row * 2 each; scan over 4 rows: carry + row and carry * 2 each
     assert Counter(e["op"] for e in inside(section(records, "map"), "map_impl")
                    )["aten.mul.Tensor"] == rows
+    # (torch before 2.13 runs the combine once more on a copy of the first slice, for the
+    # outputs' shapes, and may record that call's ops too: docs/compat.md)
     ops = Counter(e["op"] for e in inside(section(records, "scan"), "scan"))
-    assert ops["aten.add.Tensor"] == rows and ops["aten.mul.Tensor"] == rows
+    assert rows <= ops["aten.add.Tensor"] <= rows + 1
+    assert rows <= ops["aten.mul.Tensor"] <= rows + 1
     ops = Counter(e["op"] for e in inside(section(records, "invoke_subgraph"),
                                           "invoke_subgraph"))
     assert ops["aten.mul.Tensor"] == 1
@@ -129,7 +132,10 @@ def test_tag_activation_checkpoint_gets_its_range_and_recomputes(run):
     assert hop["stack"][0][:2] == (str(SCRIPT), marked_line("tag_activation_checkpoint(graph"))
     phases = Counter((e["op"], e["phase"]) for e in records)
     assert phases[("aten.sin.default", "forward")] == 1
-    assert phases[("aten.sin.default", "recompute")] == 1
+    # the recomputation this torch runs (the script's own counter, less the forward's sin and
+    # cos's backward, -sin): one where the eager HOP checkpoints (torch >= 2.13), else none
+    assert run["seen"]["checkpoint_sins"] in (2, 3)
+    assert phases[("aten.sin.default", "recompute")] == run["seen"]["checkpoint_sins"] - 2
 
 
 def test_a_hop_the_recorder_cannot_look_into_runs_untouched_with_one_note(tmp_path):

@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-_eval_frame = torch._C._dynamo.eval_frame
+from .compat import skip_dynamo
+
 _stack_len = torch._C._len_torch_dispatch_stack
 _stack_at = torch._C._get_dispatch_stack_at
 _pop = torch._C._pop_torch_dispatch_stack
@@ -61,9 +62,7 @@ class RecordingMode(TorchDispatchMode):
     def skip_dynamo(cls) -> None:
         """Dynamo runs __torch_dispatch__, and everything it calls, without tracing it (what
         torch._dynamo.disable(recursive=True) does)."""
-        strategy = _eval_frame._FrameExecStrategy(_eval_frame._FrameAction.SKIP,
-                                                   _eval_frame._FrameAction.SKIP)
-        _eval_frame.set_code_exec_strategy(cls.__torch_dispatch__.__code__, strategy)
+        skip_dynamo(cls.__torch_dispatch__.__code__)
 
     # NOTE: suspending and resuming move only torch's C++ stack entry, not the Python flags
     # that __enter__ set (torch.compile keeps skipping frames, as while recording); __enter__

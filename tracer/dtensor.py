@@ -30,13 +30,13 @@ from time import perf_counter_ns as _now
 
 import torch
 
+from .compat import function_application
 from .labels import PHASE_FORWARD
 
 _get_mode = torch._C._get_dispatch_mode
 _FAKE = torch._C._TorchDispatchModeKey.FAKE
 _push = torch._C._push_on_torch_dispatch_stack
 _pop = torch._C._pop_torch_dispatch_stack
-_APPLY = torch.autograd.Function.apply.__func__.__code__
 
 
 def _dtensor_class():
@@ -53,19 +53,27 @@ class SubclassOps:
         self._mode = mode
         self._on_op = mode._on_op          # the session's hot path
         self._let = None                   # the op re-dispatched to DTensor: answer NotImplemented
+        self._passed = None                # ... and answered so, while DTensor's dispatch runs
         self._depth = 0                    # DTensor ops running
         self._meshes: dict = {}            # id(mesh) -> (mesh, ranks as nested lists, dim names)
         self._dtensor = None
 
     def __call__(self, func, types, args, kwargs):
-        if self._let is func:
-            self._let = None
-            return NotImplemented          # DTensor's dispatch runs now, under the mode
         dtensor = self._dtensor or self._find_dtensor(types)
         if dtensor is None or not any(issubclass(t, dtensor) for t in types):
             if self._depth and _get_mode(_FAKE) is not None:
                 return func(*args, **kwargs)     # sharding propagation on fake tensors
             return self._on_op(func, args, kwargs)
+        # NOTE: only DTensor ops are let through (sharding propagation may run the same op on
+        # fake tensors meanwhile, which the recorder itself runs)
+        if self._let is func:
+            self._let = None
+            self._passed = func
+            return NotImplemented          # DTensor's dispatch runs now, under the mode
+        if self._passed is func:
+            # NOTE: torch 2.6 and 2.7 offer a mode's NotImplemented to the mode below it first,
+            # here this same mode again (pushed by the op above): pass it on to DTensor too
+            return NotImplemented
         session = self._session
         if session._passthrough:
             return func(*args, **kwargs)
@@ -81,7 +89,7 @@ class SubclassOps:
             return func(*args, **kwargs)
         finally:
             _pop(None)
-            self._let = None
+            self._let = self._passed = None
             self._depth -= 1
             if self._depth == 0:
                 self._mode._on_op = self._on_op
@@ -137,16 +145,13 @@ def function_phase(frame, phase: int) -> int:
     """``forward`` for a collective inside the forward of a custom autograd Function that takes
     part in autograd (some input needs a gradient, with grad mode on where it was applied),
     else ``phase``. Runs once per collective that would be ``other``: walks up to 24 frames."""
-    callee, depth = None, 0
-    while frame is not None and depth < 24:
-        if frame.f_code is _APPLY:
-            if callee is None or not callee.f_code.co_argcount:
-                return phase
-            ctx = callee.f_locals.get(callee.f_code.co_varnames[0])
-            # NOTE: needs_input_grad ignores grad mode; the node's edges exist only when
-            # autograd records the Function (grad mode on, an input needing a gradient)
-            edges = getattr(ctx, "next_functions", None) \
-                if isinstance(ctx, torch._C._FunctionBase) else None
-            return PHASE_FORWARD if edges else phase
-        callee, frame, depth = frame, frame.f_back, depth + 1
-    return phase
+    found = function_application(frame, 24)
+    callee = found[0] if found is not None else None
+    if callee is None or not callee.f_code.co_argcount:
+        return phase
+    ctx = callee.f_locals.get(callee.f_code.co_varnames[0])
+    # NOTE: needs_input_grad ignores grad mode; the node's edges exist only when
+    # autograd records the Function (grad mode on, an input needing a gradient)
+    edges = getattr(ctx, "next_functions", None) \
+        if isinstance(ctx, torch._C._FunctionBase) else None
+    return PHASE_FORWARD if edges else phase

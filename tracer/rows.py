@@ -27,6 +27,7 @@ RECORD = struct.Struct("<" + "q" * len(RECORD_FIELDS))
 _INDEX = {name: i for i, name in enumerate(RECORD_FIELDS)}
 _TYPES = dict(COLUMNS)
 T1, OP, CID = _INDEX["t1"], _INDEX["op"], _INDEX["cid"]
+MODULE, FWD_STACK = _INDEX["module"], _INDEX["fwd_stack"]
 _COMM_HELD = tuple(name for name in COMM_ROW if name != "cid")   # kept by comm.CommRecord
 
 
@@ -54,7 +55,8 @@ def comm_positions(table: np.ndarray) -> np.ndarray:
 
 def comm_columns(table: np.ndarray, positions: np.ndarray, records: list) -> dict:
     """The COMM_ROW columns of an unpacked run, from the CommRecord (or None) of each row at
-    ``positions``; a launch that completed gets its end in the table's t1."""
+    ``positions``; a launch that completed gets its end in the table's t1, and one credited to
+    a module (comm.CommTracker.owners) that module and forward stack in the table's."""
     if not len(positions):
         return {}
     columns = {name: np.full(len(table), -1, dtype=np.int64) for name in _COMM_HELD}
@@ -66,6 +68,8 @@ def comm_columns(table: np.ndarray, positions: np.ndarray, records: list) -> dic
             columns[name][i] = -1 if value is None else int(value)
         if record.t1 is not None:
             table[i, T1] = record.t1
+        if record.credit is not None:
+            table[i, MODULE], table[i, FWD_STACK] = record.credit
     return columns
 
 
@@ -96,5 +100,6 @@ def _array(name: str, values: np.ndarray) -> pa.Array:
     null = values < 0
     if pa.types.is_boolean(typ):
         return pa.array(values > 0, mask=null, type=typ)
-    values = values.astype(typ.to_pandas_dtype(), copy=False)
+    # NOTE: the numpy type by name: pyarrow's to_pandas_dtype imports pandas in some versions
+    values = values.astype(np.dtype(str(typ)), copy=False)
     return pa.array(values, mask=null if null.any() else None, type=typ)

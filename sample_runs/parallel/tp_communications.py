@@ -21,6 +21,12 @@ import torch.distributed as dist
 
 from sample_runs.parallel.process_groups import Group
 
+# Single-tensor all-gather and reduce-scatter: torch 2.13 named them *_single and deprecated
+# the older names, the only ones before it; both issue the same c10d ops (the one place the
+# reference GPT bridges torch versions)
+all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
 
 def all_reduce(x: torch.Tensor, group: Group, op=dist.ReduceOp.SUM) -> torch.Tensor:
     """In-place all-reduce over ``group`` (returns ``x``)."""
@@ -36,7 +42,7 @@ def start_all_gather_first_dim(x: torch.Tensor, group: Group
     if group.size == 1:
         return x, None
     out = torch.empty((x.shape[0] * group.size, *x.shape[1:]), dtype=x.dtype, device=x.device)
-    return out, dist.all_gather_single(out, x.contiguous(), group=group.handle, async_op=True)
+    return out, all_gather_single(out, x.contiguous(), group=group.handle, async_op=True)
 
 
 def start_reduce_scatter_first_dim(x: torch.Tensor, group: Group
@@ -45,7 +51,7 @@ def start_reduce_scatter_first_dim(x: torch.Tensor, group: Group
     if group.size == 1:
         return x, None
     out = torch.empty((x.shape[0] // group.size, *x.shape[1:]), dtype=x.dtype, device=x.device)
-    return out, dist.reduce_scatter_single(out, x.contiguous(), group=group.handle, async_op=True)
+    return out, reduce_scatter_single(out, x.contiguous(), group=group.handle, async_op=True)
 
 
 def all_gather_first_dim(x: torch.Tensor, group: Group) -> torch.Tensor:
@@ -53,7 +59,7 @@ def all_gather_first_dim(x: torch.Tensor, group: Group) -> torch.Tensor:
     if group.size == 1:
         return x
     out = torch.empty((x.shape[0] * group.size, *x.shape[1:]), dtype=x.dtype, device=x.device)
-    dist.all_gather_single(out, x.contiguous(), group=group.handle)
+    all_gather_single(out, x.contiguous(), group=group.handle)
     return out
 
 
@@ -62,7 +68,7 @@ def reduce_scatter_first_dim(x: torch.Tensor, group: Group) -> torch.Tensor:
     if group.size == 1:
         return x
     out = torch.empty((x.shape[0] // group.size, *x.shape[1:]), dtype=x.dtype, device=x.device)
-    dist.reduce_scatter_single(out, x.contiguous(), group=group.handle)
+    reduce_scatter_single(out, x.contiguous(), group=group.handle)
     return out
 
 

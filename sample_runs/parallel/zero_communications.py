@@ -16,7 +16,8 @@ import torch.distributed as dist
 from torch import nn
 
 from sample_runs.parallel.process_groups import Group
-from sample_runs.parallel.tp_communications import all_gather_first_dim, all_reduce
+from sample_runs.parallel.tp_communications import (all_gather_first_dim, all_gather_single,
+                                                    all_reduce, reduce_scatter_single)
 
 
 @dataclass(frozen=True)
@@ -72,7 +73,7 @@ def start_reduce_scatter(flat: torch.Tensor, group: Group
     if group.size == 1:
         return flat, None
     shard = torch.empty(flat.numel() // group.size, dtype=flat.dtype, device=flat.device)
-    return shard, dist.reduce_scatter_single(shard, flat, group=group.handle, async_op=True)
+    return shard, reduce_scatter_single(shard, flat, group=group.handle, async_op=True)
 
 
 def start_all_gather(shard: torch.Tensor, group: Group, out: Optional[torch.Tensor] = None
@@ -83,8 +84,7 @@ def start_all_gather(shard: torch.Tensor, group: Group, out: Optional[torch.Tens
     if group.size == 1:
         out.copy_(shard)
         return out, None
-    return out, dist.all_gather_single(out, shard.contiguous(), group=group.handle,
-                                       async_op=True)
+    return out, all_gather_single(out, shard.contiguous(), group=group.handle, async_op=True)
 
 
 def all_reduce_shard_pieces(shards: list[tuple[FlatLayout, torch.Tensor]],

@@ -18,6 +18,7 @@ from torch._higher_order_ops.scan import scan
 from torch._higher_order_ops.while_loop import while_loop
 from torch._higher_order_ops.wrap import tag_activation_checkpoint
 from torch.nn.attention.flex_attention import flex_attention
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import tracer
 
@@ -32,6 +33,15 @@ class Gate(nn.Module):
     def forward(self, x):
         return torch.cond(x.sum() > -1e9, lambda t: self.a(t).sin(), lambda t: t.cos(),
                           (x,))                      # COND CALL
+
+
+class SinCounter(TorchDispatchMode):
+    """Counts aten.sin calls, then runs each op on (the recorder's mode, below it)."""
+    sins = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.sins += func is torch.ops.aten.sin.default
+        return func(*args, **(kwargs or {}))
 
 
 def causal(score, b, h, q, k):
@@ -58,10 +68,16 @@ with tracer.annotate("flex_attention"):
 with tracer.annotate("tag_activation_checkpoint"):
     graph = torch.fx.symbolic_trace(lambda a: a.sin().cos())
     tag_activation_checkpoint(graph, x, use_reentrant=False).sum().backward()
+# how often this torch runs the region's sin, counted by a mode of the script's own (torch
+# before 2.13 runs an eager tag_activation_checkpoint without checkpointing: no recompute)
+with tracer.annotate("count_sin"), SinCounter() as counter:
+    tag_activation_checkpoint(torch.fx.symbolic_trace(lambda a: a.sin().cos()), x,
+                              use_reentrant=False).sum().backward()
 with tracer.annotate("associative_scan"):
     associative_scan(lambda a, b: a + b, torch.ones(5), 0, combine_mode="generic")
 seen = {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
                                        "MASTER_PORT", "TORCHELASTIC_RUN_ID")}
 with open(sys.argv[1], "w") as fh:
     json.dump({"env": seen, "argv0": sys.argv[0], "loops": LOOPS, "rows": ROWS,
+               "checkpoint_sins": counter.sins,
                "distributed": torch.distributed.is_initialized()}, fh)

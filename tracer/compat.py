@@ -1,0 +1,65 @@
+"""Where torch versions differ, in one place: each difference the recorder, trace-run or the
+reference GPT meets between the oldest supported torch and the newest, found by feature
+detection (what an object has), never by version number. docs/compat.md lists them.
+
+Supported: torch 2.10 .. 2.14 (README); a few bridges reach further back. What differs, and
+how it is bridged here:
+- ``torch.autograd.Function.apply``: a Python classmethod up to 2.13, a C builtin from 2.14 (no
+  frame of its own): :func:`function_application` finds a Function's application either way.
+- Dynamo's per-code frame strategy (``set_code_exec_strategy``, 2.7 on): :func:`skip_dynamo`
+  marks code Dynamo must never trace; before it, torch has no ``ignore_compile_internals``
+  either, so Dynamo compiles nothing while the recorder's mode is on the stack.
+- torchrun's ``--shutdown-timeout`` (not in 2.10 or 2.11) and ``--signals-to-handle`` (not in
+  2.9): :func:`launcher_option` reads an option the running torch's launcher may not define.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+_apply = torch.autograd.Function.__dict__.get("apply")
+# the code of Function.apply where it is Python (a classmethod), else None (C: torch >= 2.14)
+APPLY_CODE = getattr(getattr(_apply, "__func__", None), "__code__", None)
+_FunctionBase = torch._C._FunctionBase
+
+
+def function_application(frame, limit: int) -> Optional[tuple]:
+    """``(forward frame, caller frame)`` of the innermost autograd Function application that
+    ``frame`` runs inside (walking out at most ``limit`` frames), or None.
+
+    Where ``apply`` is Python, its frame marks the application: the forward is the frame it
+    called (None when ``frame`` is apply's own) and the caller is apply's. Where ``apply`` is C,
+    the forward itself is the mark: a frame named ``forward`` whose first argument is the
+    Function's context (forward(ctx, ...)); a Function with ``setup_context`` has no context in
+    its forward, and is not found there."""
+    callee, depth = None, 0
+    while frame is not None and depth < limit:
+        code = frame.f_code
+        if APPLY_CODE is not None:
+            if code is APPLY_CODE:
+                return callee, frame.f_back
+        elif code.co_name == "forward" and code.co_argcount and \
+                isinstance(frame.f_locals.get(code.co_varnames[0]), _FunctionBase):
+            return frame, frame.f_back
+        callee, frame, depth = frame, frame.f_back, depth + 1
+    return None
+
+
+def skip_dynamo(code) -> bool:
+    """Dynamo runs ``code``, and everything it calls, without tracing it (what
+    ``torch._dynamo.disable(recursive=True)`` does, without its wrapper). False where this torch
+    has no per-code strategy (before 2.7): there it marks the frame alone (``skip_code``)."""
+    eval_frame = torch._C._dynamo.eval_frame
+    if hasattr(eval_frame, "set_code_exec_strategy"):
+        skip = eval_frame._FrameAction.SKIP
+        eval_frame.set_code_exec_strategy(code, eval_frame._FrameExecStrategy(skip, skip))
+        return True
+    eval_frame.skip_code(code)
+    return False
+
+
+def launcher_option(args, name: str, default=None):
+    """A torchrun option of the parsed ``args``, or ``default`` where this torch's launcher
+    does not define it (``shutdown_timeout``, ``signals_to_handle``: docs/compat.md)."""
+    return getattr(args, name, default)
