@@ -21,6 +21,7 @@ _SCHEDULES = "torch.distributed.pipelining.schedules"
 CORE = [
     ["torch.utils.checkpoint", "_CheckpointFrame"],
     ["torch.utils.checkpoint", "_recomputation_hook"],
+    ["torch.utils.checkpoint.CheckpointFunction", "forward"],
     ["torch.autograd", "_make_grads"],
     ["torch._C._distributed_c10d.Reducer", "_rebuild_buckets"],
     ["torch.nn.parallel.DistributedDataParallel", "__init__"],
@@ -31,8 +32,16 @@ CORE = [
     ["torch.distributed", "destroy_process_group"],
     ["torch._dynamo.eval_frame.OptimizedModule", "__call__"],
     ["torch._dynamo.output_graph.OutputGraph", "call_user_compiler"],
+    ["torch._dynamo.convert_frame", "_compile"],
     ["torch._higher_order_ops.wrap.TagActivationCheckpoint", "__call__"],
     ["os", "_exit"],
+    # FSDP2 (tracer/patches/fsdp.py): imported with torch._dynamo, before any trace starts
+    ["torch.distributed.fsdp._fully_shard._fsdp_param_group.FSDPParamGroup", "unshard"],
+    ["torch.distributed.fsdp._fully_shard._fsdp_param_group.FSDPParamGroup", "post_backward"],
+    ["torch.distributed.fsdp._fully_shard._fsdp_param_group.FSDPParamGroup", "pre_backward"],
+    ["torch.distributed.fsdp._fully_shard._fsdp_param_group.FSDPParamGroup",
+     "_prefetch_unshard"],
+    ["torch.distributed.fsdp._fully_shard._fsdp_state.FSDPState", "_pre_backward"],
 ]
 PIPELINING = [[_STAGE, name] for name in (
     "forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk",

@@ -38,7 +38,7 @@ class CommRecord:
     """One launched collective: its COMM_ROW values and what its description needs."""
 
     __slots__ = ("kind", "group", "peer", "bytes", "dtype", "async_op", "seq", "cid", "t_ret",
-                 "t0", "t1", "phase", "step", "thread")
+                 "t0", "t1", "phase", "step", "thread", "credit")
 
     def __init__(self, **values):
         for name, value in values.items():
@@ -62,6 +62,9 @@ class CommTracker:
         self.futures: dict = {}            # cid -> (its work's future, CommRecord), not yet done
         self.last: Optional[dict] = None   # the last collective launched, described
         self.failed: list = []             # collectives that ended in an error, described
+        # thread ident -> (module id, forward stack id) its collectives are credited to, in
+        # place of the running module's and autograd node's (fsdp.py: FSDP's parameters)
+        self.owners: dict = {}
         self.lock = threading.Lock()
 
     # ------------------------------------------------------------------ launch
@@ -101,7 +104,8 @@ class CommTracker:
         record = CommRecord(kind=self._dicts.kind(comm.kind), group=gid, peer=peer,
                             bytes=nbytes, dtype=None if dtype is None else self._dicts.dtype(dtype),
                             async_op=async_op, seq=seq, cid=cid, t_ret=t_ret, t0=t0, t1=None,
-                            phase=phase, step=step, thread=thread)
+                            phase=phase, step=step, thread=thread,
+                            credit=self.owners.get(_get_ident()) if self.owners else None)
         self.pending[cid] = self._unwritten[cid] = record
         self.last = {"kind": comm.kind, "group": self._dicts.group.values[gid], "seq": seq,
                      "peer": peer, "bytes": nbytes, "t0": t0, "step": step}
@@ -377,7 +381,12 @@ def special_op(session, special, func, args, kwargs, op_id):
             cid = pending.cid
             tracker.complete(pending, t1)
         # the frame that dispatched the op (special_op <- on_op <- __torch_dispatch__ <- it)
-        stack = session._capture(sys._getframe(3)) if session._record_stacks else None
+        try:
+            frame = sys._getframe(3)
+        except ValueError:   # no Python frame called it (autograd's device threads)
+            frame = None
+        stack = None if not session._record_stacks else \
+            session._capture(frame) if frame is not None else session._stacks.empty()
         hint = session._annotations.phase_hint
         phase = pending.phase if pending is not None else PHASE_BACKWARD \
             if _current_node() is not None else (hint if hint is not None else PHASE_FORWARD)

@@ -10,6 +10,11 @@ A frame is *library* by the recording's :class:`tracer.library.LibraryRule`: by 
 the standard library and frozen / generated code; every other package, installed or not, is the
 user's (transformers' modeling code, Lightning). Paths the user marked as theirs are, and
 paratrace's own sample_runs/ always is: it stands for user code.
+
+Code torch.fx runs (a GraphModule's generated forward, ``torch.fx.Interpreter.run_node``) is
+replaced by the frames its graph node recorded when it was traced (tracer.fxframes): the
+model's own lines, as if it had run eagerly. That is decided once per call-site node, off the
+hot path; the walk only keys an interpreter's frames by the node they run.
 """
 from __future__ import annotations
 
@@ -17,9 +22,14 @@ import json
 import os
 
 from ._native import native_hot_path
+from .fxframes import FxFrames, enclosing_strip
 from .library import LibraryRule
 
 USER, LIBRARY, INTERNAL = 2, 1, 0
+# torch.fx.Interpreter.run_node: one code for every graph node it runs, so the walk keys its
+# frames by that node too (_fx_siblings); a node of this kind drops the interpreter's frames
+# inward of it. NOTE: tracer/csrc/stackwalk.c's FX_NODE
+FX_NODE = 3
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _ROOT = os.path.dirname(_HERE)
@@ -153,9 +163,12 @@ class _PyStackWalk:
         siblings = self._siblings
         for f in reversed(changed):
             code_id = id(f.f_code)
-            lastis = siblings.get((node, code_id))
-            if lastis is None:
-                lastis = siblings[(node, code_id)] = {}
+            if kinds[code_id][0] == FX_NODE:
+                lastis = self._fx_siblings(node, f)
+            else:
+                lastis = siblings.get((node, code_id))
+                if lastis is None:
+                    lastis = siblings[(node, code_id)] = {}
             lasti = f.f_lasti
             parent = node
             node = lastis.get(lasti)
@@ -209,6 +222,9 @@ class _Interning:
         self._node_sid: list = []       # node -> stack id, -1 until an op is issued there
         self._text_ids: dict = {}       # stack text -> stack id (several nodes share one)
         self._root_sid = -1             # stack id of a stack with no frame kept at all
+        self._fx = FxFrames()
+        self._generated: set = set()    # id(code) of GraphModules' generated forwards
+        self._fx_origins: dict = {}     # node of an FX frame -> the frames it stands for
         # the last capture's kept frames, outermost first: [frame, f_lasti, node, the
         # {f_lasti: node} of its code under its caller, its caller's node]
         self._path: list = []
@@ -225,18 +241,23 @@ class _Interning:
         self.values: list = []      # id -> JSON text of [[file, line, function, qualname], ...]
 
     def classify(self, code) -> tuple:
-        filename = code.co_filename
-        path = os.path.abspath(filename) if not filename.startswith("<") else filename
-        if path.startswith(_INTERNAL_DIRS) or path in self._dispatch_files:
-            kind = INTERNAL
-        else:
-            kind = LIBRARY if self.rule.is_library(path) else USER
+        kind = self._kind_of_file(code.co_filename)
+        if code is self._fx.run_node_code:
+            kind = FX_NODE
+        elif kind == LIBRARY and self._fx.is_generated(code):
+            self._generated.add(id(code))
         # NOTE: keyed by id(code): hashing a code object rehashes its bytecode and constants
         # every time; the code object is kept alive in the value so its id cannot be reused.
         # A generator or coroutine frame can be resumed by another caller at the same
         # instruction, so it never vouches for the frames outward of it.
         known = self._kind_of_code[id(code)] = (kind, bool(code.co_flags & _RESUMABLE), code)
         return known
+
+    def _kind_of_file(self, filename: str) -> int:
+        path = os.path.abspath(filename) if not filename.startswith("<") else filename
+        if path.startswith(_INTERNAL_DIRS) or path in self._dispatch_files:
+            return INTERNAL
+        return LIBRARY if self.rule.is_library(path) else USER
 
     def _sid(self, node: int) -> int:
         if node < 0:
@@ -248,13 +269,52 @@ class _Interning:
 
     def _new_node(self, parent: int, frame, lasti: int, lastis: dict) -> int:
         code = frame.f_code
+        kind = self._kind_of_code[id(code)][0]
+        origin = None
+        if kind == FX_NODE or id(code) in self._generated:
+            try:
+                parent, kind, origin = self._fx_frames(parent, frame, kind == FX_NODE)
+            except Exception:     # a graph's odd metadata: the frame stays as it is
+                kind = LIBRARY
         node = lastis[lasti] = len(self._node_parent)
         self._node_parent.append(parent)
-        self._node_frame.append((self._kind_of_code[id(code)][0], [
+        self._node_frame.append((kind, [
             code.co_filename, frame.f_lineno, code.co_name,
             getattr(code, "co_qualname", code.co_name)]))
         self._node_sid.append(-1)
+        if origin:
+            self._fx_origins[node] = origin
         return node
+
+    def _fx_frames(self, parent: int, frame, interpreted: bool) -> tuple:
+        """(parent, kind, origin) of the node of a frame running FX code: under nodes for the
+        frames its graph node recorded (origin, outermost first; those an enclosing FX frame
+        stands for already left out), itself seen through (INTERNAL: generated code; FX_NODE:
+        the interpreter, whose frames inward of it are its own machinery); a library frame
+        when the node recorded nothing."""
+        origin = self._fx.origin(self._fx.node_of(frame, interpreted))
+        if not origin:
+            return parent, LIBRARY, None
+        outer, up = None, parent
+        while up >= 0 and outer is None:
+            outer = self._fx_origins.get(up)
+            up = self._node_parent[up]
+        for path, line, name, qualname in enclosing_strip(origin, outer):
+            node = len(self._node_parent)
+            self._node_parent.append(parent)
+            self._node_frame.append((self._kind_of_file(path), [path, line, name, qualname]))
+            self._node_sid.append(-1)
+            parent = node
+        return parent, FX_NODE if interpreted else INTERNAL, origin
+
+    def _fx_siblings(self, parent: int, frame) -> dict:
+        """The {f_lasti: node} table of an interpreter's ``run_node`` frame under ``parent``:
+        one per graph node it runs (its code and instruction are the same for all of them)."""
+        key = (parent, id(frame.f_code), self._fx.node_of(frame, True))
+        table = self._siblings.get(key)
+        if table is None:
+            table = self._siblings[key] = {}
+        return table
 
     def _kept_frames(self, node: int) -> list:
         """The frames a stack keeps, innermost first: the user's (library ones too with
@@ -275,6 +335,8 @@ class _Interning:
             elif kind == LIBRARY and not kept and (boundary is None
                                                    or entry[2] not in _WRAPPER_NAMES):
                 boundary = entry
+            elif kind == FX_NODE and not kept:
+                boundary = None       # the interpreter's call_function...: its machinery
             node = self._node_parent[node]
         if boundary is not None:   # only library frames: keep the outermost one
             kept.append(boundary)
@@ -287,6 +349,11 @@ class _Interning:
             sid = self._text_ids[text] = len(self.values)
             self.values.append(text)
         return sid
+
+    def empty(self) -> int:
+        """The id of the empty stack: an op no Python frame called (on autograd's device
+        threads, which run CUDA backward ops, the mode's dispatch is the outermost frame)."""
+        return self._root()
 
     def _root(self) -> int:
         if self._root_sid < 0:

@@ -1,6 +1,36 @@
 /* StackWalk: StackInterner.capture in C; tracer/stacks.py's _PyStackWalk is its twin. */
 #include "hotpath.h"
 
+/* tracer/stacks.py's FX_NODE: the kind of torch.fx.Interpreter.run_node, whose frames are
+   keyed by the graph node they run as well (one code and instruction run every node) */
+#define FX_NODE 3
+
+/* The {f_lasti: node} table of a run_node frame under a parent node (borrowed: the siblings
+   table holds it), from the subclass's _fx_siblings: one per graph node. */
+static PyObject *
+fx_sibling_table(StackWalk *self, PyFrameObject *frame, Py_ssize_t parent)
+{
+    static PyObject *name = NULL;
+    if (name == NULL && (name = PyUnicode_InternFromString("_fx_siblings")) == NULL)
+        return NULL;
+    PyObject *node = PyLong_FromSsize_t(parent);
+    if (node == NULL)
+        return NULL;
+    PyObject *args[] = {(PyObject *)self, node, (PyObject *)frame};
+    PyObject *table = PyObject_VectorcallMethod(name, args, 3 | PY_VECTORCALL_ARGUMENTS_OFFSET,
+                                                NULL);
+    Py_DECREF(node);
+    if (table == NULL)
+        return NULL;
+    int is_dict = PyDict_Check(table);
+    Py_DECREF(table);
+    if (!is_dict) {
+        PyErr_SetString(PyExc_TypeError, "StackWalk: an FX node's siblings entry is not a dict");
+        return NULL;
+    }
+    return table;
+}
+
 /* A capture's answer: the stack id, or NULL with the error (a negative id without one: said). */
 static PyObject *
 sid_result(Py_ssize_t sid)
@@ -100,10 +130,11 @@ walk_frames(StackWalk *self, PyFrameObject *start, int retries)
     for (Py_ssize_t i = PyList_GET_SIZE(changed) - 1; i >= 0; i--) {
         PyFrameObject *g = (PyFrameObject *)PyList_GET_ITEM(changed, i);
         PyCodeObject *code = PyFrame_GetCode(g);
-        PyObject *lastis = sibling_table(self, code, node);          /* borrowed */
         bits = code_bits(self, code);
+        PyObject *lastis = bits < 0 ? NULL : (bits & ~RESUMABLE) == FX_NODE
+            ? fx_sibling_table(self, g, node) : sibling_table(self, code, node);   /* borrowed */
         Py_DECREF(code);
-        if (lastis == NULL || bits < 0)
+        if (lastis == NULL)
             goto error;
         parent = PyLong_FromSsize_t(node);
         lasti = PyLong_FromLong(PyFrame_GetLasti(g));

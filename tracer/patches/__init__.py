@@ -5,15 +5,20 @@ happens (phases, compiled, hops, pipelining, comm, exits); this package says whe
 patched and wires the wrapper to that behaviour. One module per patched part:
 
 - ``autograd``: torch.utils.checkpoint's ``_CheckpointFrame`` and ``_recomputation_hook``
-  (recomputation), ``torch.autograd._make_grads`` (the gradient seed), and the optimizer step
-  hooks (phases.py);
+  (recomputation), ``CheckpointFunction.forward`` (the reentrant replay),
+  ``torch.autograd._make_grads`` (the gradient seed), and the optimizer step hooks
+  (phases.py);
 - ``distributed``: ``init_process_group`` and ``destroy_process_group`` (in
   torch.distributed and its distributed_c10d), ``Work.wait`` (comm.py), DDP's constructor and
   ``Reducer._rebuild_buckets`` (phases.py), torch.distributed.pipelining's stages and
   schedules (pipelining.py), now or when it is imported;
-- ``dynamo``: ``OptimizedModule.__call__``, ``OutputGraph.call_user_compiler`` (compiled.py)
-  and ``TagActivationCheckpoint.__call__`` (hops.py);
-- ``process``: ``os._exit`` (exits.py), and the handler that detaches a forked child.
+- ``dynamo``: ``OptimizedModule.__call__``, ``convert_frame._compile`` and
+  ``OutputGraph.call_user_compiler`` (compiled.py) and ``TagActivationCheckpoint.__call__``
+  (hops.py);
+- ``process``: ``os._exit`` (exits.py), and the handler that detaches a forked child;
+- ``fsdp``: FSDP2's parameter groups' ``unshard``, ``post_backward``, ``pre_backward``,
+  ``_prefetch_unshard`` and its state's ``_pre_backward`` (fsdp.py), now or when it is
+  imported.
 
 Where a torch lacks an attribute (another version), nothing is patched there and the recording
 does without it, as each function says.
@@ -28,7 +33,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from . import autograd, distributed, dynamo, process
+from . import autograd, distributed, dynamo, fsdp, process
 
 
 class Patches:
@@ -82,4 +87,5 @@ def install(session) -> Patches:
     distributed.install(patches, session)
     dynamo.install(patches, session, compiled=session.options.compiled != "eager")
     process.install(patches, session)
+    fsdp.install(patches, session)
     return patches
