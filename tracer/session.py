@@ -44,6 +44,7 @@ _current_node = torch._C._current_autograd_node
 _grad_enabled = torch.is_grad_enabled
 _graph_task = getattr(torch._C, "_current_graph_task_id", lambda: -1)
 _get_ident = threading.get_ident
+_getframe = sys._getframe
 _pack = rows.RECORD.pack
 try:
     _sequence_nr = torch.autograd._get_sequence_nr
@@ -266,17 +267,24 @@ class Session(_SessionState):
         t1 = _now()
         node = _current_node()
         hint = self._annotations.phase_hint
+        # the frame that dispatched the op (on_op <- __torch_dispatch__ <- it); None on a
+        # thread where the mode's dispatch is the outermost Python frame (autograd's device
+        # threads run CUDA backward ops so): such an op's own stack is the empty one
+        try:
+            frame = _getframe(2)
+        except ValueError:
+            frame = None
         if node is None or self._recompute:
             module = self._modules.current
-            # the frame that dispatched the op (on_op <- __torch_dispatch__ <- it)
-            stack = self._capture(sys._getframe(2)) if self._record_stacks else -1
+            stack = -1 if not self._record_stacks else \
+                self._capture(frame) if frame is not None else self._stacks.empty()
             fwd_stack = -1
             seq = _sequence_nr()
             made = seq != self._last_seq  # autograd recorded the op (or nodes came before it)
             if made:                      # autograd nodes were created: remember their origin
                 # NOTE: nodes made since the last recorded op go to this op (after a Function
                 # that runs no aten op: the next one); grad off: in a Function's forward (phases)
-                fwd = stack if _grad_enabled() else self._rules.applied_at(sys._getframe(2), stack)
+                fwd = stack if _grad_enabled() else self._rules.applied_at(frame, stack)
                 origin = (fwd + 1) << 32 | (module + 1)
                 if 1 < seq - self._last_seq <= 8:
                     for n in range(self._last_seq, seq):
@@ -306,7 +314,8 @@ class Session(_SessionState):
                 origin = self._fwd_prev.get(nseq, 0)
             fwd_stack = (origin >> 32) - 1
             module = (origin & 0xFFFFFFFF) - 1
-            stack = self._capture(sys._getframe(2)) if self._record_stacks else -1
+            stack = -1 if not self._record_stacks else \
+                self._capture(frame) if frame is not None else self._stacks.empty()
         thread = self._threads.get(_get_ident())
         if thread is None:
             thread = self._thread()
@@ -316,7 +325,7 @@ class Session(_SessionState):
             if hint is None:
                 phase = self._rules.collective(phase, node, module, args, comm)
                 if phase == PHASE_OTHER and node is None:     # in an autograd Function?
-                    phase = function_phase(sys._getframe(2), phase)
+                    phase = function_phase(frame, phase)
                 elif module < 0 and node is not None and phase == PHASE_GRAD_SYNC:
                     module = self._rules.owner_module(node)     # DDP's bucket all-reduce
             cid = self._comm.launch(comm, args, out, t0, t1, phase, self.step_index, thread)
