@@ -21,7 +21,19 @@ from viz.analysis import analyse
 from viz.run import open_run
 
 M, P = 4, 2
-STEP = {"gpipe": 1, "1f1b": 2, "interleaved": 3, "zero-bubble": 4, "zbv": 5}
+ALL_STEPS = {"gpipe": 1, "1f1b": 2, "interleaved": 3, "zero-bubble": 4, "zbv": 5}
+
+
+def unrunnable() -> tuple:
+    """The schedules this torch's own pipelining cannot run on gloo (the zero-bubble ones
+    before torch rewrote its P2P handshake in 2.13: docs/compat.md); the script leaves their
+    steps empty."""
+    from torch.distributed.pipelining.schedules import PipelineScheduleMulti
+    return () if hasattr(PipelineScheduleMulti, "_initialize_pp_stages") \
+        else ("zero-bubble", "zbv")
+
+
+STEP = {name: step for name, step in ALL_STEPS.items() if name not in unrunnable()}
 # the global stages each rank holds
 STAGES = {"gpipe": {0: [0], 1: [1]}, "1f1b": {0: [0], 1: [1]},
           "interleaved": {0: [0, 2], 1: [1, 3]}, "zero-bubble": {0: [0], 1: [1]},
@@ -51,6 +63,7 @@ def in_pass(event) -> bool:
 
 def test_every_schedule_runs_the_passes_it_planned_with_its_microbatch_numbers(run):
     for rank in range(P):
+        assert sorted(run["plans"][rank]) == sorted(STEP)     # what the script ran
         for name, step in STEP.items():
             found = passes(run["analysis"], rank, name)
             assert {p.source for p in found} == {"schedule"}
@@ -58,8 +71,10 @@ def test_every_schedule_runs_the_passes_it_planned_with_its_microbatch_numbers(r
             # torch's own plan for this rank (pipeline_order), in the order it ran; torch
             # 2.13's plan for 1F1B numbers the last rank's forwards 1..4 (there is no 4), while
             # its _step_microbatches runs 0..3: 1F1B is checked against ORACLES.md below
+            plan = run["plans"][rank][name]
+            assert plan, name
             if name != "1f1b":
-                assert got == [tuple(a) for a in run["plans"][rank][name]], name
+                assert got == [tuple(a) for a in plan], name
             kinds = ("F", "B", "W") if name in ("zero-bubble", "zbv") else ("F", "B")
             assert Counter((k, s) for k, _, s in got) == {
                 (k, s): M for k in kinds for s in STAGES[name][rank]}
@@ -118,7 +133,8 @@ def test_activations_travel_in_forward_and_gradients_in_backward(run):
     for a, b in ((0, 1), (1, 0)):
         sent = [e["phase"] for e in run["records"][a] if e["kind"] == "send" and e["peer"] == b]
         got = [e["phase"] for e in run["records"][b] if e["kind"] == "recv" and e["peer"] == a]
-        assert sent == got and len(sent) > 8 * M
+        # (8 M over the five schedules; in proportion where this torch runs fewer)
+        assert sent == got and len(sent) > 8 * M * len(STEP) / len(ALL_STEPS)
 
 
 def test_gradient_steps_of_the_schedule_are_told_apart(run):
@@ -183,18 +199,21 @@ def pass_times(analysis, step: int) -> dict:
 
 def test_the_analysis_gives_each_schedule_its_theoretical_bubble(run):
     analysis = run["analysis"]
-    t = pass_times(analysis, STEP["zero-bubble"])
-    zb = (P - 1) * max(t["F"] + t["B"] - t["W"], 0)
     theory = {"gpipe": (P - 1) / (M + P - 1), "1f1b": (P - 1) / (M + P - 1),
               "interleaved": (P - 1) / (2 * M) / (1 + (P - 1) / (2 * M)),
-              "zero-bubble": zb / (zb + M * (t["F"] + t["B"] + t["W"])),
               "zbv": None}                   # no formula for ZB-V (docs/metrics.md)
+    if "zero-bubble" in STEP:
+        t = pass_times(analysis, STEP["zero-bubble"])
+        zb = (P - 1) * max(t["F"] + t["B"] - t["W"], 0)
+        theory["zero-bubble"] = zb / (zb + M * (t["F"] + t["B"] + t["W"]))
     assert theory["interleaved"] == pytest.approx(1 / 9)
     for rank in range(P):
         lane = analysis.timeline.ranks[rank]
-        assert lane.schedules == {1: ("gpipe", 2, 4, 1), 2: ("1f1b", 2, 4, 1),
-                                  3: ("interleaved", 2, 4, 2), 4: ("zb-h1", 2, 4, 1),
-                                  5: ("zb-v", 2, 4, 2)}
+        assert lane.schedules == {
+            step: schedule for step, schedule in {
+                1: ("gpipe", 2, 4, 1), 2: ("1f1b", 2, 4, 1), 3: ("interleaved", 2, 4, 2),
+                4: ("zb-h1", 2, 4, 1), 5: ("zb-v", 2, 4, 2)}.items()
+            if step in STEP.values()}
         steps = {s.step: s for s in analysis.metrics[rank].steps}
         for name, step in STEP.items():
             pipe = steps[step].pipeline
@@ -210,11 +229,13 @@ def test_the_analysis_gives_each_schedule_its_theoretical_bubble(run):
         m = analysis.metrics[rank]
         pipes = [steps[s].pipeline for s in m.counted_steps if steps[s].pipeline is not None]
         have = [p for p in pipes if p.theoretical_bubble_fraction is not None]
-        assert len(have) == len(pipes) - 1 == 4
+        assert len(pipes) == len(STEP)
+        assert len(have) == sum(theory[name] is not None for name in STEP)
         assert m.pipeline.theoretical_bubble_fraction == pytest.approx(
             sum(p.theoretical_bubble_fraction * p.window_s for p in have)
             / sum(p.window_s for p in have))
-        assert m.theoretical_bubble_fraction is None
+        if any(theory[name] is None for name in STEP):    # ZB-V's has none: nor the run's
+            assert m.theoretical_bubble_fraction is None
         assert all(s.pipeline is None for k, s in steps.items() if k not in STEP.values())
 
 

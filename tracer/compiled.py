@@ -140,7 +140,9 @@ class Region:
 
     def __getattr__(self, name):     # what Dynamo or a backend reads on the function it called
         fn = self.__dict__.get("_fn")
-        if fn is None:
+        # NOTE: not the function a Dynamo wrapper stands for: torch 2.10's disable() follows
+        # that attribute down to the innermost function, and would run it without the region
+        if fn is None or name == "_torchdynamo_orig_callable":
             raise AttributeError(name)
         return getattr(fn, name)
 

@@ -52,13 +52,29 @@ def run(name: str, schedule, rank: int) -> None:
             schedule.step(target=target)
 
 
+def unrunnable() -> frozenset:
+    """Schedules this torch's own pipelining cannot run on gloo, with or without paratrace: the
+    zero-bubble ones (interleaved zero bubble with a stage per rank, ZB-V) fail their P2P
+    handshake ("Pair is not connected") until torch rewrote it (2.13:
+    PipelineScheduleMulti._initialize_pp_stages)."""
+    from torch.distributed.pipelining.schedules import PipelineScheduleMulti
+    return frozenset() if hasattr(PipelineScheduleMulti, "_initialize_pp_stages") \
+        else frozenset({"zero-bubble", "zbv"})
+
+
+UNRUNNABLE = unrunnable()
+
+
 def plan(schedule, rank: int) -> list:
     """The schedule's own plan for this rank: (kind, microbatch, stage) of its compute actions
     (zero bubble's I, the backward of the inputs, is a B)."""
     kinds = {"F": "F", "B": "B", "I": "B", "W": "W"}
-    return [(kinds[a.computation_type.value], a.microbatch_index, a.stage_index)
+    def code(action) -> str:     # "F"...: the enum's value, or its str() where the value is
+        kind = action.computation_type      # a number (torch 2.10)
+        return kind.value if isinstance(kind.value, str) else str(kind)
+    return [(kinds[code(a)], a.microbatch_index, a.stage_index)
             for a in schedule.pipeline_order[rank]
-            if a is not None and a.computation_type.value in kinds]
+            if a is not None and code(a) in kinds]
 
 
 def main(out) -> None:
@@ -79,6 +95,9 @@ def main(out) -> None:
     ]
     plans = {}
     for name, make in cases:
+        if name in UNRUNNABLE:
+            tracer.step()                  # the step is kept, empty: the others keep their number
+            continue
         schedule = make()
         plans[name] = plan(schedule, rank)
         tracer.step()
