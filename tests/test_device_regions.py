@@ -322,3 +322,35 @@ def test_a_real_compiled_regions_kernels_land_on_its_range_and_lines(compiled):
               if g.op.startswith("Memcpy")}
     assert copies == {((top, line["opt.step()"]), "optimizer"): 3,
                       ((NO_STACK,), "optimizer"): 3}
+
+
+# --------------------------------------------------------------- a real recording on an H100
+H100_COMPILED = Path(__file__).parent / "assets" / "gpu-h100-recorder" / "compiled" / "traces"
+
+
+def test_an_h100_recording_gives_every_triton_kernel_to_its_compiled_region():
+    """tests/assets/gpu-h100-recorder: torch.compile'd MLP blocks on an H100. Inductor's Triton
+    kernels are launched by generated code, never by an aten op: each one belongs to the
+    torch.compile range it ran in. Before, 210 triton_poi_fused_gelu_0 launches were given to
+    aten.zero_ as the nearer event."""
+    from tracer.kineto import KINDS
+    from viz.analysis.gpu_attribution import IN_REGION, attribute
+    trace = tracer.load(H100_COMPILED / "rank-0.arrow")
+    records, _, problem = read_device(str(H100_COMPILED / "rank-0.device.arrow"))
+    assert problem is None
+    device = attribute(trace, records)
+    names = [device.names[n] for n in device.name]
+    kernel = device.kind == KINDS.index("kernel")
+    triton = np.array([k and n.startswith("triton_") for k, n in zip(kernel, names)])
+    # counted from the device file's own kernel names, apart from the attribution
+    assert triton.sum() == sum(1 for n, k in zip(records.name, records.kind)
+                               if k == KINDS.index("kernel")
+                               and records.names[n].startswith("triton_")) > 200
+    assert (device.how[triton] == IN_REGION).all()
+    rows = trace.records()
+    for row in set(device.row[triton].tolist()):
+        assert rows[row]["op"] == "paratrace::annotation"
+        assert rows[row]["annotation"][-1]["source"] == "torch.compile"
+    zero = {i for i, e in enumerate(rows) if e["op"] == "aten.zero_.default"}
+    on_zero = {names[i] for i in range(len(device)) if device.row[i] in zero}
+    assert on_zero and not any(n.startswith("triton_") for n in on_zero)
