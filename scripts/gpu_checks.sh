@@ -1,63 +1,103 @@
 #!/usr/bin/env bash
-# What paratrace checks on a GPU, in parts that each fit in one 10-minute command on a bare
-# machine with torch, pyarrow, networkx, jinja2 and pytest but no graphviz, browser or network.
-# Results go under DIR (default $OUT): a log per part, summary.txt (each part's exit status) and
-# traces.tgz (the trace part's run directory, to build its report where graphviz is).
+# What paratrace checks on a GPU, on a bare machine: python3 with torch + CUDA, pyarrow,
+# networkx, jinja2, rich and pytest, but no network, no graphviz (`dot` or its Python package),
+# no browser. Nothing is installed with pip: the C hot path is built in place
+# (`setup.py build_ext --inplace`, where a compiler is; else the Python twin runs), the package
+# runs from this checkout through PYTHONPATH, and the console scripts (trace-run, trace-report...)
+# are small launchers in DIR/bin. All parts together report in under 8 minutes on one H100.
 #
-#   bash scripts/gpu_checks.sh PART[,PART...] [DIR]
+#   bash scripts/gpu_checks.sh [PART,...|all] [DIR]          (default: all, DIR = $OUT)
 #
-# tests,trace fit in one command (at most 480 s), overhead in another (540 s).
-# Parts (docs/gpu.md and docs/overhead.md say what each measures):
-#   tests     pytest -m gpu: CUPTI windows attribute every kernel; trace-run on one GPU, NCCL
-#   overhead  issue 15's ratios on the small and hidden-1024 reference GPT (benchmarks/overhead.py)
-#   trace     trace-run --no-report of the small reference GPT on the GPU, tarred; and the
+# Parts (docs/gpu.md says what each measured, with versions):
+#   install   only the install above and versions.txt (every other part does it first)
+#   tests     pytest -m gpu: CUPTI windows attribute every kernel; trace-run on one GPU (NCCL)
+#   trace     trace-run of the reference GPT at hidden 1024 on one GPU, 4 steps, its summary
+#             (activities attributed, device compute a step), tarred (traces.tgz); and the
 #             one-line error of the 4-rank default on a machine with fewer GPUs than ranks
-# Every call first installs paratrace (editable, offline; builds the C hot path where a compiler
-# is) and writes versions.txt.
+#   hf        the Hugging Face Trainer in one process on the GPU under trace-run --no-launcher
+#   devtime   device compute a step, paratrace against a torch.profiler export of the same
+#             configuration (benchmarks/gpu_device_time.py)
+#   overhead  the recorders side by side with each one's worst step (benchmarks/overhead.py)
+# Results go under DIR: a log per part and summary.txt (each part's exit status).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-PARTS=${1:?usage: bash scripts/gpu_checks.sh tests,overhead,trace [DIR]}
+PARTS=${1:-all}
 DIR=${2:-${OUT:?no DIR given and no \$OUT}}
+[ "$PARTS" = all ] && PARTS=tests,trace,hf,devtime,overhead
 for part in ${PARTS//,/ }; do
-    case $part in tests|overhead|trace) ;;
-    *) echo "gpu_checks.sh: unknown part '$part' (tests, overhead, trace)" >&2; exit 2 ;;
+    case $part in install|tests|trace|hf|devtime|overhead) ;;
+    *) echo "gpu_checks.sh: unknown part '$part' (install, tests, trace, hf, devtime," \
+            "overhead, all)" >&2; exit 2 ;;
     esac
 done
 mkdir -p "$DIR"
-export PYTHONUNBUFFERED=1
-SMALL=(--tp 1 --pp 1 --no-sp --layers 4 --heads 4 --hidden 256 --seq-len 256
-       --micro-batch-size 4 --microbatches 2)
-
-# the console script beside the interpreter (as tests/test_device_gpu.py finds it)
-TRACE_RUN="$(python3 -c 'import os, sys; print(os.path.dirname(sys.executable))')/trace-run"
+DIR=$(cd "$DIR" && pwd)
+export PYTHONUNBUFFERED=1 PIP_NO_INDEX=1
 status() { echo "$1 rc=$2" | tee -a "$DIR/summary.txt"; }
 
-rm -f tracer/_hotpath*.so
-python3 -m pip install -q --no-deps --no-build-isolation -e . > "$DIR/install.log" 2>&1
+# ---------------------------------------------------------------------------- install
+REPO=$(pwd)
+export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
+python3 setup.py -q build_ext --inplace > "$DIR/install.log" 2>&1
 status install $?
+# the console scripts of setup.py, as launchers beside each other (tests look for trace-run
+# beside the interpreter or on PATH)
+mkdir -p "$DIR/bin"
+python3 - "$DIR/bin" "$REPO" <<'EOF' >> "$DIR/install.log" 2>&1
+import os, re, sys
+text = open("setup.py").read()
+for name, target in re.findall(r'"([a-z-]+)=([\w.]+:\w+)"', text):
+    module, func = target.split(":")
+    path = os.path.join(sys.argv[1], name)
+    with open(path, "w") as fh:
+        fh.write(f"#!{sys.executable}\nimport sys\nsys.path.insert(0, {sys.argv[2]!r})\n"
+                 f"from {module} import {func}\nsys.exit({func}())\n")
+    os.chmod(path, 0o755)
+    print("launcher", path)
+EOF
+export PATH="$DIR/bin:$PATH"
 {
-    nvidia-smi -L
-    python3 -c "import sys, torch, pyarrow, tracer.stacks as s; print('python', sys.version.split()[0]); print('torch', torch.__version__, 'cuda', torch.version.cuda, 'nccl', torch.cuda.nccl.version() if torch.cuda.is_available() else None); print('gpus', torch.cuda.device_count(), [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]); print('pyarrow', pyarrow.__version__); print('hot_path', s.StackInterner.HOT_PATH)"
+    nvidia-smi -L 2>&1 | head -8
+    python3 -c "import os, sys, torch, pyarrow, tracer.stacks as s; print('paratrace', os.path.dirname(os.path.dirname(s.__file__))); print('python', sys.version.split()[0]); print('torch', torch.__version__, 'cuda', torch.version.cuda, 'nccl', torch.cuda.nccl.version() if torch.cuda.is_available() else None); print('gpus', torch.cuda.device_count(), [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]); print('pyarrow', pyarrow.__version__); print('hot_path', s.StackInterner.HOT_PATH)"
+    trace-run --help > /dev/null && echo "trace-run launcher ok"
 } > "$DIR/versions.txt" 2>&1
+status versions $?
 
+LARGE=(--tp 1 --pp 1 --no-sp --layers 8 --heads 16 --hidden 1024 --seq-len 1024
+       --micro-batch-size 4 --microbatches 2)
 for part in ${PARTS//,/ }; do
     case $part in
+    install) ;;
     tests)
-        timeout 240 python3 -m pytest -m gpu tests -q -p no:cacheprovider > "$DIR/tests.log" 2>&1
+        timeout 200 python3 -m pytest -m gpu tests -q -p no:cacheprovider > "$DIR/tests.log" 2>&1
         status tests $? ;;
-    overhead)
-        timeout 540 python3 benchmarks/overhead.py --device cuda --models small,large \
-            --rounds 5 > "$DIR/overhead.log" 2>&1
-        status overhead $? ;;
     trace)
-        run=$(mktemp -d)/small
-        timeout 180 "$TRACE_RUN" --nproc-per-node 1 --out "$run" --no-report -m sample_runs.train \
-            "${SMALL[@]}" --device cuda --steps 4 > "$DIR/trace.log" 2>&1
+        run=$(mktemp -d)/gpt1024
+        timeout 150 trace-run --nproc-per-node 1 --out "$run" --no-report -m sample_runs.train \
+            "${LARGE[@]}" --device cuda --steps 4 > "$DIR/trace.log" 2>&1
         status trace $?
-        [ -d "$run" ] && tar -czf "$DIR/traces.tgz" -C "$(dirname "$run")" small
+        timeout 60 python3 scripts/gpu_summary.py "$run" >> "$DIR/trace.log" 2>&1
+        status trace-summary $?
+        [ -d "$run" ] && tar -czf "$DIR/traces.tgz" -C "$(dirname "$run")" gpt1024
         # 4 ranks on fewer GPUs: one line naming the option, no traceback, non-zero
-        timeout 60 "$TRACE_RUN" --nproc-per-node 4 --out "$(dirname "$run")/default" --no-report \
+        timeout 60 trace-run --nproc-per-node 4 --out "$(dirname "$run")/default" --no-report \
             -m sample_runs.train --device cuda > "$DIR/fewer-gpus.log" 2>&1
         status fewer-gpus-exit $? ;;
+    hf)
+        run=$(mktemp -d)/hf
+        mkdir -p "$run"
+        timeout 150 trace-run --no-launcher --out "$run/run" --no-report \
+            tests/scripts/hf_trainer.py "$run" cuda > "$DIR/hf.log" 2>&1
+        status hf $?
+        timeout 60 python3 scripts/gpu_summary.py "$run/run" >> "$DIR/hf.log" 2>&1
+        status hf-summary $? ;;
+    devtime)
+        timeout 120 python3 benchmarks/gpu_device_time.py --model large --steps 5 \
+            > "$DIR/devtime.log" 2>&1
+        status devtime $? ;;
+    overhead)
+        timeout 240 python3 benchmarks/overhead.py --device cuda --models small,large \
+            --rounds 3 > "$DIR/overhead.log" 2>&1
+        status overhead $? ;;
     esac
 done
