@@ -24,12 +24,13 @@ setup(
     version="0.1.0",
     description="Record every aten op and collective of a parallel PyTorch run; call graphs, "
     "timelines and diffs",
-    python_requires=">=3.9",
+    # tested at both ends (scripts/compat.sh, docs/compat.md): Python 3.10-3.13, torch 2.10-2.14
+    python_requires=">=3.10",
     packages=find_packages(include=["tracer*", "instrument*", "viz*", "sample_runs*"]),
     package_data={"viz": ["templates/*"], "sample_runs": ["data/*"]},
     ext_modules=HOT_PATH,
     install_requires=[
-        "torch>=2.4",
+        "torch>=2.10",
         "pyarrow>=14",
         "networkx>=3",
         "graphviz>=0.20",
