@@ -1,34 +1,42 @@
-"""What closing a device window costs the training thread: the path before and the path now,
+"""What closing a device window costs the training thread: the paths before and the path now,
 side by side in one run (issue 37).
 
 The recorder (tracer/device.py) records GPU activity a window at a time (about one a second).
-Two ways of closing a window, run in turn on the same model, round after round:
+Three ways of closing a window, run in turn on the same model, round after round:
 
-- ``torch.profiler`` (before): torch.profiler.profile stopped at the cut, its Chrome-trace
+- ``torch.profiler`` (first): torch.profiler.profile stopped at the cut, its Chrome-trace
   export written there too, both on the training thread; the flusher parses it.
-- ``binding`` (now): torch.autograd's profiler binding; the training thread only waits for the
-  GPU and disables the profiler, the flusher saves the export and parses it.
+- ``binding`` (before): torch.autograd's profiler binding; the training thread only waits for
+  the GPU and disables the profiler, the flusher saves the export and parses it.
+- ``worker`` (now): the binding, the flusher saves the export and hands it to the recording's
+  device worker, a process of its own that parses it and appends it to the device file
+  (tracer/device_worker.py).
 
 Without a GPU (``--device cpu``, the default) the profiler's CPU activity stands in for CUDA, as
 in tests/test_tracer_device.py: the windows, Kineto's export and the flusher's parse run for
 real, with the CPU ops in place of kernels (about 7,600 events a step of the mid model).
 ``--device cuda`` records the CUDA activity on the first GPU.
 
-Printed for each path: on the training thread, each cut (the profiler's stop and, before, the
-export) and each window's start; on the flusher, each export (``_ProfilerResult.save``) and
-parse; every step's wall time and the training thread's CPU time, median and worst, for the
-steps where a window closed, the other steps the flusher's export or parse overlapped, and the
-rest; then whether torch's binding holds the GIL (CPU only). NOTE: torch's export holds the
-GIL and the parse is Python, so the flusher's work still delays the training thread while it
-wants to run Python; its CPU time does not count that wait, its wall time does.
+Printed for each path: on the training thread, each cut (the profiler's stop and, first, the
+export) and each window's start; on the flusher, the worker's start (``Popen``), each export
+(``_ProfilerResult.save``), parse, or hand-over to the worker; in the worker, each window's
+parse and write; every step's wall time and the training thread's CPU time, median and worst,
+for the steps where a window closed, the other steps the flusher's or the worker's work
+overlapped, and the rest; the session's close (it waits for the worker). First, whether torch's
+binding holds the GIL (CPU only) and what starting a worker costs. NOTE: torch's export holds
+the GIL and the in-process parse is Python, so the flusher's work still delays the training
+thread while it wants to run Python; its CPU time does not count that wait, its wall time does.
+The worker shares no GIL, only the machine's cores.
 
     python benchmarks/device_windows.py [--model mid] [--rounds 4] [--steps 40] [--window 1.0]
+                                        [--paths torch.profiler,binding,worker]
     python benchmarks/device_windows.py --device cuda --model large
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import shutil
 import statistics
@@ -46,10 +54,16 @@ from overhead_recorders import MODELS, step_times  # noqa: E402
 from tracer import device as device_module  # noqa: E402
 from tracer import session as session_module  # noqa: E402
 from tracer.device import BindingWindow, DeviceRecorder, ProfilerWindow  # noqa: E402
+from tracer.device_worker import DeviceWorker  # noqa: E402
 
-PATHS = ("torch.profiler", "binding")
-LABELS = {"torch.profiler": "torch.profiler, export at the cut (before)",
-          "binding": "binding, export on the flusher (now)"}
+# path -> (DeviceRecorder.window_path, DeviceRecorder.parse_in)
+PATHS = {"torch.profiler": ("torch.profiler", "flusher"), "binding": ("binding", "flusher"),
+         "worker": ("binding", "worker")}
+LABELS = {"torch.profiler": "torch.profiler, export at the cut, parse on the flusher (first)",
+          "binding": "binding, export and parse on the flusher (before)",
+          "worker": "binding, export on the flusher, parse in the worker (now)"}
+SHORT = {"torch.profiler": "torch.profiler (first)", "binding": "binding, parse here (before)",
+         "worker": "binding, parse in the worker (now)"}
 
 
 class Probe:
@@ -84,21 +98,33 @@ class Probe:
         DeviceRecorder.cut = self._timed("cut", DeviceRecorder.cut)
         DeviceRecorder.start = self._timed("start", DeviceRecorder.start)
         device_module.load_chrome_trace = self._timed("parse", device_module.load_chrome_trace)
+        DeviceWorker.__init__ = self._timed("spawn", DeviceWorker.__init__)
+        DeviceWorker.send = self._timed("send", DeviceWorker.send)
+        answered = DeviceWorker._answered
+
+        def worker_span(worker, line):       # the worker's own clock: CLOCK_MONOTONIC
+            answer = json.loads(line)
+            if isinstance(answer, dict) and "span" in answer:
+                probe.events.append(("worker", *answer["span"], False))
+            return answered(worker, line)
+        DeviceWorker._answered = worker_span
 
     def between(self, t0: float, t1: float) -> list:
         return [e for e in self.events if t0 <= e[1] < t1]
 
 
-def run_once(model: str, steps: int, path: str, out: str, probe: Probe) -> list:
-    """One traced run: per step (start, end, main-thread CPU seconds), and the probe's events."""
-    DeviceRecorder.window_path = path
+def run_once(model: str, steps: int, path: str, out: str, probe: Probe) -> tuple:
+    """One traced run: per step (start, end, main-thread CPU seconds), the probe's events, and
+    the wall seconds the session's close took."""
+    DeviceRecorder.window_path, DeviceRecorder.parse_in = PATHS[path]
     marks = []
     def mark():
         marks.append((time.perf_counter(), time.thread_time()))
     probe.events = []
-    step_times(model, steps, lambda: tracer.trace(out, clock_sync=False), mark)
+    closed = step_times(model, steps, lambda: tracer.trace(out, clock_sync=False), mark)[2]
     shutil.rmtree(out, ignore_errors=True)
-    return [(a[0], b[0], b[1] - a[1]) for a, b in zip(marks, marks[1:])], list(probe.events)
+    return ([(a[0], b[0], b[1] - a[1]) for a, b in zip(marks, marks[1:])], list(probe.events),
+            closed)
 
 
 def stats(values: list) -> str:
@@ -107,7 +133,10 @@ def stats(values: list) -> str:
     return f"{statistics.median(values) * 1e3:7.1f}ms {max(values) * 1e3:7.1f}ms"
 
 
-def report(path: str, steps: list, events: list) -> None:
+BACKGROUND = "the flusher or the worker saved or parsed"
+
+
+def report(path: str, steps: list, events: list, closes: list) -> None:
     print(f"\n{LABELS[path]}")
     print(f"  {'on the training thread':42s} {'n':>4s} {'median':>9s} {'worst':>9s}")
     for what, label in (("cut", "window close (cut)"), ("stop", "  the profiler's stop"),
@@ -115,30 +144,62 @@ def report(path: str, steps: list, events: list) -> None:
         values = [e[2] - e[1] for e in events if e[0] == what and e[3]]
         print(f"  {label:42s} {len(values):4d} {stats(values)}")
     print("  on the flusher")
-    for what in ("export", "parse"):
+    for what, label in (("spawn", "the worker's start (Popen)"), ("export", "export"),
+                        ("parse", "parse"), ("send", "hand-over to the worker")):
         values = [e[2] - e[1] for e in events if e[0] == what and not e[3]]
-        print(f"  {what:42s} {len(values):4d} {stats(values)}")
-    print(f"  {'steps in which':31s} {'n':>4s} {'wall: median':>13s} {'worst':>9s}"
+        print(f"  {label:42s} {len(values):4d} {stats(values)}")
+    values = [e[2] - e[1] for e in events if e[0] == "worker"]
+    print(f"  {'in the worker: parse and write':42s} {len(values):4d} {stats(values)}")
+    print(f"  {'the session close (waits for the worker)':42s} {len(closes):4d} {stats(closes)}")
+    print(f"  {'steps in which':40s} {'n':>4s} {'wall: median':>13s} {'worst':>9s}"
           f" {'main cpu: median':>17s} {'worst':>9s}")
-    kinds = {"a window closed": [], "the flusher saved or parsed": [], "other": []}
-    for t0, t1, cpu, cut, flusher in steps:
-        kind = "a window closed" if cut else "the flusher saved or parsed" if flusher else "other"
-        kinds[kind].append((t1 - t0, cpu))
-    for kind, values in kinds.items():
-        print(f"  {kind:31s} {len(values):4d}   {stats([v[0] for v in values])}"
+    for kind, values in step_kinds(steps).items():
+        print(f"  {kind:40s} {len(values):4d}   {stats([v[0] for v in values])}"
               f"         {stats([v[1] for v in values])}")
 
 
+def step_kinds(steps: list) -> dict:
+    """(wall, main-thread CPU) of the steps, by what happened in them."""
+    kinds = {"a window closed": [], BACKGROUND: [], "other": []}
+    for t0, t1, cpu, cut, background in steps:
+        kind = "a window closed" if cut else BACKGROUND if background else "other"
+        kinds[kind].append((t1 - t0, cpu))
+    return kinds
+
+
 def classify(steps: list, events: list) -> list:
-    """Each step with whether a cut started in it and whether the flusher's export or parse of
-    a window overlapped it."""
+    """Each step with whether a cut started in it and whether the flusher's export or parse,
+    or the worker's parse, of a window overlapped it."""
     out = []
     for t0, t1, cpu in steps:
         cut = any(e[0] == "cut" and e[3] and t0 <= e[1] < t1 for e in events)
-        flusher = any(e[0] in ("export", "parse") and not e[3] and e[1] < t1 and e[2] > t0
-                      for e in events)
-        out.append((t0, t1, cpu, cut, flusher))
+        background = any(e[0] in ("export", "parse", "worker") and not e[3] and e[1] < t1
+                         and e[2] > t0 for e in events)
+        out.append((t0, t1, cpu, cut, background))
     return out
+
+
+def worker_start_cost(times: int = 5) -> None:
+    """Start a worker ``times`` times: the Popen call (the recorder's thread, once a
+    recording), until its imports are done (its ``ready`` line), its memory then."""
+    tmp = tempfile.mkdtemp(prefix="paratrace-worker-")
+    popen, ready, rss = [], [], []
+    try:
+        for i in range(times):
+            t0 = time.perf_counter()
+            worker = DeviceWorker(os.path.join(tmp, f"rank-{i}.device.arrow"), i)
+            popen.append(time.perf_counter() - t0)
+            line = worker.proc.stdout.readline()
+            ready.append(time.perf_counter() - t0)
+            assert json.loads(line) == {"ready": True}, line
+            with open(f"/proc/{worker.proc.pid}/status") as fh:
+                rss += [int(x.split()[1]) / 1024 for x in fh if x.startswith("VmRSS:")]
+            worker.close()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"the worker's start, {times} times: Popen {stats(popen)} (median, worst), until "
+          f"ready {stats(ready)}; its memory then {statistics.median(rss):.0f} MB "
+          f"(VmRSS, median)")
 
 
 def gil_check(model: str) -> None:
@@ -192,7 +253,12 @@ def main() -> None:
                         help="seconds a window lasts at least (the recorder's default: "
                         f"{device_module.WINDOW_S:g})")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--paths", default=",".join(PATHS),
+                        help=f"which paths, in turn (default: all of {', '.join(PATHS)})")
     args = parser.parse_args()
+    args.paths = [p for p in args.paths.split(",") if p]
+    if not args.paths or any(p not in PATHS for p in args.paths):
+        parser.error(f"--paths: a comma-separated list of {', '.join(PATHS)}")
     if args.model not in MODELS:
         parser.error(f"--model: no model named {args.model} (choose from {', '.join(MODELS)})")
     if args.rounds < 1 or args.steps < 3 or args.window < 0:
@@ -206,24 +272,28 @@ def main() -> None:
         DeviceRecorder.activity = "CPU"
     device_module.WINDOW_S = args.window
     if device_module.binding() is None:
-        print("note: this torch lacks torch.autograd's profiler binding: 'binding' runs "
-              "torch.profiler, its export still on the flusher")
+        print("note: this torch lacks torch.autograd's profiler binding: 'binding' and "
+              "'worker' run torch.profiler, its export still on the flusher")
     if args.device == "cpu":
         print("GIL: torch's binding, one window of 4 steps, CPU activity")
         gil_check(args.model)
+    worker_start_cost()
     probe = Probe()
     probe.install()
     tmp = tempfile.mkdtemp(prefix="paratrace-windows-")
-    runs = {path: ([], []) for path in PATHS}
+    paths = args.paths
+    runs = {path: ([], [], []) for path in paths}
     load = os.getloadavg()
     try:
         for round_ in range(args.rounds + 1):      # round 0 warms up, not counted
-            for path in PATHS:
-                steps, events = run_once(args.model, args.steps if round_ else 3, path,
-                                         os.path.join(tmp, f"{path}-{round_}"), probe)
+            for path in paths:
+                steps, events, closed = run_once(args.model, args.steps if round_ else 3,
+                                                 path, os.path.join(tmp, f"{path}-{round_}"),
+                                                 probe)
                 if round_:
                     runs[path][0].extend(classify(steps, events))
                     runs[path][1].extend(e for e in events if e[1] < steps[-1][1])
+                    runs[path][2].append(closed)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"{args.rounds} interleaved rounds of {args.steps} steps of the {args.model} reference "
@@ -231,12 +301,21 @@ def main() -> None:
           f"{args.window:g} s; torch {torch.__version__}, {os.cpu_count()} CPUs, load average "
           f"{load[0]:.2f} at start, {os.getloadavg()[0]:.2f} at end. Events after the last "
           "step (the close's last window) are left out.")
-    for path in PATHS:
+    for path in paths:
         report(path, *runs[path])
-    before, now = ([e[2] - e[1] for e in runs[p][1] if e[0] == "cut" and e[3]] for p in PATHS)
-    if before and now:
-        print(f"\na window's close on the training thread: before {stats(before)} "
-              f"(median, worst), now {stats(now)}")
+    # NOTE: a window lasts at least --window seconds of steps: where closing one costs less,
+    # a window holds more steps, and its stop, export and parse more events. The steps' sum
+    # (every path runs the same steps) is the comparison that does not depend on it.
+    print(f"\n{'side by side':36s} {'closing step: wall':>19s} {'main cpu':>19s} "
+          f"{'windows':>7s} {'all steps: wall':>15s} {'main cpu':>9s}")
+    print(f"{'':36s} {'median':>9s} {'worst':>9s} {'median':>9s} {'worst':>9s} {'':7s} "
+          f"{'sum':>15s} {'sum':>9s}")
+    for path in paths:
+        closing = step_kinds(runs[path][0])["a window closed"]
+        print(f"{SHORT[path]:36s} {stats([v[0] for v in closing])} "
+              f"{stats([v[1] for v in closing])} {len(closing):7d} "
+              f"{sum(s[1] - s[0] for s in runs[path][0]):14.2f}s "
+              f"{sum(s[2] for s in runs[path][0]):8.2f}s")
 
 
 if __name__ == "__main__":

@@ -11,29 +11,39 @@ only what must run on the thread that enabled the profiler (its state is thread-
 waits for the GPU (the window's last kernels must be in it) and disables the profiler
 (``torch.autograd._disable_profiler``: Kineto collects and sorts CUPTI's records). The result
 goes to the flusher thread, which saves it with Kineto's own Chrome-trace export
-(``_ProfilerResult.save``), parses the export (:mod:`tracer.kineto`) and appends it to
-``rank-<R>.device.arrow`` (:mod:`tracer.device_format`); closing the session saves what the
-flusher has not. The next window starts at the first op outside any record_function range (see
-:meth:`DeviceRecorder.boundary`). A killed process loses the window under way and the windows
-the flusher had not written yet (it writes after every flush, at most ``flush_interval`` apart).
+(``_ProfilerResult.save``) and hands the file to the recording's device worker
+(:mod:`tracer.device_worker`), a process started at the first window, which parses it
+(:mod:`tracer.kineto`) and appends it to ``rank-<R>.device.arrow`` (:mod:`tracer.device_format`).
+Closing the session saves what the flusher has not and waits for the worker (``close_wait_s``;
+past it the exports not yet parsed stay on disk, named in the metadata). Where the worker cannot
+start or dies, the flusher parses in this process, from the first window it had not answered
+(said once). The next window starts at the first op outside any record_function range (see
+:meth:`DeviceRecorder.boundary`). A killed process loses the window under way and those the
+flusher had not saved (it saves after every flush, at most ``flush_interval`` apart); the
+worker appends the ones it was handed, then leaves.
 When torch.profiler is already running in the process (the user profiles), the recorder says
 so once and keeps to host time.
 
 Where this torch lacks a part of that binding, torch.profiler.profile runs the windows instead,
 its export still on the flusher. ``DeviceRecorder.window_path = "torch.profiler"`` restores the
-path before: torch.profiler stopped and exported at the cut, on the training thread
-(benchmarks/device_windows.py measures the two side by side).
+first path: torch.profiler stopped and exported at the cut, on the training thread;
+``DeviceRecorder.parse_in = "flusher"`` the parse in this process, as before
+(benchmarks/device_windows.py measures the three side by side).
 
 NOTE: ``_ProfilerResult.save`` holds the GIL while it writes (torch 2.6, 2.11, 2.13 and 2.14.1,
-as does ``_disable_profiler`` up to 2.13; measured in docs/overhead.md): the flusher's save
-still delays the training thread wherever that thread wants to run Python meanwhile, and is
-free only while it waits outside the GIL (for the GPU, a collective, the data loader). What is
-certain is that the export no longer runs on the training thread.
+as does ``_disable_profiler`` up to 2.13; docs/overhead.md), and so does freeing the result
+after it: the flusher's save still delays the training thread wherever that thread wants to run
+Python. The parse no longer does. On the CPU stand-in (2 vCPUs, torch 2.13.0; docs/overhead.md)
+a step in which a window closed took 447 ms median, 782 worst with the worker against 544 and
+989 with the flusher's parse, and the same 312 steps 37.2 s against 41.6; with the machine
+loaded by other work the medians were equal (550 and 554 ms), the worst 981 and 1,654: the
+worker then competes for the cores.
 """
 from __future__ import annotations
 
 import functools
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -41,10 +51,11 @@ import uuid
 from typing import Callable, Optional
 
 from . import rundir
-from .device_format import DeviceWriter
-from .kineto import KinetoError, load_chrome_trace
+from .device_worker import DeviceWorker, WindowAppender
+from .kineto import load_chrome_trace
 
 WINDOW_S = 1.0
+CLOSE_WAIT_S = 60.0      # how long closing waits for the worker's last windows
 
 
 def cuda_in_use() -> bool:
@@ -132,6 +143,11 @@ class DeviceRecorder:
     # "binding": torch.autograd's binding, the export saved and parsed by the flusher;
     # "torch.profiler": the path before, stopped and exported at the cut on the training thread
     window_path = "binding"
+    # where the saved windows are parsed and appended: "worker", a process of the recording's
+    # own (tracer.device_worker); "flusher": the flusher thread, in this process (the path
+    # before, and the one taken when the worker cannot start or dies)
+    parse_in = "worker"
+    close_wait_s = CLOSE_WAIT_S
 
     def __init__(self, traces_dir: str, rank: int, pairs: list,
                  window_s: Optional[float] = None):
@@ -147,7 +163,10 @@ class DeviceRecorder:
         self._pending: list = []        # (window, save or None when saved, export path)
         self._lock = threading.Lock()          # the pending list: held for a swap only
         self._write_lock = threading.Lock()    # one writer at a time, windows in order
-        self._writer: Optional[DeviceWriter] = None
+        self._worker: Optional[DeviceWorker] = None       # parses and appends the windows
+        self._in_process = False        # no worker (it died or did not start): parse here
+        self._appender: Optional[WindowAppender] = None   # the in-process parse's
+        self._said = False              # the worker's end said (stderr, metadata) once
 
     def start(self) -> bool:
         """Start a window; False (said once on stderr) if the user's profiler holds CUPTI."""
@@ -220,45 +239,138 @@ class DeviceRecorder:
             self._pending.append((index, save, path))
 
     def write_pending(self) -> None:
-        """Save, parse and append the ended windows to the device file (the flusher's job;
-        at close, the closing thread's)."""
+        """Save the ended windows and have them parsed and appended to the device file (the
+        flusher's job; at close, the closing thread's)."""
         with self._write_lock:
             with self._lock:
                 pending, self._pending = self._pending, []
+            self._check_worker()
             for index, save, path in pending:
-                try:
-                    if save is not None:
+                if save is not None:
+                    try:
                         self._export(save, path)
-                    records = load_chrome_trace(path)
-                except (OSError, RuntimeError) as exc:    # torch's save, not the parse
-                    self.error = self.error or f"a device window was not saved ({exc})"
-                    continue
-                except KinetoError as exc:
-                    self.error = self.error or f"a device window was unreadable ({exc})"
-                    continue
-                finally:
-                    if os.path.exists(path):
-                        os.remove(path)
-                if self._writer is None:
-                    self._writer = DeviceWriter(rundir.device_file(self.traces_dir, self.rank),
-                                                {"rank": self.rank, "source": "cupti"})
-                self._writer.write(records, {"window": index,
-                                             "devices": records.meta.get("devices")})
+                    except (OSError, RuntimeError) as exc:    # torch's save
+                        self.error = self.error or f"a device window was not saved ({exc})"
+                        if os.path.exists(path):
+                            os.remove(path)
+                        continue
+                self._parse(index, path)
 
     def _export(self, save: Callable[[str], None], path: str) -> None:
         """Kineto's Chrome-trace export of an ended window, written to ``path``."""
         save(path)
 
+    def _parse(self, index: int, path: str) -> None:
+        """Window ``index``, saved at ``path``, to the worker; here if there is none."""
+        if self.parse_in == "worker" and not self._in_process:
+            if self._worker is None:
+                try:
+                    self._worker = DeviceWorker(self._device_path(), self.rank)
+                except (OSError, ValueError, subprocess.SubprocessError) as exc:
+                    self._in_process = True
+                    self._say(f"the device worker did not start ({exc})")
+            if self._worker is not None:
+                if self._worker.send(index, path):
+                    return
+                self._fall_back()
+        self._parse_here(index, path)
+
+    def _parse_here(self, index: int, path: str) -> None:
+        if self._appender is None:
+            self._appender = WindowAppender(self._device_path(), self.rank)
+        error = self._appender.append(index, path, load_chrome_trace)
+        self.error = self.error or error
+
+    def _check_worker(self) -> None:
+        """Take the worker's answers; fall back to this process if it died."""
+        if self._worker is not None:
+            self._worker.poll()
+            self._take_errors(self._worker)
+            if not self._worker.alive():
+                self._fall_back()
+
+    def _take_errors(self, worker: DeviceWorker) -> None:
+        for _, error in worker.errors:
+            self.error = self.error or error
+        worker.errors.clear()
+
+    def _fall_back(self) -> None:
+        """The worker died: go on with the device file it left (its complete windows), parse
+        the windows it had not answered here, and every later one (said once)."""
+        worker, self._worker = self._worker, None
+        self._in_process = True
+        worker.kill()
+        self._take_errors(worker)
+        self._say(f"the device worker stopped ({worker.exit_status()}) with "
+                  f"{len(worker.sent)} window{'s' if len(worker.sent) != 1 else ''} "
+                  "unanswered; the device windows are parsed in the training process")
+        self._appender, done = WindowAppender.resume(self._device_path(), self.rank)
+        for index, path in worker.sent.items():
+            if index in done:                   # appended, killed before it answered
+                if os.path.exists(path):
+                    os.remove(path)
+            elif os.path.exists(path):
+                self._parse_here(index, path)
+            else:
+                self.error = self.error or f"device window {index} was lost with the worker"
+
+    def _finish_worker(self) -> None:
+        """At close: wait for the worker to answer every window (at most close_wait_s), then
+        let it close the device file. Past the wait it is stopped and the windows it had not
+        appended keep their exports on disk, named in the metadata."""
+        worker = self._worker
+        if worker is None:
+            return
+        if worker.wait(self.close_wait_s):
+            self._worker = None
+            worker.close()
+        elif not worker.alive():
+            self._fall_back()
+        else:
+            self._worker = None
+            worker.kill()
+            appender, done = WindowAppender.resume(self._device_path(), self.rank)
+            appender.close()
+            kept = []
+            for index, path in worker.sent.items():
+                if index not in done and os.path.exists(path):
+                    kept.append(path)
+                elif os.path.exists(path):
+                    os.remove(path)
+            if kept:
+                self.error = self.error or (
+                    f"the device worker had not parsed {len(kept)} window"
+                    f"{'s' if len(kept) != 1 else ''} after {self.close_wait_s:g} s: it was "
+                    f"stopped and their exports kept ({', '.join(kept[:3])}"
+                    f"{', ...' if len(kept) > 3 else ''})")
+        self._take_errors(worker)
+
+    def _device_path(self) -> str:
+        return rundir.device_file(self.traces_dir, self.rank)
+
+    def _say(self, what: str) -> None:
+        """One line on stderr and in the metadata's error, the first time only."""
+        if self._said:
+            return
+        self._said = True
+        self.error = self.error or what
+        print(f"paratrace: rank {self.rank}: {what}", file=sys.stderr, flush=True)
+
     def close(self) -> None:
         try:
             self.cut()
             self.write_pending()
+            with self._write_lock:
+                self._finish_worker()
         except Exception as exc:   # never lose the host trace over the GPU's
             self.error = self.error or f"{type(exc).__name__}: {exc}"
         with self._write_lock:
-            if self._writer is not None:
-                self._writer.close()
-                self._writer = None
+            if self._worker is not None:          # only after an error above
+                self._worker.kill()
+                self._worker = None
+            if self._appender is not None:
+                self._appender.close()
+                self._appender = None
 
     def _pair(self) -> None:
         self.pairs.append(clock_pair())
