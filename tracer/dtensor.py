@@ -61,8 +61,11 @@ class SubclassOps:
     def __call__(self, func, types, args, kwargs):
         dtensor = self._dtensor or self._find_dtensor(types)
         if dtensor is None or not any(issubclass(t, dtensor) for t in types):
-            if self._depth and _get_mode(_FAKE) is not None:
-                return func(*args, **kwargs)     # sharding propagation on fake tensors
+            # NOTE: under a FakeTensorMode nothing runs: DTensor's sharding propagation,
+            # torch.export's tracing (pipeline()); recording it would read symbolic sizes, and
+            # guard on them (export then fails: "Constraints violated")
+            if _get_mode(_FAKE) is not None:
+                return func(*args, **kwargs)
             return self._on_op(func, args, kwargs)
         # NOTE: only DTensor ops are let through (sharding propagation may run the same op on
         # fake tensors meanwhile, which the recorder itself runs)
