@@ -427,3 +427,18 @@ def test_a_torch_that_cannot_run_compiled_code_under_a_mode_is_said_in_the_trace
         torch.ones(2).add_(1)
     options = tracer.load(tmp_path / "now" / "rank-0.arrow").meta["options"]
     assert options["compiled"] == "compiled" and "compiled_why" not in options
+
+
+def test_the_first_op_of_a_trace_is_forward_only_if_autograd_records_it(tmp_path):
+    """The recorder tells a forward op by the autograd nodes it made since the last op; before
+    the first op there is no last op, and the first one (a tensor made outside modules, without
+    gradients) was called forward."""
+    with tracer.trace(tmp_path, clock_sync=False, device_time=False):
+        a = torch.ones(2)                     # no node: other
+        b = a * 2                             # no node: other
+        w = torch.ones(2, requires_grad=True)
+        (w * b).sum()                         # nodes: forward
+    phases = [(e["op"], e["phase"]) for e in tracer.load(tmp_path / "rank-0.arrow").records()]
+    assert phases[:3] == [("aten.ones.default", "other"), ("aten.mul.Tensor", "other"),
+                          ("aten.ones.default", "other")]
+    assert ("aten.mul.Tensor", "forward") in phases[3:]

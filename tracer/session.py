@@ -95,7 +95,8 @@ class Session(_SessionState):
         # forward autograd node sequence number -> its origin, (stack + 1) << 32 | (module + 1)
         # (an int: ints are not objects the garbage collector tracks), this step and the last
         self._fwd_of_node, self._fwd_prev = {}, {}
-        self._last_seq, self.step_index, self._explicit_steps, self._in_optimizer = -1, 0, False, 0
+        self._last_seq, self.step_index, self._explicit_steps, self._in_optimizer = \
+            _sequence_nr(), 0, False, 0    # nodes made before the trace are not its ops'
         self._recompute = 0                # checkpointing recomputations running (phases.py)
         self._torch_state = (_current_node, _grad_enabled, _graph_task, _sequence_nr)   # C's
         self._rules = PhaseRules(self, self._modules, self._annotations)
