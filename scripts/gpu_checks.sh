@@ -17,17 +17,19 @@
 #   hf        the Hugging Face Trainer in one process on the GPU under trace-run --no-launcher
 #   devtime   device compute a step, paratrace against a torch.profiler export of the same
 #             configuration (benchmarks/gpu_device_time.py)
+#   windows   what closing a CUPTI window costs the training thread, each path side by side
+#             (benchmarks/device_windows.py: the issue's stall, 306-333 ms steps against 142)
 #   overhead  the recorders side by side with each one's worst step (benchmarks/overhead.py)
 # Results go under DIR: a log per part and summary.txt (each part's exit status).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PARTS=${1:-all}
 DIR=${2:-${OUT:?no DIR given and no \$OUT}}
-[ "$PARTS" = all ] && PARTS=tests,trace,hf,devtime,overhead
+[ "$PARTS" = all ] && PARTS=tests,trace,hf,devtime,windows,overhead
 for part in ${PARTS//,/ }; do
-    case $part in install|tests|trace|hf|devtime|overhead) ;;
+    case $part in install|tests|trace|hf|devtime|windows|overhead) ;;
     *) echo "gpu_checks.sh: unknown part '$part' (install, tests, trace, hf, devtime," \
-            "overhead, all)" >&2; exit 2 ;;
+            "windows, overhead, all)" >&2; exit 2 ;;
     esac
 done
 mkdir -p "$DIR"
@@ -95,6 +97,10 @@ for part in ${PARTS//,/ }; do
         timeout 120 python3 benchmarks/gpu_device_time.py --model large --steps 5 \
             > "$DIR/devtime.log" 2>&1
         status devtime $? ;;
+    windows)
+        timeout 150 python3 benchmarks/device_windows.py --device cuda --model large \
+            --rounds 2 --steps 30 > "$DIR/windows.log" 2>&1
+        status windows $? ;;
     overhead)
         timeout 240 python3 benchmarks/overhead.py --device cuda --models small,large \
             --rounds 3 > "$DIR/overhead.log" 2>&1
