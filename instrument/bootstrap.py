@@ -89,6 +89,19 @@ def keep_earlier_attempt(traces_dir: str, rank: int) -> None:
             os.replace(os.path.join(traces_dir, name), os.path.join(keep, name))
 
 
+ORPHANED = (f"trace-run ended (killed?) and the worker did not stop on SIGTERM within "
+            f"{orphans.GRACE_S:g}s")
+
+
+def _failed_after_the_launcher() -> None:
+    """The script raised after trace-run died. The error follows from that end: a rank ended
+    before this one left a collective it was in ("Connection closed by peer"). So the trace
+    says interrupted, as the ended rank's does, not failed."""
+    session = tracer.active()
+    if session is not None and session.status == "running" and orphans.orphaned():
+        session.status, session.error = "interrupted", ORPHANED
+
+
 def _orphaned() -> None:
     """trace-run died and this worker is still here after the kernel's SIGTERM (its script
     ignores SIGTERM, or its main thread is held in C): close the trace from this thread, unless
@@ -97,8 +110,7 @@ def _orphaned() -> None:
         session = tracer.active()
         if session is not None and session.status == "running":
             from tracer import exits
-            exits.leave(session, 128 + signal.SIGTERM, ended_by="trace-run ended (killed?) and "
-                        f"the worker did not stop on SIGTERM within {orphans.GRACE_S:g}s")
+            exits.leave(session, 128 + signal.SIGTERM, ended_by=ORPHANED)
         deadline = time.monotonic() + 10
         while tracer.active() is not None and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -142,10 +154,14 @@ def main(argv: Optional[list] = None) -> None:
                           library_frames=opts.include_library_frames, library=opts.library,
                           device_time=not opts.no_device_time,
                           compiled="eager" if opts.compile_eagerly else "compiled"):
-            if opts.module is not None:
-                runpy.run_module(opts.module, run_name="__main__", alter_sys=True)
-            else:
-                runpy.run_path(script, run_name="__main__")
+            try:
+                if opts.module is not None:
+                    runpy.run_module(opts.module, run_name="__main__", alter_sys=True)
+                else:
+                    runpy.run_path(script, run_name="__main__")
+            except BaseException:
+                _failed_after_the_launcher()
+                raise
     finally:
         # The trace is closed: nothing is left to flush, so a SIGTERM from here on just ends
         # the process (raised now, it would land in an atexit handler as a traceback).

@@ -334,3 +334,32 @@ def test_the_first_failure_is_the_rank_whose_last_sign_of_life_came_first(tmp_pa
     assert run_record.first_to_stop([0, 1], traces) == 1
     # a rank with neither file: nothing to compare, torch's answer is used instead
     assert run_record.first_to_stop([0, 1, 2], traces) is None
+
+
+def test_an_error_after_trace_run_died_leaves_the_trace_interrupted(tmp_path, monkeypatch):
+    """A rank whose peer trace-run ended left first sees "Connection closed by peer" in a
+    collective before its own end comes: its trace says interrupted, as the peer's does, not
+    failed (a race seen in test_one_run_per_out_and_no_orphans_after_sigkill)."""
+    import tracer
+    from instrument import bootstrap, orphans
+    monkeypatch.setenv(orphans.ENV_LAUNCHER, str(os.getppid() + 10 ** 6))   # not our parent
+    with pytest.raises(RuntimeError):
+        with tracer.trace(str(tmp_path / "gone"), clock_sync=False, device_time=False):
+            try:
+                raise RuntimeError("Connection closed by peer")
+            except BaseException:
+                bootstrap._failed_after_the_launcher()
+                raise
+    gone = tracer.load(str(tmp_path / "gone" / "rank-0.arrow"))
+    assert (gone.status, gone.meta["error"]) == ("interrupted", bootstrap.ORPHANED)
+    monkeypatch.setenv(orphans.ENV_LAUNCHER, str(os.getppid()))             # alive: a failure
+    with pytest.raises(RuntimeError):
+        with tracer.trace(str(tmp_path / "alive"), clock_sync=False, device_time=False):
+            try:
+                raise RuntimeError("Connection closed by peer")
+            except BaseException:
+                bootstrap._failed_after_the_launcher()
+                raise
+    alive = tracer.load(str(tmp_path / "alive" / "rank-0.arrow"))
+    assert (alive.status, alive.meta["error"]) == ("failed",
+                                                   "RuntimeError: Connection closed by peer")

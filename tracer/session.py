@@ -172,6 +172,8 @@ class Session(_SessionState):
             self.status = "ok"
             if dist.is_available() and dist.is_initialized():
                 self._flusher.add_meta(self._clock.at_end(self._paused_call))
+        elif self.status != "running":
+            pass                 # said already by what ended the run (trace-run's bootstrap)
         elif issubclass(exc_type, KeyboardInterrupt):
             self.status, self.error = "interrupted", "KeyboardInterrupt"
         else:
