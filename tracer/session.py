@@ -95,8 +95,8 @@ class Session(_SessionState):
         # forward autograd node sequence number -> its origin, (stack + 1) << 32 | (module + 1)
         # (an int: ints are not objects the garbage collector tracks), this step and the last
         self._fwd_of_node, self._fwd_prev = {}, {}
-        self._last_seq, self.step_index, self._explicit_steps, self._in_optimizer = \
-            _sequence_nr(), 0, False, 0    # nodes made before the trace are not its ops'
+        self._last_seq = _sequence_nr()    # nodes made before the trace are not its ops'
+        self.step_index, self._explicit_steps, self._in_optimizer = 0, False, 0
         self._recompute = 0                # checkpointing recomputations running (phases.py)
         self._torch_state = (_current_node, _grad_enabled, _graph_task, _sequence_nr)   # C's
         self._rules = PhaseRules(self, self._modules, self._annotations)
@@ -172,8 +172,8 @@ class Session(_SessionState):
             self.status = "ok"
             if dist.is_available() and dist.is_initialized():
                 self._flusher.add_meta(self._clock.at_end(self._paused_call))
-        elif self.status != "running":
-            pass                 # said already by what ended the run (trace-run's bootstrap)
+        elif self.status != "running":   # said already by what ended the run (bootstrap)
+            pass
         elif issubclass(exc_type, KeyboardInterrupt):
             self.status, self.error = "interrupted", "KeyboardInterrupt"
         else:
@@ -270,9 +270,8 @@ class Session(_SessionState):
         t1 = _now()
         node = _current_node()
         hint = self._annotations.phase_hint
-        # the frame that dispatched the op (on_op <- __torch_dispatch__ <- it); None on a
-        # thread where the mode's dispatch is the outermost Python frame (autograd's device
-        # threads run CUDA backward ops so): such an op's own stack is the empty one
+        # the frame that dispatched the op (on_op <- __torch_dispatch__ <- it); None where the
+        # dispatch is the outermost frame (CUDA backward ops: autograd's device threads)
         try:
             frame = _getframe(2)
         except ValueError:
