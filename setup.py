@@ -5,13 +5,14 @@ import sys
 
 from setuptools import Extension, find_packages, setup
 
-# The recorder's hot path in C (tracer/csrc/: on_op's common path, the stack walk, the shape
-# keys), for CPython >= 3.11. Optional: where it does
+# The recorder's hot path in C (tracer/recorder/csrc/: on_op's common path, the stack walk, the
+# shape keys), for CPython >= 3.11. Optional: where it does
 # not build (no compiler) the install goes on and the recorder runs the same code in Python.
-HOT_PATH_SOURCES = [f"tracer/csrc/{name}.c"
+HOT_PATH_SOURCES = [f"tracer/recorder/csrc/{name}.c"
                     for name in ("module", "ptrmap", "walk_tables", "stackwalk", "shapekeys",
                                   "onop", "sessiontypes")]
-HOT_PATH = [Extension("tracer._hotpath", HOT_PATH_SOURCES, depends=["tracer/csrc/hotpath.h"],
+HOT_PATH = [Extension("tracer.recorder._hotpath", HOT_PATH_SOURCES,
+                      depends=["tracer/recorder/csrc/hotpath.h"],
                       # only PyInit__hotpath is exported (its helpers' names are plain)
                       extra_compile_args=[] if os.name == "nt" else ["-fvisibility=hidden"],
                       optional=True)]

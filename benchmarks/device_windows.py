@@ -1,8 +1,8 @@
 """What closing a device window costs the training thread: the paths before and the path now,
 side by side in one run (issue 37).
 
-The recorder (tracer/device.py) records GPU activity a window at a time (about one a second).
-Three ways of closing a window, run in turn on the same model, round after round:
+The recorder (tracer/recorder/device.py) records GPU activity a window at a time (about one a
+second). Three ways of closing a window, run in turn on the same model, round after round:
 
 - ``torch.profiler`` (first): torch.profiler.profile stopped at the cut, its Chrome-trace
   export written there too, both on the training thread; the flusher parses it.
@@ -10,7 +10,7 @@ Three ways of closing a window, run in turn on the same model, round after round
   the GPU and disables the profiler, the flusher saves the export and parses it.
 - ``worker`` (now): the binding, the flusher saves the export and hands it to the recording's
   device worker, a process of its own that parses it and appends it to the device file
-  (tracer/device_worker.py).
+  (tracer/recorder/device_worker.py).
 
 Without a GPU (``--device cpu``, the default) the profiler's CPU activity stands in for CUDA, as
 in tests/test_tracer_device.py: the windows, Kineto's export and the flusher's parse run for
@@ -51,10 +51,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import overhead_recorders  # noqa: E402
 import tracer  # noqa: E402
 from overhead_recorders import MODELS, step_times  # noqa: E402
-from tracer import device as device_module  # noqa: E402
-from tracer import session as session_module  # noqa: E402
-from tracer.device import BindingWindow, DeviceRecorder, ProfilerWindow  # noqa: E402
-from tracer.device_worker import DeviceWorker  # noqa: E402
+from tracer.recorder import device as device_module
+from tracer.recorder import session as session_module
+from tracer.recorder.device import BindingWindow, DeviceRecorder, ProfilerWindow  # noqa: E402
+from tracer.recorder.device_worker import DeviceWorker  # noqa: E402
 
 # path -> (DeviceRecorder.window_path, DeviceRecorder.parse_in)
 PATHS = {"torch.profiler": ("torch.profiler", "flusher"), "binding": ("binding", "flusher"),

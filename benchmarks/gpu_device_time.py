@@ -2,9 +2,9 @@
 the reference GPT in one process on a GPU, the same configuration and steps under each, and
 per step the GPU's compute time (the union of its non-NCCL kernels) from each recording.
 
-Both sides are read with the same export parser (tracer.kineto), but from different data:
-paratrace's CUPTI windows (traces/rank-0.device.arrow) and one torch.profiler export taken with
-the CUDA activity around the same loop. Steps are cut at the optimizer step's end, after a
+Both sides are read with the same export parser (tracer.kineto.chrome_trace), but from different
+data: paratrace's CUPTI windows (traces/rank-0.device.arrow) and one torch.profiler export taken
+with the CUDA activity around the same loop. Steps are cut at the optimizer step's end, after a
 synchronize, on the Unix clock both use.
 
     python benchmarks/gpu_device_time.py [--steps 5] [--model large] [--out DIR]
@@ -30,8 +30,9 @@ import tracer  # noqa: E402
 from sample_runs.config import parse_config  # noqa: E402
 from sample_runs.parallel.process_groups import single_process_groups  # noqa: E402
 from sample_runs.train import train  # noqa: E402
-from tracer.device_format import read_device  # noqa: E402
-from tracer.kineto import KINDS, load_chrome_trace  # noqa: E402
+from tracer.files.device_format import read_device  # noqa: E402
+from tracer.files.device_format import KINDS
+from tracer.kineto.chrome_trace import load_chrome_trace
 
 MODELS = {
     "small": ["--layers", "4", "--heads", "4", "--hidden", "256", "--seq-len", "256"],

@@ -6,8 +6,8 @@ Each candidate reads the whole file and touches every event's ``ts`` (what any r
 at least), in a fresh process so its peak memory is its own; timed in CPU seconds of that
 process (one core; a loaded machine changes it less than wall time): the standard library's
 ``json.load``, its C scanner over a sliding buffer one event at a time (``raw_decode``, what
-paratrace uses, in :mod:`tracer.kineto_stream`), and paratrace's whole reader
-(:func:`tracer.kineto_events.collect`, which also sorts every event into columns); where
+paratrace uses, in :mod:`tracer.kineto.stream`), and paratrace's whole reader
+(:func:`tracer.kineto.events.collect`, which also sorts every event into columns); where
 installed (``pip install 'paratrace[bench]'``): orjson, msgspec, ijson with its yajl2_c
 backend, pysimdjson. Prints the median wall time, MB/s, the peak resident memory against the
 file's size (the interpreter and, for paratrace's modules, numpy and pyarrow are some 60 MB of
@@ -32,12 +32,12 @@ CANDIDATES = {
         "json", "import decimal; d = json.load(open(PATH, 'rb'), parse_float=decimal.Decimal); "
         "n = sum(1 for e in d['traceEvents'] if e.get('ts') is not None)", False, True),
     "raw_decode, sliding buffer (stdlib)": (
-        "tracer.kineto_stream", "from tracer.kineto_stream import ExportStream; n = sum(1 for "
+        "tracer.kineto.stream", "from tracer.kineto.stream import ExportStream; n = sum(1 for "
         "e in ExportStream(PATH).events() if type(e) is dict and e.get('ts') is not None)",
         True, True),
     "paratrace's reader (raw_decode + columns)": (
-        "tracer.kineto_events", "from tracer.kineto_stream import ExportStream; from tracer."
-        "kineto_events import collect; n = collect(ExportStream(PATH)).items", True, True),
+        "tracer.kineto.events", "from tracer.kineto.stream import ExportStream; from tracer."
+        "kineto.events import collect; n = collect(ExportStream(PATH)).items", True, True),
     "orjson": ("orjson", "d = orjson.loads(open(PATH, 'rb').read()); n = sum(1 for e in "
                "d['traceEvents'] if e.get('ts') is not None)", False, False),
     "msgspec": ("msgspec", "d = msgspec.json.decode(open(PATH, 'rb').read()); n = sum(1 for e "

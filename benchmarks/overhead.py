@@ -10,7 +10,7 @@ time and the process's CPU time, then each recorder's worst step beside its medi
 - the same without the Dynamo-disable wrapper torch puts around it by default, which paratrace
   also leaves out: the lower floor, against which paratrace's ratio is the less flattering one;
 - paratrace with stacks, shapes and modules on;
-- the same with the Python twins of its C hot path (tracer/csrc/), where that is built:
+- the same with the Python twins of its C hot path (tracer/recorder/csrc/), where that is built:
   what the extension buys;
 - paratrace outside its recorded steps (``steps="0"``: only the warm-up step is recorded, the
   timed steps are not), against untraced: what a ``--steps`` window costs the other steps;
@@ -47,7 +47,7 @@ import overhead_recorders  # noqa: E402
 import tracer  # noqa: E402
 from overhead_recorders import (MODELS, UNWRAPPED, Recorders, ops_per_step,  # noqa: E402
                                 step_times)
-from tracer.format import TraceWriter  # noqa: E402
+from tracer.files.format import TraceWriter  # noqa: E402
 
 
 def measure(recorders: Recorders, models: list, rounds: int, steps: int) -> tuple:

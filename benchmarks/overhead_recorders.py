@@ -16,13 +16,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import tracer  # noqa: E402
-import tracer.session  # noqa: E402
+import tracer.recorder.session  # noqa: E402
 from sample_runs.config import parse_config  # noqa: E402
 from sample_runs.parallel.process_groups import single_process_groups  # noqa: E402
 from sample_runs.train import train  # noqa: E402
-from tracer.ops import PSEUDO_OPS  # noqa: E402
-from tracer.shapes import PyShapeSignatures  # noqa: E402
-from tracer.stacks import PyStackInterner, StackInterner  # noqa: E402
+from tracer.vocab.ops import PSEUDO_OPS  # noqa: E402
+from tracer.recorder.shapes import PyShapeSignatures  # noqa: E402
+from tracer.recorder.stacks import PyStackInterner, StackInterner  # noqa: E402
 
 
 _COMMON = ["--tp", "1", "--pp", "1", "--no-sp", "--layers", "4", "--heads", "4",
@@ -31,7 +31,7 @@ MODELS = {
     "tiny": _COMMON + ["--hidden", "32", "--seq-len", "16"],     # ops of a few microseconds
     "mid": _COMMON + ["--hidden", "192", "--seq-len", "64"],     # ops of tens of microseconds
     # issue 15's GPU models (--device cuda): the small reference GPT of its H100 numbers and of
-    # ../shared/fixtures/gpu-h100, and the hidden-1024 one of docs/gpu.md
+    # tests/assets/gpu-h100, and the hidden-1024 one of docs/gpu.md
     "small": ["--tp", "1", "--pp", "1", "--no-sp", "--layers", "4", "--heads", "4",
               "--hidden", "256", "--seq-len", "256", "--micro-batch-size", "4",
               "--microbatches", "2"],
@@ -51,7 +51,8 @@ class NoopMode(TorchDispatchMode):
 class UnwrappedNoopMode(TorchDispatchMode):
     """The no-op mode without the torch._dynamo.disable wrapper that torch (2.13: for every
     mode whose _should_skip_dynamo() is True, the default) puts around __torch_dispatch__;
-    paratrace leaves it out too (tracer/_mode.py), so this is the floor its own design pays."""
+    paratrace leaves it out too (tracer/recorder/_mode.py), so this is the floor its own design
+    pays."""
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
         return False
@@ -109,7 +110,7 @@ class Recorders:
                           UNWRAPPED: UnwrappedNoopMode,
                           "paratrace": self.paratrace, "paratrace, unrecorded step":
                           self.paratrace_unrecorded, "torch.profiler": self.profiler}
-        if StackInterner.HOT_PATH == "c":      # what the C hot path buys (tracer/csrc/)
+        if StackInterner.HOT_PATH == "c":      # what the C hot path buys (tracer/recorder/csrc/)
             self.factories["paratrace, Python hot path"] = self.paratrace_python
         if debug_mode:
             self.factories["DebugMode"] = self.debug_mode
@@ -128,14 +129,14 @@ class Recorders:
 
     def paratrace_python(self):
         """paratrace with the Python twins of its C hot path (as where it is not built)."""
-        saved = tracer.session.StackInterner, tracer.session.ShapeSignatures
-        tracer.session.StackInterner = PyStackInterner     # and so Python's on_op (session.py)
-        tracer.session.ShapeSignatures = PyShapeSignatures
+        saved = tracer.recorder.session.StackInterner, tracer.recorder.session.ShapeSignatures
+        tracer.recorder.session.StackInterner = PyStackInterner     # and so Python's on_op
+        tracer.recorder.session.ShapeSignatures = PyShapeSignatures
         try:
             return tracer.trace(self._out(), clock_sync=False,
                                 flush_interval=self.flush_interval)
         finally:
-            tracer.session.StackInterner, tracer.session.ShapeSignatures = saved
+            tracer.recorder.session.StackInterner, tracer.recorder.session.ShapeSignatures = saved
 
     def _without(self, part: str):
         return lambda: tracer.trace(self._out(), clock_sync=False,

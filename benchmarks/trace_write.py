@@ -5,7 +5,7 @@ Records the tiny model of benchmarks/overhead.py, cuts its rows into batches of 
 each option, interleaved, reporting medians over rounds: the process's CPU time a batch (every
 thread: Arrow's pool included), wall time a batch, and bytes an event.
 
-- zstd on the writing thread (``use_threads=False``): what tracer.format writes;
+- zstd on the writing thread (``use_threads=False``): what tracer.files.format writes;
 - zstd on Arrow's thread pool (pyarrow's default, ``use_threads=True``);
 - lz4 on the writing thread: cheaper, bigger files;
 - uncompressed.
@@ -27,7 +27,7 @@ import pyarrow.ipc as ipc
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import overhead_recorders  # noqa: E402  (it puts the repository on sys.path)
 import tracer  # noqa: E402
-from tracer.format import write_options  # noqa: E402
+from tracer.files.format import write_options  # noqa: E402
 
 OPTIONS = {
     "zstd, writing thread (paratrace)": write_options(dictionary_deltas=True),

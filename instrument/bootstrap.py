@@ -30,7 +30,7 @@ from typing import Optional
 from torch.distributed.elastic.multiprocessing.errors import record
 
 import tracer
-from tracer import rundir
+from tracer.files import rundir
 
 from . import gather, orphans
 
@@ -109,7 +109,7 @@ def _orphaned() -> None:
     try:
         session = tracer.active()
         if session is not None and session.status == "running":
-            from tracer import exits
+            from tracer.recorder import exits
             exits.leave(session, 128 + signal.SIGTERM, ended_by=ORPHANED)
         deadline = time.monotonic() + 10
         while tracer.active() is not None and time.monotonic() < deadline:

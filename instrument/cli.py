@@ -19,7 +19,7 @@ from typing import Optional
 
 from torch.distributed import run as torchrun
 
-from tracer import rundir
+from tracer.files import rundir
 
 DEFAULT_MODULE = "sample_runs.train"
 EXIT_USAGE = 2
@@ -202,7 +202,7 @@ def worker_args(args: argparse.Namespace, out: str, target: Target) -> list:
 
 def check_own_options(args: argparse.Namespace) -> None:
     """trace-run's own options (torchrun's are checked by instrument.preflight)."""
-    from tracer.options import parse_steps
+    from tracer.recorder.options import parse_steps
     if args.stack_depth < 1:
         raise UsageError(f"--stack-depth must be at least 1 (got {args.stack_depth})")
     if args.timeout is not None and not 0 < args.timeout < float("inf"):
@@ -216,7 +216,7 @@ def check_own_options(args: argparse.Namespace) -> None:
 
 def check_library(specs: list) -> None:
     """Every --library / --no-library name is an installed package (found, not imported)."""
-    from tracer.library import LibrarySpecError, package_roots, parse_specs
+    from tracer.vocab.library import LibrarySpecError, package_roots, parse_specs
     try:
         for name, _ in parse_specs(specs):
             package_roots(name)

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Optional
 
-from tracer import rundir
+from tracer.files import rundir
 
 SCHEMA = "paratrace.gather/1"
 ENV_COLLECTOR = "PARATRACE_COLLECTOR"
@@ -198,7 +198,8 @@ def read_node(out_dir: str) -> Optional[dict]:
 
 def send(collector: str, traces_dir: str, node_rank: int, ranks: dict,
          timeout: float = 120.0) -> str:
-    """Send every trace file of ``traces_dir`` to ``host:port#token``; returns its run directory."""
+    """Send every trace file of ``traces_dir`` to ``host:port#token``; returns its run
+    directory."""
     address, _, token = collector.partition("#")
     host, _, port = address.rpartition(":")
     names = sorted(n for n in os.listdir(traces_dir) if rundir.parse_rank_file(n) is not None)

@@ -31,7 +31,7 @@ from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import elastic_launch
 
-from tracer import rundir
+from tracer.files import rundir
 from viz.views import failures
 
 from . import gather, orphans, preflight, run_record, single

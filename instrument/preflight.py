@@ -21,7 +21,7 @@ from typing import Callable
 
 from torch.distributed import run as torchrun
 
-from tracer.compat import launcher_option
+from tracer.recorder.compat import launcher_option
 
 from .cli import UsageError
 

@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 import tracer
-from tracer import rundir
+from tracer.files import rundir
 from viz.views import hangs
 
-from .watchdog import P2P, Collective, highest_seqs, read_statuses
+from .watchdog import Collective, P2P, highest_seqs, read_statuses
 
 SCHEMA = "paratrace.run/1"
 EXIT_HANG = 124         # trace-run's exit status after a hang (as coreutils' timeout)
@@ -72,7 +72,7 @@ class Outcome:
 
 def left_early(traces_dir: str, statuses: dict, failed: set) -> dict:
     """rank -> {"code", "error"} of each rank whose trace says it left through os._exit or
-    sys.exit (tracer/exits.py) while a failed rank waited for it in a collective it never
+    sys.exit (tracer/recorder/exits.py) while a failed rank waited for it in a collective it never
     launched: ``exited with status 0 (os._exit) in step 2 while rank 0 waited in all_reduce
     #8``. A rank that left after its last collective (a script that ends with os._exit(0)) is
     no such rank. Reads the traces of the ranks waited for only."""

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 import tracer
-from tracer import rundir
-from tracer.ops import group_ranks
+from tracer.files import rundir
+from tracer.vocab.groups import group_ranks
 from viz.views import hangs
 from viz.views.hangs import COLLECTIVE, EXIT, LEFT_BEHIND
 

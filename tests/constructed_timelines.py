@@ -4,7 +4,7 @@ built with constructed.synthetic (real trace files through the tracer's own writ
 of the papers on two stages, by hand."""
 from __future__ import annotations
 
-from tracer.labels import PHASE_BACKWARD
+from tracer.vocab.labels import PHASE_BACKWARD
 from constructed.synthetic import SyntheticRank, write_run
 from viz.analysis import analyse
 from viz.run import open_run

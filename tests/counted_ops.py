@@ -8,7 +8,7 @@ recorder records in another form, on purpose:
   recorded when the range closes);
 - gloo's reduce-scatter copies this rank's chunk out inside ``Work.wait`` (one ``aten.split``
   and one ``aten.copy_`` per reduce-scatter): the recorder leaves them to the collective it
-  completes (tracer/comm.py, wait_hook); the counter, below it, sees them.
+  completes (tracer/recorder/comm.py, wait_hook); the counter, below it, sees them.
 
 Op for op on the torch this project pins (2.13; 2.14.1 too). torch 2.9.1 and 2.6 dispatch the
 ``aten.detach`` with which autograd saves an op's output inside that op's own call: a mode below

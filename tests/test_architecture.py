@@ -1,7 +1,8 @@
 """The code's shape, checked: imports flow one way (no cycles between modules nor between
-packages; viz in layers, inputs <- analysis <- diff, whatif <- views <- render <- commands;
-reading traces and analysing them never imports torch or the recorder's hot path), modules
-stay focused."""
+packages; tracer in layers, vocab <- files <- kineto <- recorder <- the public API; viz in
+layers, inputs <- analysis <- diff, whatif <- views <- render <- commands, and on tracer's
+vocab, files and kineto only; reading traces and analysing them never imports torch or the
+recorder's hot path), modules stay focused."""
 from __future__ import annotations
 
 import ast
@@ -18,12 +19,12 @@ MAX_MODULE_LINES = 450
 MAX_FUNCTION_LINES = 80
 # Documented exceptions: the recorder's hot path is one function on purpose (every call
 # costs on every op).
-LONG_FUNCTIONS = {("tracer/session.py", "on_op")}
+LONG_FUNCTIONS = {("tracer/recorder/session.py", "on_op")}
 # viz's units (module name prefixes) and their layers, lowest first (docs/architecture.md): a
 # module imports from its own unit and from the layers below, never from above nor from
 # another unit of its own layer (diff and whatif stay apart).
 VIZ_UNITS = {
-    "inputs": ("viz.run", "viz.engine", "viz.kineto_inputs", "viz.kineto_run"),
+    "inputs": ("viz.run", "viz.engine", "tracer.kineto.inputs", "tracer.kineto.run"),
     "analysis": ("viz.analysis",),
     "diff": ("viz.diff",),
     "whatif": ("viz.whatif",),
@@ -33,6 +34,14 @@ VIZ_UNITS = {
 }
 VIZ_LAYERS = (("inputs",), ("analysis",), ("diff", "whatif"), ("views",), ("render",),
               ("commands",))
+# tracer's rooms, lowest first (docs/architecture.md): the vocabulary, the trace files, the
+# torch.profiler export reader, the recorder (its device windows read exports), and the public
+# API of tracer/__init__.py on top.
+TRACER_LAYERS = ("tracer.vocab", "tracer.files", "tracer.kineto", "tracer.recorder", "tracer")
+# what viz may import of tracer: never the recorder, nor the API that starts it
+VIZ_READS = ("tracer.vocab", "tracer.files", "tracer.kineto")
+# the modules that may import torch when imported: the recorder's and the launcher's
+TORCH_AT_IMPORT = ("tracer.recorder", "instrument", "sample_runs")
 
 
 def modules() -> dict:
@@ -117,6 +126,28 @@ def layer_violations(graph: nx.DiGraph) -> list:
     return wrong
 
 
+def tracer_room(module: str) -> str:
+    """The room of :data:`TRACER_LAYERS` a tracer module lives in."""
+    return next(room for room in TRACER_LAYERS if module == room or module.startswith(room + "."))
+
+
+def tracer_violations(graph: nx.DiGraph) -> list:
+    """(importer, imported, why) of each import that goes up tracer's rooms, and of each viz
+    import of tracer outside :data:`VIZ_READS`."""
+    wrong = []
+    for a, b in graph.edges:
+        if not b.startswith("tracer"):
+            continue
+        if a.startswith("tracer"):
+            ra, rb = tracer_room(a), tracer_room(b)
+            if TRACER_LAYERS.index(rb) > TRACER_LAYERS.index(ra):
+                wrong.append((a, b, f"{ra} imports {rb}, a room above it"))
+        elif a.startswith("viz") and tracer_room(b) not in VIZ_READS:
+            wrong.append((a, b, f"viz imports {tracer_room(b)}: it reads only "
+                                + ", ".join(VIZ_READS)))
+    return wrong
+
+
 def package_cycles(graph: nx.DiGraph) -> list:
     """Cycles of the graph of packages (viz's units, the other top-level packages)."""
     packages = nx.DiGraph()
@@ -136,6 +167,18 @@ def test_viz_imports_go_down_its_layers():
         f"{a} -> {b} ({why})" for a, b, why in wrong)
 
 
+def test_tracer_imports_go_down_its_rooms():
+    wrong = tracer_violations(import_graph())
+    assert not wrong, "imports against tracer's rooms: " + "; ".join(
+        f"{a} -> {b} ({why})" for a, b, why in wrong)
+
+
+def test_every_tracer_module_lives_in_a_room():
+    loose = [m for m in modules() if m.startswith("tracer.")
+             and m.split(".")[1] not in ("vocab", "files", "kineto", "recorder")]
+    assert not loose, f"tracer modules outside vocab/, files/, kineto/, recorder/: {loose}"
+
+
 def test_no_import_cycles_between_packages():
     cycles = package_cycles(import_graph())
     assert not cycles, f"import cycles between packages: {cycles[:5]}"
@@ -151,8 +194,17 @@ def test_the_layer_checks_catch_what_they_forbid():
         ("viz.views.pages", "viz.render.html"), ("viz.diff.words", "viz.whatif.models")}
     assert package_cycles(graph)
     graph = import_graph()
-    graph.add_edge("tracer.format", "instrument.cli")
+    graph.add_edge("tracer.files.format", "instrument.cli")
     assert ["tracer", "instrument"] in [sorted(c, reverse=True) for c in package_cycles(graph)]
+    # tracer's rooms: the trace format reaching up into the recorder, the vocabulary into the
+    # files; viz reaching into the recorder, or into the API that starts it
+    graph = import_graph()
+    planted = {("tracer.files.format", "tracer.recorder.stacks"),
+               ("tracer.vocab.ops", "tracer.files.format"),
+               ("tracer.kineto.convert", "tracer.recorder.session"),
+               ("viz.analysis.rank", "tracer.recorder.session"), ("viz.run", "tracer")}
+    graph.add_edges_from(planted)
+    assert {(a, b) for a, b, _ in tracer_violations(graph)} == planted
 
 
 def test_the_flow_is_one_way():
@@ -164,14 +216,20 @@ def test_the_flow_is_one_way():
     assert not wrong, f"imports against the flow: {wrong}"
 
 
-def test_reading_and_analysing_never_import_torch():
-    code = ("import sys, viz.cli, viz.analysis, viz.render.report, viz.render.summary_json, "
-            "viz.diff, tracer; "
-            "tracer.load; assert 'torch' not in sys.modules, sorted(m for m in sys.modules "
-            "if m.startswith('torch'))[:5]")
+def test_only_the_recorder_imports_torch_or_its_c_hot_path():
+    """Every module but the recorder's and the launcher's, imported in one fresh interpreter:
+    neither torch nor the recorder's C extension gets loaded (the trace files and their reader
+    say nothing of the hot path; a report is made where torch is not installed)."""
+    names = sorted(m for m in modules() if not m.startswith(TORCH_AT_IMPORT))
+    code = ("import importlib, sys\n"
+            f"for name in {names!r}:\n"
+            "    importlib.import_module(name)\n"
+            "bad = sorted(m for m in sys.modules if m.split('.')[0] == 'torch'\n"
+            "             or m == 'tracer.recorder._hotpath')\n"
+            "assert not bad, bad[:5]\n")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
                           timeout=120)
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 0, proc.stderr[-2000:]
 
 
 def test_modules_and_functions_stay_focused():
@@ -186,7 +244,7 @@ def test_modules_and_functions_stay_focused():
                 n = node.end_lineno - node.lineno + 1
                 if n > MAX_FUNCTION_LINES and (rel, node.name) not in LONG_FUNCTIONS:
                     long_functions.append((rel, node.name, n))
-    for path in sorted((REPO / "tracer" / "csrc").iterdir()):     # the C hot path's sources
+    for path in sorted((REPO / "tracer" / "recorder" / "csrc").iterdir()):     # the C sources
         n = len(path.read_text().splitlines())
         if n > MAX_MODULE_LINES:
             long_modules.append((str(path.relative_to(REPO)), n))

@@ -18,9 +18,9 @@ import pytest
 
 import attribution_oracle
 import tracer
-from tracer import rundir
-from tracer.device_format import DeviceWriter, read_device
-from tracer.kineto import KINDS, DeviceRecords, load_chrome_trace
+from tracer.files import rundir
+from tracer.files.device_format import DeviceRecords, DeviceWriter, KINDS, read_device
+from tracer.kineto.chrome_trace import load_chrome_trace
 from constructed.synthetic import SyntheticRank
 from viz.analysis import analyse
 from viz.analysis.gpu_attribution import attribute

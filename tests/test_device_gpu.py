@@ -16,8 +16,8 @@ import pytest
 import torch
 
 import tracer
-from tracer import rundir
-from tracer.device_format import read_device
+from tracer.files import rundir
+from tracer.files.device_format import read_device
 from viz.analysis.gpu_attribution import attribute
 from viz.render.summary_json import device_json
 

@@ -16,9 +16,8 @@ import numpy as np
 import pytest
 
 import tracer
-from tracer import rundir
-from tracer.device_format import DeviceWriter, read_device
-from tracer.kineto import KINDS, DeviceRecords
+from tracer.files import rundir
+from tracer.files.device_format import DeviceRecords, DeviceWriter, KINDS, read_device
 from constructed.synthetic import SyntheticRank
 from gpt_helpers import REPO, env
 from viz.analysis import analyse
@@ -333,7 +332,7 @@ def test_an_h100_recording_gives_every_triton_kernel_to_its_compiled_region():
     kernels are launched by generated code, never by an aten op: each one belongs to the
     torch.compile range it ran in. Before, 210 triton_poi_fused_gelu_0 launches were given to
     aten.zero_ as the nearer event."""
-    from tracer.kineto import KINDS
+    from tracer.files.device_format import KINDS
     from viz.analysis.gpu_attribution import IN_REGION, attribute
     trace = tracer.load(H100_COMPILED / "rank-0.arrow")
     records, _, problem = read_device(str(H100_COMPILED / "rank-0.device.arrow"))

@@ -23,8 +23,8 @@ import pyarrow.compute  # noqa: F401  (pa.compute)
 import tracer
 from conftest import CPU_ONLY
 from gpt_helpers import free_port
-from tracer import rundir
-from tracer.format import META_KEY, read_stream
+from tracer.files import rundir
+from tracer.files.format import META_KEY, read_stream
 from viz import diff
 from viz.analysis import analyse
 from viz.diff.graph import ADDED, CHANGED, UNCHANGED

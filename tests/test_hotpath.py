@@ -1,6 +1,6 @@
-"""The recorder's C hot path (tracer/csrc/) against its Python twins: the same stack ids and
-texts, the same shape signatures, the same trace rows; and what C must not do (leak a reference,
-crash on a bad argument or a failing callback)."""
+"""The recorder's C hot path (tracer/recorder/csrc/) against its Python twins: the same stack ids
+and texts, the same shape signatures, the same trace rows; and what C must not do (leak a
+reference, crash on a bad argument or a failing callback)."""
 from __future__ import annotations
 
 import gc
@@ -15,8 +15,8 @@ import pytest
 import torch
 
 import tracer
-from tracer import shapes
-from tracer.stacks import INTERNAL, PyStackInterner, StackInterner
+from tracer.recorder import shapes
+from tracer.recorder.stacks import INTERNAL, PyStackInterner, StackInterner
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 needs_c = pytest.mark.skipif(StackInterner.HOT_PATH != "c",
@@ -31,9 +31,10 @@ def test_the_c_hot_path_is_built_and_is_what_the_recorder_uses():
     if sys.version_info < (3, 11) or sys.implementation.name != "cpython":
         pytest.skip("setup.py builds the C hot path for CPython >= 3.11 only")
     try:
-        from tracer import _hotpath
+        from tracer.recorder import _hotpath
     except ImportError as exc:    # pragma: no cover - the failure this test is for
-        pytest.fail(f"tracer._hotpath is not built ({exc}): pip install -e . with a C compiler")
+        pytest.fail(f"tracer.recorder._hotpath is not built ({exc}): pip install -e . "
+                    "with a C compiler")
     assert issubclass(StackInterner, _hotpath.StackWalk) and StackInterner.HOT_PATH == "c"
     assert issubclass(shapes.ShapeSignatures, _hotpath.ShapeKeys)
     assert not issubclass(PyStackInterner, _hotpath.StackWalk)
@@ -179,7 +180,7 @@ def test_a_capture_that_another_capture_interrupts_keeps_every_stack_right(base)
 
 @needs_c
 def test_c_capture_rejects_what_is_not_a_frame_and_an_interner_that_is_not_set_up():
-    from tracer import _hotpath
+    from tracer.recorder import _hotpath
     with pytest.raises(TypeError, match="takes a frame"):
         StackInterner().capture("not a frame")
     with pytest.raises(TypeError, match="not set up"):
@@ -336,12 +337,12 @@ def test_either_hot_path_records_the_same_rows(tmp_path):
                        timeout=300)
         runs[name] = _rows(tmp_path / name / "rank-0.arrow")
     assert runs["python"][0] == "python"
-    built = importlib.util.find_spec("tracer._hotpath") is not None
+    built = importlib.util.find_spec("tracer.recorder._hotpath") is not None
     assert runs["c"][0] == ("c" if built else "python")
     c_rows, py_rows = runs["c"][1], runs["python"][1]
     assert len(c_rows) == len(py_rows) > 300
     assert c_rows == py_rows
-    # every branch of on_op (and of its C twin, tracer/csrc/onop.c) was taken
+    # every branch of on_op (and of its C twin, tracer/recorder/csrc/onop.c) was taken
     assert {r["phase"] for r in c_rows} == {"forward", "backward", "recompute", "grad_sync",
                                            "optimizer", "other"}
     cat = next(r for r in c_rows if r["op"] == "aten.cat.default")

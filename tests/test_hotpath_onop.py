@@ -1,7 +1,7 @@
-"""on_op's common path in C (tracer/csrc/onop.c) against Session.on_op, its twin: which ops take
-which path, what C shares with Python (labels, bounds, the clock), and what C must not do (leak
-a reference, swallow an error, lose a row when its bounds are reached). That the two record the
-same rows: tests/test_hotpath.py's test_either_hot_path_records_the_same_rows."""
+"""on_op's common path in C (tracer/recorder/csrc/onop.c) against Session.on_op, its twin: which
+ops take which path, what C shares with Python (labels, bounds, the clock), and what C must not do
+(leak a reference, swallow an error, lose a row when its bounds are reached). That the two record
+the same rows: tests/test_hotpath.py's test_either_hot_path_records_the_same_rows."""
 from __future__ import annotations
 
 import collections
@@ -17,8 +17,9 @@ import pytest
 import torch
 
 import tracer
-from tracer import labels, ops, rows, session as session_module
-from tracer._mode import RecordingMode
+from tracer.recorder import rows, session as session_module
+from tracer.recorder._mode import RecordingMode
+from tracer.vocab import labels, ops
 
 # Where the C path can be built and is not declined, it must be there (see the test below).
 _C_EXPECTED = (sys.implementation.name == "cpython" and sys.version_info >= (3, 11)
@@ -34,12 +35,12 @@ def test_the_c_path_is_built_wherever_it_can_be():
     and every test below would skip. Where a compiler and Python's headers exist, fail instead."""
     if not _C_EXPECTED:
         pytest.skip("no compiler or headers, CPython < 3.11, or PARATRACE_PURE_PYTHON set")
-    assert session_module.C_ON_OP, "tracer._hotpath is not built: run setup.py build_ext"
+    assert session_module.C_ON_OP, "tracer.recorder._hotpath is not built: run setup.py build_ext"
 
 
 def _unset_c_fields(session) -> list:
     """The members of the C base that are unset: what the Python side no longer writes."""
-    from tracer import _hotpath
+    from tracer.recorder import _hotpath
     names = [name for name, value in vars(_hotpath.SessionState).items()
              if type(value).__name__ == "member_descriptor"]
     return [name for name in names if getattr(session, name, None) is None]
@@ -91,7 +92,7 @@ def _loop(steps=3):
 
 @needs_c_path
 def test_the_c_path_shares_the_phases_bounds_and_row_layout_of_python():
-    from tracer import _hotpath
+    from tracer.recorder import _hotpath
     for name in ("OTHER", "FORWARD", "BACKWARD", "RECOMPUTE", "GRAD_SYNC", "OPTIMIZER"):
         assert getattr(_hotpath, f"PHASE_{name}") == getattr(labels, f"PHASE_{name}")
     assert (_hotpath.MAX_QUEUE, _hotpath.MAX_NODES) == (session_module.MAX_QUEUE,
@@ -101,7 +102,7 @@ def test_the_c_path_shares_the_phases_bounds_and_row_layout_of_python():
 
 @needs_c_path
 def test_the_c_clock_is_perf_counter_ns():
-    from tracer import _hotpath
+    from tracer.recorder import _hotpath
     for _ in range(1000):
         before = time.perf_counter_ns()
         now = _hotpath.now()
@@ -217,7 +218,7 @@ def test_the_c_path_flushes_a_full_queue_and_rolls_the_node_table(tmp_path):
 
 @needs_c_path
 def test_op_dispatch_checks_what_it_is_given():
-    from tracer import _hotpath
+    from tracer.recorder import _hotpath
     with pytest.raises(TypeError):
         _hotpath.OpDispatch(object(), object(), print)        # not a session
     state = _hotpath.SessionState()

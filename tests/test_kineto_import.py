@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 
 import kineto_oracle
-from tracer.device_format import read_device
+from tracer.files.device_format import read_device
 from viz.analysis import analyse
 from viz.engine import Engine
-from viz.kineto_run import import_exports
+from tracer.kineto.run import import_exports
 from viz.run import open_run
 from viz.render.summary_json import build_summary
 

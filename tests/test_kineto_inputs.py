@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tracer.kineto import KinetoError, load_chrome_trace
-from tracer.kineto_stream import CHUNK, ExportStream
+from tracer.kineto.chrome_trace import KinetoError, load_chrome_trace
+from tracer.kineto.stream import CHUNK, ExportStream
 from viz.cli import report_main
 
 ASSETS = Path(__file__).resolve().parent / "assets"
@@ -135,7 +135,7 @@ def test_a_truncated_export_keeps_what_came_before(tmp_path):
 
 def test_a_cut_gz_keeps_what_came_before(tmp_path):
     """A real export's .gz cut in the middle (a copy that did not finish)."""
-    from tracer.kineto_events import collect
+    from tracer.kineto.events import collect
     whole = (ASSETS / "kineto-hta" / "sampled_rank-0.json.gz").read_bytes()
     cut = tmp_path / "cut.json.gz"
     cut.write_bytes(whole[:len(whole) // 2])

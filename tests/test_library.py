@@ -1,4 +1,4 @@
-"""Which code is library (tracer.library): by default torch, the standard library and
+"""Which code is library (tracer.vocab.library): by default torch, the standard library and
 paratrace; every other package is the user's, installed or not. ``--library`` / ``--no-library``
 (``tracer.trace(library=...)``) change it; the trace keeps the rule and the report classifies
 recorded frames by it. In-process: a package of the test's own, outside site-packages, stands
@@ -16,7 +16,7 @@ import torch
 import tracer
 from gpt_helpers import REPO
 from instrument import launch
-from tracer.library import LibraryRule, LibrarySpecError, parse_specs
+from tracer.vocab.library import LibraryRule, LibrarySpecError, parse_specs
 from viz.analysis.op_groups import group_ops, split_stack
 
 SITE = sysconfig.get_paths()["purelib"]
@@ -29,7 +29,7 @@ def test_by_default_only_torch_the_stdlib_and_paratrace_are_library():
     assert rule.is_library(os.path.join(TORCH, "nn", "modules", "linear.py"))
     assert rule.is_library(os.path.join(STDLIB, "contextlib.py"))
     assert rule.is_library("<frozen importlib._bootstrap>")
-    assert rule.is_library(str(REPO / "tracer" / "session.py"))
+    assert rule.is_library(str(REPO / "tracer" / "recorder" / "session.py"))
     # installed packages are the user's: the code people come to see
     assert not rule.is_library(os.path.join(SITE, "transformers", "models", "gpt2",
                                             "modeling_gpt2.py"))

@@ -1,7 +1,7 @@
-"""Every patch into torch and os lives in tracer/patches and is undone when the trace ends: the
-patched attributes are torch's own objects again (owned or inherited as before), the hooks and
-the import hook are gone, and no other module of the recorder assigns an attribute of torch or
-os (an AST scan, shown to fail on injected assignments)."""
+"""Every patch into torch and os lives in tracer/recorder/patches and is undone when the trace
+ends: the patched attributes are torch's own objects again (owned or inherited as before), the
+hooks and the import hook are gone, and no other module of the recorder assigns an attribute of
+torch or os (an AST scan, shown to fail on injected assignments)."""
 from __future__ import annotations
 
 import ast
@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from gpt_helpers import REPO, SCRIPTS, env
-from tracer.patches import Patches
+from tracer.recorder.patches import Patches
 
 _STAGE = "torch.distributed.pipelining.stage._PipelineStageBase"
 _SCHEDULES = "torch.distributed.pipelining.schedules"
@@ -35,7 +35,7 @@ CORE = [
     ["torch._dynamo.convert_frame", "_compile"],
     ["torch._higher_order_ops.wrap.TagActivationCheckpoint", "__call__"],
     ["os", "_exit"],
-    # FSDP2 (tracer/patches/fsdp.py): imported with torch._dynamo, before any trace starts
+    # FSDP2 (tracer/recorder/patches/fsdp.py): imported with torch._dynamo, before any trace starts
     ["torch.distributed.fsdp._fully_shard._fsdp_param_group.FSDPParamGroup", "unshard"],
     ["torch.distributed.fsdp._fully_shard._fsdp_param_group.FSDPParamGroup", "post_backward"],
     ["torch.distributed.fsdp._fully_shard._fsdp_param_group.FSDPParamGroup", "pre_backward"],
@@ -257,7 +257,7 @@ def test_the_scan_leaves_other_assignments_alone(source):
 
 
 def test_the_scan_finds_an_assignment_injected_into_a_recorder_module():
-    text = (REPO / "tracer" / "session.py").read_text()
+    text = (REPO / "tracer" / "recorder" / "session.py").read_text()
     assert torch_assignments(text) == []
     injected = text + "\n\ndef _sneak():\n    torch.autograd._make_grads = None\n"
     assert torch_assignments(injected) == [len(injected.splitlines())]

@@ -3,7 +3,7 @@
 interleaved zero bubble (1 stage per rank: ZB-H1) and ZB-V, 4 micro-batches each, one per step,
 with a torch.randn outside the schedule; rank 0 imports pipelining before the trace starts, rank
 1 inside it (the recorder patches it then). Passes and micro-batches come from the schedule's own
-calls (tracer/pipelining.py), P2P phases from the messages (activations forward, gradients
+calls (tracer/recorder/pipelining.py), P2P phases from the messages (activations forward, gradients
 backward), and the analysis's theoretical bubble from the schedule recorded in each step
 (docs/phases.md, docs/metrics.md)."""
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 
 import tracer
 from gpt_helpers import torchrun
-from tracer.labels import PHASE_GRAD_SYNC, pass_of, phase_of_label, schedule_of
+from tracer.vocab.labels import PHASE_GRAD_SYNC, pass_of, phase_of_label, schedule_of
 from viz.analysis import analyse
 from viz.run import open_run
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from tracer.labels import PHASES
+from tracer.vocab.labels import PHASES
 from constructed.synthetic import SyntheticRank, write_run
 
 SITE = [("/src/train.py", 10, "step", "step")]
@@ -72,7 +72,7 @@ def test_trace_diff_compares_runs_with_the_new_phases(tmp_path):
 
 def test_format_1_traces_with_the_old_phases_still_read(tmp_path):
     import tracer
-    from tracer import format as fmt
+    from tracer.files import format as fmt
     r = SyntheticRank(0, 1)
     r.op(0, 1, phase="backward")
     path = write_run(tmp_path, [r])
@@ -95,7 +95,7 @@ def test_recomputation_belongs_to_the_backward_pass_it_runs_in(tmp_path):
     """Passes inferred from P2P order (no annotations): B0's ops replayed by checkpointing
     (recompute) still make the B0 pass."""
     from constructed_timelines import BASE, U, analysed, gpipe_two_stages
-    from tracer.format import COLUMN_NAMES
+    from tracer.files.format import COLUMN_NAMES
     ranks = gpipe_two_stages()
     op, phase, t0 = (COLUMN_NAMES.index(c) for c in ("op", "phase", "t0"))
     for r in ranks:

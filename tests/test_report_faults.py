@@ -20,8 +20,8 @@ import pyarrow as pa
 import pytest
 
 import tracer
-from tracer import rundir
-from tracer.format import FORMAT_NAME, META_KEY, SCHEMA, read_stream
+from tracer.files import rundir
+from tracer.files.format import FORMAT_NAME, META_KEY, SCHEMA, read_stream
 from constructed.synthetic import SyntheticRank
 
 STEPS, OPS_PER_STEP = 3, 40

@@ -44,8 +44,8 @@ def top_by_time(run_dir: str, steps: set, comm: bool) -> list:
     later than the receive that took its data (docs/metrics.md): the k-th send from a to b in a
     group pairs with the k-th receive on b from a, on the aligned clock."""
     from tracer import load
-    from tracer.labels import PHASES
-    from tracer.ops import PSEUDO_OPS
+    from tracer.vocab.labels import PHASES
+    from tracer.vocab.ops import PSEUDO_OPS
     traces = {int(p.stem.split("-")[1]): load(str(p))
               for p in Path(run_dir, "traces").glob("rank-*.arrow")}
     ends, queues = {}, {}                 # (rank, row) -> aligned end; pairing queues
@@ -258,7 +258,7 @@ def test_call_graphs_open_on_the_training_step(report):
     # per-rank graphs show the step too; each rank's ops add up to its events in step 1 (the
     # graph its rank page links: ranks that did the same work share one)
     from tracer import load
-    from tracer.ops import PSEUDO_OPS
+    from tracer.vocab.ops import PSEUDO_OPS
     for rank in range(4):
         graph = re.search(r'href="\.\./callgraphs/(rank-\d+)\.html">Call graph of rank',
                           (report / "ranks" / f"rank-{rank}.html").read_text()).group(1)

@@ -1,4 +1,4 @@
-"""Code torch.fx runs records the traced model's own source lines (tracer/fxframes.py): a
+"""Code torch.fx runs records the traced model's own source lines (tracer/recorder/fxframes.py): a
 GraphModule's generated forward and torch.fx.Interpreter's nodes are replaced by the frames
 their graph nodes recorded. One model run eagerly and three FX ways in one process
 (tests/scripts/fx_stacks.py), under either hot path, must record the eager run's stacks; and
@@ -22,8 +22,8 @@ import torch
 
 import tracer
 from gpt_helpers import torchrun
-from tracer.fxframes import FxFrames
-from tracer.stacks import PyStackInterner, StackInterner
+from tracer.recorder.fxframes import FxFrames
+from tracer.recorder.stacks import PyStackInterner, StackInterner
 
 SCRIPTS = Path(__file__).parent / "scripts"
 FX_WAYS = ("generated", "interpreted", "interpreted-as-generated")
@@ -92,7 +92,7 @@ def by_way(records) -> dict:
 
 
 def test_either_hot_path_records_the_same_fx_stacks(fx_runs):
-    built = importlib.util.find_spec("tracer._hotpath") is not None
+    built = importlib.util.find_spec("tracer.recorder._hotpath") is not None
     assert fx_runs["c"][0] == ("c" if built else "python")
     assert fx_runs["python"][0] == "python"
     assert len(fx_runs["c"][1]) > 300

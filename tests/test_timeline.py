@@ -13,8 +13,8 @@ import pytest
 
 from chrome_trace_checks import check_chrome_trace
 from constructed_timelines import BASE, U, analysed, gpipe_two_stages, synthetic
-from tracer.format import COLUMN_NAMES
-from tracer.labels import PHASE_BACKWARD, PHASE_FORWARD
+from tracer.files.format import COLUMN_NAMES
+from tracer.vocab.labels import PHASE_BACKWARD, PHASE_FORWARD
 from viz.analysis import intervals, metrics, recount
 from viz.analysis.lanes import P2PLink
 from viz.analysis.rank_lanes import IDLE_GAP_NS

@@ -22,7 +22,7 @@ import pytest
 
 import tracer
 from instrument import run_record
-from tracer import rundir
+from tracer.files import rundir
 from constructed.synthetic import SyntheticRank
 from trace_run_helpers import ENV, SCRIPTS, own_lines, problems, run_json, trace_run
 from waiting import alive, wait_until

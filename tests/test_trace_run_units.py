@@ -321,7 +321,7 @@ def _touch(path, mtime: float) -> None:
 
 
 def test_the_first_failure_is_the_rank_whose_last_sign_of_life_came_first(tmp_path):
-    from tracer import rundir
+    from tracer.files import rundir
     traces = str(tmp_path)
     # rank 0 killed at t=100 before its flusher's first turn: a trace, no status file; rank 1
     # raised "connection reset" at 100.2, its trace and final status written then

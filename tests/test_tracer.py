@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import tracer
-from tracer.format import FORMAT_VERSION, SCHEMA
+from tracer.files.format import FORMAT_VERSION, SCHEMA
 from waiting import wait_until
 
 HERE = os.path.abspath(__file__)
@@ -102,7 +102,7 @@ def test_annotations_and_record_function_ranges_are_recorded(tmp_path):
     ("Optimizer.step#SGD.step", 5), ("grad-sync", 4), ("recompute", 3),
     ("FSDP::post_backward_reduce (0)", 4), ("FSDP::pre_forward", None)])
 def test_phase_of_annotation_labels_including_pipelinings(label, phase):
-    from tracer.labels import phase_of_label
+    from tracer.vocab.labels import phase_of_label
     assert phase_of_label(label) == phase
 
 
@@ -288,7 +288,7 @@ def test_stack_capture_with_its_caches_equals_a_fresh_walk():
     import random
     import sys as _sys
 
-    from tracer.stacks import INTERNAL, StackInterner
+    from tracer.recorder.stacks import INTERNAL, StackInterner
     rng = random.Random(0)
 
     def internal(interner):
@@ -392,7 +392,8 @@ def test_a_generator_resumed_by_another_caller_gets_that_callers_stack():
     stack must name the caller of this resumption, not the last one."""
     import sys as _sys
 
-    from tracer.stacks import StackInterner, decode_stack
+    from tracer.recorder.stacks import StackInterner
+    from tracer.files.format import decode_stack
     interner = StackInterner(depth=8)
 
     def produce():
@@ -416,13 +417,13 @@ def test_a_torch_that_cannot_run_compiled_code_under_a_mode_is_said_in_the_trace
                                                                                   monkeypatch):
     """Before torch 2.9 Dynamo skips every frame under any dispatch mode: the trace must not
     claim that compiled code ran compiled."""
-    import tracer.compiled
-    monkeypatch.setattr(tracer.compiled, "SUPPORTED", False)
+    import tracer.recorder.compiled
+    monkeypatch.setattr(tracer.recorder.compiled, "SUPPORTED", False)
     with tracer.trace(tmp_path, clock_sync=False):
         torch.ones(2).add_(1)
     options = tracer.load(tmp_path / "rank-0.arrow").meta["options"]
     assert options["compiled"] == "eager" and "torch >= 2.9" in options["compiled_why"]
-    monkeypatch.setattr(tracer.compiled, "SUPPORTED", True)
+    monkeypatch.setattr(tracer.recorder.compiled, "SUPPORTED", True)
     with tracer.trace(tmp_path / "now", clock_sync=False):
         torch.ones(2).add_(1)
     options = tracer.load(tmp_path / "now" / "rank-0.arrow").meta["options"]

@@ -29,14 +29,12 @@ import tracer
 from conftest import CPU_ONLY
 from gpt_helpers import REPO, free_port
 from instrument.cli import Target, build_parser, worker_args
-from tracer import device as device_module
-from tracer import device_worker
-from tracer import flusher as flusher_module
-from tracer import ops, rundir
-from tracer import session as session_module
-from tracer.device import DeviceRecorder
-from tracer.device_format import read_device
-from tracer.kineto import KINDS
+from tracer.files import rundir
+from tracer.files.device_format import KINDS, read_device
+from tracer.recorder import (device as device_module, device_worker, flusher as flusher_module,
+                             session as session_module)
+from tracer.recorder.device import DeviceRecorder
+from tracer.vocab import ops
 from waiting import alive, wait_until
 
 
@@ -451,8 +449,8 @@ def test_resume_keeps_the_complete_windows_of_a_file_cut_short(tmp_path):
 KILLED_WITH_ITS_WINDOWS = """
 import os, signal, subprocess, sys, torch
 import tracer
-from tracer import device as device_module, session as session_module
-from tracer.device import DeviceRecorder
+from tracer.recorder import device as device_module, session as session_module
+from tracer.recorder.device import DeviceRecorder
 session_module.cuda_in_use = lambda: True
 DeviceRecorder.activity = "CPU"
 device_module.WINDOW_S = 0.0
@@ -495,7 +493,7 @@ def test_a_killed_rank_leaves_no_worker_behind(tmp_path):
 def test_on_cuda_the_binding_records_the_kernels_torch_profiler_did(tmp_path, monkeypatch):
     # the same steps recorded both ways on a GPU: three windows each, and in them the same
     # kernels, memcpys and memsets by name (written without a GPU: first run by a GPU session)
-    from tracer.kineto import KINDS
+    from tracer.files.device_format import KINDS
     monkeypatch.setattr(device_module, "WINDOW_S", 0.0)
     model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.GELU(),
                                 torch.nn.Linear(256, 256)).cuda()
@@ -588,8 +586,8 @@ def test_trace_run_passes_no_device_time_to_its_workers():
 WINDOWS_UNDER_GC = """
 import gc, sys, tempfile, torch
 import tracer
-from tracer import device as device_module, session as session_module
-from tracer.device import DeviceRecorder
+from tracer.recorder import device as device_module, session as session_module
+from tracer.recorder.device import DeviceRecorder
 session_module.cuda_in_use = lambda: True
 DeviceRecorder.activity = "CPU"
 device_module.WINDOW_S = 0.0

@@ -10,8 +10,8 @@ import torch
 import torch.distributed as dist
 
 import tracer
-from tracer.rows import COMM_ROW, OP_ROW
-from tracer.format import COL, COLUMN_NAMES, NCOLS, make_row
+from tracer.files.format import COL, COLUMN_NAMES, NCOLS, make_row
+from tracer.recorder.rows import COMM_ROW, OP_ROW
 
 HERE = os.path.abspath(__file__)
 
@@ -83,7 +83,7 @@ def test_every_column_of_an_op_and_a_collective_holds_its_own_value(tmp_path):
 
 
 def test_packed_records_round_trip_by_name_with_nulls():
-    from tracer import rows
+    from tracer.recorder import rows
     packed = rows.record(t0=5, op=2, module=None, cid=9) + rows.record(t1=7, shapes=3)
     table = rows.unpack(packed)
     assert table.shape == (2, len(rows.RECORD_FIELDS))

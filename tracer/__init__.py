@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import contextlib
 
-from . import _active
-from .format import FORMAT_VERSION, TraceError
-from .options import TraceOptions
-from .reader import Trace, load
+from .files.format import FORMAT_VERSION, TraceError
+from .files.reader import Trace, load
+from .recorder import _active
+from .recorder.options import TraceOptions
 
 __all__ = ["trace", "annotate", "step", "record_config", "load", "active", "Trace", "TraceError",
            "FORMAT_VERSION"]
@@ -45,7 +45,7 @@ def trace(out_dir: str, *, steps=None, stack_depth: int = 64, library_frames: bo
             boundary call into a library is kept.
         record_shapes / record_stacks / record_modules: turn the costlier context off.
         user_paths: directories whose files count as user code whatever ``library`` says.
-        library: which packages are library (tracer.library): by default torch, the standard
+        library: which packages are library (tracer.vocab.library): by default torch, the standard
             library and paratrace, and every other package is the user's (transformers,
             Lightning: their frames are kept). ``"accelerate"`` adds a package, ``"-torch"``
             makes one the user's, ``"site-packages"`` every installed package; comma lists
@@ -60,7 +60,7 @@ def trace(out_dir: str, *, steps=None, stack_depth: int = 64, library_frames: bo
             recorded as a range holding what it dispatches (extern kernels, fallbacks,
             collectives); ``"eager"``: it runs eagerly, every op recorded (docs/phases.md).
     """
-    from .session import Session     # torch is imported only to record, not to read
+    from .recorder.session import Session     # torch is imported only to record, not to read
     return Session(out_dir, TraceOptions(
         steps=steps, stack_depth=stack_depth, library_frames=library_frames,
         record_shapes=record_shapes, record_stacks=record_stacks, record_modules=record_modules,
@@ -74,7 +74,7 @@ def annotate(label: str, **attrs):
 
     Labels ``F``, ``B``, ``W`` (and ``forward``, ``backward``, ``recompute``, ``grad_sync`` or
     ``grad-sync``, ``optimizer``, ``other``) set the phase of the ops inside; ``phase=`` one of
-    tracer.labels.PHASES does so for any label (docs/phases.md). Attributes must be
+    tracer.vocab.labels.PHASES does so for any label (docs/phases.md). Attributes must be
     JSON-serialisable (others are stored as their str()). torch.profiler.record_function ranges
     are recorded the same way.
     """

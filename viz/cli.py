@@ -37,11 +37,11 @@ def build(run_dir: str, out_dir: Optional[str] = None, *,
     one per core) or on the Dask scheduler at ``dask``; ``kineto``: torch.profiler exports
     (``[R=]FILE`` or ``DIR``), merged into the run's GPU time, or, when ``run_dir`` has no
     traces (or only traces imported from exports), imported as the run itself
-    (viz.kineto_run; ``kineto_limit``: bytes of JSON a .gz may expand to); ``progress``
+    (tracer.kineto.run; ``kineto_limit``: bytes of JSON a .gz may expand to); ``progress``
     (viz.render.progress.Progress, default: none shown) follows the work; ``reported``: ranks
     whose failure the caller already named; ``sources=False``: no source file is read
     (``--no-source``). Raises viz.run.RunError, viz.render.callgraph_svg.RenderError or
-    tracer.kineto.KinetoError."""
+    tracer.kineto.chrome_trace.KinetoError."""
     from .analysis import analyse
     from .engine import Engine
     from .render.progress import Progress
@@ -92,14 +92,14 @@ def _training(analysis, engine, progress):
 def _exports_are_the_run(run_dir: str) -> bool:
     """``--kineto`` with no recording: a directory without traces, or whose traces were all
     imported from exports before (a new import replaces them)."""
-    from .kineto_run import has_traces, is_imported_run
+    from tracer.kineto.run import has_traces, is_imported_run
     return not has_traces(run_dir) or is_imported_run(run_dir)
 
 
 def _import(run_dir: str, kineto: tuple, jobs, dask, progress, warn, limit) -> list:
     """Import the exports into ``run_dir``'s traces; the lines of the files left out."""
     from .engine import Engine
-    from .kineto_run import import_exports
+    from tracer.kineto.run import import_exports
     _check_writable(run_dir)
     with Engine(jobs, dask) as engine:
         with progress.phase(f"importing {len(kineto)} torch.profiler export(s)"):
@@ -133,8 +133,8 @@ class _Counted:
 
 
 def kineto_ranks(entries, run) -> dict:
-    """rank -> exports to merge into a recording (viz.kineto_inputs.merge_ranks)."""
-    from .kineto_inputs import merge_ranks
+    """rank -> exports to merge into a recording (tracer.kineto.inputs.merge_ranks)."""
+    from tracer.kineto.inputs import merge_ranks
     return merge_ranks(list(entries), run) if entries else {}
 
 
@@ -151,7 +151,7 @@ def exit_status(analysis) -> int:
 
 def _check_not_another_run(out_dir: str, run) -> None:
     """Refuse to write a report over another run's (its summary.json and index.html)."""
-    from tracer import rundir
+    from tracer.files import rundir
 
     from .run import RunError
     if os.path.realpath(out_dir) == os.path.realpath(run.dir):
@@ -171,7 +171,7 @@ def _still_written(out_dir: str) -> str:
     """Why ``out_dir`` must not be written now (a trace-run still writes that run: its traces,
     run.json and report would mix with this report), or ''. Reading a live run's traces into
     another ``--out`` is fine: they are readable while they grow."""
-    from tracer import rundir
+    from tracer.files import rundir
     pid = rundir.run_writer(out_dir)
     if pid is None:
         return ""
@@ -197,8 +197,8 @@ def _fail(prog: str, message: str) -> int:
 
 def _errors() -> tuple:
     """The exceptions that mean bad input (one-line messages), not bugs."""
-    from tracer import TraceError
-    from tracer.kineto import KinetoError
+    from tracer.files.format import TraceError
+    from tracer.kineto.chrome_trace import KinetoError
 
     from .render.callgraph_svg import RenderError   # graphviz missing or failing
     from .run import RunError

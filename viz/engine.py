@@ -14,7 +14,7 @@ import os
 from concurrent.futures import ProcessPoolExecutor
 from typing import Callable, Optional
 
-from tracer import TraceError
+from tracer.files.format import TraceError
 
 from .run import RunError
 

@@ -3,8 +3,8 @@
 A run directory (``trace-run --out DIR``) holds ``DIR/traces/rank-<R>.arrow`` (one per rank),
 their live status files, and ``DIR/run.json`` (written by trace-run: command, exit codes, hang
 report); a bare directory of ``rank-<R>.arrow`` files (what ``tracer.trace(dir)`` writes) opens
-too (file names: :mod:`tracer.rundir`). Opening a run reads no trace: analyses load one rank's
-trace at a time (:mod:`viz.analysis`), so a run of many ranks never sits in memory whole.
+too (file names: :mod:`tracer.files.rundir`). Opening a run reads no trace: analyses load one
+rank's trace at a time (:mod:`viz.analysis`), so a run of many ranks never sits in memory whole.
 """
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import json
 import os
 from dataclasses import dataclass, field
 
-import tracer
-from tracer import Trace, rundir
+from tracer.files import rundir
+from tracer.files.reader import Trace, load
 
 
 class RunError(Exception):
@@ -31,7 +31,7 @@ class Run:
 
     def load(self, rank: int) -> Trace:
         """Read one rank's trace. Raises tracer.TraceError (one line naming the file)."""
-        return tracer.load(self.files[rank])
+        return load(self.files[rank])
 
 
 def _is_int(value) -> bool:

@@ -96,7 +96,7 @@ def main(argv: Optional[list] = None) -> int:
         run_dir, out_dir, jobs, targets = parse(argv)
     except _UsageError as exc:
         return _fail(str(exc))
-    from tracer import TraceError
+    from tracer.files.format import TraceError
 
     from .run import RunError
     from .whatif import SimulationError, TargetError

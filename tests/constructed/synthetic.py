@@ -11,8 +11,8 @@ number is exact and no test depends on how loaded the machine was::
     r.write("run/traces")              # run/traces/rank-0.arrow, read by tracer.load
 
 Times are in units of ``unit_ns`` (1 us by default) from ``base_ns``. Rows go through
-:class:`tracer.format.TraceWriter` with the recorder's own columns, dictionaries and metadata.
-Torch-free.
+:class:`tracer.files.format.TraceWriter` with the recorder's own columns, dictionaries and
+metadata. Torch-free.
 """
 from __future__ import annotations
 
@@ -20,9 +20,11 @@ import json
 import os
 from typing import Optional, Sequence
 
-from tracer import ops, rundir
-from tracer.format import COLUMNS, DICT_COLUMNS, FORMAT_VERSION, TraceWriter
-from tracer.labels import PHASE_CODES
+from tracer.files import rundir
+from tracer.files.format import COLUMNS, DICT_COLUMNS, FORMAT_VERSION, TraceWriter
+from tracer.vocab import ops
+from tracer.vocab.groups import group_text
+from tracer.vocab.labels import PHASE_CODES
 
 _INDEX = {name: i for i, (name, _) in enumerate(COLUMNS)}
 _C10D_OPS = {"send": "c10d.send.default", "recv": "c10d.recv_.default",
@@ -78,7 +80,7 @@ class SyntheticRank:
            shapes: Optional[str] = None, fwd_stack: Optional[Sequence] = None,
            annotation: Optional[list] = None) -> None:
         """An aten op. ``stack``: frames (file, line, function, qualname), innermost first;
-        ``phase``: a name of tracer.labels.PHASES or its code."""
+        ``phase``: a name of tracer.vocab.labels.PHASES or its code."""
         self.row(t0=self.t(t0), t1=self.t(t1), op=name, phase=_phase(phase), thread=thread,
                  stack=_stack(stack), fwd_stack=_stack(fwd_stack), module=module, shapes=shapes,
                  annotation=_annotation(annotation))
@@ -93,7 +95,7 @@ class SyntheticRank:
         apart for collectives and for send/recv as the recorder counts (``seq``: this one
         instead, as a rank that skipped collectives would record). ``group``: ranks, or the
         trace's text of the group (``"0,1@2"``)."""
-        text = group if isinstance(group, str) else ops.group_text(tuple(group))
+        text = group if isinstance(group, str) else group_text(tuple(group))
         counter = (text, kind in ("send", "recv"))
         seq = self._seq.get(counter, 0) if seq is None else seq
         self._seq[counter] = seq + 1

@@ -21,9 +21,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tracer import ops, rundir
-from tracer.format import FORMAT_VERSION, TraceWriter
-from tracer.labels import PHASE_BACKWARD, PHASE_FORWARD, PHASE_OTHER
+from tracer.files import rundir
+from tracer.files.format import FORMAT_VERSION, TraceWriter
+from tracer.vocab import ops
+from tracer.vocab.groups import group_text
+from tracer.vocab.labels import PHASE_BACKWARD, PHASE_FORWARD, PHASE_OTHER
 
 BATCH_ROWS = 200_000
 _COMPUTE_OPS = ["aten.mm.default", "aten.addmm.default", "aten.add.Tensor", "aten.mul.Tensor",
@@ -155,8 +157,8 @@ def _dictionaries(cfg: Pipeline) -> dict:
         stacks.append(json.dumps(frames, separators=(",", ":")))
     passes = [json.dumps([{"label": k, "microbatch": mb, "chunk": 0}], separators=(",", ":"))
               for k in "FB" for mb in range(cfg.microbatches)]
-    groups = [ops.group_text([cfg.rank(s, d) for s in range(cfg.pp)]) for d in range(cfg.dp)]
-    groups += [ops.group_text([cfg.rank(s, d) for d in range(cfg.dp)]) for s in range(cfg.pp)]
+    groups = [group_text([cfg.rank(s, d) for s in range(cfg.pp)]) for d in range(cfg.dp)]
+    groups += [group_text([cfg.rank(s, d) for d in range(cfg.dp)]) for s in range(cfg.pp)]
     return {"op": _COMPUTE_OPS + [ops.OP_ANNOTATION, ops.OP_STEP] + list(_KIND_OPS.values()),
             "stack": stacks, "fwd_stack": stacks, "annotation": passes,
             "module": [f"GPT.blocks.{i}.{part}" for i in range(8)

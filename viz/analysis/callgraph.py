@@ -19,7 +19,7 @@ from typing import Iterable, Optional, Sequence
 
 import networkx as nx
 
-from .op_groups import MEASURES, NO_STACK, Frame, OpGroup, Weights, total_of
+from .op_groups import Frame, MEASURES, NO_STACK, OpGroup, Weights, total_of
 from .rank_weights import freeze_per_rank, total_over_ranks
 from .source import definition_line
 
@@ -38,7 +38,7 @@ class NodeData:
     file: str
     line: int                  # functions: definition line; leaves: the call site
     name: str                  # functions: qualname; comm leaves: the kind
-    direction: str = ""        # leaves: the phase (tracer.labels.PHASES)
+    direction: str = ""        # leaves: the phase (tracer.vocab.labels.PHASES)
     kind: Optional[str] = None
     per_rank: dict = field(default_factory=lambda: defaultdict(Weights))
     by_direction: dict = field(default_factory=lambda: defaultdict(Weights))

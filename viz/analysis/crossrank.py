@@ -33,7 +33,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Optional
 
-from tracer.ops import group_ranks
+from tracer.vocab.groups import group_ranks
 
 from .lanes import SLOTS, Timeline
 
@@ -153,7 +153,7 @@ class CollectiveStats:
     """The matched collectives of one kind over one process group."""
 
     kind: str
-    group: str                   # the recorded process group text (tracer.ops.group_text)
+    group: str                   # the recorded process group text (tracer.vocab.groups.group_text)
     count: int
     bytes: int                   # sum of S
     median_s: float              # median transfer

@@ -2,8 +2,8 @@
 launched it.
 
 On a GPU the host only launches: an aten op's host interval says when it was queued, not when
-it ran. CUPTI's records (:mod:`tracer.kineto`) say when each kernel, memcpy and memset ran, and
-which runtime or driver call launched it (the correlation id). Attribution:
+it ran. CUPTI's records (:mod:`tracer.kineto.chrome_trace`) say when each kernel, memcpy and memset
+ran, and which runtime or driver call launched it (the correlation id). Attribution:
 
 1. CUPTI times are Unix nanoseconds; the trace's clock pairs (``clock_pairs``, or its start
    time for traces written before them) map them onto the rank's own clock.
@@ -33,8 +33,8 @@ from typing import Optional
 
 import numpy as np
 
-from tracer import ops as _ops
-from tracer.kineto import KINDS, DeviceRecords
+from tracer.files.device_format import DeviceRecords, KINDS
+from tracer.vocab import ops as _ops
 
 from .intervals import intersect, intervals, length, union
 
@@ -53,7 +53,7 @@ class DeviceTime:
     end: np.ndarray
     stream: np.ndarray
     device: np.ndarray
-    kind: np.ndarray              # codes of tracer.kineto.KINDS
+    kind: np.ndarray              # codes of tracer.files.device_format.KINDS
     name: np.ndarray              # codes into names
     names: list
     row: np.ndarray               # trace row of the launching event or range, SETUP or

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Optional
 
-from tracer import TraceError
+from tracer.files.format import TraceError
 
 from ..engine import Engine
 from ..run import Run, RunError

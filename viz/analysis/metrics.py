@@ -15,8 +15,8 @@ from typing import Optional
 import numpy as np
 
 from .intervals import Prefix, intersect, intervals, length, union, window
-from .replay import replayed_bubbles
 from .lanes import Pass, RankLanes, Timeline, counted_steps
+from .replay import replayed_bubbles
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,7 @@ class RankMetrics:
 # ---------------------------------------------------------------------------- theory
 def theoretical_bubble(schedule: str, p: int, m: int, v: int = 1, *, t_f: float = 1.0,
                        t_b: float = 1.0, t_w: float = 1.0) -> Optional[float]:
-    """Bubble fraction of the total time of a pipeline schedule (shared/ORACLES.md).
+    """Bubble fraction of the total time of a pipeline schedule (docs/oracles.md).
 
     gpipe, 1f1b: (p-1)/(m+p-1). interleaved: bubble/ideal x = (p-1)/(v*m), fraction x/(1+x).
     zb-h1: bubble (p-1)(T_F+T_B-T_W) against ideal m(T_F+T_B+T_W) (pass times default to
@@ -112,8 +112,8 @@ def _theory(config: dict, pass_s: dict) -> Optional[float]:
 
 
 def _step_theory(index: "_Index", lane: RankLanes, step: int, run_theory) -> Optional[float]:
-    """The theory of one step: from the schedule tracer.pipelining recorded on the pipeline
-    group in that step (pass times: the group's in the step), else the run's config's."""
+    """The theory of one step: from the schedule tracer.recorder.pipelining recorded on the
+    pipeline group in that step (pass times: the group's in the step), else the run's config's."""
     ranks = index.timeline.ranks
     found = {ranks[r].schedules[step] for r in lane.pipeline_group
              if r in ranks and step in ranks[r].schedules}

@@ -12,7 +12,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Iterable
 
-from tracer.labels import PHASES
+from tracer.vocab.labels import PHASES
 
 from .callgraph import OpGroup, Weights
 

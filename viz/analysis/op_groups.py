@@ -15,10 +15,10 @@ from typing import Callable, Iterable, NamedTuple, Optional, Sequence
 
 import numpy as np
 
-from tracer.labels import PHASES
-from tracer.library import LibraryRule
-from tracer.ops import PSEUDO_OPS
-from tracer.stacks import decode_stack
+from tracer.files.format import decode_stack
+from tracer.vocab.labels import PHASES
+from tracer.vocab.library import LibraryRule
+from tracer.vocab.ops import PSEUDO_OPS
 
 from .flops import flops as op_flops
 from .lanes import SLOTS
@@ -80,7 +80,7 @@ class OpGroup:
     boundary: Optional[Frame]  # the library function the innermost user frame called
     via: Optional[tuple]      # backward ops: innermost user frames of the code that ran them
     op: str
-    phase: str                # a name of tracer.labels.PHASES
+    phase: str                # a name of tracer.vocab.labels.PHASES
     kind: Optional[str]       # communication kind, None for compute ops
     shapes: Optional[str]
     module: Optional[str]

@@ -15,19 +15,21 @@ from typing import Optional
 
 import numpy as np
 
-from tracer import Trace, TraceError, rundir
-from tracer import load as load_trace
-from tracer.device_format import read_device
-from tracer.kineto import DeviceRecords, KinetoError, load_chrome_trace
-from tracer.labels import PHASES
-from tracer.ops import PSEUDO_OPS, group_ranks, process_group_name
+from tracer.files import rundir
+from tracer.files.device_format import DeviceRecords, read_device
+from tracer.files.format import TraceError
+from tracer.files.reader import Trace, load as load_trace
+from tracer.kineto.chrome_trace import KinetoError, load_chrome_trace
+from tracer.vocab.groups import group_ranks, process_group_name
+from tracer.vocab.labels import PHASES
+from tracer.vocab.ops import PSEUDO_OPS
 
 from .columns import Records
-from .gpu_attribution import DeviceSummary, RegionWork, attribute
 from .device_lanes import on_device
-from .op_groups import group_ops, kernel_groups
+from .gpu_attribution import DeviceSummary, RegionWork, attribute
 from .intervals import Prefix
 from .lanes import P2PEnd, RankLanes, counted_steps
+from .op_groups import group_ops, kernel_groups
 from .rank_lanes import DRAWN_OPS, RankRows, p2p_endpoints, rank_lanes
 
 

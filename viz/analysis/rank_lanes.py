@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from tracer import ops as _ops
+from tracer.vocab import ops as _ops
+from tracer.vocab.groups import group_ranks
 
 from .intervals import intervals, union
 from .lanes import CommSpan, P2PEnd, RankLanes
@@ -86,7 +87,7 @@ def rank_lanes(rows: RankRows, send_ends: dict, op_budget: int = DRAWN_OPS) -> R
     group = {rows.rank}
     for c in comm:
         if c.kind in ("send", "recv") and c.group and not c.group.startswith("?"):
-            group.update(_ops.group_ranks(c.group))
+            group.update(group_ranks(c.group))
     drawn = _drawn_ops(rows, steps, closed, op_budget)
     return RankLanes(
         rank=rows.rank, compute=_compute_spans(rows, comm), comm=comm,

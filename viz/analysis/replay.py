@@ -2,7 +2,7 @@
 
 For each pipeline group and step, the measured passes run again in the same order, each taking
 the compute it measured: a pass starts once its rank is free and the pass it depends on has sent
-its output (shared/ORACLES.md's dependency simulation, with measured times). The gap between the
+its output (docs/oracles.md's dependency simulation, with measured times). The gap between the
 measured bubble and this one is what communication costs; the gap between this one and the
 papers' theory is stage imbalance and pass-time variance (docs/metrics.md).
 
@@ -90,8 +90,8 @@ def _pass_work(mine: list, sent_at: np.ndarray, compute) -> tuple:
 
 
 def _virtual_stage(p: Pass, stage: int, stages: int) -> int:
-    """torch.distributed.pipelining's passes (its labels, tracer.pipelining's ranges) name the
-    global stage; annotations the rank's chunk, which is virtual stage chunk*p + stage
+    """torch.distributed.pipelining's passes (its labels, tracer.recorder.pipelining's ranges) name
+    the global stage; annotations the rank's chunk, which is virtual stage chunk*p + stage
     (Megatron's interleaving)."""
     return p.chunk if p.source in ("record_function", "schedule") else p.chunk * stages + stage
 

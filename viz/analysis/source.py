@@ -7,15 +7,14 @@ files for the report's source pages.
 
 What may be read: only the files the recording names *and* whose content here is the content
 it saw. The recorder keeps the sha256 and size of every source file its stacks name, with the
-root it lies under (the run's working directory, the script's directory, or the ``sys.path``
-entry a package was imported from: ``sources`` in the trace's metadata, tracer/process_info.py).
+root it lies under (the run's working directory, the script's directory, or the ``sys.path`` entry
+a package was imported from: ``sources`` in the trace's metadata, tracer/recorder/process_info.py).
 :class:`RecordedSources` holds them. Its ``text`` (the report's source pages) and, while it is
 active (:func:`reading`), :func:`definition_lines` give a file only if the file found at the
-recorded path has that hash, and nothing otherwise (nor with no recording active). So a trace
-from someone else that names a local ``secret.py`` gets none of it into a report (matching the
-hash means knowing the content already), and a file edited since the run is said to be changed
-instead of shown against lines that moved. ``trace-report --no-source`` activates none: no
-file is read.
+recorded path has that hash, and nothing otherwise (nor with no recording active). So a trace from
+someone else that names a local ``secret.py`` gets none of it into a report (matching the hash
+means knowing the content already), and a file edited since the run is said to be changed instead
+of shown against lines that moved. ``trace-report --no-source`` activates none: no file is read.
 """
 from __future__ import annotations
 

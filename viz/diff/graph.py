@@ -53,7 +53,7 @@ class DiffNode:
     type: str                  # viz.analysis.callgraph FUNCTION | OPS | COMM
     name: str                  # qualified name, "ops", or the communication kind
     file: str                  # short display path
-    direction: str = ""        # leaves: the phase (tracer.labels.PHASES)
+    direction: str = ""        # leaves: the phase (tracer.vocab.labels.PHASES)
     caller: str = ""           # leaves: the function key that issued them
     a: Side = field(default_factory=Side)
     b: Side = field(default_factory=Side)

@@ -18,12 +18,11 @@ from typing import Callable, Mapping, Optional
 
 import graphviz
 
-from tracer.labels import PHASES
+from tracer.vocab.labels import PHASES
 
-from ..analysis.callgraph import COMM, FUNCTION, HIDDEN, OPS, CallGraph, EdgeData, NodeData
+from ..analysis.callgraph import COMM, CallGraph, EdgeData, FUNCTION, HIDDEN, NodeData, OPS
 from ..analysis.op_groups import Weights
-from ..views.formatters import (fmt_bytes, fmt_count, fmt_flops, fmt_ranks, fmt_time,
-                               short_op)
+from ..views.formatters import fmt_bytes, fmt_count, fmt_flops, fmt_ranks, fmt_time, short_op
 
 COMM_COLOUR = "#1565c0"
 COMM_FILL = "#e3eefc"

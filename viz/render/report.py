@@ -30,15 +30,15 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Optional
 
-from tracer import rundir
+from tracer.files import rundir
 
+from . import chrome_trace, inline_svg, timeline_svg
 from ..analysis import RunAnalysis
 from ..analysis.source import RecordedSources, SourceText, reading
 from ..views import crossrank_page, pages
 from ..views.callgraph_pages import (GraphPage, ReportOptions, ReportViews, defined_functions,
                                      report_views)
 from ..views.problems import problems
-from . import chrome_trace, inline_svg, timeline_svg
 from .callgraph_svg import render_svg, to_dot
 from .html import PageWriter
 from .progress import Progress

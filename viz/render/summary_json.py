@@ -16,8 +16,8 @@ import json
 import os
 from typing import Optional
 
-from tracer import rundir
-from tracer.ops import group_ranks, process_group_name
+from tracer.files import rundir
+from tracer.vocab.groups import group_ranks, process_group_name
 
 from ..analysis.critical_path import Path
 from ..analysis.crossrank import CrossRank, Mismatch

@@ -1,9 +1,10 @@
 """whatif.json: the recording's measures, its replay, and every target's prediction, as
-shared/DESIGN.md fixes them::
+docs/architecture.md's contract fixes them::
 
     {"schema": "paratrace.whatif/1",
-     "base": {"config", "measured": M, "replayed": M, "models": [...]},
-     "targets": [{"config", "changes", "predicted": M, "assumptions": [...],
+     "base": {"config", "measured": M, "replayed": M, "models": [...],
+              "timeline": "whatif/replay.svg"},
+     "targets": [{"config", "changes", "title", "predicted": M, "assumptions": [...],
                   "timeline": "whatif/target-1.svg"}, ...]}
 
 M = {"step_s", "bubble_fraction", "exposed_comm_s", "pipeline_bubble_fraction",

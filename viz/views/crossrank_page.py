@@ -4,7 +4,7 @@ disagree, and each step's critical path. Rows and texts only, from a RunAnalysis
 (:mod:`viz.analysis.crossrank`, :mod:`viz.analysis.critical_path`); the template draws them."""
 from __future__ import annotations
 
-from tracer.ops import group_ranks, process_group_name
+from tracer.vocab.groups import group_ranks, process_group_name
 
 from ..analysis.run_analysis import RunAnalysis
 from .formatters import fmt_bytes, fmt_time

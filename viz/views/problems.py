@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 from typing import Optional
 
-from tracer import rundir
-from tracer.ops import group_label
+from tracer.files import rundir
+from tracer.vocab.groups import group_label
 
 from ..analysis.crossrank import Mismatch
 from ..analysis.run_analysis import RunAnalysis

@@ -16,10 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from tracer.ops import group_text
+from tracer.vocab.groups import group_text
 
-from .graph import BEGIN, COMPUTE, END, IDLE, LAUNCH, STEP, WAIT, Comm, ExecutionGraph, \
-    Node, PassKey
+from .graph import (BEGIN, COMPUTE, Comm, END, ExecutionGraph, IDLE, LAUNCH, Node, PassKey, STEP,
+                    WAIT)
 
 
 @dataclass

@@ -33,7 +33,7 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 
-from tracer.ops import group_ranks
+from tracer.vocab.groups import group_ranks
 
 from ..analysis.intervals import Prefix, gaps
 from ..analysis.lanes import Timeline, counted_steps

@@ -2,7 +2,7 @@
 the timeline metrics (:mod:`viz.analysis.metrics`) of its run: per rank the mean counted step,
 the share of it without compute (summary.json's ``bubble_fraction``), the exposed communication
 per step and the pipeline bubble; over ranks the slowest rank's step and the means of the others
-(shared/DESIGN.md's whatif.json)."""
+(whatif.json's M: docs/architecture.md's contract, docs/whatif.md)."""
 from __future__ import annotations
 
 from typing import Optional

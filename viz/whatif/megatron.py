@@ -1,4 +1,4 @@
-"""Megatron's rules, as the reference GPT follows them (shared/ORACLES.md): which module of a
+"""Megatron's rules, as the reference GPT follows them (docs/oracles.md): which module of a
 layer is sharded by tensor parallelism, the tensor-parallel collectives of each pass, the
 parameters (and so the gradient buckets) a rank holds, and which role a process group plays
 for a rank.
@@ -130,7 +130,7 @@ class TPCall:
 
 
 def tp_calls(shape: Shape, kind: str, layers: range, first: bool, last: bool) -> list:
-    """The TP collectives of one F, B or W pass through ``layers`` (ORACLES.md, Megatron):
+    """The TP collectives of one F, B or W pass through ``layers`` (docs/oracles.md, Megatron):
     none with t = 1. Without SP: 2 all-reduces of s*b*h per layer each way, 1 for the
     embedding (forward), 3 of s*b for the vocab-parallel loss (forward), 1 for the LM head
     (backward). With SP: per layer 2 all-gathers of the shard and 2 reduce-scatters of the

@@ -254,7 +254,7 @@ class Plan:
         if self.shape is None or self.grid.tp < 2:
             return []
         shape = Shape(**{**self.shape.__dict__, "schedule": self.cfg["schedule"]})
-        self.note("TP collectives inside passes by Megatron's rules (shared/ORACLES.md), "
+        self.note("TP collectives inside passes by Megatron's rules (docs/oracles.md), "
                   "blocking, spread evenly over each pass")
         group = roles(self.grid, rank)["tp"]
         return [Call(c.kind, group, c.nbytes,

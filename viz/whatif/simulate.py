@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tracer.ops import group_text
+from tracer.vocab.groups import group_text
 
 from ..analysis.intervals import intervals, union
 from ..analysis.lanes import CommSpan, Pass, RankLanes, Timeline
-from .graph import BEGIN, COMPUTE, END, IDLE, LAUNCH, STEP, WAIT, ExecutionGraph
+from .graph import BEGIN, COMPUTE, END, ExecutionGraph, IDLE, LAUNCH, STEP, WAIT
 
 
 class SimulationError(ValueError):

@@ -1,0 +1,228 @@
+"""Loading a trace file into a :class:`Trace` that viz/ analyses read.
+
+A Trace holds the events as one pyarrow Table (dictionary columns unified into one chunk, so
+DuckDB / Polars can take it as is) and numpy views of its columns for fast analyses. Completion
+rows the tracer wrote for collectives flushed before they finished are folded back into their
+collectives' ``t1`` and dropped. A truncated or corrupt tail is cut off with a warning; what came
+before it is kept.
+"""
+from __future__ import annotations
+
+import json
+from typing import Optional
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from tracer.vocab import ops
+from tracer.vocab.groups import group_ranks
+from tracer.vocab.labels import PHASES
+
+from .format import COLUMNS, DICT_COLUMNS, SCHEMA, decode_stack, read_stream
+
+_META_MERGE_DICTS = ("config", "sources")
+
+
+class Trace:
+    """One rank's recording. Columns: see docs/trace-format.md."""
+
+    def __init__(self, path: str, table: pa.Table, meta: dict, warnings: list, complete: bool):
+        self.path = path
+        self.table = table
+        self.meta = meta
+        self.warnings = warnings
+        self.complete = complete
+        self._cols: dict = {}
+        self._dicts: dict = {}         # column -> its strings, decoded once
+        self._indexes: dict = {}       # column -> {string: code}
+        self._stacks: dict = {}        # stack code -> decoded frames
+        self._annotations: dict = {}   # annotation code -> decoded dicts
+
+    # ---------------------------------------------------------------- identity
+    @property
+    def rank(self) -> int:
+        return int(self.meta.get("rank", 0))
+
+    @property
+    def world_size(self) -> int:
+        return int(self.meta.get("world_size", 1))
+
+    @property
+    def status(self) -> str:
+        """ok | failed | interrupted | running (the writer never closed: killed or still going)."""
+        return self.meta.get("status", "running")
+
+    @property
+    def config(self) -> dict:
+        return self.meta.get("config") or {}
+
+    def __len__(self) -> int:
+        return self.table.num_rows
+
+    def select(self, mask) -> "Trace":
+        """The same trace (metadata, dictionaries, codes) with only the rows where ``mask``
+        (a boolean array over the events) is true."""
+        return Trace(self.path, self.table.filter(pa.array(np.asarray(mask, dtype=bool))),
+                     self.meta, self.warnings, self.complete)
+
+    # ---------------------------------------------------------------- columns
+    def col(self, name: str) -> np.ndarray:
+        """numpy view of a column; dictionary columns give int codes; null -> -1."""
+        arr = self._cols.get(name)
+        if arr is None:
+            column = self.table.column(name)
+            if pa.types.is_dictionary(column.type):
+                column = column.combine_chunks()
+                arr = pc.fill_null(column.indices, -1).to_numpy(zero_copy_only=False) \
+                    .astype(np.int64)
+            elif pa.types.is_boolean(column.type):
+                arr = pc.fill_null(pc.cast(column, pa.int8()), -1).to_numpy().astype(np.int8)
+            else:
+                arr = pc.fill_null(column, -1).to_numpy()
+            self._cols[name] = arr
+        return arr
+
+    def dictionary(self, name: str) -> list:
+        """The string values a dictionary column's codes index (decoded once; do not mutate)."""
+        values = self._dicts.get(name)
+        if values is None:
+            column = self.table.column(name)
+            values = column.chunk(0).dictionary.to_pylist() if column.num_chunks else []
+            self._dicts[name] = values
+        return values
+
+    def code(self, name: str, value: str) -> int:
+        """The code of a string in a dictionary column, or -1."""
+        index = self._indexes.get(name)
+        if index is None:
+            index = self._indexes[name] = {v: i for i, v in enumerate(self.dictionary(name))}
+        return index.get(value, -1)
+
+    def stack(self, code: int) -> tuple:
+        """Frames (file, line, function, qualname) of a stack code, innermost first."""
+        if code < 0:
+            return ()
+        frames = self._stacks.get(code)
+        if frames is None:
+            frames = self._stacks[code] = decode_stack(self.dictionary("stack")[code])
+        return frames
+
+    def annotation(self, code: int) -> tuple:
+        """Enclosing annotations of an annotation code, outermost first, as dicts."""
+        if code < 0:
+            return ()
+        entries = self._annotations.get(code)
+        if entries is None:
+            entries = self._annotations[code] = tuple(
+                json.loads(self.dictionary("annotation")[code]))
+        return entries
+
+    # ---------------------------------------------------------------- clocks
+    def clock_offset(self, t_ns) -> np.ndarray:
+        """Offset to add to local times to get rank 0's clock (linear between the estimates)."""
+        start, end = self.meta.get("clock_start"), self.meta.get("clock_end")
+        t = np.asarray(t_ns, dtype=np.int64)
+        if not start:
+            return np.zeros_like(t)
+        if not end or end["at_ns"] == start["at_ns"]:
+            return np.full_like(t, int(start["offset_ns"]))
+        slope = (end["offset_ns"] - start["offset_ns"]) / (end["at_ns"] - start["at_ns"])
+        return (start["offset_ns"] + slope * (t - start["at_ns"])).astype(np.int64)
+
+    @property
+    def clock_error_ns(self) -> Optional[int]:
+        """Bound on the alignment error to rank 0, or None when the clock was not aligned."""
+        errors = [c["error_ns"] for c in (self.meta.get("clock_start"), self.meta.get("clock_end"))
+                  if c]
+        return max(errors) if errors else None
+
+    def global_times(self):
+        """(t0, t1) on rank 0's clock; t1 is -1 where a collective never completed."""
+        t0, t1 = self.col("t0"), self.col("t1")
+        g0 = t0 + self.clock_offset(t0)
+        g1 = np.where(t1 >= 0, t1 + self.clock_offset(np.maximum(t1, 0)), -1)
+        return g0, g1
+
+    # ---------------------------------------------------------------- convenience
+    def records(self) -> list:
+        """Every event as a dict with decoded strings (slow; for tests and small traces)."""
+        out = []
+        names = {n: self.dictionary(n) for n in DICT_COLUMNS}
+        cols = {n: self.col(n) for n, _ in COLUMNS}
+        for i in range(len(self)):
+            rec = {}
+            for name, _ in COLUMNS:
+                v = int(cols[name][i])
+                if name in names:
+                    rec[name] = names[name][v] if v >= 0 else None
+                else:
+                    rec[name] = None if v == -1 and name not in ("t0", "step") else v
+            rec["phase"] = PHASES[rec["phase"]]
+            rec["group"] = group_ranks(rec["group"]) or None
+            rec["stack"] = self.stack(int(cols["stack"][i]))
+            rec["fwd_stack"] = self.stack(int(cols["fwd_stack"][i]))
+            rec["annotation"] = list(self.annotation(int(cols["annotation"][i])))
+            rec["async_op"] = None if rec["async_op"] is None else bool(rec["async_op"])
+            out.append(rec)
+        return out
+
+    def __repr__(self) -> str:
+        return f"<Trace rank {self.rank}/{self.world_size} {len(self)} events {self.status}>"
+
+
+def load(path: str) -> Trace:
+    """Read one trace file. Raises TraceError (one line naming the file) if unreadable."""
+    start_meta, schema, batches, metas, problem = read_stream(str(path))
+    meta = dict(start_meta)
+    for update in metas:
+        for key, value in update.items():
+            if key in _META_MERGE_DICTS and isinstance(value, dict):
+                meta[key] = dict(meta.get(key) or {}, **value)
+            else:
+                meta[key] = value
+    kept = sum(len(b) for b in batches)
+    warnings = [f"{path}: {problem}; those {kept:,} events are used"] if problem else []
+    complete = problem is None and "status" in meta
+    if "status" not in meta and not problem:
+        warnings.append(f"{path}: the recording never closed (rank killed or still running); "
+                        f"events up to the last flush are kept")
+    table = _unify(batches)
+    table = _fold_completions(table)
+    return Trace(str(path), table, meta, warnings, complete)
+
+
+def _unify(batches: list) -> pa.Table:
+    """One chunk per column, each dictionary column indexing its last (fullest) dictionary."""
+    arrays = []
+    for index, (name, typ) in enumerate(COLUMNS):
+        chunks = [b.column(index) for b in batches]
+        if pa.types.is_dictionary(typ):
+            dictionary = max((c.dictionary for c in chunks), key=len, default=pa.array(
+                [], pa.string()))
+            indices = pa.concat_arrays([c.indices for c in chunks]) if chunks else \
+                pa.array([], typ.index_type)
+            arrays.append(pa.DictionaryArray.from_arrays(indices, dictionary))
+        else:
+            arrays.append(pa.concat_arrays(chunks) if chunks else pa.array([], typ))
+    return pa.Table.from_arrays(arrays, schema=SCHEMA)
+
+
+def _fold_completions(table: pa.Table) -> pa.Table:
+    op = table.column("op").chunk(0)
+    dictionary = op.dictionary.to_pylist()
+    if ops.OP_COMPLETE not in dictionary:
+        return table
+    code = dictionary.index(ops.OP_COMPLETE)
+    codes = pc.fill_null(op.indices, -1).to_numpy(zero_copy_only=False)
+    is_done = codes == code
+    cid = pc.fill_null(table.column("cid"), -1).to_numpy()
+    t1 = pc.fill_null(table.column("t1"), -1).to_numpy().copy()
+    done_at = dict(zip(cid[is_done].tolist(), table.column("t0").to_numpy()[is_done].tolist()))
+    for i in np.nonzero((~is_done) & (cid >= 0) & (t1 < 0))[0]:
+        t = done_at.get(int(cid[i]))
+        if t is not None:
+            t1[i] = t
+    new_t1 = pa.array(np.where(t1 >= 0, t1, 0), mask=t1 < 0, type=pa.int64())
+    table = table.set_column(table.schema.get_field_index("t1"), "t1", new_t1)
+    return table.filter(pa.array(~is_done))

@@ -1,0 +1,41 @@
+"""Process groups as a trace records them: the global ranks as text, ``"0,2"``, and torch's
+group name after ``@`` where several groups span the same ranks (``"0,2@5"``). The recorder
+writes these texts; the analyses read ranks and names back from them.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+GROUP_NAME_SEP = "@"
+
+
+def group_text(ranks, key=None, name=None) -> str:
+    """The trace's text of a process group: its global ranks, ``"0,2"``; ``"0,2@<name>"`` for
+    a process group over the same ranks as an earlier one (``name``: torch's group name);
+    ``"?<key>"`` when the recorder could not resolve them."""
+    if not ranks:
+        return f"?{key}"
+    text = ",".join(map(str, ranks))
+    return f"{text}{GROUP_NAME_SEP}{name}" if name is not None else text
+
+
+def group_ranks(text) -> tuple:
+    """Global ranks of a recorded process group text; () when it was not resolved."""
+    if not text or text.startswith("?"):
+        return ()
+    return tuple(int(r) for r in text.split(GROUP_NAME_SEP, 1)[0].split(","))
+
+
+def process_group_name(text) -> Optional[str]:
+    """torch's name of a recorded process group, where the trace keeps it (one of several over
+    the same ranks); else None."""
+    return text.split(GROUP_NAME_SEP, 1)[1] if text and GROUP_NAME_SEP in text else None
+
+
+def group_label(text) -> str:
+    """A recorded process group for people: ``0,1``, or ``0,1 (process group 2)`` for one of
+    several over the same ranks."""
+    name = process_group_name(text)
+    if name is None:
+        return text or ""
+    return f"{text.split(GROUP_NAME_SEP, 1)[0]} (process group {name})"
