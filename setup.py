@@ -39,7 +39,8 @@ setup(
         "numpy",
         "rich>=12",
     ],
-    # the frameworks the suite traces (tests/test_frameworks.py, docs/traced-frameworks.md),
+    # the frameworks the suite traces (tests/integration/test_frameworks.py,
+    # docs/traced-frameworks.md),
     # pinned: versions whose requirements torch 2.13.0 already meets (pip pulls no other torch)
     extras_require={"dask": ["dask[distributed]>=2023.1"],
                     "frameworks": FRAMEWORKS,

@@ -4,9 +4,9 @@
     python benchmarks/analysis.py --scale 16m          # 16M events over 64 ranks (minutes)
     python benchmarks/analysis.py --scale reference    # a real traced reference-GPT run
 
-The constructed runs (tests/constructed/workloads.py) train the 1F1B schedule with many steps and
-micro-batches, P2P between stages and data-parallel all-reduces; their pipeline bubble is known
-exactly ((p-1)/(m+p-1)), so each run also checks that the report measured it. ``reference``
+The constructed runs (tests/support/constructed/workloads.py) train the 1F1B schedule with many
+steps and micro-batches, P2P between stages and data-parallel all-reduces; their pipeline bubble is
+known exactly ((p-1)/(m+p-1)), so each run also checks that the report measured it. ``reference``
 traces the reference GPT (pp 2 x dp 2, 128 micro-batches, 8 layers, 2 steps: about 0.4M events)
 with trace-run first (untimed).
 
@@ -30,9 +30,9 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
-sys.path.insert(0, os.path.join(REPO, "tests"))   # tests/constructed: the runs
+sys.path.insert(0, os.path.join(REPO, "tests"))   # tests/support/constructed: the runs
 
-from constructed.workloads import Pipeline, pipeline_run  # noqa: E402
+from support.constructed.workloads import Pipeline, pipeline_run
 
 SCALES = {
     # 4 ranks x ~250k events: 62 steps of 32 micro-batches, 60 ops a pass

@@ -1,5 +1,5 @@
 """What closing a device window costs the training thread: the paths before and the path now,
-side by side in one run (issue 37).
+side by side in one run (docs/overhead.md, "Closing a device window").
 
 The recorder (tracer/recorder/device.py) records GPU activity a window at a time (about one a
 second). Three ways of closing a window, run in turn on the same model, round after round:
@@ -12,9 +12,9 @@ second). Three ways of closing a window, run in turn on the same model, round af
   device worker, a process of its own that parses it and appends it to the device file
   (tracer/recorder/device_worker.py).
 
-Without a GPU (``--device cpu``, the default) the profiler's CPU activity stands in for CUDA, as
-in tests/test_tracer_device.py: the windows, Kineto's export and the flusher's parse run for
-real, with the CPU ops in place of kernels (about 7,600 events a step of the mid model).
+Without a GPU (``--device cpu``, the default) the profiler's CPU activity stands in for CUDA, as in
+tests/integration/test_tracer_device.py: the windows, Kineto's export and the flusher's parse run
+for real, with the CPU ops in place of kernels (about 7,600 events a step of the mid model).
 ``--device cuda`` records the CUDA activity on the first GPU.
 
 Printed for each path: on the training thread, each cut (the profiler's stop and, first, the

@@ -10,7 +10,7 @@ and the whole report; worker processes as trace-report chooses, ``--jobs`` to se
 each export on its own, ``--jobs 1``, the analysis alone (what HTA does: import, every
 analysis, summary.json) and, once, the whole trace-report with its pages; the median of
 ``--rounds`` runs by CPU time; its ``device.whole`` beside the independent computation of
-tests/kineto_oracle.py and HTA's numbers on the same file.
+tests/support/kineto_oracle.py and HTA's numbers on the same file.
 
 Every run is a fresh process tree under a child subreaper that reaps all of it: wall time;
 CPU time of all its processes, workers and graphviz included (MB/s per core = JSON MB / CPU
@@ -39,7 +39,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.join(REPO, "tests"))
 
-import kineto_oracle  # noqa: E402  (tests/kineto_oracle.py: shares nothing with paratrace)
+from support import kineto_oracle
 from benchmarks.kineto_exports import write_rank  # noqa: E402
 
 _HTA = """

@@ -6,7 +6,7 @@ time and the process's CPU time, then each recorder's worst step beside its medi
 
 - untraced;
 - a bare no-op TorchDispatchMode whose ``__torch_dispatch__`` only calls the op (the floor any
-  dispatch-mode recorder pays; the issue's floor);
+  dispatch-mode recorder pays; the floor of the targets);
 - the same without the Dynamo-disable wrapper torch puts around it by default, which paratrace
   also leaves out: the lower floor, against which paratrace's ratio is the less flattering one;
 - paratrace with stacks, shapes and modules on;
@@ -24,7 +24,7 @@ Then paratrace's bytes per event on disk and the reader's events per second on a
     python benchmarks/overhead.py --hot-loop mid --seconds 20     # for py-spy / cProfile
     python benchmarks/overhead.py --device cuda --models small,large    # on a GPU
 
-Targets (issue 15): paratrace's extra time <= 2x the no-op mode's (stretch 1.5x) and <= the
+Targets (docs/overhead.md): paratrace's extra time <= 2x the no-op mode's (stretch 1.5x) and <= the
 profiler's; an unrecorded step costs what an untraced one does; <= 48 bytes/event; the reader
 loads >= 1,000,000 events/s. The machine is noisy: every round runs every recorder on every model
 in turn, so load drifts hit all of them alike, and medians over rounds are reported.
@@ -160,7 +160,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--models", default="tiny,mid",
                         help=f"comma-separated, of {', '.join(MODELS)} (default tiny,mid; on "
-                        "a GPU issue 15 asks for small,large)")
+                        "a GPU the targets name: small,large)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="where the model runs (cuda: the first GPU; steps are timed "
                         "with torch.cuda.synchronize)")

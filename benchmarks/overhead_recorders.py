@@ -30,7 +30,7 @@ _COMMON = ["--tp", "1", "--pp", "1", "--no-sp", "--layers", "4", "--heads", "4",
 MODELS = {
     "tiny": _COMMON + ["--hidden", "32", "--seq-len", "16"],     # ops of a few microseconds
     "mid": _COMMON + ["--hidden", "192", "--seq-len", "64"],     # ops of tens of microseconds
-    # issue 15's GPU models (--device cuda): the small reference GPT of its H100 numbers and of
+    # the GPU models of docs/overhead.md's targets (--device cuda): the small reference GPT of its H100 numbers and of
     # tests/assets/gpu-h100, and the hidden-1024 one of docs/gpu.md
     "small": ["--tp", "1", "--pp", "1", "--no-sp", "--layers", "4", "--heads", "4",
               "--hidden", "256", "--seq-len", "256", "--micro-batch-size", "4",

@@ -52,7 +52,7 @@ MODELS = {"default": ["--layers", "8", "--hidden", "256", "--heads", "4", "--seq
                    "--micro-batch-size", "2"]}
 BASES = {"A": {"tp": 1, "pp": 2, "dp": 1, "schedule": "1f1b", "microbatches": 4},
          "B": {"tp": 1, "pp": 1, "dp": 2, "schedule": "1f1b", "microbatches": 4}}
-# (name, kind, base, changes); kind: the issue's accuracy class
+# (name, kind, base, changes); kind: the accuracy class of docs/whatif.md
 TARGETS = [("A -> gpipe", "schedule", "A", {"schedule": "gpipe"}),
            ("A -> interleaved v2", "schedule", "A", {"schedule": "interleaved",
                                                      "virtual_stages": 2}),

@@ -14,7 +14,7 @@
 # a custom Function, pipelining, DTensor, torch.compile and higher-order ops; a thread with no
 # Python frame (autograd's CUDA device threads); trace-run of plain c10d, DTensor TP, pipelining
 # and the reference GPT; the Kineto import; and the collective counts of the reference GPT and
-# of DDP/FSDP2 equal to the pinned torch's (tests/test_compat_counts.py runs both interpreters).
+# of DDP/FSDP2 equal to the pinned torch's (tests/integration/test_compat_counts.py runs both interpreters).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 REPO=$(pwd)
@@ -23,11 +23,12 @@ VENVS=${PARATRACE_VENVS:-$HOME/.cache/paratrace/venvs}
 MATRIX=("2.10.0 3.10" "2.11.0 3.12" "2.14.1 3.13")
 DEPS=("pyarrow>=14" "networkx>=3" "graphviz>=0.20" "jinja2>=3" "numpy" "rich>=12" "pytest>=7"
       "pytest-timeout>=2" "dask[distributed]>=2023.1" "setuptools>=64" "wheel")
-SUBSET=(tests/test_tracer_threads.py tests/test_phases_apis.py tests/test_phases_pipelining.py
-        tests/test_phases_dtensor.py tests/test_phases_compile.py tests/test_hops_single.py
-        tests/test_trace_run.py tests/test_kineto_import.py tests/test_compat_counts.py)
+I=tests/integration
+SUBSET=($I/test_tracer_threads.py $I/test_phases_apis.py $I/test_phases_pipelining.py
+        $I/test_phases_dtensor.py $I/test_phases_compile.py $I/test_hops_single.py
+        $I/test_trace_run.py $I/test_kineto_import.py $I/test_compat_counts.py)
 # the pinned torch's interpreter (setup.sh's), and a cache of its collective counts for the
-# venvs' runs of tests/test_compat_counts.py
+# venvs' runs of tests/integration/test_compat_counts.py
 PINNED_PYTHON=$(${PYTHON:-python3} -c 'import sys; print(sys.executable)')
 PINNED_CACHE=$(mktemp -d)
 trap 'rm -rf "$PINNED_CACHE"' EXIT

@@ -1,8 +1,8 @@
-"""The run of issue 38 on the CPU, for ``trace-run --no-launcher``: an MLP of Linear+GELU
-blocks under torch.compile (inductor), AdamW, a few steps. On a GPU inductor fuses each GELU
-into a Triton kernel no aten op launches; tests/test_device_regions.py adds such launches to
-this real recording and checks where the report puts them.
-Usage: trace-run --no-launcher [--out DIR] compiled_mlp.py [STEPS]"""
+"""The compiled run of docs/gpu.md on the CPU, for ``trace-run --no-launcher``: an MLP of Linear+GELU blocks
+under torch.compile (inductor), AdamW, a few steps. On a GPU inductor fuses each GELU into a Triton
+kernel no aten op launches; tests/integration/test_device_regions.py adds such launches to this
+real recording and checks where the report puts them. Usage: trace-run --no-launcher [--out DIR]
+compiled_mlp.py [STEPS]"""
 import sys
 
 import torch

@@ -1,10 +1,9 @@
 """One model run four ways under the tracer (one process, into argv[1]): eagerly, as the
 GraphModule torch.export makes (FX's generated code), unflattened into InterpreterModules that
-torch.fx.Interpreter runs node by node (what torch.distributed.pipelining's pipeline() builds),
-and unflattened to run as generated code. Each run is a forward and a backward in an
-annotation named after it. The same program under either hot path (PARATRACE_PURE_PYTHON=1 or
-not) must record the same rows (tests/test_stacks_fx.py). The exports are made before the
-trace starts.
+torch.fx.Interpreter runs node by node (what torch.distributed.pipelining's pipeline() builds), and
+unflattened to run as generated code. Each run is a forward and a backward in an annotation named
+after it. The same program under either hot path (PARATRACE_PURE_PYTHON=1 or not) must record the
+same rows (tests/integration/test_stacks_fx.py). The exports are made before the trace starts.
 Usage: python fx_stacks.py OUT"""
 import sys
 

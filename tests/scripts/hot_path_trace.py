@@ -1,6 +1,6 @@
 """Record a small training loop into argv[1]: the same program under either hot path
-(PARATRACE_PURE_PYTHON=1 or not) must record the same rows (tests/test_hotpath.py). It takes
-every branch of on_op: forward and backward ops, checkpointing's recomputation, an autograd
+(PARATRACE_PURE_PYTHON=1 or not) must record the same rows (tests/integration/test_hotpath.py). It
+takes every branch of on_op: forward and backward ops, checkpointing's recomputation, an autograd
 Function (its forward runs with grad off), the optimizer, the autograd engine's final callback,
 annotations naming phases, an op with keyword arguments, an op that fails."""
 import sys

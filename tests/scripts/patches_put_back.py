@@ -1,5 +1,5 @@
-"""Three traces in one process, for tests/test_patches.py: what each replaced while it recorded,
-and whether torch and os were as before once it ended.
+"""Three traces in one process, for tests/unit/test_patches.py: what each replaced while it
+recorded, and whether torch and os were as before once it ended.
 
 Usage: patches_put_back.py OUT_DIR TARGETS_JSON. TARGETS_JSON: [[owner, name], ...], the owner
 a dotted path (a module, or a class in one). The targets under torch.distributed.pipelining

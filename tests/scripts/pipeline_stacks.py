@@ -1,7 +1,7 @@
 """torch.distributed.pipelining's pipeline() under the tracer (2 ranks, gloo): a model of 4
 blocks split into 2 stages at ``blocks.2`` by pipeline() itself (torch.export, run by
 torch.fx.Interpreter), GPipe over 4 micro-batches, one step. Its ops must carry the model's
-own source lines (tests/test_stacks_fx.py).
+own source lines (tests/integration/test_stacks_fx.py).
 Usage: torchrun --nproc-per-node 2 pipeline_stacks.py OUT"""
 import sys
 

@@ -1,6 +1,6 @@
 """Plain c10d training on gloo (a manual gradient all-reduce per parameter), unaware of
 paratrace, that leaves, forks or blocks on request: the hostile and unlucky endings of
-tests/test_trace_run_exits.py.
+tests/integration/test_trace_run_exits.py.
 
 Flags: --steps N (0: until it is ended); --exit RANK --how os|sys --code N (that rank leaves with os._exit(N) or
 sys.exit(N) in step --at, after its backward and before its all-reduces); --fork (each rank

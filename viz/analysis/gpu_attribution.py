@@ -127,7 +127,7 @@ class RegionWork:
 
 @dataclass(frozen=True)
 class DeviceWhole:
-    """Every activity of a recording or export, counted and measured (DESIGN.md's
+    """Every activity of a recording or export, counted and measured (docs/architecture.md's
     ``device.whole``; seconds)."""
 
     kernels: int
@@ -165,7 +165,7 @@ def nccl_names(names: list) -> np.ndarray:
 
 def whole(kind: np.ndarray, nccl: np.ndarray, start: np.ndarray, end: np.ndarray
           ) -> DeviceWhole:
-    """Every activity of the recording or export, counted and measured (DESIGN.md): busy =
+    """Every activity of the recording or export, counted and measured (docs/architecture.md): busy =
     union of all activities; compute = union of the kernels that are not NCCL; comm = union of
     NCCL kernels; memory = union of memcpys and memsets; span = last end - first start; idle =
     span - busy; overlap = |comm ∩ compute| / |comm|, None without comm."""

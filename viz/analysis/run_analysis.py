@@ -99,7 +99,7 @@ class RunAnalysis:
         return (self.run.info.get("ranks") or {}).get(str(rank)) or {}
 
     def status(self, rank: int) -> str:
-        """ok | failed | missing (DESIGN.md's summary.json statuses)."""
+        """ok | failed | missing (docs/architecture.md's summary.json statuses)."""
         if rank not in self.ranks:
             return "missing"
         reported = self.reported(rank)

@@ -1,7 +1,7 @@
 """summary.json: the machine-readable digest of a run (schema ``paratrace.summary/1``), a
 renderer like the others: it reads a :class:`viz.analysis.RunAnalysis` and writes one file.
 
-The contract is DESIGN.md's; tests and scripts read it, so keys keep their meaning and new keys
+The contract is docs/architecture.md's; tests and scripts read it, so keys keep their meaning and new keys
 are only added. Every key of the file is spelled here, and only here: the analyses hand over
 typed records (RankMetrics, CrossRank, Path, CommRow, DeviceSummary), this module names their
 fields for JSON. Per rank: status, event count, op counts (in all and per phase),
@@ -81,7 +81,7 @@ def write_summary(analysis: RunAnalysis, out_dir: str) -> str:
 
 # ---------------------------------------------------------------------------- per rank
 def time_json(m: RankMetrics) -> dict:
-    """A rank's ``time`` object: DESIGN.md's keys first, then the details (the caller adds
+    """A rank's ``time`` object: docs/architecture.md's keys first, then the details (the caller adds
     ``clock``)."""
     return {
         "wall_s": m.wall_s, "compute_s": m.compute_s, "comm_s": m.comm_s,
@@ -160,7 +160,7 @@ def device_json(d: DeviceSummary) -> dict:
 
 
 def whole_json(w: DeviceWhole) -> dict:
-    """``device.whole``: every activity of the recording or export (DESIGN.md)."""
+    """``device.whole``: every activity of the recording or export (docs/architecture.md)."""
     out = {"kernels": w.kernels, "memcpys": w.memcpys, "memsets": w.memsets,
            "comm_kernels": w.comm_kernels, "span_s": w.span_s, "busy_s": w.busy_s,
            "compute_s": w.compute_s, "comm_s": w.comm_s, "memory_s": w.memory_s,

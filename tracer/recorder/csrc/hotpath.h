@@ -8,7 +8,7 @@
  * classifying an op or a code object, making a node, interning a stack's or a signature's text. These files only replace
  * interpreted bytecode with C on the paths every recorded op takes; they keep no state of their own
  * beyond the Python objects it shares with its subclass, so the two implementations agree by
- * construction and tests/test_hotpath.py holds them to it.
+ * construction and tests/integration/test_hotpath.py holds them to it.
  *
  * Built by setup.py as an optional extension for CPython >= 3.11 (PyFrame_GetLasti); without it
  * (no compiler, another Python, PARATRACE_PURE_PYTHON=1) the Python twins run.

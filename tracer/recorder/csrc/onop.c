@@ -12,7 +12,7 @@ everything
  * collective pending, step for step as on_op does. Everything else (tensor subclasses, an op not
  * classified yet, collectives, a dispatch with no Python frame to attribute it to) goes to the
  * mode's Python __torch_dispatch__, which hands it to on_op. The choice is made before the op
- * runs, so an op runs once, on one path; tests/test_hotpath.py holds the two to the same rows.
+ * runs, so an op runs once, on one path; tests/integration/test_hotpath.py holds the two to the same rows.
  */
 #include "hotpath.h"
 

@@ -1,0 +1,70 @@
+"""Device time recorded for real on a GPU (``gpu`` marker: skipped cleanly without CUDA).
+
+What the CPU suite cannot show: the recorder's CUPTI windows catch the CUDA kernels of a traced
+run, every kernel is attributed to the op that launched it, and trace-run records the reference
+GPT on one GPU with NCCL. Hardware timings (device time against torch.profiler's, the recorder's
+cost) are benchmarks, not tests (docs/gpu.md).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import tracer
+from tracer.files import rundir
+from tracer.files.device_format import read_device
+from viz.analysis.gpu_attribution import attribute
+from viz.render.summary_json import device_json
+from support.paths import REPO
+
+pytestmark = pytest.mark.gpu
+
+
+
+def test_the_recorder_attributes_every_kernel_of_a_traced_run(tmp_path):
+    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.GELU(),
+                                torch.nn.Linear(256, 256)).cuda()
+    opt = torch.optim.AdamW(model.parameters())
+    x = torch.randn(64, 256, device="cuda")
+    with tracer.trace(str(tmp_path)):
+        for _ in range(3):
+            model(x).square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+        torch.cuda.synchronize()
+    trace = tracer.load(rundir.trace_file(str(tmp_path), 0))
+    assert trace.meta["device_time"]["error"] is None
+    assert trace.meta["device_time"]["windows"] >= 1
+    records, _, problem = read_device(rundir.device_file(str(tmp_path), 0))
+    assert problem is None and len(records) > 0
+    dev = attribute(trace, records)
+    assert dev is not None and (dev.row >= 0).all(), "a kernel was left unattributed"
+    ops = trace.dictionary("op")
+    op_of = trace.col("op")[dev.row]
+    gemm = [ops[op_of[i]] for i, n in enumerate(dev.name) if "gemm" in dev.names[n].lower()]
+    assert gemm and all(name.startswith(("aten.mm", "aten.addmm", "aten.linear"))
+                        for name in gemm), sorted(set(gemm))
+    assert dev.row_ns.sum() > 0
+
+
+def test_trace_run_records_the_reference_gpt_on_one_gpu(tmp_path):
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        [os.path.join(os.path.dirname(sys.executable), "trace-run"), "--nproc-per-node", "1",
+         "--out", str(out), "--no-report", "-m", "sample_runs.train", "--tp", "1", "--pp",
+         "1", "--no-sp", "--device", "cuda", "--steps", "3"],
+        capture_output=True, text=True, timeout=400, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    trace = tracer.load(rundir.trace_file(str(out / "traces"), 0))
+    assert trace.meta["backend"] == "nccl"
+    records, _, problem = read_device(rundir.device_file(str(out / "traces"), 0))
+    assert problem is None and len(records) > 0
+    dev = attribute(trace, records)
+    summary = device_json(dev.summary(trace.dictionary("op"), trace.col("op")))
+    assert summary["attributed"] == summary["activities"]
+    assert json.dumps(summary)          # plain JSON, as summary.json carries it

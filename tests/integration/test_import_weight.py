@@ -1,0 +1,25 @@
+"""Importing paratrace to read traces loads neither torch nor the C hot path (a fresh interpreter)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from support.paths import REPO, modules
+
+
+TORCH_AT_IMPORT = ("tracer.recorder", "instrument", "sample_runs")
+
+
+def test_only_the_recorder_imports_torch_or_its_c_hot_path():
+    """Every module but the recorder's and the launcher's, imported in one fresh interpreter:
+    neither torch nor the recorder's C extension gets loaded (the trace files and their reader
+    say nothing of the hot path; a report is made where torch is not installed)."""
+    names = sorted(m for m in modules() if not m.startswith(TORCH_AT_IMPORT))
+    code = ("import importlib, sys\n"
+            f"for name in {names!r}:\n"
+            "    importlib.import_module(name)\n"
+            "bad = sorted(m for m in sys.modules if m.split('.')[0] == 'torch'\n"
+            "             or m == 'tracer.recorder._hotpath')\n"
+            "assert not bad, bad[:5]\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
