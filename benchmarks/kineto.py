@@ -129,11 +129,11 @@ from viz.analysis import analyse
 from viz.engine import Engine
 from tracer.kineto.run import import_exports
 from viz.run import open_run
-from viz.render.summary_json import write_summary
+from viz.render.report import ReportInput, summary_json
 out, jobs = sys.argv[1], None if sys.argv[2] == "-" else int(sys.argv[2])
 with Engine(jobs) as engine:
     import_exports(out, sys.argv[3:], engine)
-    write_summary(analyse(open_run(out), engine), out)
+    summary_json.render(ReportInput(analyse(open_run(out), engine)), out)
 """
 
 

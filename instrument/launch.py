@@ -12,7 +12,9 @@ torchrun. A run goes parse -> launch -> record -> gather -> report:
   ends the workers; each runs ``instrument.bootstrap`` (the tracer, then the user's script as
   ``__main__``) while :class:`~instrument.monitor.Monitor` prints progress and watches for hangs;
   with ``--no-launcher``, one process without torchrun's environment (instrument.single);
-- **record** (:func:`record`): ``DIR/run.json`` (instrument.run_record);
+- **record** (:func:`record_run`): ``DIR/run.json`` (instrument.run_record), facts only; once
+  the workers have run, trace-run says what went wrong in the words of ``viz.views.failures``
+  (the report's words), imported then: nothing of viz is loaded while the workers run;
 - **gather** (:func:`gather_traces`, :func:`send_traces`): on multi-node runs every node's traces
   go to the collecting node (instrument.gather);
 - **report** (:func:`report`): ``viz.cli.build``; the last line on stdout is its path.
@@ -32,7 +34,6 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import elastic_launch
 
 from tracer.files import rundir
-from viz.views import failures
 
 from . import gather, orphans, preflight, run_record, single
 from .cli import (EXIT_USAGE, Target, UsageError, build_parser, check_out, check_own_options,
@@ -159,7 +160,7 @@ def launch(config, argv: list, traces_dir: str, target: Target, *,
                       multi_node=config.max_nodes > 1).start()
     try:
         returns = elastic_launch(config, entrypoint=sys.executable)(*argv)
-        outcome.ranks = {str(r): {"status": "ok", "exit_code": 0, "error": None}
+        outcome.ranks = {str(r): {"status": "ok", "exit_code": 0, "failure": None}
                          for r in returns}
     except ChildFailedError as exc:
         outcome.add_failures(exc, traces_dir)
@@ -199,7 +200,9 @@ def describe_target(target: Target) -> str:
 def record_run(config, target: Target, out: str, command: list, outcome: Outcome,
                started: float, remote: set) -> tuple:
     """This node's run.json record, and what it learned about the other nodes (node.json).
-    Prints one line per problem."""
+    Prints one line per problem, the watchdog's first (it ended the workers)."""
+    if outcome.hang is not None:
+        say(run_words().watchdog_line(outcome.hang))
     traces_dir = os.path.join(out, rundir.TRACES)
     _remove_empty_stack_files(traces_dir)
     ranks = run_record.local_ranks(outcome, traces_dir, remote)
@@ -221,9 +224,17 @@ def record_run(config, target: Target, out: str, command: list, outcome: Outcome
 
 def say_failures(record: dict, local: set) -> None:
     """The first failure in one line (viz.views.failures words it), if a rank failed."""
-    line = failures.first_failure_line(record, local)
+    line = run_words().first_failure_line(record, local)
     if line:
         say(line)
+
+
+def run_words():
+    """viz.views.failures, which words run.json's facts as the report does; imported only once
+    the workers have run (tests/unit/test_architecture.py checks that nothing trace-run runs
+    beside them imports viz)."""
+    from viz.views import failures
+    return failures
 
 
 def send_traces(out: str, record: dict, node: dict) -> int:

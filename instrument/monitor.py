@@ -1,6 +1,8 @@
 """What trace-run says while the workers run: phase lines on stderr, step progress, and the
 hang watchdog, all fed by one thread that reads the tracer's live status files; the same
-thread ends what finished or dead ranks forked (orphans.Strays).
+thread ends what finished or dead ranks forked (orphans.Strays). A hang is kept as facts
+(:attr:`Monitor.hang`, run.json's ``hang``): trace-run words it once the workers have ended
+(viz.views.failures), as nothing that runs beside the workers imports viz.
 
 Every line trace-run prints on stderr starts with ``trace-run:`` (:func:`say`); stdout is kept
 for the training's own output and, last, the report's path.
@@ -71,7 +73,7 @@ def total_steps(statuses: dict) -> Optional[int]:
 
 class Monitor:
     """Background thread over ``traces_dir``: step lines always; with ``timeout_s``, the hang
-    watchdog (on a hang: one line, the report in :attr:`hang`, the workers ended)."""
+    watchdog (on a hang: its report in :attr:`hang`, the workers ended; the caller says it)."""
 
     def __init__(self, traces_dir: str, *, ranks: int, timeout_s: Optional[float],
                  multi_node: bool = False, poll_s: float = POLL_S):
@@ -107,9 +109,7 @@ class Monitor:
                 continue
             verdict = self.detector.observe(statuses, watchdog.alive_ranks(statuses), now)
             if verdict is not None:
-                hang = watchdog.hang_report(self.traces_dir, verdict, self.detector,
-                                            multi_node=self.multi_node)
-                say(watchdog.describe(verdict, hang))
-                self.hang = hang
+                self.hang = watchdog.hang_report(self.traces_dir, verdict, self.detector,
+                                                 multi_node=self.multi_node)
                 watchdog.end_workers(self.traces_dir)
                 return

@@ -3,7 +3,9 @@
 :class:`Outcome` is what torch's agent and the watchdog said about the launch; :func:`new_record`
 turns it, with the tracer's status files, into the record; :func:`merge_uploads` adds what other
 nodes sent; :func:`root_cause` picks the rank that failed first across nodes; :func:`write` and
-:func:`read` are its only writer and reader.
+:func:`read` are its only writer and reader. The record holds facts, never sentences: a failed
+rank's ``failure`` (tracer.vocab.outcomes) is worded by viz.views.failures, for the terminal,
+the report and summary.json alike; nothing here imports viz (it runs beside the workers).
 """
 from __future__ import annotations
 
@@ -17,11 +19,14 @@ from typing import Optional
 
 import tracer
 from tracer.files import rundir
-from viz.views import hangs
+from tracer.vocab.outcomes import (COLLECTIVE, ENDED, ERROR, EXITED, FINISHED, HANG,
+                                   INTERRUPTED, LAUNCH, WAITING, failure, hang_blamed)
 
 from .watchdog import Collective, P2P, highest_seqs, read_statuses
 
-SCHEMA = "paratrace.run/1"
+# /2: a failed rank's outcome is facts ("failure"); /1 held a sentence ("error"), still read
+SCHEMA = "paratrace.run/2"
+READABLE = ("paratrace.run/1", SCHEMA)
 EXIT_HANG = 124         # trace-run's exit status after a hang (as coreutils' timeout)
 # Exit codes of workers ended from outside (SIGTERM/SIGINT/SIGKILL by the agent or watchdog).
 _ENDED = {-signal.SIGTERM, -signal.SIGINT, -signal.SIGKILL, 128 + signal.SIGTERM,
@@ -34,7 +39,7 @@ class Outcome:
 
     exit_code: int = 0
     interrupted: bool = False
-    ranks: dict = field(default_factory=dict)      # "R" -> {"status", "exit_code", "error"}
+    ranks: dict = field(default_factory=dict)      # "R" -> {"status", "exit_code", "failure"}
     first_failure: Optional[int] = None
     hang: Optional[dict] = None
     error: Optional[str] = None                    # the launch itself failed (rendezvous...)
@@ -51,31 +56,33 @@ class Outcome:
         code = failed.failures[first].exitcode if first in failed.failures else \
             left[first]["code"]
         self.exit_code = exit_status(code)
-        for rank, failure in failed.failures.items():
-            self.ranks[str(rank)] = failed_rank(rank, failure, first)
+        for rank, reported in failed.failures.items():
+            self.ranks[str(rank)] = failed_rank(rank, reported, first)
         for rank, how in left.items():
             self.ranks[str(rank)] = {"status": "failed", "exit_code": how["code"],
-                                     "error": how["error"], "terminated": False}
+                                     "failure": how["failure"], "terminated": False}
 
     def add_hang(self, hang: dict, exit_code: int) -> None:
         """The watchdog ended the run: blame the ranks it named; the others were ended."""
         self.hang, self.exit_code = hang, exit_code
-        culprits = hang["never_arrived"] or hang.get("lingering") or []
+        culprits = hang_blamed(hang)
         self.first_failure = culprits[0] if culprits else None
         for rank, info in self.ranks.items():
             seen = hang["ranks"].get(rank, {})
-            info.update(error=hangs.rank_error(hang, int(rank) in culprits,
-                                               bool(seen.get("final"))
-                                               and seen.get("status") == "ok"),
-                        terminated=int(rank) not in culprits)
+            blamed = int(rank) in culprits
+            cause = hang.get("kind", COLLECTIVE) if blamed else \
+                FINISHED if seen.get("final") and seen.get("status") == "ok" else WAITING
+            info.update(failure=failure(HANG, ranks=culprits, cause=cause,
+                                        timeout_s=hang["timeout_s"]),
+                        terminated=not blamed)
 
 
 def left_early(traces_dir: str, statuses: dict, failed: set) -> dict:
-    """rank -> {"code", "error"} of each rank whose trace says it left through os._exit or
+    """rank -> {"code", "failure"} of each rank whose trace says it left through os._exit or
     sys.exit (tracer/recorder/exits.py) while a failed rank waited for it in a collective it never
-    launched: ``exited with status 0 (os._exit) in step 2 while rank 0 waited in all_reduce
-    #8``. A rank that left after its last collective (a script that ends with os._exit(0)) is
-    no such rank. Reads the traces of the ranks waited for only."""
+    launched (an ``exited`` failure: how it left, the ranks that waited, the collective they
+    waited in, its step). A rank that left after its last collective (a script that ends with
+    os._exit(0)) is no such rank. Reads the traces of the ranks waited for only."""
     waited: dict = {}
     for rank in sorted(failed):
         status = statuses.get(rank) or {}
@@ -101,13 +108,11 @@ def left_early(traces_dir: str, statuses: dict, failed: set) -> dict:
         missed = [(w, c) for w, c in waits
                   if c.kind in P2P or c.seq is None or launched.get(c.group, -1) < c.seq]
         if missed:
-            waiters = sorted({w for w, _ in missed})
             c = missed[0][1]
-            out[rank] = {"code": how.get("code"), "error": (
-                f"exited with status {how.get('code')} ({how.get('how')}) in step "
-                f"{how.get('step')} while rank{'s' if len(waiters) > 1 else ''} "
-                f"{', '.join(map(str, waiters))} waited in {c.kind}"
-                + (f" #{c.seq}" if c.seq is not None and c.kind not in P2P else ""))}
+            site = {"kind": c.kind, "group": c.group, "seq": c.seq, "peer": c.peer}
+            out[rank] = {"code": how.get("code"), "failure": failure(
+                EXITED, ranks={w for w, _ in missed}, cause=how.get("how"), site=site,
+                step=how.get("step"))}
     return out
 
 
@@ -156,20 +161,21 @@ def exit_status(code: int) -> int:
     return 128 - code if code < 0 else (code or 1)
 
 
-def failed_rank(rank: int, failure, first: int) -> dict:
-    """run.json entry of a rank torch's agent reported failed; ``terminated``: a bystander the
-    launcher ended because rank ``first`` failed."""
-    message = failure.message
+def failed_rank(rank: int, reported, first: int) -> dict:
+    """run.json entry of a rank torch's agent reported failed (``reported``: its
+    ProcessFailure); ``terminated``: a bystander the launcher ended because rank ``first``
+    failed. Its cause is the message torch gave (what it raised, the signal that ended it), none
+    when torch's error file has none (the exit code says it)."""
+    message = reported.message
     if isinstance(message, dict):          # torch's error file: {"message": ..., "extraInfo"}
         message = message.get("message")
     if not message or str(message).startswith("To enable traceback"):
-        message = f"exit code {failure.exitcode}"
-    terminated = rank != first and failure.exitcode in _ENDED
-    if terminated:
-        # the message is this rank's own (what it raised, or the signal that ended it)
-        message = f"ended by the launcher after rank {first} failed; its own end: {message}"
-    return {"status": "failed", "exit_code": failure.exitcode, "error": str(message),
-            "terminated": terminated}
+        message = None
+    terminated = rank != first and reported.exitcode in _ENDED
+    cause = None if message is None else str(message)
+    return {"status": "failed", "exit_code": reported.exitcode, "terminated": terminated,
+            "failure": failure(ENDED, ranks=[first], cause=cause) if terminated else
+            failure(ERROR, cause=cause)}
 
 
 def local_ranks(outcome: Outcome, traces_dir: str, remote: set) -> dict:
@@ -179,16 +185,26 @@ def local_ranks(outcome: Outcome, traces_dir: str, remote: set) -> dict:
     for rank, status in read_statuses(traces_dir).items():
         if rank in remote and str(rank) not in ranks:
             continue
-        entry = ranks.setdefault(str(rank), {"status": None, "exit_code": None, "error": None})
+        entry = ranks.setdefault(str(rank), {"status": None, "exit_code": None,
+                                             "failure": None})
         entry["last_collective"] = status.get("last_collective")
         entry["tracer_status"] = status.get("status")
         if entry["status"] is None:
             # not reported by the agent: the run ended early (hang, Ctrl-C, launch error)
             entry["status"] = "ok" if status.get("status") == "ok" else "failed"
             if entry["status"] == "failed":
-                entry["error"] = "interrupted" if outcome.interrupted else (
-                    "ended by the watchdog (hang)" if outcome.hang else outcome.error)
+                entry["failure"] = ended_early(outcome)
     return _by_rank(ranks)
+
+
+def ended_early(outcome: Outcome) -> Optional[dict]:
+    """The failure of a rank torch's agent did not report: the run ended before it could."""
+    if outcome.interrupted:
+        return failure(INTERRUPTED)
+    if outcome.hang:
+        return failure(HANG, ranks=hang_blamed(outcome.hang),
+                       timeout_s=outcome.hang["timeout_s"])
+    return failure(LAUNCH, cause=outcome.error) if outcome.error else None
 
 
 def new_record(*, command: list, target, node: dict, world_size: int, started: float,
@@ -258,8 +274,9 @@ def read(out: str) -> dict:
     """``DIR/run.json``; raises OSError or ValueError (not JSON, or not a run record)."""
     with open(os.path.join(out, rundir.RUN_RECORD)) as fh:
         record = json.load(fh)
-    if not isinstance(record, dict) or record.get("schema") != SCHEMA:
-        raise ValueError(f"{os.path.join(out, rundir.RUN_RECORD)}: not a {SCHEMA} record")
+    if not isinstance(record, dict) or record.get("schema") not in READABLE:
+        raise ValueError(f"{os.path.join(out, rundir.RUN_RECORD)}: not a paratrace.run record "
+                         f"(schema one of {', '.join(READABLE)})")
     return record
 
 

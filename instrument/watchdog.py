@@ -15,7 +15,9 @@ collective yet and nobody has finished. On a hang, :func:`hang_report` asks ever
 its Python stacks (SIGUSR1, dumped by faulthandler into ``rank-<R>.stack.txt``) and works out
 which ranks never arrived at the collective the others are stuck in; :func:`end_workers` ends
 them (SIGTERM, then SIGKILL: a rank blocked in C++ never runs a Python signal handler). Their
-traces stay readable: the tracer flushed them up to the hang.
+traces stay readable: the tracer flushed them up to the hang. What it finds are facts
+(run.json's ``hang``; their vocabulary: tracer.vocab.outcomes): trace-run words them once the
+workers have ended (viz.views.failures), and nothing here imports viz.
 """
 from __future__ import annotations
 
@@ -29,10 +31,9 @@ from typing import Optional
 import tracer
 from tracer.files import rundir
 from tracer.vocab.groups import group_ranks
-from viz.views import hangs
-from viz.views.hangs import COLLECTIVE, EXIT, LEFT_BEHIND
+from tracer.vocab.ops import P2P_KINDS as P2P
+from tracer.vocab.outcomes import COLLECTIVE, EXIT, LEFT_BEHIND
 
-P2P = ("send", "recv")
 EXIT_GRACE_S = 30.0       # a closed trace, a live process: torch's own shutdown grace
 
 
@@ -197,15 +198,10 @@ class HangDetector:
         return now - since >= self.timeout_s
 
 
-def describe(verdict: Verdict, hang: dict) -> str:
-    """The one line trace-run prints when the watchdog ends a run (worded by
-    :func:`viz.views.hangs.watchdog_line`, as the report and run.json word it)."""
-    return hangs.watchdog_line(hang, verdict.finished)
-
-
 def hang_report(traces_dir: str, verdict: Verdict, detector: HangDetector, *,
                 multi_node: bool = False) -> dict:
-    """``run.json["hang"]``: each rank's state and Python stack (dumped now, on SIGUSR1)."""
+    """``run.json["hang"]``: the rule that saw it, the ranks it blames, those whose trace had
+    closed ok (``finished``), each rank's state and Python stack (dumped now, on SIGUSR1)."""
     statuses = read_statuses(traces_dir)
     for rank, s in statuses.items():
         if is_child(s.get("pid") or -1):
@@ -226,7 +222,7 @@ def hang_report(traces_dir: str, verdict: Verdict, detector: HangDetector, *,
     never = never_arrived(statuses, launched, multi_node) if verdict.kind == COLLECTIVE else []
     return {"timeout_s": detector.timeout_s, "exit_grace_s": detector.exit_grace_s,
             "kind": verdict.kind, "never_arrived": never, "lingering": verdict.lingering,
-            "ranks": ranks}
+            "finished": verdict.finished, "ranks": ranks}
 
 
 def end_workers(traces_dir: str) -> None:

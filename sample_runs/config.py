@@ -12,7 +12,7 @@ from typing import Optional
 
 from sample_runs.data import BYTE_VOCAB
 from sample_runs.model import GPTConfig
-from sample_runs.parallel.pp_schedules import SCHEDULES
+from tracer.vocab.schedules import SCHEDULES
 
 DEVICES = ("auto", "cpu", "cuda")
 

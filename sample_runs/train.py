@@ -34,7 +34,6 @@ from sample_runs.parallel.data_parallel import BucketedGradReducer
 from sample_runs.parallel.expert_parallel import ExpertParallel
 from sample_runs.parallel.pipeline_parallel import PipelineRunner, all_reduce_tied_embedding_grads
 from sample_runs.parallel.pp_communications import PipeChannels
-from sample_runs.parallel.pp_schedules import schedule_actions
 from sample_runs.parallel.process_groups import ParallelGroups, build_groups, single_process_groups
 from sample_runs.parallel.tensor_parallel import TensorParallel, all_reduce_sequence_parallel_grads
 from sample_runs.parallel.tp_communications import all_reduce
@@ -43,6 +42,7 @@ from sample_runs.parallel.zero import ShardedAdamW, ShardedGradReducer
 from sample_runs.parallel.zero3 import ShardedParameters
 from sample_runs.parallel.zero_communications import all_reduce_shard_pieces, \
     gather_full_grads as gather_sharded_grads
+from tracer.vocab.schedules import schedule_actions
 
 DEFAULT_WORLD_SIZE = 4  # the default flags describe tp 2 (+sp) x pp 2 on 4 ranks
 Sharding = Union[ShardedGradReducer, ShardedParameters]

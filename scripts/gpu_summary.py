@@ -12,7 +12,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from viz.analysis import analyse  # noqa: E402
 from viz.engine import Engine  # noqa: E402
-from viz.render.summary_json import write_summary  # noqa: E402
+from viz.render.report import ReportInput, summary_json  # noqa: E402
 from viz.run import RunError, open_run  # noqa: E402
 
 
@@ -24,7 +24,8 @@ def main(run_dir: str) -> int:
         return 1
     with Engine(1, None) as engine:
         analysis = analyse(run, engine, {})
-    with open(write_summary(analysis, run_dir)) as fh:
+    (path,) = summary_json.render(ReportInput(analysis), run_dir)
+    with open(path) as fh:
         summary = json.load(fh)
     for rank, entry in sorted(summary["ranks"].items(), key=lambda kv: int(kv[0])):
         device, time = entry.get("device"), entry.get("time", {})

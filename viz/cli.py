@@ -1,7 +1,8 @@
 """Console entry points of viz: ``trace-report`` and ``trace-diff``, and the build step
-``trace-run`` calls after a run. Each runs one way: open the run -> analyse it once
-(:mod:`viz.analysis`) -> its problems on stderr (:mod:`viz.views.problems`) -> hand the analysis
-to every renderer (:mod:`viz.render`: summary.json, the report; the diff's table and pages).
+``trace-run`` calls after a run. Each only orders the steps: open the run -> analyse it once
+(:mod:`viz.analysis`) -> its problems on stderr (:mod:`viz.views.problems`) -> the views ->
+its registry of renderers (:mod:`viz.render.report`: summary.json, the report;
+:mod:`viz.render.diff`: the diff's table, files and page), each handed one input object.
 This is the top layer: only the commands import every layer (docs/architecture.md).
 
 Errors are one line on stderr and exit status 2. Every damaged or missing trace is named on
@@ -43,11 +44,13 @@ def build(run_dir: str, out_dir: Optional[str] = None, *,
     (``--no-source``). Raises viz.run.RunError, viz.render.callgraph_svg.RenderError or
     tracer.kineto.chrome_trace.KinetoError."""
     from .analysis import analyse
+    from .analysis.source import RecordedSources, reading
     from .engine import Engine
+    from .render import render_all
     from .render.progress import Progress
-    from .render.report import build_report
-    from .render.summary_json import write_summary
+    from .render.report import PAGE, RENDERERS, ReportInput
     from .run import open_run
+    from .views.callgraph_pages import report_views
     from .views.problems import problem_lines
     progress = progress or Progress()
     warn = warn or _stderr("trace-report")
@@ -67,11 +70,14 @@ def build(run_dir: str, out_dir: Optional[str] = None, *,
         analysis.left_out = left_out
         for line in problem_lines(analysis, reported=reported):
             warn(line)
-        write_summary(analysis, out_dir)
         training = _training(analysis, engine, progress)
-        index = build_report(analysis, out_dir, training=training, progress=progress,
-                             sources=sources)
-    return index, analysis
+        recorded = RecordedSources(mine.meta for mine in analysis.ranks.values()) \
+            if sources else None
+        with reading(recorded):
+            with progress.phase("building the call graphs"):
+                views = report_views(analysis, training=training)
+            render_all(RENDERERS, ReportInput(analysis, views, recorded, progress), out_dir)
+    return os.path.join(out_dir, PAGE), analysis
 
 
 def _training(analysis, engine, progress):
@@ -316,8 +322,8 @@ def diff_main(argv=None) -> int:
         from .analysis import analyse
         from .diff import compare_runs
         from .engine import Engine
-        from .render.diff_json import write_diff
-        from .render.diff_text import format_table
+        from .render import render_all
+        from .render.diff import FILES, PAGE, TERMINAL, DiffInput
         from .views.problems import damage_lines
         warn = _stderr(parser.prog)
         with for_stderr() as progress, Engine(args.jobs, args.dask) as engine:
@@ -328,11 +334,13 @@ def diff_main(argv=None) -> int:
                     for line in damage_lines(analysis):
                         warn(f"run {name}: {line}")
                 result = compare_runs(analysed["A"], analysed["B"], engine=engine)
-        _print(format_table(result, top=args.top))
+        diff = DiffInput(result, top=args.top, say=_print)
+        render_all(TERMINAL, diff, args.out)
         if args.out:
-            with for_stderr() as progress, progress.phase("drawing the diff call graphs"):
-                page = write_diff(result, args.out)
-            _print(page)
+            with for_stderr() as progress:
+                diff.progress = progress
+                render_all(FILES, diff, args.out)
+            _print(os.path.join(args.out, PAGE))
     except _errors() as exc:
         return _fail(parser.prog, _message(exc))
     return EXIT_UNREADABLE if analysed["A"].any_missing or analysed["B"].any_missing else 0

@@ -1,10 +1,11 @@
 """A run directory: where its traces are and what trace-run recorded about the run.
 
 A run directory (``trace-run --out DIR``) holds ``DIR/traces/rank-<R>.arrow`` (one per rank),
-their live status files, and ``DIR/run.json`` (written by trace-run: command, exit codes, hang
-report); a bare directory of ``rank-<R>.arrow`` files (what ``tracer.trace(dir)`` writes) opens
-too (file names: :mod:`tracer.files.rundir`). Opening a run reads no trace: analyses load one
-rank's trace at a time (:mod:`viz.analysis`), so a run of many ranks never sits in memory whole.
+their live status files, and ``DIR/run.json`` (written by trace-run: command, exit codes, each
+rank's failure as facts, hang report); a bare directory of ``rank-<R>.arrow`` files (what
+``tracer.trace(dir)`` writes) opens too (file names: :mod:`tracer.files.rundir`). Opening a run
+reads no trace: analyses load one rank's trace at a time (:mod:`viz.analysis`), so a run of
+many ranks never sits in memory whole.
 """
 from __future__ import annotations
 
@@ -50,6 +51,24 @@ def _rank_keyed(value, name: str) -> str:
     return ""
 
 
+def _wrong_failure(key: str, failure) -> str:
+    """Why a rank's ``failure`` (tracer.vocab.outcomes) cannot be worded, or ''."""
+    where = f"ranks[{key!r}].failure"
+    if failure is None:
+        return ""
+    if not isinstance(failure, dict):
+        return f"{where} is {type(failure).__name__}, not an object"
+    if not isinstance(failure.get("kind"), str):
+        return f"{where}.kind is {failure.get('kind')!r}, not a string"
+    ranks = failure.get("ranks")
+    if ranks is not None and not (isinstance(ranks, list) and all(map(_is_int, ranks))):
+        return f"{where}.ranks is {ranks!r}, not a list of ranks"
+    for name, kind, what in (("cause", str, "a string"), ("site", dict, "an object")):
+        if failure.get(name) is not None and not isinstance(failure[name], kind):
+            return f"{where}.{name} is {failure[name]!r}, not {what}"
+    return ""
+
+
 def _wrong_field(info: dict) -> str:
     """The first field of run.json the report reads whose type is wrong, said in a few words;
     '' when they are all usable (a hand-edited or foreign run.json must not crash a report)."""
@@ -72,6 +91,9 @@ def _wrong_field(info: dict) -> str:
             for text in ("status", "error"):
                 if entry.get(text) is not None and not isinstance(entry[text], str):
                     return f"ranks[{key!r}].{text} is {entry[text]!r}, not a string"
+            wrong = _wrong_failure(key, entry.get("failure"))
+            if wrong:
+                return wrong
     hang = info.get("hang")
     if hang is not None:
         if not isinstance(hang, dict):
@@ -80,7 +102,7 @@ def _wrong_field(info: dict) -> str:
             wrong = _rank_keyed(hang["ranks"], "hang.ranks")
             if wrong:
                 return wrong
-        for key in ("never_arrived", "lingering"):
+        for key in ("never_arrived", "lingering", "finished"):
             ranks = hang.get(key)
             if ranks is not None and not (isinstance(ranks, list) and all(map(_is_int, ranks))):
                 return f"hang.{key} is {ranks!r}, not a list of ranks"

@@ -6,7 +6,8 @@
 The options given directly are one target; each ``--target "OPTIONS"`` (the same option names)
 is another; with none, only the replay is written. Every target changes only what it names
 from the recorded configuration (viz.whatif.targets). Open the run -> analyse it once ->
-replay and predict (viz.whatif) -> write DIR/whatif.json, DIR/whatif/*.svg and DIR/whatif.html.
+replay and predict (viz.whatif) -> the renderers of :mod:`viz.render.whatif` write
+DIR/whatif/*.svg, DIR/whatif.json and DIR/whatif.html.
 Bad options and targets that cannot be predicted are one line on stderr and exit status 2.
 """
 from __future__ import annotations
@@ -111,12 +112,11 @@ def main(argv: Optional[list] = None) -> int:
 
 
 def run(run_dir: str, out_dir: str, targets: list, jobs: Optional[int] = None) -> str:
-    """Analyse, predict, write; returns whatif.html's path."""
+    """Open -> analyse -> replay and predict -> the renderers; returns whatif.html's path."""
     from .analysis import analyse
     from .engine import Engine
-    from .render.whatif_html import write_whatif_page
-    from .render.whatif_json import REPLAY_SVG, svg_name, write_whatif_json
-    from .render.whatif_svg import render_predicted
+    from .render import render_all
+    from .render.whatif import PAGE, RENDERERS, WhatIfInput
     from .run import RunError, open_run
     from .whatif import what_if
     run = open_run(run_dir)
@@ -128,20 +128,8 @@ def run(run_dir: str, out_dir: str, targets: list, jobs: Optional[int] = None) -
     with Engine(jobs) as engine:
         analysis = analyse(run, engine)
     result = what_if(analysis, targets)
-    _write(out_dir, REPLAY_SVG, render_predicted(
-        result.replay, result.replay_metrics, "Replayed",
-        f"replayed by trace-whatif: the recorded graph, measured durations ({run_dir})"))
-    for i, t in enumerate(result.targets):
-        _write(out_dir, svg_name(i), render_predicted(
-            t.timeline, t.metrics, "Predicted",
-            f"predicted by trace-whatif from {run_dir}: {t.title}"))
-    write_whatif_json(result, out_dir)
-    return write_whatif_page(result, out_dir, run_dir)
-
-
-def _write(out_dir: str, rel: str, text: str) -> None:
-    with open(os.path.join(out_dir, rel), "w", encoding="utf-8") as fh:
-        fh.write(text)
+    render_all(RENDERERS, WhatIfInput(result, run_dir), out_dir)
+    return os.path.join(out_dir, PAGE)
 
 
 def _fail(message: str) -> int:

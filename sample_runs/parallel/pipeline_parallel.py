@@ -1,4 +1,4 @@
-"""Pipeline parallelism: run one rank's schedule (pp_schedules) over its model chunks.
+"""Pipeline parallelism: run one rank's schedule (tracer.vocab.schedules) over its model chunks.
 
 Chunk c of pipeline rank r is virtual stage c*p + r (Megatron's interleaved assignment); the
 first virtual stage embeds tokens, the last computes the loss. Every pass is annotated for the
@@ -14,10 +14,10 @@ import torch
 import tracer
 from sample_runs.model import GPTChunk
 from sample_runs.parallel.pp_communications import PipeChannels
-from sample_runs.parallel.pp_schedules import Action
 from sample_runs.parallel.process_groups import Group
 from sample_runs.parallel.tp_communications import all_reduce
 from sample_runs.parallel.weight_grad_store import WeightGradStore
+from tracer.vocab.schedules import Action
 
 
 @dataclass(frozen=True)

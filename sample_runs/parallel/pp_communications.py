@@ -3,11 +3,11 @@
 NOTE on deadlocks: sends are posted with isend and only waited for at the end of the
 iteration, receives are posted just before the pass that needs them and waited at once. A
 rank therefore only ever blocks on data it truly depends on, so any schedule whose order
-respects the data dependencies (all in pp_schedules do) cannot deadlock, whatever the other
-ranks are doing. Gloo matches messages by (peer, tag), and every message of an iteration gets
-its own tag. NCCL ignores tags and matches per channel in order; activations and gradients
-travel on two different groups, so each directed channel carries one kind of message, and all
-schedules here produce and consume each kind in the same order on both ends.
+respects the data dependencies (all in tracer.vocab.schedules do) cannot deadlock, whatever the
+other ranks are doing. Gloo matches messages by (peer, tag), and every message of an
+iteration gets its own tag. NCCL ignores tags and matches per channel in order; activations and
+gradients travel on two different groups, so each directed channel carries one kind of message,
+and all schedules here produce and consume each kind in the same order on both ends.
 """
 from __future__ import annotations
 

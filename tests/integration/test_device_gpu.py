@@ -19,7 +19,7 @@ import tracer
 from tracer.files import rundir
 from tracer.files.device_format import read_device
 from viz.analysis.gpu_attribution import attribute
-from viz.render.summary_json import device_json
+from viz.render.summary_schema import device_json
 from support.paths import REPO
 
 pytestmark = pytest.mark.gpu

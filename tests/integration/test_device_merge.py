@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from viz.analysis import analyse
 from viz.run import open_run
-from viz.render.summary_json import build_summary
+from viz.render.summary_schema import build_summary
 from support.paths import GPU_FIXTURE
 
 

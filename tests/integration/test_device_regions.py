@@ -22,7 +22,7 @@ from support.gpt_helpers import env
 from viz.analysis import analyse
 from viz.analysis.gpu_attribution import attribute
 from viz.analysis.op_groups import NO_STACK, Frame
-from viz.render.summary_json import build_summary
+from viz.render.summary_schema import build_summary
 from viz.run import open_run
 from support.paths import ASSETS, REPO, SCRIPTS
 

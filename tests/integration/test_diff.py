@@ -26,8 +26,9 @@ from tracer.files.format import META_KEY, read_stream
 from viz import diff
 from viz.analysis import analyse
 from viz.diff.graph import ADDED, CHANGED, UNCHANGED
-from viz.render.diff_json import write_diff
-from viz.render.diff_text import format_table
+from viz.render import render_all
+from viz.render.diff import FILES, DiffInput
+from viz.views.diff_table import format_table
 from viz.analysis.op_groups import group_ops
 from viz.run import open_run
 from support.paths import REPO
@@ -227,7 +228,7 @@ def test_run_against_itself_has_no_structural_change(runs, tmp_path):
     assert "No structural change: on all 2 matched rank roles" in table
     assert "No op count, FLOP or communication figure differs." in table
     assert re.search(r"all ranks\s+wall_s\s+\S+ \S+\s+\S+ \S+\s+=", table), table
-    write_diff(result, str(tmp_path))
+    render_all(FILES, DiffInput(result), str(tmp_path))
     data = json.loads((tmp_path / "diff.json").read_text())
     assert data["structural_change"] is False
     for scope in [data["totals"]] + data["roles"]:
@@ -275,7 +276,7 @@ def test_page_and_diff_call_graph_svg(runs, tmp_path):
     result = diffed(runs["tp1"], runs["tp2"])
     assert re.search(r"^\d+ op count, FLOP or communication figures differ \(--top 0\)\.$",
                      format_table(result, top=0), re.M)
-    page = write_diff(result, str(tmp_path))
+    *_, page = render_all(FILES, DiffInput(result), str(tmp_path))
     html = open(page, encoding="utf-8").read()
     assert 'href="diff.json"' in html and 'href="diff-callgraph.svg"' in html
     assert "http://" not in html.replace("http://www.w3.org/", "")

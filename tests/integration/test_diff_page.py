@@ -4,7 +4,8 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
-from viz.render.diff_json import write_diff
+from viz.render import render_all
+from viz.render.diff import FILES, DiffInput
 from viz.diff.graph import build_diff_graph
 from viz.diff.result import ALL_RANKS, DiffResult, RunSide, compare
 from viz.analysis.op_groups import Frame
@@ -26,7 +27,7 @@ def test_page_escapes_recorded_text_and_stays_offline(tmp_path):
                         compare(ALL_RANKS, prof_a, prof_b),
                         [build_diff_graph(ALL_RANKS, a, paths, b, paths)])
     assert result.structural_change
-    page = write_diff(result, str(tmp_path / "out"))
+    *_, page = render_all(FILES, DiffInput(result), str(tmp_path / "out"))
     html = open(page, encoding="utf-8").read()
     assert evil not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
     # the one script is the report's own pan/zoom file: nothing from a trace becomes a script

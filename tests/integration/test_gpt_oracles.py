@@ -11,7 +11,7 @@ import pytest
 
 from support.gpt_helpers import runs_in_background
 from sample_runs.model import GPTChunk, GPTConfig
-from sample_runs.parallel.pp_schedules import schedule_actions
+from tracer.vocab.schedules import schedule_actions
 from sample_runs.parallel.process_groups import single_process_groups
 from sample_runs.parallel.tensor_parallel import TensorParallel
 
@@ -35,7 +35,7 @@ def comms(records, kind, *, label=None, microbatch=None, group=None):
 
 
 def executed_order(records) -> list[str]:
-    """F/B/W passes in the order the rank ran them, as pp_schedules' Action strings."""
+    """F/B/W passes in the order the rank ran them, as tracer.vocab.schedules' Action strings."""
     passes = sorted((r for r in records if r["op"] == "paratrace::annotation"
                      and r["annotation"][-1]["label"] in ("F", "B", "W")), key=lambda r: r["t0"])
     out = []

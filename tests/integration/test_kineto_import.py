@@ -23,7 +23,7 @@ from viz.analysis import analyse
 from viz.engine import Engine
 from tracer.kineto.run import import_exports
 from viz.run import open_run
-from viz.render.summary_json import build_summary
+from viz.render.summary_schema import build_summary
 from support.paths import ASSETS
 
 HTA = ASSETS / "kineto-hta"

@@ -114,6 +114,7 @@ def test_index_puts_the_hang_first_and_escapes_trace_text(callgraph_run, tmp_pat
     run_dir = tmp_path / "run"
     shutil.copytree(callgraph_run, run_dir)
     (run_dir / "traces" / "rank-3.arrow").unlink()
+    # a run.json of before its failures were facts: its sentences read as they were written
     (run_dir / "run.json").write_text(json.dumps({
         "command": "trace-run train.py --name '<script>alert(1)</script>'", "exit_code": 1,
         "world_size": 4,
@@ -135,7 +136,7 @@ def test_index_puts_the_hang_first_and_escapes_trace_text(callgraph_run, tmp_pat
 
 
 def test_a_hang_with_no_rank_missing_says_so_rather_than_naming_none():
-    from viz.views.hangs import banner
+    from viz.views.failures import banner
     every = {"timeout_s": 8, "kind": "collective", "never_arrived": [], "ranks": {}}
     assert banner(every) == \
         "Hang: every rank waited in a collective, none was missing from it (watchdog timeout 8 s)"

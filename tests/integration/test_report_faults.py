@@ -265,6 +265,10 @@ def test_bad_run_directories_are_one_line_and_exit_2(tmp_path, case, reason):
     ({"hang": 5}, "hang is int, not an object"),
     ({"hang": {"never_arrived": "1"}}, "hang.never_arrived is '1', not a list of ranks"),
     ({"hang": {"ranks": {"0": 3}}}, "hang.ranks['0'] is int, not an object"),
+    ({"ranks": {"0": {"failure": "boom"}}}, "ranks['0'].failure is str, not an object"),
+    ({"ranks": {"0": {"failure": {"kind": "error", "ranks": "1"}}}},
+     "ranks['0'].failure.ranks is '1', not a list of ranks"),
+    ({"hang": {"finished": [0.5]}}, "hang.finished is [0.5], not a list of ranks"),
     ({"command": 7}, "command is int, not a string or a list"),
 ])
 def test_wrongly_typed_run_record_is_one_line_and_exit_2(run, record, reason):

@@ -88,10 +88,11 @@ def test_search_centres_on_a_function_and_an_op(report, browser):
 
 def test_timeline_and_diff_pages_pan_and_zoom(report, browser, tmp_path):
     from viz import diff
-    from viz.render.diff_json import write_diff
+    from viz.render import render_all
+    from viz.render.diff import FILES, DiffInput
     from viz.run import open_run
     result = diff.diff_runs(open_run(str(report)), open_run(str(report)))
-    write_diff(result, str(tmp_path / "diff"))
+    render_all(FILES, DiffInput(result), str(tmp_path / "diff"))
     for page, svg in ((report / "timeline.html", report / "timeline.svg"),
                       (tmp_path / "diff" / "diff.html", tmp_path / "diff" / "diff-callgraph.svg")):
         browser.console.clear()

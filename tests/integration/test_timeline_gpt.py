@@ -19,7 +19,7 @@ from support.chrome_trace_checks import check_chrome_trace
 from support.cli import CPU_ONLY
 from support.gpt_helpers import free_port
 from viz.analysis import analyse
-from viz.render.report import write_timeline
+from viz.render.report import ReportInput, timeline
 from viz.run import open_run
 
 MODEL = ["--tp", "1", "--layers", "4", "--hidden", "32", "--heads", "4", "--seq-len", "16",
@@ -96,7 +96,8 @@ def test_dp_bucketed_all_reduce_is_launched_during_backward(tmp_path_factory):
 
 
 def test_write_timeline_of_a_real_run(gpipe, tmp_path):
-    files = write_timeline(gpipe, str(tmp_path))
+    timeline.render(ReportInput(gpipe), str(tmp_path))
+    files = ReportInput.TIMELINE_FILES
     root = ET.parse(tmp_path / files["svg"]).getroot()
     titles = [t.text for t in root.iter("{http://www.w3.org/2000/svg}title")]
     assert any(t.startswith(f"rank 1 B micro-batch {M - 1}") for t in titles)

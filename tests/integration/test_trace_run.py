@@ -41,7 +41,7 @@ def test_plain_c10d_run_records_every_rank_and_builds_the_report(tmp_path):
     assert summary["world_size"] == 2
     assert {r: v["status"] for r, v in summary["ranks"].items()} == {"0": "ok", "1": "ok"}
     info = run_json(out)
-    assert info["schema"] == "paratrace.run/1" and info["exit_code"] == 0
+    assert info["schema"] == "paratrace.run/2" and info["exit_code"] == 0
     assert info["target"] == {"script": C10D, "module": None, "args": ["--steps", "3"]}
     for rank in (0, 1):
         t = tracer.load(str(out / "traces" / f"rank-{rank}.arrow"))

@@ -27,6 +27,7 @@ from support.constructed.synthetic import SyntheticRank
 from support.cli import ENV, own_lines, problems, run_json, trace_run
 from support.waiting import alive, wait_until
 from support.paths import SCRIPTS
+from viz.views.failures import failure_text
 
 EXITS = str(SCRIPTS / "trace_run_exits.py")
 PARAMS = 4                 # the script's model: 2 Linear layers, weight and bias each
@@ -180,8 +181,14 @@ def test_a_rank_that_exited_is_blamed_only_if_a_failed_rank_waited_for_it(tmp_pa
     statuses = {0: json.loads((tmp_path / "rank-0.status.json").read_text()),
                 1: json.loads((tmp_path / "rank-1.status.json").read_text())}
     left = run_record.left_early(str(tmp_path), statuses, {0})
-    assert left == ({1: {"code": 0, "error": "exited with status 0 (os._exit) in step 2 while "
-                         "rank 0 waited in all_reduce #8"}} if blamed else {})
+    if not blamed:
+        assert left == {}
+        return
+    site = {"kind": "all_reduce", "group": "0,1", "seq": 8, "peer": None}
+    assert left == {1: {"code": 0, "failure": {"kind": "exited", "ranks": [0], "site": site,
+                                               "cause": "os._exit", "step": 2}}}
+    assert failure_text(left[1]["failure"], left[1]["code"]) == \
+        "exited with status 0 (os._exit) in step 2 while rank 0 waited in all_reduce #8"
 
 
 FORKED_EXIT = """

@@ -30,6 +30,7 @@ from support.cli import (C10D, ENV, assert_no_traceback, comm_counts, own_lines,
                          run_json, trace_run)
 from support.paths import line_of
 from support.waiting import wait_until
+from viz.views.failures import reported_error
 
 
 def last_stdout_line(proc) -> str:
@@ -58,9 +59,13 @@ def test_a_rank_that_raises_is_marked_failed_and_the_others_stay_readable(tmp_pa
     assert last_stdout_line(proc) == str(out / "index.html")
     summary = json.loads((out / "summary.json").read_text())
     assert summary["ranks"]["1"]["status"] == "failed"
+    assert summary["ranks"]["1"]["error"] == "ValueError: boom on rank 1"
     info = run_json(out)
     assert info["first_failure"] == 1 and info["exit_code"] == 1
-    assert info["ranks"]["1"]["error"] == "ValueError: boom on rank 1"
+    # facts, worded by viz.views.failures: torch's message is the cause
+    assert info["ranks"]["1"]["failure"] == {"kind": "error", "ranks": [], "site": None,
+                                             "cause": "ValueError: boom on rank 1", "step": None}
+    assert info["ranks"]["0"]["failure"]["kind"] in ("error", "ended")
     assert info["ranks"]["1"]["last_collective"]["kind"] == "all_reduce"
     assert info["ranks"]["0"]["status"] == "failed"
     failed = tracer.load(str(out / "traces" / "rank-1.arrow"))
@@ -93,7 +98,8 @@ def test_a_rank_killed_with_sigkill_mid_step(tmp_path):
     info = run_json(out)
     assert info["first_failure"] == 0 and info["exit_code"] == 128 + signal.SIGKILL
     assert info["ranks"]["0"]["status"] == "failed"
-    assert "SIGKILL" in info["ranks"]["0"]["error"]
+    assert info["ranks"]["0"]["failure"]["kind"] == "error"
+    assert "SIGKILL" in info["ranks"]["0"]["failure"]["cause"]
     killed = tracer.load(str(out / "traces" / "rank-0.arrow"))
     # never closed, but everything flushed before the kill (step 0 and its 4 all-reduces) is there
     assert not killed.complete and killed.status != "ok"
@@ -113,6 +119,13 @@ def test_a_hang_under_timeout_names_the_rank_that_never_arrived(tmp_path):
     hang = run_json(out)["hang"]
     assert hang["timeout_s"] == 3 and hang["never_arrived"] == [1]
     assert hang["kind"] == "collective" and run_json(out)["first_failure"] == 1
+    assert hang["finished"] == []
+    ranks = run_json(out)["ranks"]
+    assert ranks["1"]["failure"] == {"kind": "hang", "ranks": [1], "cause": "collective",
+                                     "site": None, "step": None, "timeout_s": 3}
+    # rank 0 waited for it (null: torch's agent never reported it, the run ended first)
+    assert ranks["0"]["failure"]["kind"] == "hang"
+    assert ranks["0"]["failure"]["cause"] in ("waiting", None)
     waiting = hang["ranks"]["0"]
     assert [(c["kind"], c["group"]) for c in waiting["inflight"]] == [("all_reduce", "0,1")]
     assert waiting["inflight"][0]["seq"] > hang["ranks"]["1"]["last_collective"]["seq"]
@@ -142,8 +155,10 @@ def test_a_rank_left_behind_after_its_peers_exit_is_a_hang(tmp_path):
     info = run_json(out)
     hang = info["hang"]
     assert (hang["kind"], hang["lingering"], hang["never_arrived"]) == ("left_behind", [1], [])
-    assert info["exit_code"] == 124 and info["first_failure"] == 1
-    assert info["ranks"]["1"]["error"] == \
+    assert info["exit_code"] == 124 and info["first_failure"] == 1 and hang["finished"] == [0]
+    assert info["ranks"]["1"]["failure"] == {"kind": "hang", "ranks": [1], "cause": "left_behind",
+                                             "site": None, "step": None, "timeout_s": 3}
+    assert reported_error(info, 1) == \
         "hang: ended by --timeout 3 (recorded nothing after the other ranks finished)"
     assert info["ranks"]["0"]["tracer_status"] == "ok"
     # its stack, dumped by faulthandler at the hang: in the sleep after training

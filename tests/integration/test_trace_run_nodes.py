@@ -80,13 +80,15 @@ def test_two_nodes_gather_every_trace_and_the_report_where_node_rank_0_ran(tmp_p
     assert info["nnodes"] == 2 and info["world_size"] == 2
     assert info["nodes"]["0"]["ranks"] == [0] and info["nodes"]["1"]["ranks"] == [1]
     assert info["nodes_missing"] == [] and info["first_failure"] == 0
-    assert info["ranks"]["0"]["error"] == "ValueError: boom on rank 0"
+    assert info["ranks"]["0"]["failure"] == {"kind": "error", "ranks": [], "site": None,
+                                             "cause": "ValueError: boom on rank 0", "step": None}
     for rank in (0, 1):
         t = tracer.load(str(node0 / "traces" / f"rank-{rank}.arrow"))
         assert t.complete and t.status == "failed" and t.meta["node_rank"] == rank
         assert t.meta.get("clock_start") is not None and comm_counts(t)["all_reduce"] >= 4
     summary = json.loads((node0 / "summary.json").read_text())
     assert {r: v["status"] for r, v in summary["ranks"].items()} == {"0": "failed", "1": "failed"}
+    assert summary["ranks"]["0"]["error"] == "ValueError: boom on rank 0"
 
 
 def test_the_collector_is_the_same_over_repeated_runs(tmp_path):

@@ -5,7 +5,7 @@ import pytest
 
 from support.constructed_timelines import BASE, U, analysed, gpipe_two_stages, synthetic
 from viz.analysis.critical_path import COMM, COMPUTE, IDLE, TRANSFER
-from viz.render.summary_json import build_summary
+from viz.render.summary_schema import build_summary
 
 
 def spans(path):

@@ -8,7 +8,7 @@ from support.constructed.synthetic import SyntheticRank, write_run
 from viz.analysis import analyse
 from viz.analysis.crossrank import bus_factor, collective_size
 from viz.run import open_run
-from viz.render.summary_json import build_summary, collectives_json, mismatch_json
+from viz.render.summary_schema import build_summary, collectives_json, mismatch_json
 from viz.views.problems import mismatch_text
 
 U = 1_000                  # units of the constructed clocks: 1 us

@@ -20,7 +20,7 @@ from support.constructed.synthetic import SyntheticRank
 from viz.analysis import analyse
 from viz.analysis.gpu_attribution import attribute
 from viz.run import open_run
-from viz.render.summary_json import build_summary, device_json
+from viz.render.summary_schema import build_summary, device_json
 from support.paths import GPU_FIXTURE
 
 FIXTURE = GPU_FIXTURE
@@ -165,10 +165,10 @@ def test_nccl_overlap_and_exposed_communication_on_the_device_clock(tmp_path):
 
 
 def test_chrome_trace_has_gpu_streams_and_launch_flows(fixture_run, tmp_path):
-    from viz.render.report import write_timeline
+    from viz.render.report import ReportInput, timeline
     analysis = analyse(open_run(str(fixture_run)), kineto={0: (str(KINETO),)})
-    files = write_timeline(analysis, str(tmp_path))
-    data = json.loads((tmp_path / files["chrome_trace"]).read_text())
+    timeline.render(ReportInput(analysis), str(tmp_path))
+    data = json.loads((tmp_path / "timeline.json").read_text())
     events = data["traceEvents"]
     streams = {e["args"]["name"] for e in events if e["name"] == "thread_name"
                and e["args"]["name"].startswith("GPU stream")}
@@ -188,7 +188,7 @@ def test_chrome_trace_has_gpu_streams_and_launch_flows(fixture_run, tmp_path):
         assert any(a <= f["ts"] <= b for a, b in slices[(f["pid"], f["tid"])])
         assert s["ts"] <= f["ts"] + 1e-3
     assert data["otherData"]["clock"] == {"0": "device"}
-    svg = (tmp_path / files["svg"]).read_text()
+    svg = (tmp_path / "timeline.svg").read_text()
     assert ">GPU 7</text>" in svg and "clock: device" in svg and 'class="gpu"' in svg
 
 
@@ -230,13 +230,13 @@ def test_a_collective_that_launched_no_nccl_kernel_is_not_device_communication(m
 
 
 def test_the_timeline_draws_memory_apart_and_no_device_comm_in_step_2(merged, tmp_path):
-    from viz.render.report import write_timeline
-    files = write_timeline(merged[0], str(tmp_path))
-    events = json.loads((tmp_path / files["chrome_trace"]).read_text())["traceEvents"]
+    from viz.render.report import ReportInput, timeline
+    timeline.render(ReportInput(merged[0]), str(tmp_path))
+    events = json.loads((tmp_path / "timeline.json").read_text())["traceEvents"]
     cats = Counter(e.get("cat") for e in events if e.get("ph") == "X")
     assert cats["gpu_memory"] == 249 + 259 and cats["gpu"] == 1158 and cats["gpu_comm"] == 0
     assert cats["comm"] == 0 and cats["comm_host"] == 5
-    svg = (tmp_path / files["svg"]).read_text()
+    svg = (tmp_path / "timeline.svg").read_text()
     assert 'class="memory"' in svg and "memcpy/memset" in svg
     assert 'class="comm"' not in svg
 

@@ -10,8 +10,8 @@ from viz.diff.result import ALL_RANKS, Delta, compare
 from viz.diff.roles import assign_roles, grid_role, group_label, match_roles
 from viz.diff.words import describe
 from viz.analysis.grid import Grid
-from viz.render.diff_svg import to_dot
-from viz.render.diff_text import fmt_rel
+from viz.render.diffgraph_svg import to_dot
+from viz.views.diff_table import fmt_rel
 from support.diff_profiles import frames, group, profile
 
 

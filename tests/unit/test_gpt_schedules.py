@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from sample_runs.parallel.pp_schedules import schedule_actions
+from tracer.vocab.schedules import schedule_actions
 
 
 def order(name, *, p, r, m, v=1):

@@ -4,6 +4,7 @@ fills, module view, timeline) and trace-diff, without a crash. Also: traces of f
 0-2 only) still read."""
 from __future__ import annotations
 
+import json
 
 from tracer.vocab.labels import PHASES
 from support.constructed.synthetic import SyntheticRank, write_run
@@ -12,11 +13,12 @@ from support.constructed_timelines import phase_run
 
 def test_trace_diff_compares_runs_with_the_new_phases(tmp_path):
     from viz.diff import diff_runs
-    from viz.render.diff_json import to_json
+    from viz.render.diff import DiffInput, json as diff_json
     from viz.run import open_run
     a = phase_run(tmp_path / "a")
     b = phase_run(tmp_path / "b", extra_recompute=1)
-    result = to_json(diff_runs(open_run(a), open_run(b)))
+    diff_json.render(DiffInput(diff_runs(open_run(a), open_run(b))), str(tmp_path))
+    result = json.loads((tmp_path / "diff.json").read_text())
     assert result["structural_change"]
     assert [o for o in result["totals"]["ops"] if o["phase"] == "recompute"] == [
         {"module": "Net.a", "op": "aten.mm.default", "phase": "recompute", "a": 2, "b": 4}]

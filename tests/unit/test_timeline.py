@@ -19,8 +19,8 @@ from viz.analysis import intervals, metrics, recount
 from viz.analysis.lanes import P2PLink
 from viz.analysis.rank_lanes import IDLE_GAP_NS
 from viz.render import chrome_trace
-from viz.render.report import write_timeline
-from viz.render.summary_json import time_json
+from viz.render.report import ReportInput, timeline as timeline_files
+from viz.render.summary_schema import time_json
 
 
 def metrics_of(tmp_path, ranks):
@@ -221,8 +221,10 @@ def test_op_tables_weigh_a_send_waited_late_as_the_timeline_does(tmp_path):
 def test_write_timeline_svg_and_chrome_trace(tmp_path):
     analysis = analysed(tmp_path / "run", gpipe_two_stages())
     out = tmp_path / "out"
-    files = write_timeline(analysis, str(out))
-    assert files == {"svg": "timeline.svg", "chrome_trace": "timeline.json"}
+    written = timeline_files.render(ReportInput(analysis), str(out))
+    assert written == [str(out / name) for name in ("timeline.svg", "timeline.json",
+                                                    "timeline.html")]
+    files = ReportInput.TIMELINE_FILES
     svg = ET.parse(out / files["svg"]).getroot()
     ns = "{http://www.w3.org/2000/svg}"
     texts = [t.text for t in svg.iter(ns + "text")]
@@ -301,8 +303,8 @@ def test_empty_and_unfinished_ranks_do_not_break_metrics(tmp_path):
     spans = analysis.timeline.ranks[1].comm
     # in flight until the end of the recording
     assert [(c.completed, c.end) for c in spans] == [(False, BASE + 11 * U)]
-    files = write_timeline(analysis, str(tmp_path / "out"))
-    assert (tmp_path / "out" / files["svg"]).stat().st_size > 0
+    svg, _, _ = timeline_files.render(ReportInput(analysis), str(tmp_path / "out"))
+    assert (tmp_path / "out" / "timeline.svg").stat().st_size > 0 and svg.endswith(".svg")
 
 
 def test_interval_algebra():
@@ -326,7 +328,7 @@ def test_replay_reproduces_the_oracle_dependency_simulation(tmp_path, schedule, 
     0.1875 (interleaved v=2), 0.094 (v=4). Each rank's passes are written back to back in the
     reference GPT's schedule order (no waits: only the order and the durations matter to the
     replay); the replay must rebuild the pipeline's bubble."""
-    from sample_runs.parallel.pp_schedules import schedule_actions
+    from tracer.vocab.schedules import schedule_actions
     p, m = 4, 8
     f, b = 8 // v, 16 // v        # units per chunk pass: a chunk holds 1/v of the stage
     ranks = []

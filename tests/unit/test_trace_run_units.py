@@ -12,6 +12,7 @@ from instrument import gather, launch, run_record
 from instrument.monitor import StepProgress
 from instrument.preflight import describe_launch_error
 from instrument.watchdog import COLLECTIVE, EXIT, LEFT_BEHIND, HangDetector
+from viz.views.failures import reported_error
 
 ALL_REDUCE = {"kind": "all_reduce", "group": [0, 1], "seq": 3, "peer": None}
 
@@ -201,8 +202,11 @@ def test_run_record_is_written_whole_and_read_back(tmp_path):
     assert json.loads(open(path).read()) == record == run_record.read(str(tmp_path))
     assert [p.name for p in tmp_path.iterdir()] == ["run.json"]     # no temporary left
     (tmp_path / "run.json").write_text('{"schema": "something/else"}')
-    with pytest.raises(ValueError, match="not a paratrace.run/1 record"):
+    with pytest.raises(ValueError, match="not a paratrace.run record"):
         run_record.read(str(tmp_path))
+    old = {"schema": "paratrace.run/1", "ranks": {"1": {"status": "failed", "error": "boom"}}}
+    (tmp_path / "run.json").write_text(json.dumps(old))
+    assert run_record.read(str(tmp_path)) == old        # a record of the sentences still reads
     with pytest.raises(OSError):
         run_record.write(str(tmp_path / "no-such-dir"), record)
 
@@ -224,18 +228,23 @@ def test_the_report_names_no_rank_trace_run_already_named():
 
 def test_hang_blames_the_ranks_the_watchdog_named_and_not_those_that_had_finished():
     outcome = run_record.Outcome(ranks={
-        "0": {"status": "failed", "exit_code": -15, "error": "x"},
-        "1": {"status": "failed", "exit_code": -9, "error": "y"}})
+        "0": {"status": "failed", "exit_code": -15, "failure": None},
+        "1": {"status": "failed", "exit_code": -9, "failure": None}})
     hang = {"timeout_s": 3, "kind": LEFT_BEHIND, "never_arrived": [], "lingering": [1],
             "ranks": {"0": {"final": True, "status": "ok"}, "1": {"final": False}}}
     outcome.add_hang(hang, 124)
     assert outcome.exit_code == 124 and outcome.first_failure == 1
-    assert outcome.ranks["1"]["error"] == \
+    # facts in run.json: the rule that blamed rank 1, what rank 0 was doing
+    assert outcome.ranks["1"]["failure"] == {"kind": "hang", "ranks": [1], "cause": LEFT_BEHIND,
+                                             "site": None, "step": None, "timeout_s": 3}
+    assert outcome.ranks["0"]["failure"]["cause"] == "finished"
+    assert [outcome.ranks[r]["terminated"] for r in "01"] == [True, False]
+    # worded as they always were
+    record = {"ranks": outcome.ranks, "hang": hang}
+    assert reported_error(record, 1) == \
         "hang: ended by --timeout 3 (recorded nothing after the other ranks finished)"
-    assert outcome.ranks["1"]["terminated"] is False
-    assert outcome.ranks["0"]["error"] == \
+    assert reported_error(record, 0) == \
         "hang: ended by --timeout 3 (had finished, ended while exiting)"
-    assert outcome.ranks["0"]["terminated"] is True
 
 
 def test_a_trace_run_claims_to_collect_if_given_node_rank_0_else_on_the_rendezvous_host():
@@ -270,10 +279,17 @@ def test_the_first_failure_is_the_rank_that_stopped_first_not_torchs_whole_secon
     outcome.add_failures(failed, str(tmp_path))
     assert outcome.first_failure == 0 and outcome.exit_code == 128 + 9
     assert outcome.ranks["0"] == {"status": "failed", "exit_code": -9, "terminated": False,
-                                  "error": "Signal 9 (SIGKILL) received by PID 7"}
+                                  "failure": {"kind": "error", "ranks": [], "site": None,
+                                              "cause": "Signal 9 (SIGKILL) received by PID 7",
+                                              "step": None}}
     assert outcome.ranks["1"]["terminated"] is True
-    assert outcome.ranks["1"]["error"] == ("ended by the launcher after rank 0 failed; its own "
-                                           "end: RuntimeError: Connection closed by peer")
+    assert outcome.ranks["1"]["failure"] == {
+        "kind": "ended", "ranks": [0], "cause": "RuntimeError: Connection closed by peer",
+        "site": None, "step": None}
+    record = {"ranks": outcome.ranks}
+    assert reported_error(record, 0) == "Signal 9 (SIGKILL) received by PID 7"
+    assert reported_error(record, 1) == ("ended by the launcher after rank 0 failed; its own "
+                                         "end: RuntimeError: Connection closed by peer")
     # a rank without a status file (it died before its tracer started): torch's answer stands
     (tmp_path / "rank-1.status.json").unlink()
     outcome = run_record.Outcome()

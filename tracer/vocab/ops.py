@@ -16,6 +16,8 @@ KINDS = (
     "all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "gather", "scatter",
     "all_to_all", "barrier", "send", "recv",
 )
+# Point-to-point kinds: their sequence numbers count apart from the group's collectives.
+P2P_KINDS = ("send", "recv")
 
 # Base op name (namespace and overload stripped, trailing "_" of in-place variants stripped) -> kind.
 _KIND_BY_BASE = {

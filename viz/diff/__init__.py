@@ -5,9 +5,8 @@ analyses them first), matches them by rank role (:mod:`.roles`), profiles every 
 (:mod:`.profile`: ops per module and phase, call-graph functions, communication per kind, phase
 and process group, FLOPs, time metrics), compares matched roles and the totals over all ranks
 (:mod:`.result`), builds diff call graphs (:mod:`.graph`) and says the communication changes in
-words (:mod:`.words`). Pure: the renderers draw the result (:mod:`viz.render.diff_text`: the
-terminal table; :mod:`viz.render.diff_json`: ``diff.json``, ``diff.html`` and the diff call-graph
-SVGs). See docs/diff.md.
+words (:mod:`.words`). Pure: the renderers draw the result (:mod:`viz.render.diff`: the
+terminal table, ``diff.json``, ``diff.html`` and the diff call-graph SVGs). See docs/diff.md.
 
 *Structure* is the exact multisets of ops per (module, op, phase), call-graph function nodes and
 communication per (kind, phase, process group) of every role, and the set of roles: runs without a

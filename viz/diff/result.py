@@ -2,8 +2,8 @@
 
 A :class:`DiffResult` holds everything viz.diff found about two runs: per matched rank role (and
 over all ranks) a :class:`ScopeDiff` with both profiles, the structural keys that differ and a
-:class:`Delta` for every compared figure. Renderers (viz.render.diff_text, viz.render.diff_html) only format
-these records.
+:class:`Delta` for every compared figure. Views (viz.views.diff_table) and renderers
+(viz.render.diff) only format these records.
 """
 from __future__ import annotations
 

@@ -1,10 +1,81 @@
-"""A failed rank in words, from run.json's ``ranks`` (instrument/run_record.py writes it) or
-from its trace: the line trace-run prints about the first failure, and the report's banner for
-each failed rank. One home for the wording, as viz.views.hangs is for hangs; torch-free and
-light (trace-run imports it)."""
+"""How a run ended, in words, from the facts trace-run wrote into run.json (their vocabulary:
+tracer.vocab.outcomes): a rank's failure (:func:`failure_text`, :func:`reported_error`), the
+first failure (:func:`first_failure_line`), a hang (:func:`watchdog_line`, :func:`banner`).
+One home for these words, beside :mod:`.problems`, which words what the analysis found and
+takes these from here: trace-run's lines on the terminal, the report's banners and
+summary.json's rank errors say the same thing. A run.json written before run.json held facts
+has a sentence in a rank's ``error`` instead of a ``failure``: it is read as it was written.
+Torch-free and light: trace-run imports it once its workers have run, never while they run."""
 from __future__ import annotations
 
 from typing import Optional
+
+from tracer.vocab.ops import P2P_KINDS
+from tracer.vocab.outcomes import (COLLECTIVE, ENDED, ERROR, EXIT, EXITED, FINISHED, HANG,
+                                   INTERRUPTED, LEFT_BEHIND, WAITING)
+
+# a hang failure's cause, as the rank's error says it: "hang: ended by --timeout S (<cause>)"
+HANG_CAUSES = {COLLECTIVE: "never arrived at the collective the others waited in",
+               LEFT_BEHIND: "recorded nothing after the other ranks finished",
+               EXIT: "closed its trace but did not exit",
+               FINISHED: "had finished, ended while exiting", WAITING: "waiting"}
+
+
+def _join(ranks) -> str:
+    return ", ".join(map(str, ranks))
+
+
+def _ranks(ranks) -> str:
+    return f"rank{'s' if len(ranks) != 1 else ''} {_join(ranks)}"
+
+
+def _seconds(value) -> str:
+    """Seconds as trace-run's options take them: 3, 2.5."""
+    return f"{value:g}" if isinstance(value, (int, float)) else str(value)
+
+
+def failure_text(failure: dict, exit_code: Optional[int] = None) -> Optional[str]:
+    """A rank's failure in words (``exit_code``: the rank's, which says an error that came with
+    no message): ``ValueError: boom``, ``ended by the launcher after rank 0 failed; its own
+    end: ...``, ``exited with status 0 (os._exit) in step 2 while rank 0 waited in all_reduce
+    #8``, ``hang: ended by --timeout 3 (waiting)``, ``interrupted``, why the launch failed."""
+    kind, cause = failure.get("kind"), failure.get("cause")
+    own = cause or f"exit code {exit_code}"
+    if kind == ERROR:
+        return own
+    if kind == ENDED:
+        return (f"ended by the launcher after rank {_join(failure.get('ranks') or [])} failed; "
+                f"its own end: {own}")
+    if kind == EXITED:
+        return _exited(failure, exit_code)
+    if kind == HANG:
+        if cause is None:            # a rank torch's agent did not report
+            return "ended by the watchdog (hang)"
+        return (f"hang: ended by --timeout {_seconds(failure.get('timeout_s'))} "
+                f"({HANG_CAUSES.get(cause, cause)})")
+    if kind == INTERRUPTED:
+        return "interrupted"
+    return cause                     # the launch's error; a kind unknown here: its cause
+
+
+def _exited(failure: dict, exit_code: Optional[int]) -> str:
+    """``exited with status N (os._exit) in step K while rank Q waited in all_reduce #S``
+    (a send or receive has no #S: its sequence numbers count apart)."""
+    waiters, site = failure.get("ranks") or [], failure.get("site") or {}
+    kind, seq = site.get("kind"), site.get("seq")
+    return (f"exited with status {exit_code} ({failure.get('cause')}) in step "
+            f"{failure.get('step')} while rank{'s' if len(waiters) > 1 else ''} "
+            f"{_join(waiters)} waited in {kind}"
+            + (f" #{seq}" if seq is not None and kind not in P2P_KINDS else ""))
+
+
+def reported_error(record: dict, rank) -> Optional[str]:
+    """How run.json (``record``) says ``rank`` ended, in words; None when it says nothing. A
+    run.json written before run.json held facts holds the sentence itself (``error``)."""
+    entry = (record.get("ranks") or {}).get(str(rank)) or {}
+    if isinstance(entry.get("failure"), dict):
+        return failure_text(entry["failure"], entry.get("exit_code"))
+    return entry.get("error")
 
 
 def rank_failed(rank, error: Optional[str]) -> str:
@@ -24,10 +95,45 @@ def first_failure_line(record: dict, local: set) -> Optional[str]:
     if not failed:
         return None
     first = str(record["first_failure"]) if str(record["first_failure"]) in failed else failed[0]
-    error = record["ranks"][first]["error"]
+    error = reported_error(record, first)
     line = rank_failed(first, error) if first in local else \
         f"first failure, on another node: rank {first}: {error}"
     after = [r for r in failed if r != first]
     if after:
         line += f"; then rank(s) {', '.join(after)} failed too (errors in run.json)"
     return line
+
+
+def watchdog_line(hang: dict) -> str:
+    """The one line trace-run prints when its watchdog ended a run (run.json's ``hang``; its
+    ``finished``: the ranks whose trace had closed ``ok``)."""
+    timeout = f"{_seconds(hang['timeout_s'])}s"
+    lingering, finished = hang.get("lingering") or [], hang.get("finished") or []
+    if hang["kind"] == COLLECTIVE:
+        if not hang["never_arrived"]:     # all in: they disagree on it, or the backend hangs
+            return (f"no rank made progress for {timeout}: every rank waits in a collective and "
+                    "none is missing from it (ranks that disagree on a collective hang so: the "
+                    "report checks); ending the workers")
+        return (f"no rank made progress for {timeout}: rank(s) {_join(hang['never_arrived'])} "
+                "never arrived at the collective the others wait in; ending the workers")
+    if hang["kind"] == LEFT_BEHIND:
+        return (f"rank(s) {_join(lingering)} recorded nothing for {timeout} after rank(s) "
+                f"{_join(finished)} finished; ending the workers")
+    return (f"rank(s) {_join(lingering)} closed the trace but did not exit for "
+            f"{_seconds(hang['exit_grace_s'])}s; ending them")
+
+
+def banner(hang: dict) -> str:
+    """The report's banner: ranks that never arrived at the collective the others waited in,
+    ranks left behind after their peers finished, or ranks that closed their trace but never
+    exited."""
+    never, behind = hang.get("never_arrived") or [], hang.get("lingering") or []
+    timeout = f" (watchdog timeout {hang.get('timeout_s')} s)" if hang.get("timeout_s") else ""
+    kind = hang.get("kind")
+    if kind == LEFT_BEHIND and behind:
+        return f"Hang: {_ranks(behind)} recorded nothing after the others finished{timeout}"
+    if kind == EXIT and behind:
+        return f"Hang: {_ranks(behind)} closed the trace but did not exit{timeout}"
+    if not never:
+        return f"Hang: every rank waited in a collective, none was missing from it{timeout}"
+    return f"Hang: {_ranks(never)} never arrived{timeout}"

@@ -2,9 +2,9 @@
 (:func:`problem_lines`: trace-report's and trace-run's lines on stderr; :func:`damage_lines`:
 trace-diff's), the report's front page (:func:`problems`), and summary.json's ``error`` of a rank
 (:func:`rank_error`). Ranks that disagree about a collective come first (the usual cause of a
-hang), then the hang (:mod:`.hangs`), failed ranks, ranks without a readable trace, damaged
-traces. Facts come from the :class:`viz.analysis.RunAnalysis` (which ranks are where); this
-module only words them.
+hang), then the hang, failed ranks, ranks without a readable trace, damaged traces. Facts come
+from the :class:`viz.analysis.RunAnalysis` (which ranks are where) and from run.json, whose
+facts :mod:`.failures` words (a rank's failure, the hang); this module only words them.
 """
 from __future__ import annotations
 
@@ -16,9 +16,8 @@ from tracer.vocab.groups import group_label
 
 from ..analysis.crossrank import Mismatch
 from ..analysis.run_analysis import RunAnalysis
-from .failures import rank_failed
+from .failures import banner, rank_failed, reported_error
 from .formatters import rank_list, rank_run_text, site_text
-from .hangs import banner
 
 MOST_MISMATCHES = 5           # on the terminal; summary.json lists more
 MOST_BANNERS = 20             # mismatch banners on the front page
@@ -46,11 +45,11 @@ def _sites_text(sites) -> str:
 
 
 def rank_error(analysis: RunAnalysis, rank: int) -> Optional[str]:
-    """Why a rank failed, as recorded by trace-run or the tracer, or why its trace is
-    unreadable."""
-    reported = analysis.reported(rank)
-    if reported.get("error"):
-        return reported["error"]
+    """Why a rank failed, as recorded by trace-run (run.json's facts, worded by
+    :func:`.failures.reported_error`) or the tracer, or why its trace is unreadable."""
+    reported = reported_error(analysis.run.info, rank)
+    if reported:
+        return reported
     if rank in analysis.ranks:
         mine = analysis.ranks[rank]
         if mine.meta.get("error"):

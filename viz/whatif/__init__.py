@@ -12,7 +12,7 @@ any prediction is trusted. A target changes the reference GPT's options (:mod:`v
 .anatomy`, :mod:`viz.whatif.plan`, :mod:`viz.whatif.compose`) with models fitted on the same
 recording (:mod:`viz.whatif.models`, :mod:`viz.whatif.costs`) and Megatron's rules
 (:mod:`viz.whatif.megatron`), then simulated the same way. Pure: no file is read or written
-here (the command, :mod:`viz.whatif_cli`, and the renderers, ``viz.render.whatif_*``, do).
+here (the command, :mod:`viz.whatif_cli`, and the renderers, :mod:`viz.render.whatif`, do).
 """
 from __future__ import annotations
 

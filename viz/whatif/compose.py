@@ -2,7 +2,7 @@
 
 Every rank of the target's grid gets, per step: the recorded work before the first pass (its
 compute scaled by the micro-batch count), its schedule's passes in order (the reference GPT's
-orders, sample_runs.parallel.pp_schedules), the host work between passes, and the work after
+orders, tracer.vocab.schedules), the host work between passes, and the work after
 the last pass. A pass is a :class:`Body`: its compute and, at their places in it, its
 communications: the P2P receive of its input (waited at its start) and the send of its output
 (at its end) between virtual stages, the tensor-parallel collectives inside it, and the

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from sample_runs.parallel.pp_schedules import schedule_actions
+from tracer.vocab.schedules import schedule_actions
 
 from ..analysis.grid import Grid
 from .anatomy import mean, mean_part

@@ -3,7 +3,7 @@ torch (viz never imports it): the order of compute actions ScheduleInterleaved1F
 ScheduleInterleavedZeroBubble give each rank (torch 2.13's ``_get_warmup_ops`` and
 ``_get_1f1b_rank_ops``, BSD licence), so a recording of those schedules is predicted in the
 order torch would run. GPipe and 1F1B give the same order as the reference GPT's
-(sample_runs.parallel.pp_schedules). tests/unit/test_whatif_plans.py checks every order against
+(tracer.vocab.schedules). tests/unit/test_whatif_plans.py checks every order against
 torch's ``pipeline_order``.
 """
 from __future__ import annotations

@@ -1,7 +1,9 @@
 """Pipeline schedules as pure functions: the ordered F/B/W actions of one pipeline rank.
 
-The executor (pipeline_parallel) runs any such list; keeping the order separate makes each
-schedule a few lines that can be checked against the papers without running a model.
+The passes the labels name (:mod:`.labels`), in the order each schedule runs them. The reference
+GPT's executor (sample_runs.parallel.pipeline_parallel) runs any such list, and trace-whatif
+(viz.whatif.plan) predicts a target's step from the same orders; keeping the order apart makes
+each schedule a few lines that can be checked against the papers without running a model.
 """
 from __future__ import annotations
 

@@ -5,9 +5,14 @@ recording. Reads only the viz.whatif.WhatIf it is given."""
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
-from .html import PageWriter
-from .whatif_json import REPLAY_SVG, svg_name
+from ..html import PageWriter
+
+if TYPE_CHECKING:
+    from . import WhatIfInput
+
+OPTIONS = ("tp", "sp", "pp", "dp", "schedule", "virtual_stages", "microbatches")
 
 
 def _row(name: str, measures: dict, base_step, kind: str, **extra) -> dict:
@@ -21,13 +26,14 @@ def _row(name: str, measures: dict, base_step, kind: str, **extra) -> dict:
             **extra}
 
 
-def rows(result) -> list:
+def _rows(whatif: WhatIfInput) -> list:
     """The base (measured, replayed) and every target, fastest predicted step first."""
+    result = whatif.result
     base = result.measured.get("step_s")
     out = [_row("recorded configuration, measured", result.measured, base, "measured"),
            _row("recorded configuration, replayed", result.replayed, base, "replayed",
-                svg=REPLAY_SVG)]
-    targets = [_row(t.title, t.measures, base, "predicted", svg=svg_name(i),
+                svg=whatif.REPLAY_SVG)]
+    targets = [_row(t.title, t.measures, base, "predicted", svg=whatif.target_svg(i),
                     assumptions=t.assumptions, config=t.config)
                for i, t in enumerate(result.targets)]
     targets.sort(key=lambda r: (r["step_s"] is None, r["step_s"] or 0.0))
@@ -36,11 +42,12 @@ def rows(result) -> list:
     return out + targets
 
 
-def write_whatif_page(result, out_dir: str, run_dir: str) -> str:
-    """Write out_dir/whatif.html; returns its path."""
+def render(whatif: WhatIfInput, out_dir: str) -> list:
+    """Write ``out_dir/whatif.html``; its path."""
+    result, run_dir = whatif.result, whatif.run_dir
     report = os.path.join(run_dir, "index.html")
     link = os.path.relpath(report, out_dir) if os.path.exists(report) else None
-    return PageWriter(out_dir).write(
-        "whatif.html", "whatif.html", title="What if", rows=rows(result),
+    return [PageWriter(out_dir).write(
+        "whatif.html", "whatif.html", title="What if", rows=_rows(whatif),
         config=result.config, models=result.models, report=link, run_dir=run_dir,
-        options=("tp", "sp", "pp", "dp", "schedule", "virtual_stages", "microbatches"))
+        options=OPTIONS)]

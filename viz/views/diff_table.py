@@ -1,10 +1,12 @@
-"""trace-diff's terminal output: the verdict, the largest changes, the time metrics."""
+"""trace-diff's words: its largest changes, each figure and change as text, and the terminal
+table (the verdict, the largest changes, the time metrics) that
+:mod:`viz.render.diff.text` prints and diff.html (:mod:`viz.render.diff.html`) shows in part."""
 from __future__ import annotations
 
 from typing import Optional
 
 from ..diff.result import ALL_RANKS, Delta, DiffResult
-from ..views.formatters import fmt_bytes, fmt_count, fmt_flops, fmt_time
+from .formatters import fmt_bytes, fmt_count, fmt_flops, fmt_time
 
 
 def largest_changes(result: DiffResult) -> list:
@@ -102,5 +104,3 @@ def format_table(result: DiffResult, top: int) -> str:
                       fmt_rel(d)) for d in result.totals.deltas if d.category == "time"],
                     ("scope", "metric", "A", "B", "change"))
     return "\n".join(lines)
-
-

@@ -1,4 +1,4 @@
-"""Diff call graph -> DOT -> SVG through graphviz ``dot``.
+"""Diff call graph -> DOT -> SVG through graphviz ``dot`` (:func:`.callgraph_svg.render_svg`).
 
 Drawing conventions (the legend in every SVG repeats them):
 - a box per Python function (qualified name, short file), op leaves per calling function and

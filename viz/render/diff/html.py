@@ -1,24 +1,30 @@
 """diff.html: the page of a :class:`viz.diff.DiffResult` (jinja2, autoescaped, offline).
 
 Only arranges what viz.diff computed: the verdict, the largest changes, the time metrics of
-both runs side by side per rank role, the structural differences, the diff call graphs.
+both runs side by side per rank role, the structural differences, the diff call graphs (inline,
+as :mod:`.svg` writes them), links to each run's own report.
 """
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
-from ..diff.result import ALL_RANKS
-from . import inline_svg
-from .diff_text import fmt_rel, fmt_value, largest_changes
-from .html import PageWriter
+from ...diff.result import ALL_RANKS
+from ...views.diff_table import fmt_rel, fmt_value, largest_changes
+from .. import inline_svg
+from ..html import PageWriter
 
+if TYPE_CHECKING:
+    from . import DiffInput
+
+PHASE = "drawing the diff call graphs"
 MAX_ROWS = 300      # structural-difference rows per scope on the page (diff.json has all)
 TOP_CHANGES = 40
 
 
-def write_page(result, files: dict, svgs: dict, out_dir: str) -> str:
-    """Render diff.html into ``out_dir`` (``files``: scope -> SVG file name, ``svgs``: scope
-    -> SVG text); returns its path."""
+def render(diff: DiffInput, out_dir: str) -> list:
+    """Write ``out_dir/diff.html``; its path."""
+    result, files = diff.result, diff.svg_files
     scopes = [result.totals] + result.roles
     times = [dict(scope=s, rows=[d for d in s.deltas if d.category == "time"]) for s in scopes]
     keys = sorted(set(result.a.config) | set(result.b.config))
@@ -28,9 +34,9 @@ def write_page(result, files: dict, svgs: dict, out_dir: str) -> str:
                for side, run in (("a", result.a), ("b", result.b))
                if os.path.isfile(os.path.join(run.dir, "index.html"))}
     graphs = [dict(scope=scope, file=files[scope], svg=inline_svg(svg)) for scope, svg in
-              svgs.items()]
-    return PageWriter(out_dir).write(
+              diff.svgs.items()]
+    return [PageWriter(out_dir).write(
         "diff.html", "diff.html", title="trace-diff", result=result, config=config,
         changes=largest_changes(result)[:TOP_CHANGES], times=times, scopes=scopes,
         graphs=graphs, reports=reports, max_rows=MAX_ROWS, all_ranks=ALL_RANKS,
-        value=fmt_value, rel=fmt_rel)
+        value=fmt_value, rel=fmt_rel)]

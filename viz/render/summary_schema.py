@@ -1,22 +1,20 @@
-"""summary.json: the machine-readable digest of a run (schema ``paratrace.summary/1``), a
-renderer like the others: it reads a :class:`viz.analysis.RunAnalysis` and writes one file.
+"""summary.json's document: the machine-readable digest of a run (schema
+``paratrace.summary/1``) as a dict, from a :class:`viz.analysis.RunAnalysis`; the renderer
+:mod:`viz.render.report.summary_json` writes it.
 
-The contract is docs/architecture.md's; tests and scripts read it, so keys keep their meaning and new keys
-are only added. Every key of the file is spelled here, and only here: the analyses hand over
-typed records (RankMetrics, CrossRank, Path, CommRow, DeviceSummary), this module names their
-fields for JSON. Per rank: status, event count, op counts (in all and per phase),
-communication aggregated by (kind, phase, group), the timeline's time metrics and the GPU
-activity. Ranks of the world with no trace file and nothing in run.json are ``missing_ranks``,
-runs of ``[first, last]``, instead of an entry each. Nothing reads this file back: the report
-reads the analysis.
+The contract is docs/architecture.md's; tests and scripts read it, so keys keep their meaning
+and new keys are only added. Every key of the file is spelled here, and only here: the
+analyses hand over typed records (RankMetrics, CrossRank, Path, CommRow, DeviceSummary), this
+module names their fields for JSON. Per rank: status, event count, op counts (in all and per
+phase), communication aggregated by (kind, phase, group), the timeline's time metrics and the
+GPU activity. Ranks of the world with no trace file and nothing in run.json are
+``missing_ranks``, runs of ``[first, last]``, instead of an entry each. Nothing reads this file
+back: the report reads the analysis.
 """
 from __future__ import annotations
 
-import json
-import os
 from typing import Optional
 
-from tracer.files import rundir
 from tracer.vocab.groups import group_ranks, process_group_name
 
 from ..analysis.critical_path import Path
@@ -70,19 +68,10 @@ def build_summary(analysis: RunAnalysis) -> dict:
                                critical_path=[path_json(p) for p in analysis.paths])}
 
 
-def write_summary(analysis: RunAnalysis, out_dir: str) -> str:
-    """Write ``summary.json`` of ``analysis`` into ``out_dir``; returns its path."""
-    os.makedirs(out_dir, exist_ok=True)
-    path = os.path.join(out_dir, rundir.SUMMARY)
-    with open(path, "w") as fh:
-        json.dump(build_summary(analysis), fh, indent=1)
-    return path
-
-
 # ---------------------------------------------------------------------------- per rank
 def time_json(m: RankMetrics) -> dict:
-    """A rank's ``time`` object: docs/architecture.md's keys first, then the details (the caller adds
-    ``clock``)."""
+    """A rank's ``time`` object: docs/architecture.md's keys first, then the details (the caller
+    adds ``clock``)."""
     return {
         "wall_s": m.wall_s, "compute_s": m.compute_s, "comm_s": m.comm_s,
         "exposed_comm_s": m.exposed_comm_s, "idle_s": m.idle_s,

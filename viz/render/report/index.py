@@ -1,0 +1,45 @@
+"""index.html: the run at a glance: problems first (hung / failed / missing ranks), the
+timeline picture, a line per rank (step time, compute, exposed communication, overlap,
+bubble), the top ops and collectives, then the run's facts and links to everything: the
+call graphs, the module view, the source pages, the timeline's files and ``summary.json``."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from tracer.files import rundir
+
+from ...views import crossrank_page, pages
+from ...views.problems import problems
+from .. import inline_svg
+from ..html import PageWriter
+
+if TYPE_CHECKING:
+    from . import ReportInput
+
+PHASE = "writing pages"
+TOP = 5             # ops and collectives on the front page
+
+
+def render(report: ReportInput, out_dir: str) -> list:
+    """Write ``out_dir/index.html``; its path."""
+    analysis, views = report.analysis, report.views
+    headline = pages.headline_rows(analysis)
+    return [PageWriter(out_dir).write(
+        "index.html", "index.html", title="paratrace report",
+        problems=problems(analysis), run=pages.run_facts(analysis),
+        lede=pages.lede(analysis), split=views.split,
+        headline=headline, bubble=pages.bubble_column(headline), ranks=pages.rank_rows(analysis),
+        across=crossrank_page.headline(analysis),
+        top_ops=_top(report, comm=False), top_comm=_top(report, comm=True),
+        graphs=views.graphs, rank_graphs=views.rank_graphs, setup=views.setup,
+        zooms=list(views.zooms.values()),
+        module_zooms=list(views.module_zooms.values()),
+        sources=sorted((views.paths.get(f, f), rel) for f, rel in views.source_pages.items()),
+        summary_json=rundir.SUMMARY, timeline=inline_svg(report.timeline_svg),
+        timeline_files=report.TIMELINE_FILES)]
+
+
+def _top(report: ReportInput, *, comm: bool) -> list:
+    views = report.views
+    return pages.top_ops(views.training, comm=comm, paths=views.paths,
+                         href=report.source_href(), n=TOP)

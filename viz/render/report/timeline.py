@@ -1,0 +1,32 @@
+"""The timeline's files: ``timeline.svg`` (the picture, :mod:`viz.render.timeline_svg`, drawn
+once and shown inline on the front page too), ``timeline.json`` (its Chrome trace for
+Perfetto, :mod:`viz.render.chrome_trace`, written rank by rank) and ``timeline.html`` (the page
+to pan and zoom it). Draws the analysis alone: no views needed."""
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+from .. import chrome_trace, inline_svg
+from ..html import PageWriter
+
+if TYPE_CHECKING:
+    from . import ReportInput
+
+PHASE = "writing pages"
+
+
+def render(report: ReportInput, out_dir: str) -> list:
+    """Write the timeline's picture, Chrome trace and page into ``out_dir``; their paths."""
+    os.makedirs(out_dir, exist_ok=True)
+    files = report.TIMELINE_FILES
+    report.progress.expect(1)
+    written = [os.path.join(out_dir, files["svg"]), os.path.join(out_dir, files["chrome_trace"])]
+    with open(written[0], "w") as fh:
+        fh.write(report.timeline_svg)
+    with open(written[1], "w") as fh:
+        chrome_trace.write(report.analysis.timeline, fh)
+    written.append(PageWriter(out_dir).write("timeline.html", "timeline.html", title="Timeline",
+                                             svg=inline_svg(report.timeline_svg), files=files))
+    report.progress.advance()
+    return written

@@ -1,0 +1,40 @@
+"""whatif.json: the recording's measures, its replay, and every target's prediction, as
+docs/architecture.md's contract fixes them::
+
+    {"schema": "paratrace.whatif/1",
+     "base": {"config", "measured": M, "replayed": M, "models": [...],
+              "timeline": "whatif/replay.svg"},
+     "targets": [{"config", "changes", "title", "predicted": M, "assumptions": [...],
+                  "timeline": "whatif/target-1.svg"}, ...]}
+
+M = {"step_s", "bubble_fraction", "exposed_comm_s", "pipeline_bubble_fraction",
+"ranks": {"R": {...the same per rank, and compute_s}}} (viz.whatif.measures).
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from . import WhatIfInput
+
+SCHEMA = "paratrace.whatif/1"
+
+
+def render(whatif: WhatIfInput, out_dir: str) -> list:
+    """Write ``out_dir/whatif.json``; its path."""
+    result = whatif.result
+    document = {
+        "schema": SCHEMA,
+        "base": {"config": result.config, "measured": result.measured,
+                 "replayed": result.replayed, "models": result.models,
+                 "timeline": whatif.REPLAY_SVG},
+        "targets": [{"config": t.config, "changes": t.changes, "title": t.title,
+                     "predicted": t.measures, "assumptions": t.assumptions,
+                     "timeline": whatif.target_svg(i)} for i, t in enumerate(result.targets)]}
+    path = os.path.join(out_dir, "whatif.json")
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump(document, fh, indent=1, sort_keys=False)
+        fh.write("\n")
+    return [path]
