@@ -1,0 +1,37 @@
+"""Device windows without a GPU, for the recorder's device tests: a small training loop, the CPU
+activity of torch.profiler standing in for CUDA (a window per recorded step), and three recorded
+steps whose windows the flusher has all taken."""
+from __future__ import annotations
+
+import torch
+
+import tracer
+from tracer.recorder import device as device_module, session as session_module
+from tracer.recorder.device import DeviceRecorder
+
+from support.waiting import wait_until
+
+
+def train(steps: int) -> None:
+    model = torch.nn.Linear(8, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(steps):
+        model(torch.randn(4, 8)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def cpu_stands_in_for_cuda(monkeypatch) -> None:
+    monkeypatch.setattr(session_module, "cuda_in_use", lambda: True)
+    monkeypatch.setattr(DeviceRecorder, "activity", "CPU")
+    monkeypatch.setattr(device_module, "WINDOW_S", 0.0)     # a window per recorded step
+
+
+def windows_of_three_steps(out: str) -> None:
+    """Record steps 1-3 of six (a window each), then wait until the flusher has taken every
+    window (a bound, not a measurement: it writes at least every flush_interval)."""
+    with tracer.trace(out, steps="1-3") as session:
+        train(6)
+        device = session._device
+        wait_until(lambda: device.windows == 3 and not device._pending,
+                   "the flusher taking the three windows")
