@@ -23,6 +23,7 @@ import numpy as np
 from tracer.files.device_format import DeviceWriter
 from tracer.files.format import FORMAT_VERSION, TraceWriter
 from tracer.vocab import ops
+from tracer.vocab.ops import P2P_KINDS
 
 from .chrome_trace import damage_line, device_records, rank_of, time_base
 from .comm import ProcessGroups, kind_of_kernel
@@ -292,7 +293,7 @@ def _comm_columns(cols: dict, dictionaries: dict, comm: dict, n: int) -> None:
                     lists[key].append(value)
                 out[key][r] = codes[key][value]
         seq = c["seq"]
-        counter = (c["group"], c["kind"] in ("send", "recv"))
+        counter = (c["group"], c["kind"] in P2P_KINDS)
         if seq is None:
             seq = counters.get(counter, 0)
         counters[counter] = seq + 1

@@ -27,13 +27,13 @@ import torch.distributed as dist
 from tracer.vocab import ops
 from tracer.vocab.groups import group_text
 from tracer.vocab.labels import PHASE_BACKWARD, PHASE_FORWARD
+from tracer.vocab.ops import P2P_KINDS
 
 from . import rows
 
 COMM_ROW = rows.COMM_ROW
 _future_is_done = torch._C.Future.done       # unbound: one call less than the wrapper's
 _future_value = torch._C.Future.value
-P2P_KINDS = frozenset(("send", "recv"))       # ops.KINDS of point-to-point operations
 _current_node = torch._C._current_autograd_node
 
 

@@ -34,10 +34,11 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from tracer.vocab.groups import group_ranks
+from tracer.vocab.ops import P2P_KINDS
 
 from .lanes import SLOTS, Timeline
 
-P2P = ("send", "recv")
+P2P = P2P_KINDS       # the kinds matched by peer, not by group
 _UNSIZED = ("barrier",)
 
 

@@ -17,6 +17,7 @@ import numpy as np
 
 from tracer.vocab import ops as _ops
 from tracer.vocab.groups import group_ranks
+from tracer.vocab.ops import P2P_KINDS
 
 from .intervals import intervals, union
 from .lanes import CommSpan, P2PEnd, RankLanes
@@ -71,7 +72,7 @@ def p2p_endpoints(rows: RankRows) -> list:
     for i in comm[np.argsort(rows.t0[comm], kind="stable")].tolist():
         kind = rows.kinds[rows.kind[i]]
         peer = int(rows.peer[i])
-        if kind not in ("send", "recv") or peer < 0:
+        if kind not in P2P_KINDS or peer < 0:
             continue
         src, dst = (rows.rank, peer) if kind == "send" else (peer, rows.rank)
         out.append(P2PEnd(rows.group_of(i), src, dst, kind == "recv", i, int(rows.t1[i])))
@@ -86,7 +87,7 @@ def rank_lanes(rows: RankRows, send_ends: dict, op_budget: int = DRAWN_OPS) -> R
     passes, others, schedules = annotation_spans(rows)
     group = {rows.rank}
     for c in comm:
-        if c.kind in ("send", "recv") and c.group and not c.group.startswith("?"):
+        if c.kind in P2P_KINDS and c.group and not c.group.startswith("?"):
             group.update(group_ranks(c.group))
     drawn = _drawn_ops(rows, steps, closed, op_budget)
     return RankLanes(

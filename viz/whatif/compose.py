@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from tracer.vocab.groups import group_text
+from tracer.vocab.ops import P2P_KINDS
 
 from .graph import (BEGIN, COMPUTE, Comm, END, ExecutionGraph, IDLE, LAUNCH, Node, PassKey, STEP,
                     WAIT)
@@ -100,7 +101,7 @@ class Programs:
         self.graph.programs[rank].append(Node(WAIT, cid))
 
     def _comm(self, rank: int, call: Call) -> int:
-        if call.kind in ("send", "recv"):
+        if call.kind in P2P_KINDS:
             cid = self._p2p.get(call.key)
             if cid is None:
                 peer = call.group[0]

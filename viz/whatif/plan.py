@@ -23,14 +23,15 @@ from __future__ import annotations
 
 from typing import Optional
 
+from tracer.vocab.ops import P2P_KINDS
 from tracer.vocab.schedules import schedule_actions
 
 from ..analysis.grid import Grid
 from .anatomy import mean, mean_part
 from .compose import Body, Call, Programs, spread
-from .graph import LAUNCH, WAIT, PassKey
-from .megatron import BYTES, Shape, buckets, rank_params, role_of, roles, shape_of, \
-    sp_grad_elements, tied_elements, tp_calls
+from .graph import LAUNCH, PassKey, WAIT
+from .megatron import (BYTES, Shape, buckets, rank_params, role_of, roles, shape_of,
+                       sp_grad_elements, tied_elements, tp_calls)
 from .recording import Recording
 from .targets import TargetError, changed
 from .torch_plans import torch_order
@@ -227,7 +228,7 @@ class Plan:
 
     def _inner(self, cid: int) -> bool:
         comm = self.rec.graph.comms[cid]
-        return comm.kind != "p2p" and comm.kind not in ("send", "recv")
+        return comm.kind != "p2p" and comm.kind not in P2P_KINDS
 
     def _recorded_calls(self, rank: int, src: int, part, buckets: bool) -> list:
         """The recorded collectives of a part, on the target's groups (those over the data-

@@ -30,6 +30,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from tracer.vocab.ops import P2P_KINDS
+
 from ..analysis.intervals import gaps, intersect, intervals, union
 
 WAIT_FACTOR = 4
@@ -70,7 +72,7 @@ def hidden_waits(lane) -> dict:
     between = np.where(holds, 0, between)
     for s in lane.comm:
         if s.blocking is None or s.returned is None or not s.completed or \
-                s.kind in ("send", "recv"):
+                s.kind in P2P_KINDS:
             continue
         i = int(np.searchsorted(starts, s.returned, side="left"))
         if s.blocking:
