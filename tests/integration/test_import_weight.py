@@ -23,3 +23,24 @@ def test_only_the_recorder_imports_torch_or_its_c_hot_path():
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_without_graphviz_every_module_imports_and_drawing_says_so_in_one_line():
+    """A machine without the graphviz Python package (the GPU machines) still imports every
+    module, so it reads runs and writes summary.json; drawing a graph raises RenderError, one
+    line naming the package."""
+    names = sorted(m for m in modules() if not m.startswith(TORCH_AT_IMPORT))
+    code = ("import importlib, sys\n"
+            "sys.modules['graphviz'] = None          # import graphviz raises ImportError\n"
+            f"for name in {names!r}:\n"
+            "    importlib.import_module(name)\n"
+            "from viz.render.callgraph_svg import RenderError, render_svg\n"
+            "try:\n"
+            "    render_svg('digraph { a -> b }')\n"
+            "except RenderError as exc:\n"
+            "    print(exc)\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout == ("the graphviz Python package is not installed: "
+                           "pip install graphviz\n")

@@ -16,7 +16,10 @@ from __future__ import annotations
 
 from typing import Callable, Mapping, Optional
 
-import graphviz
+try:
+    import graphviz
+except ImportError:       # a machine without it still reads runs and writes summary.json;
+    graphviz = None       # drawing says so (RenderError)
 
 from tracer.vocab.labels import PHASES
 
@@ -43,6 +46,12 @@ class RenderError(Exception):
     """Rendering failed (graphviz missing or broken); the message is one line. The commands
     take it as bad input (graphviz is the user's to install): one line on stderr, no
     traceback."""
+
+
+def need_graphviz() -> None:
+    """RenderError (one line) where the graphviz Python package is missing."""
+    if graphviz is None:
+        raise RenderError("the graphviz Python package is not installed: pip install graphviz")
 
 
 def _esc(text: str) -> str:
@@ -230,6 +239,7 @@ def to_dot(cg: CallGraph, *, title: str, paths: Mapping[str, str], href: Href,
         notes.append(f"hidden for readability: {h.functions} functions, {h.sites} op sites "
                      f"({pct(h.ops, cg.total.ops)} of ops, {pct(h.time_ns, cg.total.time_ns)} "
                      f"of time, {pct(h.bytes, cg.total.bytes)} of bytes)")
+    need_graphviz()
     dot = graphviz.Digraph("callgraph")
     dot.attr(label=_lines(*notes), labelloc="t", fontsize="14", rankdir="TB", nodesep="0.25",
              ranksep="0.35", fontname="Helvetica")
@@ -251,6 +261,7 @@ def to_dot(cg: CallGraph, *, title: str, paths: Mapping[str, str], href: Href,
 
 def render_svg(dot_source: str) -> str:
     """Lay out DOT with graphviz ``dot`` and return the SVG text."""
+    need_graphviz()
     try:
         return graphviz.Source(dot_source).pipe(format="svg", encoding="utf-8")
     except graphviz.ExecutableNotFound:

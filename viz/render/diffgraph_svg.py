@@ -12,12 +12,10 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
-import graphviz
-
 from ..analysis.callgraph import COMM, FUNCTION
 from ..diff.graph import ADDED, CHANGED, REMOVED, UNCHANGED, DiffGraph, DiffNode, Side
 from ..views.formatters import fmt_bytes, fmt_count, fmt_flops, fmt_time
-from .callgraph_svg import render_svg
+from .callgraph_svg import graphviz, need_graphviz, render_svg
 
 # status -> (border / text colour, fill)
 COLOURS = {
@@ -118,6 +116,7 @@ def to_dot(dg: DiffGraph, *, a_name: str, b_name: str) -> str:
     if dg.hidden:
         notes.append("not drawn (least important first): " +
                      ", ".join(f"{n} {s}" for s, n in sorted(dg.hidden.items())))
+    need_graphviz()
     dot = graphviz.Digraph("diff")
     dot.attr(label=_lines(*notes), labelloc="t", fontsize="14", rankdir="TB", nodesep="0.25",
              ranksep="0.35", fontname="Helvetica")
