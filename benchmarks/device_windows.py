@@ -2,15 +2,19 @@
 side by side in one run (docs/overhead.md, "Closing a device window").
 
 The recorder (tracer/recorder/device.py) records GPU activity a window at a time (about one a
-second). Three ways of closing a window, run in turn on the same model, round after round:
+second). Four ways of closing a window, run in turn on the same model, round after round:
 
 - ``torch.profiler`` (first): torch.profiler.profile stopped at the cut, its Chrome-trace
   export written there too, both on the training thread; the flusher parses it.
-- ``binding`` (before): torch.autograd's profiler binding; the training thread only waits for
+- ``binding`` (second): torch.autograd's profiler binding; the training thread only waits for
   the GPU and disables the profiler, the flusher saves the export and parses it.
-- ``worker`` (now): the binding, the flusher saves the export and hands it to the recording's
-  device worker, a process of its own that parses it and appends it to the device file
-  (tracer/recorder/device_worker.py).
+- ``flusher-save`` (third): the binding, the flusher saves the export and hands it to the
+  recording's device worker, a process of its own that parses it and appends it to the device
+  file (tracer/recorder/device_worker.py). ``binding`` and ``flusher-save`` save a window after
+  the next one started: on CUDA that clamps every CUPTI time of it to 0 (tracer/recorder/device.py,
+  NOTE), so their numbers are a cost, not a working recorder.
+- ``worker`` (now): the binding, the export saved at the cut on the training thread before the
+  next window starts, parsed in the worker.
 
 Without a GPU (``--device cpu``, the default) the profiler's CPU activity stands in for CUDA, as in
 tests/integration/test_tracer_device.py: the windows, Kineto's export and the flusher's parse run
@@ -29,7 +33,7 @@ thread while it wants to run Python; its CPU time does not count that wait, its 
 The worker shares no GIL, only the machine's cores.
 
     python benchmarks/device_windows.py [--model mid] [--rounds 4] [--steps 40] [--window 1.0]
-                                        [--paths torch.profiler,binding,worker]
+                                        [--paths torch.profiler,binding,flusher-save,worker]
     python benchmarks/device_windows.py --device cuda --model large
 """
 from __future__ import annotations
@@ -56,14 +60,19 @@ from tracer.recorder import session as session_module
 from tracer.recorder.device import BindingWindow, DeviceRecorder, ProfilerWindow  # noqa: E402
 from tracer.recorder.device_worker import DeviceWorker  # noqa: E402
 
-# path -> (DeviceRecorder.window_path, DeviceRecorder.parse_in)
-PATHS = {"torch.profiler": ("torch.profiler", "flusher"), "binding": ("binding", "flusher"),
-         "worker": ("binding", "worker")}
+# path -> (DeviceRecorder.window_path, .parse_in, .export_at)
+PATHS = {"torch.profiler": ("torch.profiler", "flusher", "cut"),
+         "binding": ("binding", "flusher", "flusher"),
+         "flusher-save": ("binding", "worker", "flusher"),
+         "worker": ("binding", "worker", "cut")}
 LABELS = {"torch.profiler": "torch.profiler, export at the cut, parse on the flusher (first)",
-          "binding": "binding, export and parse on the flusher (before)",
-          "worker": "binding, export on the flusher, parse in the worker (now)"}
-SHORT = {"torch.profiler": "torch.profiler (first)", "binding": "binding, parse here (before)",
-         "worker": "binding, parse in the worker (now)"}
+          "binding": "binding, export and parse on the flusher (second; times lost on CUDA)",
+          "flusher-save": "binding, export on the flusher, parse in the worker (third; times "
+                          "lost on CUDA)",
+          "worker": "binding, export at the cut, parse in the worker (now)"}
+SHORT = {"torch.profiler": "torch.profiler (first)", "binding": "binding, parse here (second)",
+         "flusher-save": "binding, save on the flusher (third)",
+         "worker": "binding, save at the cut (now)"}
 
 
 class Probe:
@@ -116,7 +125,8 @@ class Probe:
 def run_once(model: str, steps: int, path: str, out: str, probe: Probe) -> tuple:
     """One traced run: per step (start, end, main-thread CPU seconds), the probe's events, and
     the wall seconds the session's close took."""
-    DeviceRecorder.window_path, DeviceRecorder.parse_in = PATHS[path]
+    (DeviceRecorder.window_path, DeviceRecorder.parse_in,
+     DeviceRecorder.export_at) = PATHS[path]
     marks = []
     def mark():
         marks.append((time.perf_counter(), time.thread_time()))
@@ -273,7 +283,7 @@ def main() -> None:
     device_module.WINDOW_S = args.window
     if device_module.binding() is None:
         print("note: this torch lacks torch.autograd's profiler binding: 'binding' and "
-              "'worker' run torch.profiler, its export still on the flusher")
+              "'flusher-save' and 'worker' run torch.profiler.profile")
     if args.device == "cpu":
         print("GIL: torch's binding, one window of 4 steps, CPU activity")
         gil_check(args.model)

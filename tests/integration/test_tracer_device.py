@@ -1,7 +1,7 @@
 """The recorder's device-time plumbing, without a GPU: CUPTI windows that follow the steps (run
 with torch.profiler's CPU activity standing in for CUDA, so the windowing, the export, the
-parsing and the clock pairs all run for real), where each window is saved (the flusher, not
-the training thread; the closing thread for what is left at a crash), the same exports through
+parsing and the clock pairs all run for real), where each window is saved (the training
+thread, before the next window starts) and parsed (the flusher, or the worker), the same exports through
 torch.autograd's binding as through torch.profiler, the metadata that maps CUPTI's clock and
 threads onto the trace, the process-group setup event, and the option that turns it off. The
 device worker that parses the windows: test_device_worker.py. What only a GPU can show (CUDA
@@ -55,15 +55,17 @@ def test_device_windows_follow_the_recorded_steps(tmp_path, monkeypatch):
 
 def _spy_on_windows(monkeypatch) -> tuple:
     """Record, per window, the thread that saved its export and the thread that parsed it,
-    and the export's complete events as json reads them (not paratrace's parser). The parse
-    these spies see is the in-process one (the path before, and the worker's fallback)."""
+    and the export's complete events as json reads them (not paratrace's parser); and, in
+    ``order``, each window's start and each save as they happened. The parse these spies see
+    is the in-process one (the path before, and the worker's fallback)."""
     monkeypatch.setattr(DeviceRecorder, "parse_in", "flusher")
-    saved, parsed = [], []
+    saved, parsed, order = [], [], []
     export, load = DeviceRecorder._export, device_module.load_chrome_trace
 
     def spy_export(self, save, path):
         export(self, save, path)
         saved.append((os.path.basename(path), threading.current_thread()))
+        order.append("save")
 
     def spy_load(path, *args, **kwargs):
         with open(path) as fh:
@@ -71,31 +73,47 @@ def _spy_on_windows(monkeypatch) -> tuple:
         parsed.append((os.path.basename(path), threading.current_thread(),
                        [(e.get("cat"), e["name"]) for e in events if e.get("ph") == "X"]))
         return load(path, *args, **kwargs)
+    for window in (device_module.BindingWindow, device_module.ProfilerWindow):
+        monkeypatch.setattr(window, "start", lambda self, _start=window.start: (
+            order.append("start"), _start(self)))
     monkeypatch.setattr(DeviceRecorder, "_export", spy_export)
     monkeypatch.setattr(device_module, "load_chrome_trace", spy_load)
-    return saved, parsed
+    return saved, parsed, order
 
 
-def test_the_flusher_saves_and_parses_each_window(tmp_path, monkeypatch):
+def test_each_window_is_saved_before_the_next_starts_and_parsed_by_the_flusher(
+        tmp_path, monkeypatch):
+    # on CUDA a window saved after the next one was enabled loses every CUPTI time (Kineto
+    # clamps them to 0; tracer/recorder/device.py): the training thread saves at the cut
     cpu_stands_in_for_cuda(monkeypatch)
-    saved, parsed = _spy_on_windows(monkeypatch)
+    saved, parsed, order = _spy_on_windows(monkeypatch)
     windows_of_three_steps(str(tmp_path))
     names = [f".rank-0.window-{i}.json" for i in range(3)]
     assert [name for name, _ in saved] == names and [p[0] for p in parsed] == names
-    # never the training thread: the thread that ran the steps (this one)
-    for _, thread in saved + [(p[0], p[1]) for p in parsed]:
-        assert thread is not threading.main_thread() and thread.name == "paratrace-flusher"
+    assert order == ["start", "save"] * 3
+    assert all(thread is threading.main_thread() for _, thread in saved)
+    assert all(p[1].name == "paratrace-flusher" for p in parsed)
     assert all(len(p[2]) > 0 for p in parsed)          # each window held the CPU ops
     _, metas, problem = read_device(rundir.device_file(str(tmp_path), 0))
     assert problem is None and [m["window"] for m in metas] == [0, 1, 2]
     assert glob.glob(os.path.join(str(tmp_path), ".*window*")) == []
 
 
-def test_the_binding_and_torch_profiler_export_the_same_windows(tmp_path, monkeypatch):
-    # the path before (torch.profiler, stopped and exported at the cut on the training thread)
-    # and the binding (the flusher exports), each on the same seeded training
+def test_saving_on_the_flusher_is_what_the_order_check_catches(tmp_path, monkeypatch):
+    # the path before (export_at "flusher"): a window's save came after the next start
     cpu_stands_in_for_cuda(monkeypatch)
-    saved, parsed = _spy_on_windows(monkeypatch)
+    monkeypatch.setattr(DeviceRecorder, "export_at", "flusher")
+    saved, _, order = _spy_on_windows(monkeypatch)
+    windows_of_three_steps(str(tmp_path))
+    assert len(saved) == 3 and order != ["start", "save"] * 3
+    assert {thread.name for _, thread in saved} == {"paratrace-flusher"}
+
+
+def test_the_binding_and_torch_profiler_export_the_same_windows(tmp_path, monkeypatch):
+    # the first path (torch.profiler, stopped and exported at the cut on the training thread)
+    # and the binding (the same, without torch.profiler's wrapper), on the same seeded training
+    cpu_stands_in_for_cuda(monkeypatch)
+    saved, parsed, _ = _spy_on_windows(monkeypatch)
     runs = {}
     for path in ("torch.profiler", "binding"):
         monkeypatch.setattr(DeviceRecorder, "window_path", path)
@@ -109,33 +127,33 @@ def test_the_binding_and_torch_profiler_export_the_same_windows(tmp_path, monkey
     before, now = runs["torch.profiler"], runs["binding"]
     assert len(now[0]) == 3 and now[0] == before[0]      # every window's events, in order
     assert now[1] == before[1] and len(now[2]) == len(before[2])
-    assert before[3] == {"MainThread"} and now[3] == {"paratrace-flusher"}
+    assert before[3] == now[3] == {"MainThread"}
 
 
 def test_without_the_binding_torch_profiler_runs_the_windows(tmp_path, monkeypatch):
-    # a torch without torch.autograd's binding: torch.profiler, its export still on the flusher
+    # a torch without torch.autograd's binding: torch.profiler, saved at the cut all the same
     cpu_stands_in_for_cuda(monkeypatch)
     monkeypatch.setattr(device_module, "binding", lambda: None)
     made = []
     start = device_module.ProfilerWindow.start
     monkeypatch.setattr(device_module.ProfilerWindow, "start",
                         lambda self: (made.append(self), start(self)))
-    saved, parsed = _spy_on_windows(monkeypatch)
+    saved, parsed, order = _spy_on_windows(monkeypatch)
     windows_of_three_steps(str(tmp_path))
-    assert len(made) == 3 and [p[0] for p in parsed] == \
+    assert len(made) == 3 and order == ["start", "save"] * 3 and [p[0] for p in parsed] == \
         [f".rank-0.window-{i}.json" for i in range(3)]
-    assert {thread.name for _, thread in saved} == {"paratrace-flusher"}
+    assert {thread.name for _, thread in saved} == {"MainThread"}
     _, metas, problem = read_device(rundir.device_file(str(tmp_path), 0))
     assert problem is None and [m["window"] for m in metas] == [0, 1, 2]
 
 
 def test_a_crash_still_writes_every_window(tmp_path, monkeypatch):
     # the flusher never gets to the windows (it writes only at close here): the training
-    # raises in its fifth step, a window under way and the four of steps 0-3 pending; closing
-    # writes all five
+    # raises in its fifth step, a window under way and the four of steps 0-3 saved, not yet
+    # parsed; closing saves the fifth and parses all five
     cpu_stands_in_for_cuda(monkeypatch)
     monkeypatch.setattr(flusher_module, "STEP_FLUSH_GAP", 1000.0)
-    saved, parsed = _spy_on_windows(monkeypatch)
+    saved, parsed, _ = _spy_on_windows(monkeypatch)
     model = torch.nn.Linear(8, 8)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     with pytest.raises(RuntimeError, match="the training failed"):
@@ -151,7 +169,7 @@ def test_a_crash_still_writes_every_window(tmp_path, monkeypatch):
     _, metas, problem = read_device(rundir.device_file(str(tmp_path), 0))
     assert problem is None and [m["window"] for m in metas] == [0, 1, 2, 3, 4]
     assert [p[0] for p in parsed] == [f".rank-0.window-{i}.json" for i in range(5)]
-    assert {thread.name for _, thread in saved} == {"MainThread"}    # all of them at close
+    assert {thread.name for _, thread in saved} == {"MainThread"}    # each at its cut
     assert glob.glob(os.path.join(str(tmp_path), ".*window*")) == []
 
 

@@ -40,6 +40,7 @@ def broken(tmp_path: Path, **kernel_fields) -> Path:
     ({"ts": "1e300"}, "1 event dropped (ts missing or not a finite number)"),
     ({"ts": '"310.5"'}, "1 event dropped (ts missing or not a finite number)"),
     ({"dur": "-3.5"}, "1 event dropped (dur missing, negative or not a number)"),
+    ({"ts": "0", "dur": "0"}, "1 event dropped (ts and dur 0: a time Kineto clamped to its base)"),
     ({"args": "[1, 2]"}, "1 event read with empty args (args not an object)"),
     ({"args": '{"correlation": 123456789012345678901234567890, "stream": 7}'},
      "1 event kept unlinked (device, stream or correlation not a whole number)"),
@@ -52,6 +53,24 @@ def test_an_event_that_cannot_be_read_is_counted_and_the_rest_kept(tmp_path, fie
     kept = (~records.is_launch).sum()
     assert kept == (2 if "dropped" in note else 3)
     assert (records.end >= records.start).all() and records.start.min() > BASE
+
+
+def test_a_window_kineto_clamped_is_said_not_placed_at_its_base(tmp_path):
+    # what Kineto writes for a window saved after the next one was enabled (seen on an H200,
+    # torch 2.11): every CUPTI time 0, so every activity would sit at the base, 56 days back
+    data = export()
+    device = [e for e in data["traceEvents"] if e.get("cat") in ("kernel", "cuda_runtime")]
+    for e in device:
+        e["ts"], e["dur"] = 0, 0
+    records = load_chrome_trace(str(write(tmp_path / "w.json", data)))
+    assert len(records) == 0
+    assert records.meta["damage"] == [f"{len(device)} events dropped (ts and dur 0: a time "
+                                      "Kineto clamped to its base)"]
+    data = export()                      # a zero-length activity at a real time is kept
+    device = [e for e in data["traceEvents"] if e.get("cat") == "kernel"]
+    device[0]["dur"] = 0
+    records = load_chrome_trace(str(write(tmp_path / "z.json", data)))
+    assert records.meta["damage"] == [] and (records.start > BASE).all()
 
 
 def test_a_missing_ts_is_counted(tmp_path):

@@ -209,6 +209,9 @@ def collect(stream: ExportStream, host: bool = True) -> ExportEvents:
                         stream.problem, stream.items, stream.bytes_read)
 
 
+# Kineto writes a time before its base as ts 0 (and the duration then as 0): a device window
+# saved after the next one was enabled has every CUPTI time so (tracer/recorder/device.py)
+_CLAMPED = "dropped (ts and dur 0: a time Kineto clamped to its base)"
 _UNLINKED = "kept unlinked (device, stream or correlation not a whole number)"
 
 
@@ -251,6 +254,8 @@ def _taker(dev: dict, names: Interner, out: Optional[HostEvents]):
         if kind < 0:
             keep_host(e, -1 - kind, start, dur, args)
             return why
+        if start == 0 and dur == 0:
+            return _CLAMPED
         kind_(kind)
         name = e.get("name", "")
         code = name_codes.get(name) if type(name) is str else None

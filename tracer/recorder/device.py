@@ -6,38 +6,43 @@ to a traced run, while a CUDA event pair around every op triples the step time. 
 recorder asks CUPTI, not the CUDA runtime, when each op's work ran.
 
 The profiler runs while the session records, a window at a time. At step boundaries (at most
-every ``window_s`` seconds) and when recording stops, the training thread ends the window with
-only what must run on the thread that enabled the profiler (its state is thread-local): it
-waits for the GPU (the window's last kernels must be in it) and disables the profiler
-(``torch.autograd._disable_profiler``: Kineto collects and sorts CUPTI's records). The result
-goes to the flusher thread, which saves it with Kineto's own Chrome-trace export
-(``_ProfilerResult.save``) and hands the file to the recording's device worker
-(:mod:`tracer.recorder.device_worker`), a process started at the first window, which parses it
-(:mod:`tracer.kineto.chrome_trace`) and appends it to ``rank-<R>.device.arrow``
-(:mod:`tracer.files.device_format`). Closing the session saves what the flusher has not and waits
-for the worker (``close_wait_s``; past it the exports not yet parsed stay on disk, named in the
-metadata). Where the worker cannot start or dies, the flusher parses in this process, from the
-first window it had not answered (said once). The next window starts at the first op outside any
+every ``window_s`` seconds) and when recording stops, the training thread ends the window: it
+waits for the GPU (the window's last kernels must be in it), disables the profiler
+(``torch.autograd._disable_profiler``: Kineto collects and sorts CUPTI's records; the state is
+thread-local) and saves Kineto's own Chrome-trace export (``_ProfilerResult.save``), all before
+the next window starts (see the NOTE). The flusher thread hands the file to the recording's
+device worker (:mod:`tracer.recorder.device_worker`), a process started at the first window,
+which parses it (:mod:`tracer.kineto.chrome_trace`) and appends it to ``rank-<R>.device.arrow``
+(:mod:`tracer.files.device_format`). Closing the session waits for the worker
+(``close_wait_s``; past it the exports not yet parsed stay on disk, named in the metadata).
+Where the worker cannot start or dies, the flusher parses in this process, from the first
+window it had not answered (said once). The next window starts at the first op outside any
 record_function range (see :meth:`DeviceRecorder.boundary`). A killed process loses the window
-under way and those the flusher had not saved (it saves after every flush, at most
-``flush_interval`` apart); the worker appends the ones it was handed, then leaves.
+under way and those not yet handed over; the worker appends the ones it was handed, then leaves.
 When torch.profiler is already running in the process (the user profiles), the recorder says
 so once and keeps to host time.
 
-Where this torch lacks a part of that binding, torch.profiler.profile runs the windows instead,
-its export still on the flusher. ``DeviceRecorder.window_path = "torch.profiler"`` restores the
-first path: torch.profiler stopped and exported at the cut, on the training thread;
-``DeviceRecorder.parse_in = "flusher"`` the parse in this process, as before
-(benchmarks/device_windows.py measures the three side by side).
+Where this torch lacks a part of that binding, torch.profiler.profile runs the windows instead.
+``DeviceRecorder.window_path = "torch.profiler"`` forces that path;
+``DeviceRecorder.parse_in = "flusher"`` parses in this process; ``DeviceRecorder.export_at =
+"flusher"`` saves on the flusher (wrong on CUDA, kept to measure it: benchmarks/device_windows.py
+runs the paths side by side).
+
+NOTE: a window's result must be saved before the next window is enabled. Saved after it, every
+CUPTI time of the window (kernels, memcpys, memsets, runtime calls) comes out as ``ts`` 0:
+Kineto converts CUPTI's clock when it writes the export, with a converter that enabling the next
+window replaces, and it clamps the times that fall before its base to 0. Measured on an H200
+(torch 2.11.0+cu130, 2026-11-26; docs/gpu.md): four windows saved each after the next started
+gave 305 of 305, 206 of 206, 206 of 206 and 0 of 206 events at ts 0 (the last was saved with no
+window after it); saved at once, none. The CPU activity is not converted and shows nothing.
+Saving at the cut costs the training thread the export (76-83 ms median at hidden 1024 on that
+H200) on top of the stop (81-113 ms); docs/overhead.md, "Closing a device window".
 
 NOTE: ``_ProfilerResult.save`` holds the GIL while it writes (torch 2.6, 2.11, 2.13 and 2.14.1,
-as does ``_disable_profiler`` up to 2.13; docs/overhead.md), and so does freeing the result
-after it: the flusher's save still delays the training thread wherever that thread wants to run
-Python. The parse no longer does. On the CPU stand-in (2 vCPUs, torch 2.13.0; docs/overhead.md)
-a step in which a window closed took 447 ms median, 782 worst with the worker against 544 and
-989 with the flusher's parse, and the same 312 steps 37.2 s against 41.6; with the machine
-loaded by other work the medians were equal (550 and 554 ms), the worst 981 and 1,654: the
-worker then competes for the cores.
+as does ``_disable_profiler`` up to 2.13; docs/overhead.md). The parse no longer runs in this
+process: on the CPU stand-in (2 vCPUs, torch 2.13.0; docs/overhead.md) a step in which a window
+closed took 447 ms median, 782 worst with the worker against 544 and 989 with the flusher's
+parse.
 """
 from __future__ import annotations
 
@@ -148,6 +153,10 @@ class DeviceRecorder:
     # own (tracer.recorder.device_worker); "flusher": the flusher thread, in this process (the path
     # before, and the one taken when the worker cannot start or dies)
     parse_in = "worker"
+    # where an ended window is saved (Kineto's export): "cut", on the training thread before
+    # the next window starts; "flusher", later on the flusher thread: on CUDA every window
+    # saved after the next one started comes out with all its times clamped to 0 (see NOTE)
+    export_at = "cut"
     close_wait_s = CLOSE_WAIT_S
 
     def __init__(self, traces_dir: str, rank: int, pairs: list,
@@ -233,8 +242,10 @@ class DeviceRecorder:
         index, self._windows = self._windows, self._windows + 1
         path = os.path.join(self.traces_dir,
                             f".{rundir.rank_file(self.rank, f'window-{index}.json')}")
-        if self.window_path == "torch.profiler":
-            self._export(save, path)    # the path before: the export on the training thread
+        if self.window_path == "torch.profiler" or self.export_at == "cut":
+            saved = self._save(save, path)    # before the next window starts (see NOTE)
+            if not saved:
+                return
             save = None
         with self._lock:
             self._pending.append((index, save, path))
@@ -247,15 +258,19 @@ class DeviceRecorder:
                 pending, self._pending = self._pending, []
             self._check_worker()
             for index, save, path in pending:
-                if save is not None:
-                    try:
-                        self._export(save, path)
-                    except (OSError, RuntimeError) as exc:    # torch's save
-                        self.error = self.error or f"a device window was not saved ({exc})"
-                        if os.path.exists(path):
-                            os.remove(path)
-                        continue
-                self._parse(index, path)
+                if save is None or self._save(save, path):
+                    self._parse(index, path)
+
+    def _save(self, save: Callable[[str], None], path: str) -> bool:
+        """Save a window's export; False (said in the metadata) where torch's save failed."""
+        try:
+            self._export(save, path)
+            return True
+        except (OSError, RuntimeError) as exc:
+            self.error = self.error or f"a device window was not saved ({exc})"
+            if os.path.exists(path):
+                os.remove(path)
+            return False
 
     def _export(self, save: Callable[[str], None], path: str) -> None:
         """Kineto's Chrome-trace export of an ended window, written to ``path``."""

@@ -61,7 +61,8 @@ class WindowAppender:
     def append(self, index: int, export: str,
                parse: Callable = load_chrome_trace) -> Optional[str]:
         """Parse the export of window ``index``, append it, delete the export. Returns what
-        went wrong in one line (the window is then left out), or None."""
+        went wrong in one line, or None: a window that cannot be read is left out, one read
+        past damage (events dropped) is appended and its damage said."""
         try:
             try:
                 records = parse(export)
@@ -72,7 +73,8 @@ class WindowAppender:
             if self.writer is None:
                 self.writer = DeviceWriter(self.path, {"rank": self.rank, "source": "cupti"})
             self.writer.write(records, {"window": index, "devices": records.meta.get("devices")})
-            return None
+            damage = records.meta.get("damage_line")
+            return f"device window {index}: {damage}" if damage else None
         finally:
             if os.path.exists(export):
                 os.remove(export)
