@@ -18,7 +18,7 @@
 #   devtime   device compute a step, paratrace against a torch.profiler export of the same
 #             configuration (benchmarks/gpu_device_time.py)
 #   windows   what closing a CUPTI window costs the training thread, each path side by side
-#             (benchmarks/device_windows.py: the stall, 306-333 ms steps against 142)
+#             (benchmarks/device_windows.py: 330 ms closing steps against 141 on an H200)
 #   overhead  the recorders side by side with each one's worst step (benchmarks/overhead.py)
 # Results go under DIR: a log per part and summary.txt (each part's exit status).
 set -uo pipefail
@@ -99,7 +99,8 @@ for part in ${PARTS//,/ }; do
         status devtime $? ;;
     windows)
         timeout 150 python3 benchmarks/device_windows.py --device cuda --model large \
-            --rounds 2 --steps 30 > "$DIR/windows.log" 2>&1
+            --rounds 2 --steps 30 --paths torch.profiler,flusher-save,worker \
+            > "$DIR/windows.log" 2>&1
         status windows $? ;;
     overhead)
         timeout 240 python3 benchmarks/overhead.py --device cuda --models small,large \

@@ -32,10 +32,12 @@ def main(run_dir: str) -> int:
         if device is None:
             print(f"rank {rank}: {entry['status']}, no device activity")
             continue
+        steps = len(time.get("counted_steps") or []) or 1    # summary.json's time: sums
         print(f"rank {rank}: {entry['status']}, {device['attributed']:,} of "
               f"{device['activities']:,} activities attributed "
               f"{json.dumps(device.get('attributed_by', {}))}; clock {time.get('clock')}, "
-              f"compute {time.get('compute_s', 0) * 1e3:.1f} ms, wall {time.get('wall_s', 0) * 1e3:.1f} ms a step; "
+              f"over {steps} counted steps: compute {time.get('compute_s', 0) * 1e3 / steps:.1f} "
+              f"ms, wall {time.get('wall_s', 0) * 1e3 / steps:.1f} ms a step; "
               f"device busy {device['busy_s'] * 1e3:.1f} ms in all")
     return 0
 
