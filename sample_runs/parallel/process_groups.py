@@ -66,12 +66,13 @@ def rank_grid(*, tp: int, dp: int, pp: int) -> torch.Tensor:
     return torch.arange(tp * dp * pp).view(pp, dp, tp)
 
 
-def _make(ranks_lists: list[list[int]], me: int) -> Optional[Group]:
+def _make(ranks_lists: list[list[int]], me: int, desc: str) -> Optional[Group]:
     """Create a group for every rank list (every rank must call new_group for every group, in
-    the same order) and return the one containing ``me``."""
+    the same order) and return the one containing ``me``. ``desc`` names the groups
+    (``group_desc``): the trace says which parallel dimension each one is."""
     mine = None
     for ranks in ranks_lists:
-        handle = dist.new_group(ranks) if len(ranks) > 1 else None
+        handle = dist.new_group(ranks, group_desc=desc) if len(ranks) > 1 else None
         if me in ranks:
             mine = Group(handle=handle, rank=ranks.index(me), ranks=tuple(ranks))
     return mine
@@ -89,18 +90,19 @@ def build_groups(*, tp: int, dp: int, pp: int, cp: int = 1, ep: int = 1) -> Para
     tp_lists = [grid[p, d, :].tolist() for p in range(pp) for d in range(data)]
     dp_lists = [grid[p, :, t].tolist() for p in range(pp) for t in range(tp)]
     pp_lists = [grid[:, d, t].tolist() for d in range(data) for t in range(tp)]
-    groups = dict(tp=_make(tp_lists, me), dp_cp=_make(dp_lists, me), pp=_make(pp_lists, me),
-                  pp_grad=_make(pp_lists, me))
+    groups = dict(tp=_make(tp_lists, me, "tp"),
+                  dp_cp=_make(dp_lists, me, "dp_cp" if cp > 1 else "dp"),
+                  pp=_make(pp_lists, me, "pp"), pp_grad=_make(pp_lists, me, "pp_grad"))
     embedding = None
     if pp > 1:
-        embedding = _make([[ranks[0], ranks[-1]] for ranks in pp_lists], me)
+        embedding = _make([[ranks[0], ranks[-1]] for ranks in pp_lists], me, "pp_embedding")
     groups.update(dp=groups["dp_cp"], cp=_solo(me))
     if cp > 1:
         cp_lists = [grid[p, d * cp:(d + 1) * cp, t].tolist()
                     for p in range(pp) for d in range(dp) for t in range(tp)]
         pure_dp_lists = [grid[p, c::cp, t].tolist()
                          for p in range(pp) for c in range(cp) for t in range(tp)]
-        groups.update(cp=_make(cp_lists, me), dp=_make(pure_dp_lists, me))
+        groups.update(cp=_make(cp_lists, me, "cp"), dp=_make(pure_dp_lists, me, "dp"))
     groups.update(ep=_solo(me), expert_dp=groups["dp"])
     if ep > 1:
         assert cp == 1, "expert parallelism is carved out of DP only when cp == 1"
@@ -108,7 +110,8 @@ def build_groups(*, tp: int, dp: int, pp: int, cp: int = 1, ep: int = 1) -> Para
                     for p in range(pp) for e in range(dp // ep) for t in range(tp)]
         expert_dp_lists = [grid[p, i::ep, t].tolist()
                            for p in range(pp) for i in range(ep) for t in range(tp)]
-        groups.update(ep=_make(ep_lists, me), expert_dp=_make(expert_dp_lists, me))
+        groups.update(ep=_make(ep_lists, me, "ep"),
+                      expert_dp=_make(expert_dp_lists, me, "dp_expert"))
     return ParallelGroups(**groups, embedding=embedding, world_rank=me, world_size=world)
 
 

@@ -225,8 +225,9 @@ def test_summary_cross_rank_object(tmp_path):
     assert out["stragglers"] == [{"rank": 1, "late_s": pytest.approx(10 * U / 1e9)}]
     assert out["wait_s"] == {"0": pytest.approx(10 * U / 1e9), "1": 0.0}
     (row,) = out["collectives"]
-    assert set(row) == {"kind", "group", "process_group", "count", "bytes", "median_s",
-                        "algbw_GBps", "busbw_GBps", "site"}
+    assert set(row) == {"kind", "group", "process_group", "dimension", "count", "bytes",
+                        "median_s", "algbw_GBps", "busbw_GBps", "site"}
+    assert row["dimension"] == "world"           # no name, no grid: the group of every rank
     assert row["process_group"] is None          # the only process group over its ranks
     assert row["busbw_GBps"] == pytest.approx(row["algbw_GBps"] / 2)
 

@@ -21,7 +21,7 @@ from tracer.vocab.labels import PHASES
 
 from .format import COLUMNS, DICT_COLUMNS, SCHEMA, decode_stack, read_stream
 
-_META_MERGE_DICTS = ("config", "sources")
+_META_MERGE_DICTS = ("config", "sources", "process_groups")
 
 
 class Trace:

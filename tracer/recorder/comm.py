@@ -55,6 +55,9 @@ class CommTracker:
         self._dicts = dictionaries
         self._emit = emit                  # appends a finished row to the session's queue
         self._groups: dict = {}            # group key -> (group id, ranks)
+        # group text -> what the user or DeviceMesh called the group (its ``group_desc``), in
+        # the order seen; only added to (the flusher writes the new ones: ``process_groups``)
+        self.group_descs: dict = {}
         self._group_seq: dict = {}
         self._next_cid = 0
         self.pending: dict = {}            # cid -> CommRecord, launched but not completed
@@ -143,8 +146,12 @@ class CommTracker:
                     ranks = tuple(dist.get_process_group_ranks(pg))
             except Exception:
                 ranks = ()
-            gid = self._dicts.group(_group_text(pg, ranks) if ranks else f"?{key}")
+            text = _group_text(pg, ranks) if ranks else f"?{key}"
+            gid = self._dicts.group(text)
             cached = self._groups[key] = (gid, ranks)
+            desc = _group_desc(pg)
+            if desc is not None:
+                self.group_descs[text] = desc
         return cached
 
     # ------------------------------------------------------------------ c10d works
@@ -319,6 +326,13 @@ def _group_text(pg, ranks) -> str:
     except Exception:          # a torch without these internals: the ranks alone
         pass
     return group_text(ranks)
+
+
+def _group_desc(pg) -> Optional[str]:
+    """The ``group_desc`` a process group was given (``new_group(group_desc=...)``;
+    DeviceMesh gives ``mesh_<dim name>``), or None: none given, or a torch without it."""
+    desc = getattr(pg, "group_desc", None) if pg is not None else None
+    return desc if isinstance(desc, str) and desc and desc != "undefined" else None
 
 
 def _tensor_bytes(value):

@@ -39,3 +39,39 @@ def group_label(text) -> str:
     if name is None:
         return text or ""
     return f"{text.split(GROUP_NAME_SEP, 1)[0]} (process group {name})"
+
+
+# The parallel dimensions a process group can carry, and the words that name each in a
+# group_desc or a DeviceMesh dimension name (torchtitan's dp_shard, dp_replicate, dp_shard_cp;
+# Megatron's tensor/pipeline/data/context/expert model parallel groups)
+DIMENSIONS = ("tp", "sp", "dp", "pp", "cp", "ep")
+_DIMENSION_WORDS = {
+    "tp": "tp", "tensor": "tp", "mp": "tp",
+    "sp": "sp", "sequence": "sp",
+    "dp": "dp", "data": "dp", "ddp": "dp", "fsdp": "dp", "hsdp": "dp", "zero": "dp",
+    "replicate": "dp", "shard": "dp",
+    "pp": "pp", "pipe": "pp", "pipeline": "pp", "stage": "pp",
+    "cp": "cp", "context": "cp", "ring": "cp",
+    "ep": "ep", "expert": "ep", "moe": "ep",
+}
+
+
+def dimension_of_desc(desc) -> Optional[str]:
+    """The parallel dimension a group's name says (``group_desc``, or ``mesh_<dim>`` as
+    DeviceMesh names its groups): the first word of it that names one, ``dp_shard_cp`` -> dp,
+    ``mesh_tp`` -> tp, ``pp_grad`` -> pp; None for torch's own names (``default_pg``,
+    ``mesh_default``) and words that name none."""
+    if not isinstance(desc, str):
+        return None
+    text = desc.lower()
+    if text.startswith("mesh_"):
+        text = text[5:]
+    word = ""
+    for ch in text + "_":
+        if ch.isalpha():
+            word += ch
+            continue
+        if word in _DIMENSION_WORDS:
+            return _DIMENSION_WORDS[word]
+        word = ""
+    return None

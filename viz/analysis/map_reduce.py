@@ -6,8 +6,9 @@ The map (:mod:`.rank`) reads each rank's trace twice, one rank per task: first i
 receives (to match pipeline messages across ranks, :func:`.timeline.match_p2p`), then everything
 else. Tasks run where the :class:`viz.engine.Engine` says (this process, worker processes, a
 Dask cluster), so memory holds one trace per worker. The reduce assembles the timeline
-(:mod:`.timeline`), its metrics (:mod:`.metrics`), the cross-rank matching (:mod:`.crossrank`)
-and the critical paths (:mod:`.critical_path`) from the per-rank results alone; a third pass
+(:mod:`.timeline`), its metrics (:mod:`.metrics`), the cross-rank matching (:mod:`.crossrank`),
+the critical paths (:mod:`.critical_path`) and the parallel dimensions' costs
+(:mod:`.dimensions`) from the per-rank results alone; a third pass
 reads only the ranks a critical path crosses, for its module shares. :func:`recount` and
 :func:`training` count some steps only (trace-diff, the report's call graphs).
 """
@@ -17,12 +18,15 @@ from dataclasses import replace
 from typing import Optional
 
 from tracer.files.format import TraceError
+from tracer.vocab.groups import group_text
 
 from ..engine import Engine
 from ..run import Run, RunError
 from .columns import Records
 from .critical_path import critical_paths, path_intervals
 from .crossrank import cross_rank
+from .dimensions import dimension_costs, group_descs, name_groups
+from .grid import grid_of
 from .lanes import P2PLink
 from .metrics import metrics_of
 from .op_groups import SharedOpGroups
@@ -101,9 +105,14 @@ def _reduce(run: Run, ranks: dict, unreadable: dict, links: list) -> RunAnalysis
     world, disagreement = world_of(run, ranks)
     timeline = assemble({rank: r.lanes for rank, r in ranks.items()}, links, config, world)
     cross = cross_rank(timeline)
+    texts = {t for lane in timeline.ranks.values() for t in lane.comm.tables.get("group", [])}
+    texts |= {group_text(c.group, name=c.process_group) for r in ranks.values() for c in r.comm}
+    names = name_groups(sorted(texts), group_descs(r.meta for r in ranks.values()),
+                        grid_of(config, world), world)
     return RunAnalysis(run, world, ranks, unreadable, timeline, metrics_of(timeline), cross,
                        critical_paths(timeline, cross), config=config,
-                       world_disagreement=disagreement)
+                       world_disagreement=disagreement, group_dimensions=names,
+                       dimensions=dimension_costs(timeline, names))
 
 
 def world_of(run: Run, ranks: dict) -> tuple:

@@ -50,6 +50,9 @@ class RunAnalysis:
     config: dict = field(default_factory=dict)
     world_disagreement: Optional[WorldDisagreement] = None   # run.json's world set aside
     left_out: list = field(default_factory=list)  # --kineto files that are no export (lines)
+    # group text -> viz.analysis.dimensions.GroupDimension: the dimension each group carries
+    group_dimensions: dict = field(default_factory=dict)
+    dimensions: dict = field(default_factory=dict)   # rank -> [dimensions.DimensionCost]
 
     def missing(self) -> list:
         """(first, last) of each run of ranks without a readable trace: ranks of the world with

@@ -38,7 +38,8 @@ def _profiles(analysis: RunAnalysis, grid: Optional[tuple]) -> tuple:
     groups = {rank: mine.op_groups for rank, mine in analysis.ranks.items()}
     paths = display_paths({f.file for gs in groups.values() for g in gs for f in g.path})
     out = {rank: rank_profile(rank, mine.op_groups, mine.comm, paths, analysis.metrics.get(rank),
-                              mine.steps, lambda ranks: group_label(ranks, grid))
+                              mine.steps, lambda ranks: group_label(ranks, grid),
+                              analysis.dimensions.get(rank, ()))
            for rank, mine in sorted(analysis.ranks.items())}
     return out, paths
 

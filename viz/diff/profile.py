@@ -11,7 +11,9 @@ time, which differs on every run):
   the grid axes it spans and its size (:func:`viz.diff.roles.group_label`);
 - ``module_comm``: collective calls per (module path, kind, phase): which layer communicates how
   (it follows from ``ops``, as each op has one kind, so it adds no structure of its own);
-- ``flops`` per op family, ``op_counts`` per op, ``time`` from the timeline analysis.
+- ``flops`` per op family, ``op_counts`` per op, ``time`` from the timeline analysis;
+- ``dimensions``: per parallel dimension (viz.analysis.dimensions), calls and bytes over the
+  counted steps, and its exposed and overlapped seconds.
 
 Profiles are pure functions of :class:`viz.analysis.callgraph.OpGroup` s and
 :class:`viz.analysis.rank_lanes.RankMetrics`.
@@ -63,16 +65,24 @@ class Profile:
     flops: Counter = field(default_factory=Counter)       # family -> FLOPs, and "total"
     time: dict = field(default_factory=dict)              # TIME_METRICS -> value or None
     steps: tuple = ()
+    dim_calls: Counter = field(default_factory=Counter)   # dimension -> calls
+    dim_bytes: Counter = field(default_factory=Counter)   # dimension -> bytes
+    dim_time: dict = field(default_factory=dict)  # (dimension, "exposed_s" | ...) -> seconds
 
 
 def rank_profile(rank: int, groups: Iterable[OpGroup], comm_rows: Iterable,
                  paths: Mapping[str, str], metrics, steps: Sequence[int],
-                 group_name: Callable[[list], str]) -> Profile:
+                 group_name: Callable[[list], str], dimensions: Sequence = ()) -> Profile:
     """The profile of one rank from its OpGroups, its communication rows
     (:class:`viz.analysis.rank.CommRow`: op groups do not carry the process group), display paths of
     its files, its RankMetrics (None if the timeline has none) and how to name a group's
-    ranks."""
+    ranks; ``dimensions``: its viz.analysis.dimensions.DimensionCost s."""
     out = Profile((rank,), steps=tuple(steps))
+    for cost in dimensions:
+        out.dim_calls[cost.dimension] += cost.count
+        out.dim_bytes[cost.dimension] += cost.bytes
+        out.dim_time[(cost.dimension, "exposed_s")] = cost.exposed_s
+        out.dim_time[(cost.dimension, "overlapped_s")] = cost.overlapped_s
     for row in comm_rows:
         key = (row.kind, row.phase, group_name(row.group))
         out.comm[key] += row.count
@@ -108,8 +118,11 @@ def merge(profiles: Sequence[Profile]) -> Profile:
     out = Profile(tuple(sorted(r for p in profiles for r in p.ranks)))
     for p in profiles:
         for name in ("ops", "functions", "comm", "comm_bytes", "module_comm", "op_counts",
-                     "flops"):
+                     "flops", "dim_calls", "dim_bytes"):
             getattr(out, name).update(getattr(p, name))
+    # a dimension's seconds: the mean over the ranks, 0 for a rank without it
+    for key in {k for p in profiles for k in p.dim_time}:
+        out.dim_time[key] = sum(p.dim_time.get(key, 0.0) for p in profiles) / len(profiles)
     for key in TIME_METRICS:
         values = [p.time.get(key) for p in profiles if p.time.get(key) is not None]
         out.time[key] = sum(values) / len(values) if values else None

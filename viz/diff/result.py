@@ -163,9 +163,17 @@ def compare(label: str, a: Profile, b: Profile) -> ScopeDiff:
         d.append(Delta(label, "comm", name, a.comm.get(key, 0), b.comm.get(key, 0), "count"))
         d.append(Delta(label, "comm bytes", name, a.comm_bytes.get(key, 0),
                        b.comm_bytes.get(key, 0), "bytes"))
+    for dim in sorted(set(a.dim_calls) | set(b.dim_calls)):
+        d.append(Delta(label, "dimension", dim, a.dim_calls.get(dim, 0),
+                       b.dim_calls.get(dim, 0), "count"))
+        d.append(Delta(label, "dimension bytes", dim, a.dim_bytes.get(dim, 0),
+                       b.dim_bytes.get(dim, 0), "bytes"))
     for metric in TIME_METRICS:
         d.append(Delta(label, "time", metric, a.time.get(metric), b.time.get(metric),
                        "s" if metric.endswith("_s") else "fraction"))
+    for dim, what in sorted(set(a.dim_time) | set(b.dim_time)):
+        d.append(Delta(label, "time", f"{what[:-2]} comm, {dim}",
+                       a.dim_time.get((dim, what), 0.0), b.dim_time.get((dim, what), 0.0), "s"))
     return out
 
 

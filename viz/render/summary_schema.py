@@ -15,10 +15,11 @@ from __future__ import annotations
 
 from typing import Optional
 
-from tracer.vocab.groups import group_ranks, process_group_name
+from tracer.vocab.groups import group_ranks, group_text, process_group_name
 
 from ..analysis.critical_path import Path
 from ..analysis.crossrank import CrossRank, Mismatch
+from ..analysis.dimensions import OTHER
 from ..analysis.gpu_attribution import DeviceSummary, DeviceWhole
 from ..analysis.metrics import PipelineBubble, RankMetrics, StepMetrics
 from ..analysis.rank import LastOp
@@ -36,6 +37,7 @@ MAX_PATH_MODULES = 20          # modules of a critical path listed, most time fi
 def build_summary(analysis: RunAnalysis) -> dict:
     """The summary dict of an analysed run."""
     ranks = {}
+    names = analysis.group_dimensions
     for rank in analysis.listed():
         entry = {"status": analysis.status(rank)}
         mine = analysis.ranks.get(rank)
@@ -44,14 +46,16 @@ def build_summary(analysis: RunAnalysis) -> dict:
             time = time_json(metrics) if metrics else {k: None for k in TIME_KEYS}
             time["clock"] = mine.lanes.clock
             entry.update(events=mine.events, op_counts=mine.op_counts,
-                         op_counts_by_phase=mine.op_counts_by_phase, comm=comm_json(mine.comm),
+                         op_counts_by_phase=mine.op_counts_by_phase,
+                         comm=comm_json(mine.comm, names),
+                         dimensions=dimensions_json(analysis.dimensions.get(rank, [])),
                          time=time, clock_error_ns=mine.lanes.clock_error_ns, steps=mine.steps)
             if mine.device is not None:
                 entry["device"] = device_json(mine.device)
             if mine.warnings:
                 entry["warnings"] = mine.warnings
         else:
-            entry.update(events=0, op_counts={}, op_counts_by_phase={}, comm=[],
+            entry.update(events=0, op_counts={}, op_counts_by_phase={}, comm=[], dimensions={},
                          time={k: None for k in TIME_KEYS})
         error = rank_error(analysis, rank) if entry["status"] != "ok" else None
         if error:
@@ -64,7 +68,8 @@ def build_summary(analysis: RunAnalysis) -> dict:
     return {"schema": SCHEMA, "world_size": analysis.world_size, "config": analysis.config,
             "command": analysis.run.info.get("command"), "ranks": ranks,
             "missing_ranks": [list(pair) for pair in analysis.unlisted()],
-            "cross_rank": dict(cross_rank_json(analysis.cross),
+            "process_groups": process_groups_json(names),
+            "cross_rank": dict(cross_rank_json(analysis.cross, names),
                                critical_path=[path_json(p) for p in analysis.paths])}
 
 
@@ -117,11 +122,33 @@ def pipeline_json(p: Optional[PipelineBubble]) -> Optional[dict]:
             "theoretical_bubble_fraction": p.theoretical_bubble_fraction}
 
 
-def comm_json(rows: list) -> list:
-    """A rank's ``comm`` rows (viz.analysis.rank.CommRow)."""
+def comm_json(rows: list, names: dict) -> list:
+    """A rank's ``comm`` rows (viz.analysis.rank.CommRow), each with its group's dimension."""
     return [{"kind": r.kind, "phase": r.phase, "group": list(r.group),
-             "process_group": r.process_group, "count": r.count, "bytes": r.bytes}
+             "process_group": r.process_group,
+             "dimension": _dimension(names, group_text(r.group, name=r.process_group)),
+             "count": r.count, "bytes": r.bytes}
             for r in rows]
+
+
+def _dimension(names: Optional[dict], text: str) -> str:
+    found = (names or {}).get(text)
+    return found.dimension if found is not None else OTHER
+
+
+def dimensions_json(costs: list) -> dict:
+    """A rank's ``dimensions``: per parallel dimension (viz.analysis.dimensions.DimensionCost,
+    most exposed first), its communication over the counted steps."""
+    return {c.dimension: {"count": c.count, "bytes": c.bytes, "comm_s": c.comm_s,
+                          "overlapped_s": c.overlapped_s, "exposed_s": c.exposed_s}
+            for c in costs}
+
+
+def process_groups_json(names: dict) -> list:
+    """``process_groups``: every recorded group with its dimension and where that was read."""
+    return [{"group": list(group_ranks(text)), "process_group": process_group_name(text),
+             "desc": g.desc, "dimension": g.dimension, "from": g.source}
+            for text, g in sorted(names.items(), key=lambda kv: (group_ranks(kv[0]), kv[0]))]
 
 
 def last_op_json(last: LastOp) -> dict:
@@ -160,7 +187,7 @@ def whole_json(w: DeviceWhole) -> dict:
 
 
 # ---------------------------------------------------------------------------- across ranks
-def cross_rank_json(cross: CrossRank) -> dict:
+def cross_rank_json(cross: CrossRank, names: dict) -> dict:
     """``cross_rank`` (less its ``critical_path``)."""
     return {
         "matched": len(cross.matched), "unmatched": cross.unmatched,
@@ -169,7 +196,7 @@ def cross_rank_json(cross: CrossRank) -> dict:
         "mismatches": [mismatch_json(m) for m in cross.mismatches[:MAX_MISMATCHES]],
         "stragglers": [{"rank": r, "late_s": s} for r, s in cross.stragglers()],
         "wait_s": {str(r): ns / 1e9 for r, ns in sorted(cross.wait_ns.items())},
-        "collectives": collectives_json(cross),
+        "collectives": collectives_json(cross, names),
     }
 
 
@@ -183,10 +210,11 @@ def mismatch_json(m: Mismatch) -> dict:
             "text": mismatch_text(m)}
 
 
-def collectives_json(cross: CrossRank) -> list:
+def collectives_json(cross: CrossRank, names: Optional[dict] = None) -> list:
     """``cross_rank.collectives``: per (kind, group), counts, bytes and bandwidths."""
     return [{"kind": c.kind, "group": list(group_ranks(c.group)),
-             "process_group": process_group_name(c.group), "count": c.count,
+             "process_group": process_group_name(c.group),
+             "dimension": _dimension(names, c.group), "count": c.count,
              "bytes": c.bytes, "median_s": c.median_s, "algbw_GBps": c.algbw_GBps,
              "busbw_GBps": c.busbw_GBps, "site": site_text(c.site)}
             for c in cross.collectives()]

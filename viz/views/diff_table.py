@@ -25,9 +25,10 @@ def largest_changes(result: DiffResult) -> list:
         first = alike[0]
         scope = first.scope if len(alike) == 1 else f"{first.scope} (+{len(alike) - 1} alike)"
         rows.append(Delta(scope, first.category, first.name, first.a, first.b, first.unit))
-    # Communication first, then FLOPs, then op counts: a few rows of each kind say more than
+    # Communication first (by group, then by parallel dimension), then FLOPs, then op counts: a few rows of each kind say more than
     # many op counts that changed by the same factor.
-    order = {"comm": 0, "comm bytes": 1, "flops": 2, "ops": 3}
+    order = {"comm": 0, "comm bytes": 1, "dimension": 2, "dimension bytes": 3, "flops": 4,
+             "ops": 5}
     rows.sort(key=lambda d: (order.get(d.category, 9), -round(d.size, 6),
                              -abs((d.b or 0) - (d.a or 0)), d.scope, d.name))
     return rows

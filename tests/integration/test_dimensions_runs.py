@@ -1,0 +1,86 @@
+"""Parallel dimensions on real runs (4 gloo ranks): groups named by a torchtitan-style
+DeviceMesh and by ``new_group(group_desc=...)``, and the reference GPT's own named groups;
+each rank's calls per dimension against counts made apart from the analysis."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import tracer
+from support.cli import trace_run
+from support.paths import SCRIPTS
+from tracer.files import rundir
+from tracer.vocab.groups import group_text
+
+pytestmark = pytest.mark.integration
+
+
+def _summary(out) -> dict:
+    with open(out / "summary.json") as fh:
+        return json.load(fh)
+
+
+def test_mesh_and_group_desc_names_give_each_group_its_dimension(tmp_path):
+    out, expected_file = tmp_path / "run", tmp_path / "expected.json"
+    proc = trace_run("--nproc-per-node", "4", "--out", out, SCRIPTS / "dimension_groups.py",
+                     expected_file, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    expected = json.loads(expected_file.read_text())
+    summary = _summary(out)
+    groups = {tuple(g["group"]): (g["desc"], g["dimension"], g["from"])
+              for g in summary["process_groups"]}
+    assert groups == {(0, 1): ("mesh_tp", "tp", "name"), (2, 3): ("mesh_tp", "tp", "name"),
+                      (0, 2): ("mesh_dp_shard", "dp", "name"),
+                      (1, 3): ("mesh_dp_shard", "dp", "name"),
+                      (0, 3): ("cp", "cp", "name"), (1, 2): ("cp", "cp", "name"),
+                      (0, 1, 2, 3): (None, "world", "ranks")}
+    assert tuple(expected["tp"]) in groups and tuple(expected["dp_shard"]) in groups
+    calls = expected["calls"]
+    per_dim = {"tp": calls["tp"], "dp": calls["dp_shard"], "cp": calls["cp"],
+               "world": calls["unnamed"]}
+    for rank in range(4):
+        entry = summary["ranks"][str(rank)]
+        counted = len(entry["time"]["counted_steps"])
+        assert counted == expected["steps"] - 1          # step 0 left out
+        dims = entry["dimensions"]
+        assert {d: v["count"] for d, v in dims.items()} == {
+            d: n * counted for d, n in per_dim.items()}
+        assert all(v["bytes"] == 16 * 4 * v["count"] for v in dims.values())    # 16 floats
+        # the trace itself names the groups this rank used
+        meta = tracer.load(rundir.trace_file(str(out / "traces"), rank)).meta
+        assert {desc["desc"] for desc in meta["process_groups"].values()} == {
+            "mesh_tp", "mesh_dp_shard", "cp"}
+    page = (out / "index.html").read_text()
+    assert "Communication by parallel dimension" in page
+    assert "tp: 0,1, 2,3 (named mesh_tp)" in page and "world: " in page
+
+
+def test_the_reference_gpt_names_its_groups_and_counts_per_dimension(tmp_path):
+    out = tmp_path / "run"
+    proc = trace_run("--nproc-per-node", "4", "--out", out, "-m", "sample_runs.train",
+                     "--tp", "2", "--no-sp", "--dp", "2", "--pp", "1", "--steps", "3",
+                     timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summary = _summary(out)
+    named = {tuple(g["group"]): (g["desc"], g["dimension"]) for g in summary["process_groups"]}
+    assert named[(0, 1)] == named[(2, 3)] == ("tp", "tp")
+    assert named[(0, 2)] == named[(1, 3)] == ("dp", "dp")
+    for rank in range(4):
+        entry = summary["ranks"][str(rank)]
+        counted = set(entry["time"]["counted_steps"])
+        # apart from the analysis: the trace's own rows, by the group each names
+        trace = tracer.load(rundir.trace_file(str(out / "traces"), rank))
+        desc = {text: d["desc"] for text, d in trace.meta["process_groups"].items()}
+        kinds, groups = trace.dictionary("kind"), trace.dictionary("group")
+        want: dict = {}
+        for kind, group, step in zip(trace.col("kind"), trace.col("group"), trace.col("step")):
+            if kind < 0 or int(step) not in counted:
+                continue
+            name = desc.get(groups[group])
+            want[name] = want.get(name, 0) + 1
+        tp = group_text((rank - rank % 2, rank - rank % 2 + 1))
+        assert desc[tp] == "tp"
+        got = {d: v["count"] for d, v in entry["dimensions"].items()}
+        assert got == {("world" if name is None else name): n for name, n in want.items()}
+        assert got["tp"] > 0 and got["dp"] > 0
