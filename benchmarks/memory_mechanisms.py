@@ -16,7 +16,9 @@ Times training steps under:
   forgets a key, so a new storage at a freed one's address would be missed: timing only);
 - torch.profiler(profile_memory=True, record_shapes=False, with_stack=False), its chrome trace
   written at exit as overhead.py's profiler does;
-- paratrace (``tracer.trace``), for reference.
+- paratrace (``tracer.trace``), for reference; paratrace with its Python hot path (what
+  memory recording runs on); paratrace with ``memory=True``, memory recording as built
+  (tracer/recorder/memory.py; docs/overhead.md, "Memory recording as built").
 
 Rounds alternate the mechanisms as overhead.py does (overhead.measure), medians over rounds.
 Then a correctness check of the finalize mechanism, run under torch.profiler(profile_memory)
@@ -25,7 +27,7 @@ storages still alive, and its peak rise within each step against the one the pro
 [memory] events give for the same step.
 
     OMP_NUM_THREADS=1 python benchmarks/memory_mechanisms.py [--rounds 2] [--steps 3]
-        [--models small] [--check-steps 3]
+        [--models small] [--check-steps 3] [--mechanisms "NAME;NAME"] [--no-check]
 """
 from __future__ import annotations
 
@@ -46,6 +48,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import overhead  # noqa: E402
 import overhead_recorders  # noqa: E402
+import tracer  # noqa: E402
 from overhead_recorders import MODELS, NoopMode, Recorders, step_times  # noqa: E402
 
 _Tensor = torch.Tensor
@@ -139,7 +142,14 @@ class MemoryRecorders(Recorders):
             "storages, first sight only": lambda: StorageMode(None),
             "profiler, profile_memory": self.memory_profiler,
             "paratrace": self.paratrace,
+            "paratrace, Python hot path": self.paratrace_python,
+            "paratrace, memory": self.paratrace_memory,
         }
+
+    def paratrace_memory(self):
+        """paratrace with memory recording (it runs the Python on_op)."""
+        return tracer.trace(self._out(), clock_sync=False, flush_interval=self.flush_interval,
+                            memory=True)
 
     @contextlib.contextmanager
     def memory_profiler(self):
@@ -169,7 +179,7 @@ def report(times: dict, seen: dict, names: list, model: str) -> None:
         print(f"{name:28s} {step[0] * 1e3:8.2f}ms {extra[name][0]:6.3f} "
               f"{step[1] * 1e3:8.2f}ms {extra[name][1]:6.3f} {ratio:7.2f} "
               f"{worst * 1e3:8.2f}ms {worst / med:8.2f}")
-    prof = extra["profiler, profile_memory"]
+    prof = extra.get("profiler, profile_memory", [float("nan")] * 2)
     for i, clock in enumerate(("wall", "main cpu")):
         if floor[i] <= 0:
             print(f"{clock}: no-op mode extra <= 0, no ratios")
@@ -179,7 +189,7 @@ def report(times: dict, seen: dict, names: list, model: str) -> None:
                   f"{n} {extra[n][i] / floor[i]:.2f}, {extra[n][i] / prof[i]:.2f}"
                   for n in names if n.startswith(("storages", "paratrace"))))
     for name in names:
-        if name.startswith("storages") and floor[0] > 0:
+        if name.startswith("storages") and floor[0] > 0 and "paratrace" in extra:
             both = extra["paratrace"][0] + extra[name][0] - floor[0]
             print(f"paratrace + {name} (estimated: paratrace extra + its extra - no-op "
                   f"extra), wall: / no-op extra {both / floor[0]:.2f}, / profile_memory "
@@ -269,6 +279,10 @@ def main() -> None:
     parser.add_argument("--models", default="small",
                         help=f"comma-separated, of {', '.join(MODELS)} (default small)")
     parser.add_argument("--check-steps", type=int, default=3)
+    parser.add_argument("--mechanisms", default=None,
+                        help="';'-separated subset of the mechanisms to time (untraced and "
+                        "the no-op mode always run)")
+    parser.add_argument("--no-check", action="store_true", help="skip the correctness check")
     args = parser.parse_args()
     models = args.models.split(",")
     unknown = [m for m in models if m not in MODELS]
@@ -279,6 +293,12 @@ def main() -> None:
     tmp = tempfile.mkdtemp(prefix="paratrace-mem-")
     try:
         recorders = MemoryRecorders(tmp)
+        if args.mechanisms:
+            wanted = {"untraced", "no-op dispatch mode", *args.mechanisms.split(";")}
+            unknown = wanted - set(recorders.factories)
+            if unknown:
+                parser.error(f"--mechanisms: none named {', '.join(sorted(unknown))}")
+            recorders.factories = {n: f for n, f in recorders.factories.items() if n in wanted}
         names = list(recorders.factories)
         load = os.getloadavg()
         times, seen = overhead.measure(recorders, models, args.rounds, args.steps)
@@ -288,7 +308,7 @@ def main() -> None:
               f"torch {torch.__version__}")
         for model in models:
             report(times, seen, names, model)
-        for model in models:
+        for model in models if not args.no_check else ():
             check(model, args.check_steps, tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -62,6 +62,7 @@ def parse(argv: list) -> argparse.Namespace:
     parser.add_argument("--library", action="append", default=[])
     parser.add_argument("--no-device-time", action="store_true")
     parser.add_argument("--compile-eagerly", action="store_true")
+    parser.add_argument("--memory", action="store_true")
     opts = parser.parse_args(argv[:split])
     target = argv[split + 1:]
     opts.module = None
@@ -153,7 +154,8 @@ def main(argv: Optional[list] = None) -> None:
         with tracer.trace(traces_dir, steps=opts.steps, stack_depth=opts.stack_depth,
                           library_frames=opts.include_library_frames, library=opts.library,
                           device_time=not opts.no_device_time,
-                          compiled="eager" if opts.compile_eagerly else "compiled"):
+                          compiled="eager" if opts.compile_eagerly else "compiled",
+                          memory=opts.memory):
             try:
                 if opts.module is not None:
                     runpy.run_module(opts.module, run_name="__main__", alter_sys=True)

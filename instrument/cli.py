@@ -70,6 +70,10 @@ def build_parser() -> argparse.ArgumentParser:
     own.add_argument("--no-device-time", action="store_true",
                      help="on CUDA, do not record GPU activity (CUPTI through torch.profiler); "
                      "op times are then host launch times")
+    own.add_argument("--memory", action="store_true",
+                     help="record every storage's bytes, free and category (parameters, "
+                     "gradients, optimizer state, activations, temporaries, comm): the report's "
+                     "memory peaks; costs about 3x the recorder's extra time (docs/overhead.md)")
     own.add_argument("--compile-eagerly", action="store_true",
                      help="run torch.compile'd code eagerly, op by op, for full op detail "
                      "(default: compiled code runs compiled, one range per compiled graph)")
@@ -194,6 +198,8 @@ def worker_args(args: argparse.Namespace, out: str, target: Target) -> list:
         own.append("--no-device-time")
     if args.compile_eagerly:
         own.append("--compile-eagerly")
+    if args.memory:
+        own.append("--memory")
     run = ["-m", target.module] if target.module else [target.script]
     # NOTE: -u keeps the launcher's workers' output in step; --no-launcher runs as python does
     unbuffered = [] if args.no_launcher else ["-u"]

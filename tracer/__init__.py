@@ -30,7 +30,7 @@ _NULL = contextlib.nullcontext()
 def trace(out_dir: str, *, steps=None, stack_depth: int = 64, library_frames: bool = False,
           record_shapes: bool = True, record_stacks: bool = True, record_modules: bool = True,
           user_paths=(), library=(), clock_sync: bool = True, flush_interval: float = 0.25,
-          device_time: bool = True, compiled: str = "compiled"):
+          device_time: bool = True, compiled: str = "compiled", memory: bool = False):
     """Record this process into ``out_dir/rank-<R>.arrow`` while the ``with`` block runs.
 
     Rank and world size come from torch.distributed once it is initialized (a process group
@@ -59,6 +59,9 @@ def trace(out_dir: str, *, steps=None, stack_depth: int = 64, library_frames: bo
         compiled: ``"compiled"``: torch.compile'd code runs compiled, each compiled region is
             recorded as a range holding what it dispatches (extern kernels, fallbacks,
             collectives); ``"eager"``: it runs eagerly, every op recorded (docs/phases.md).
+        memory: record each storage's allocation, free and category (parameters, gradients,
+            optimizer state, activations, temporaries, comm) into the trace (format version
+            4; docs/trace-format.md, "Memory"); off by default. Runs the Python hot path.
     """
     from .recorder.session import Session     # torch is imported only to record, not to read
     return Session(out_dir, TraceOptions(
@@ -66,7 +69,7 @@ def trace(out_dir: str, *, steps=None, stack_depth: int = 64, library_frames: bo
         record_shapes=record_shapes, record_stacks=record_stacks, record_modules=record_modules,
         user_paths=user_paths, library=library, clock_sync=clock_sync,
         flush_interval=flush_interval,
-        device_time=device_time, compiled=compiled))
+        device_time=device_time, compiled=compiled, memory=memory))
 
 
 def annotate(label: str, **attrs):

@@ -27,8 +27,10 @@ import pyarrow as pa
 from .rundir import not_regular
 
 FORMAT_NAME = "paratrace.trace"
-FORMAT_VERSION = 3     # 2: phases 3-5 (recompute, grad_sync, optimizer); 3: a group may
-#                        name its process group (0,1@2), and P2P has sequence numbers apart
+FORMAT_VERSION = 4     # 2: phases 3-5 (recompute, grad_sync, optimizer); 3: a group may
+#                        name its process group (0,1@2), and P2P has sequence numbers apart;
+#                        4: memory rows and MEMORY_COLUMNS (only a trace recorded with memory)
+NO_MEMORY_VERSION = 3  # what a trace without memory columns is written as: older readers read it
 META_KEY = b"paratrace.meta"
 
 
@@ -65,6 +67,22 @@ COLUMN_NAMES = tuple(name for name, _ in COLUMNS)
 NCOLS = len(COLUMNS)
 DICT_COLUMNS = tuple(name for name, typ in COLUMNS if pa.types.is_dictionary(typ))
 SCHEMA = pa.schema([pa.field(name, typ) for name, typ in COLUMNS])
+# Memory recording (``tracer.trace(memory=True)``, version 4): these columns follow COLUMNS in
+# the file, and each memory event is a row of its own whose ``mem_kind`` is not null (its
+# ``t0``, ``bytes``, ``thread`` and ``step`` say when, how much, and for an allocation by an op
+# which op: the row of the same thread and ``t0``). The reader splits them off (Trace.memory);
+# op rows have them null. docs/trace-format.md, "Memory".
+MEMORY_COLUMNS = (
+    ("mem_kind", pa.int8()),         # index into MEMORY_KINDS; null on op rows
+    ("mem_storage", pa.int32()),     # small storage id, unique per allocation in the file
+    ("mem_category", pa.int8()),     # index into MEMORY_CATEGORIES
+)
+MEMORY_KINDS = ("alloc", "free", "reclass")
+# what a storage is kept for; a reclass only ever moves a storage to a later entry (the
+# recorder's rules: tracer/recorder/memory.py)
+MEMORY_CATEGORIES = ("temporaries", "comm", "activations", "optimizer_state", "gradients",
+                     "parameters")
+MEMORY_SCHEMA = pa.schema([pa.field(name, typ) for name, typ in COLUMNS + MEMORY_COLUMNS])
 # Each column's index in a row, by name: ``row[COL.cid]``.
 COL = namedtuple("ColumnIndex", COLUMN_NAMES)(*range(NCOLS))
 _INDEX = COL._asdict()
@@ -100,13 +118,20 @@ def write_options(dictionary_deltas: bool) -> pa.ipc.IpcWriteOptions:
 class TraceWriter:
     """Appends batches of rows to one rank's stream. Not thread-safe: one flusher writes."""
 
-    def __init__(self, path: str, meta: dict):
+    def __init__(self, path: str, meta: dict, memory: Optional[bool] = None):
+        """``memory``: write MEMORY_COLUMNS (version 4); None: as ``meta``'s options say."""
         self.path = path
+        if memory is None:
+            memory = bool((meta.get("options") or {}).get("memory"))
+        self.memory = memory
+        self.schema = MEMORY_SCHEMA if memory else SCHEMA
+        self._columns = COLUMNS + MEMORY_COLUMNS if memory else COLUMNS
+        version = FORMAT_VERSION if memory else min(FORMAT_VERSION, NO_MEMORY_VERSION)
         metadata = {b"paratrace.format": FORMAT_NAME.encode(),
-                    b"paratrace.version": str(FORMAT_VERSION).encode(),
+                    b"paratrace.version": str(version).encode(),
                     META_KEY: json.dumps(meta).encode()}
         self._sink = pa.OSFile(path, "wb")
-        self._writer = pa.ipc.new_stream(self._sink, SCHEMA.with_metadata(metadata),
+        self._writer = pa.ipc.new_stream(self._sink, self.schema.with_metadata(metadata),
                                          options=write_options(dictionary_deltas=True))
         self._dictionaries: dict = {}      # column -> (its value list, that list as Arrow)
         self.events = 0
@@ -132,7 +157,7 @@ class TraceWriter:
         """Write one batch of ``n`` rows given as column name -> pyarrow array (the indices for
         dictionary columns); a column left out is null."""
         columns = []
-        for name, typ in COLUMNS:
+        for name, typ in self._columns:
             array = arrays.get(name)
             if pa.types.is_dictionary(typ):
                 if array is None:
@@ -142,7 +167,7 @@ class TraceWriter:
             elif array is None:
                 array = pa.nulls(n, typ)
             columns.append(array)
-        batch = pa.RecordBatch.from_arrays(columns, schema=SCHEMA)
+        batch = pa.RecordBatch.from_arrays(columns, schema=self.schema)
         custom = {META_KEY: json.dumps(meta).encode()} if meta else None
         self._writer.write_batch(batch, custom_metadata=custom)
         self.events += n
@@ -167,7 +192,7 @@ class TraceWriter:
         For constructed traces (constructed.synthetic); the recorder writes rows."""
         n = len(next(iter(columns.values()))) if columns else 0
         arrays = []
-        for name, typ in COLUMNS:
+        for name, typ in self._columns:
             values = columns.get(name)
             if values is None:
                 values = np.full(n, -1, dtype=np.int64)
@@ -181,7 +206,7 @@ class TraceWriter:
                 arrays.append(pa.array(values > 0, mask=mask, type=typ))
             else:
                 arrays.append(pa.array(values, mask=mask, type=typ))
-        batch = pa.RecordBatch.from_arrays(arrays, schema=SCHEMA)
+        batch = pa.RecordBatch.from_arrays(arrays, schema=self.schema)
         custom = {META_KEY: json.dumps(meta).encode()} if meta else None
         self._writer.write_batch(batch, custom_metadata=custom)
         self.events += n

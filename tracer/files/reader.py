@@ -9,7 +9,7 @@ before it is kept.
 from __future__ import annotations
 
 import json
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import numpy as np
 import pyarrow as pa
@@ -19,17 +19,39 @@ from tracer.vocab import ops
 from tracer.vocab.groups import group_ranks
 from tracer.vocab.labels import PHASES
 
-from .format import COLUMNS, DICT_COLUMNS, SCHEMA, decode_stack, read_stream
+from .format import COLUMNS, DICT_COLUMNS, MEMORY_COLUMNS, SCHEMA, decode_stack, read_stream
 
 _META_MERGE_DICTS = ("config", "sources", "process_groups")
 
 
-class Trace:
-    """One rank's recording. Columns: see docs/trace-format.md."""
+class MemoryEvents(NamedTuple):
+    """A trace's memory rows (docs/trace-format.md, "Memory"), in file order, as int64 numpy
+    arrays; -1 where null. ``kind`` and ``category`` index tracer.files.format's MEMORY_KINDS and
+    MEMORY_CATEGORIES; ``row``: the row of :attr:`Trace.table` of the op an allocation came out
+    of (-1: a storage found alive by a walk, a free, a reclass)."""
 
-    def __init__(self, path: str, table: pa.Table, meta: dict, warnings: list, complete: bool):
+    kind: np.ndarray
+    storage: np.ndarray
+    bytes: np.ndarray
+    t: np.ndarray
+    category: np.ndarray
+    thread: np.ndarray
+    step: np.ndarray
+    row: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.kind)
+
+
+class Trace:
+    """One rank's recording. Columns: see docs/trace-format.md. ``memory``: its MemoryEvents,
+    or None when memory was not recorded."""
+
+    def __init__(self, path: str, table: pa.Table, meta: dict, warnings: list, complete: bool,
+                 memory: Optional[MemoryEvents] = None):
         self.path = path
         self.table = table
+        self.memory = memory
         self.meta = meta
         self.warnings = warnings
         self.complete = complete
@@ -62,7 +84,8 @@ class Trace:
 
     def select(self, mask) -> "Trace":
         """The same trace (metadata, dictionaries, codes) with only the rows where ``mask``
-        (a boolean array over the events) is true."""
+        (a boolean array over the events) is true; without its memory events (their rows
+        would point elsewhere)."""
         return Trace(self.path, self.table.filter(pa.array(np.asarray(mask, dtype=bool))),
                      self.meta, self.warnings, self.complete)
 
@@ -187,16 +210,19 @@ def load(path: str) -> Trace:
     if "status" not in meta and not problem:
         warnings.append(f"{path}: the recording never closed (rank killed or still running); "
                         f"events up to the last flush are kept")
-    table = _unify(batches)
+    table, memory = _unify(batches, schema)
     table = _fold_completions(table)
-    return Trace(str(path), table, meta, warnings, complete)
+    return Trace(str(path), table, meta, warnings, complete,
+                 _memory_events(memory, table) if memory is not None else None)
 
 
-def _unify(batches: list) -> pa.Table:
-    """One chunk per column, each dictionary column indexing its last (fullest) dictionary."""
+def _unify(batches: list, schema: pa.Schema) -> tuple:
+    """(the events: one chunk per column, each dictionary column indexing its last (fullest)
+    dictionary; the memory rows' columns, name -> numpy array, or None where the file has no
+    memory columns: recorded without memory, or before version 4)."""
     arrays = []
-    for index, (name, typ) in enumerate(COLUMNS):
-        chunks = [b.column(index) for b in batches]
+    for name, typ in COLUMNS:
+        chunks = [b.column(name) for b in batches]
         if pa.types.is_dictionary(typ):
             dictionary = max((c.dictionary for c in chunks), key=len, default=pa.array(
                 [], pa.string()))
@@ -205,7 +231,46 @@ def _unify(batches: list) -> pa.Table:
             arrays.append(pa.DictionaryArray.from_arrays(indices, dictionary))
         else:
             arrays.append(pa.concat_arrays(chunks) if chunks else pa.array([], typ))
-    return pa.Table.from_arrays(arrays, schema=SCHEMA)
+    table = pa.Table.from_arrays(arrays, schema=SCHEMA)
+    if schema.get_field_index("mem_kind") < 0:
+        return table, None
+    kind = pa.concat_arrays([b.column("mem_kind") for b in batches]) if batches else \
+        pa.array([], pa.int8())
+    is_memory = kind.is_valid().to_numpy(zero_copy_only=False)
+    keep = pa.array(is_memory)
+    memory = {}
+    for name in ("t0", "bytes", "thread", "step") + tuple(n for n, _ in MEMORY_COLUMNS):
+        column = table.column(name) if name in SCHEMA.names else pa.chunked_array(
+            [b.column(name) for b in batches], type=schema.field(name).type)
+        memory[name] = pc.fill_null(column.filter(keep), -1).to_numpy().astype(np.int64)
+    return table.filter(pa.array(~is_memory)), memory
+
+
+def _memory_events(memory: dict, table: pa.Table) -> MemoryEvents:
+    """The memory rows, each allocation by an op linked to that op's row (same thread, same
+    ``t0``; pseudo-op rows are never the op)."""
+    t0 = pc.fill_null(table.column("t0"), -1).to_numpy()
+    thread = pc.fill_null(table.column("thread"), -1).to_numpy()
+    op = table.column("op").combine_chunks()
+    pseudo = [i for i, name in enumerate(op.dictionary.to_pylist())
+              if name.startswith("paratrace::")] if len(op) else []
+    real = ~np.isin(pc.fill_null(op.indices, -1).to_numpy(zero_copy_only=False), pseudo) \
+        if len(op) else np.zeros(0, bool)
+    row = np.full(len(memory["t0"]), -1, dtype=np.int64)
+    linked = (memory["mem_kind"] == 0) & (memory["thread"] >= 0)
+    for th in np.unique(memory["thread"][linked]).tolist():
+        rows = np.flatnonzero(real & (thread == th))
+        order = np.argsort(t0[rows], kind="stable")
+        times = t0[rows][order]
+        if not len(times):
+            continue
+        which = np.flatnonzero(linked & (memory["thread"] == th))
+        pos = np.minimum(np.searchsorted(times, memory["t0"][which]), len(times) - 1)
+        found = times[pos] == memory["t0"][which]
+        row[which[found]] = rows[order[pos[found]]]
+    return MemoryEvents(memory["mem_kind"], memory["mem_storage"], memory["bytes"],
+                        memory["t0"], memory["mem_category"], memory["thread"], memory["step"],
+                        row)
 
 
 def _fold_completions(table: pa.Table) -> pa.Table:

@@ -1,9 +1,12 @@
 """The private TorchDispatchMode: it only intercepts and hands each op to the session; and the
-two moves that take it off torch's dispatch mode stack outside recorded steps and put it back."""
+two moves that take it off torch's dispatch mode stack outside recorded steps and put it back;
+and :func:`op_entry`, what the session caches of each op overload it dispatches."""
 from __future__ import annotations
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from tracer.vocab import ops
 
 from .compat import skip_dynamo
 
@@ -12,6 +15,16 @@ _stack_at = torch._C._get_dispatch_stack_at
 _pop = torch._C._pop_torch_dispatch_stack
 _push = torch._C._push_on_torch_dispatch_stack
 _NO_KWARGS: dict = {}
+
+
+def op_entry(specs: dict, op_ids, func) -> tuple:
+    """(op id, CommSpec, special, what to call, the overload) of an op overload, cached in
+    ``specs`` by id (the session's ``_specs``, which the C hot path reads too)."""
+    spec = ops.classify(func)
+    # a plain OpOverload's __call__ only forwards to _op: call that, one frame less
+    call = func._op if type(func) is torch._ops.OpOverload else func
+    entry = specs[id(func)] = (op_ids(spec.name), spec.comm, spec.special, call, func)
+    return entry
 
 
 class RecordingMode(TorchDispatchMode):

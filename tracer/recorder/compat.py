@@ -9,6 +9,9 @@ how it is bridged here:
 - Dynamo's per-code frame strategy (``set_code_exec_strategy``, 2.7 on): :func:`skip_dynamo`
   marks code Dynamo must never trace; before it, torch has no ``ignore_compile_internals``
   either, so Dynamo compiles nothing while the recorder's mode is on the stack.
+- storages' identity for memory recording: ``UntypedStorage._cdata`` (the StorageImpl's
+  address, in every torch of the range; :data:`STORAGE_KEYED` says it is there) and a DTensor's
+  local shard (``_local_tensor``): :func:`storage_of`.
 - torchrun's ``--shutdown-timeout`` (not in 2.10 or 2.11) and ``--signals-to-handle`` (not in
   2.9): :func:`launcher_option` reads an option the running torch's launcher may not define.
 """
@@ -63,3 +66,20 @@ def launcher_option(args, name: str, default=None):
     """A torchrun option of the parsed ``args``, or ``default`` where this torch's launcher
     does not define it (``shutdown_timeout``, ``signals_to_handle``: docs/compat.md)."""
     return getattr(args, name, default)
+
+
+# the recorder's memory table keys a storage by its StorageImpl (memory.py reads it directly on
+# the hot path); without it memory recording refuses to start
+STORAGE_KEYED = hasattr(torch.UntypedStorage, "_cdata")
+
+
+def storage_of(tensor):
+    """The untyped storage behind ``tensor`` (a DTensor's: its local shard's), or None where it
+    has none (sparse, nested, meta-less subclasses)."""
+    local = getattr(tensor, "_local_tensor", None)
+    if isinstance(local, torch.Tensor):
+        tensor = local
+    try:
+        return tensor.untyped_storage()
+    except (RuntimeError, NotImplementedError, TypeError, AttributeError):
+        return None

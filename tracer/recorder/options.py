@@ -61,6 +61,7 @@ class TraceOptions:
     auto_step: bool = True
     device_time: bool = True
     compiled: str = "compiled"
+    memory: bool = False         # storages' live bytes per category (tracer/recorder/memory.py)
 
     def __post_init__(self):
         parse_steps(self.steps)          # a bad selection fails here, before recording starts
@@ -84,4 +85,4 @@ class TraceOptions:
                     library_frames=self.library_frames, record_shapes=self.record_shapes,
                     record_stacks=self.record_stacks, record_modules=self.record_modules,
                     device_time=self.device_time, compiled=self.compiled,
-                    library=list(self.library))
+                    library=list(self.library), memory=bool(self.memory))

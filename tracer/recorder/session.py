@@ -26,8 +26,8 @@ from tracer.vocab.labels import (PHASE_BACKWARD, PHASE_FORWARD, PHASE_GRAD_SYNC,
                                  PHASE_OTHER, PHASE_RECOMPUTE)
 from tracer.vocab.library import META_KEY as LIBRARY_META
 
-from . import _active, compiled, exits, hops, patches, rows
-from ._mode import RecordingMode
+from . import _active, compiled, exits, hops, memory, patches, rows
+from ._mode import RecordingMode, op_entry
 from ._native import native_hot_path
 from .annotations import AnnotationStack, Range
 from .clock import ClockAlignment
@@ -61,6 +61,7 @@ C_ON_OP = _SessionState is not object     # built, and not PARATRACE_PURE_PYTHON
 
 class Session(_SessionState):
     """Records this process into ``out_dir/rank-<R>.arrow``. Use through :func:`tracer.trace`."""
+    _memory = None       # memory.MemoryRecorder while memory is recorded (options.memory)
 
     def __init__(self, out_dir: str, options: Optional[TraceOptions] = None, **option_values):
         self.out_dir = os.path.abspath(out_dir)
@@ -132,6 +133,7 @@ class Session(_SessionState):
         # NOTE: the first op dispatched through any Python mode imports torch._dynamo (seconds);
         # pay that before recording so it does not distort the first step's timeline.
         importlib.import_module("torch._dynamo")
+        self._memory = memory.recording(self)     # hooks before the patches' optimizer hooks
         self._flusher.open(self.path, meta)
         self._open = True
         _active.ACTIVE = self
@@ -145,7 +147,7 @@ class Session(_SessionState):
         self._hops = hops.HigherOrderOps(self, self._mode)          # torch.cond... (hops.py)
         # the C on_op calls the C stack walk and shape keys; with their Python twins (the
         # Python hot path benchmarks/overhead.py measures) this module's on_op takes every op
-        if C_ON_OP and isinstance(self._stacks, _HOT.StackWalk) and \
+        if C_ON_OP and self._memory is None and isinstance(self._stacks, _HOT.StackWalk) and \
                 isinstance(self._signatures, _HOT.ShapeKeys):
             self._mode.dispatch_in_c(_HOT.OpDispatch, self)
         self._mode.__enter__()
@@ -199,6 +201,8 @@ class Session(_SessionState):
             "failed_collectives": self._comm.failed, **pairs_meta(self._pairs),
             "device_time": self._device.meta() if self._device is not None else None})
         self._flusher.flush()
+        if self._memory is not None:        # its last rows, before the writer closes
+            self._memory.close(self._flusher, self._dicts.values())
         self._stacks.release()
         self._write_status(final=True)
         self._flusher.close()
@@ -252,7 +256,7 @@ class Session(_SessionState):
         """
         entry = self._specs.get(id(func))
         if entry is None:
-            entry = self._spec(func)
+            entry = op_entry(self._specs, self._op_ids, func)
         if self._passthrough:
             return entry[3](*args, **kwargs)
         op_id, comm, special, call, _ = entry
@@ -333,18 +337,11 @@ class Session(_SessionState):
         self._push(_pack(t0, t1 if cid < 0 else -1, op_id, phase, module, stack, fwd_stack,
                          self._annotations.current, self.step_index, thread, shapes, cid))
         self._last_event_ns = t1
+        if self._memory is not None:     # the storages it made (memory.py)
+            self._memory.outputs(out, t0, thread, comm is not None)
         if len(self._queue) > MAX_QUEUE:
             self._flusher.flush()
         return out
-
-    def _spec(self, func) -> tuple:
-        """(op id, CommSpec, special, what to call) of an op overload, cached."""
-        spec = ops.classify(func)
-        # a plain OpOverload's __call__ only forwards to _op: call that, one frame less
-        call = func._op if type(func) is torch._ops.OpOverload else func
-        entry = self._specs[id(func)] = (self._op_ids(spec.name), spec.comm, spec.special, call,
-                                         func)
-        return entry
 
     def _thread(self) -> int:
         ident = _get_ident()
@@ -438,6 +435,8 @@ class Session(_SessionState):
 
     # ------------------------------------------------------------------ status
     def _after_flush(self) -> None:
+        if self._memory is not None:
+            self._memory.write(self._flusher, self._dicts.values())
         self._write_status()
         if self._device is not None:
             self._device.write_pending()

@@ -1,0 +1,243 @@
+"""Memory recording (``tracer.trace(memory=True)``): every storage this process's ops make, its
+bytes, when it was freed and what it is kept for, written as memory rows of the trace
+(docs/trace-format.md, "Memory"; the mechanism measured in docs/overhead.md, "Memory tracking").
+
+The mechanism: the hot path (session.on_op, the Python one: with memory on the C ``on_op`` is
+not used) hands each op's outputs to :meth:`MemoryRecorder.outputs`, which looks up each
+output's untyped storage by its ``_cdata`` (the C++ StorageImpl: unique while alive; zero-byte
+storages, whose data pointer is 0, do not collide). On first sight it records an allocation
+(``t0`` and thread of the op, so the reader links it to the op's row; bytes = the storage's
+``nbytes()``) and keeps a ``weakref.ref`` with a callback in the table; torch keeps a storage's
+Python object alive as long as its C++ storage lives, so the callback records the real free.
+Storages made before the recording (parameters, optimizer state) are found by walks: a module's
+parameters, buffers and gradients when the module is first called, an optimizer's parameters
+and gradients before each step and its state after it; one not seen before is an allocation
+with no op (thread null).
+
+Categories (format.MEMORY_CATEGORIES, in this order): a storage starts as ``comm`` when a
+collective made it, else ``temporaries``; it moves only later in the list, never back, each
+move a ``reclass`` row:
+
+- ``activations``: a temporary or comm storage autograd saves for backward (a pack hook of
+  ``torch.autograd.graph.saved_tensors_hooks`` that only looks the storage up; a region under
+  hooks of its own, such as torch.utils.checkpoint's, saves nothing here);
+- ``optimizer_state``: a tensor in an optimizer's ``state`` after its step;
+- ``gradients``: a parameter's ``.grad`` (or ``.main_grad``), before each optimizer step and
+  when its module is first seen;
+- ``parameters``: a module's parameters and buffers, an optimizer's parameters.
+
+The reader and viz/analysis/memory.py take a storage's last category for its whole life (it
+was made to be that: a gradient is first an op's output in backward). Not seen: storages only
+ops' inputs carry (a batch made before the recording), allocations freed inside one op, and
+storages of steps outside ``steps`` (their frees still count); the CPU allocator's rounding.
+"""
+from __future__ import annotations
+
+import collections
+import struct
+import time
+import weakref
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from .compat import STORAGE_KEYED, storage_of
+
+TEMPORARIES, COMM, ACTIVATIONS, OPTIMIZER_STATE, GRADIENTS, PARAMETERS = range(6)
+ALLOC, FREE, RECLASS = range(3)
+# one event: kind, storage id, bytes, time, category, thread (-1: none), step
+_EVENT = struct.Struct("<7q")
+_pack = _EVENT.pack
+_now = time.perf_counter_ns
+_Tensor = torch.Tensor
+_is_compiling = torch.compiler.is_compiling
+
+
+def _unpack_saved(value):
+    return value
+
+
+def recording(session) -> "MemoryRecorder | None":
+    """The session's memory recorder, its hooks installed, when its options ask for memory."""
+    if not session.options.memory:
+        return None
+    recorder = MemoryRecorder(session)
+    recorder.start()
+    return recorder
+
+
+class MemoryRecorder:
+    """The storage table of one session and the hooks that fill it."""
+
+    def __init__(self, session):
+        self._session = session
+        self._live: dict = {}        # storage _cdata -> [id, bytes, category, its weakref]
+        self._next_id = 0
+        self.events: collections.deque = collections.deque()    # packed _EVENTs, unwritten
+        self._modules: dict = {}     # id(module) -> weakref: modules walked
+        self._undo: list = []
+        self._open = False
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        """Install the hooks (before the session's own optimizer hooks, so a step's walks
+        land in that step)."""
+        from torch.nn.modules import module as _module
+        from torch.optim.optimizer import (register_optimizer_step_post_hook,
+                                           register_optimizer_step_pre_hook)
+        if not STORAGE_KEYED:
+            raise RuntimeError("memory=True: this torch's storages have no _cdata to key "
+                               "them by (docs/compat.md)")
+        self._open = True
+        hooks = torch.autograd.graph.saved_tensors_hooks(self._saved, _unpack_saved)
+        hooks.__enter__()
+        self._undo = [lambda: hooks.__exit__(None, None, None),
+                      _module.register_module_forward_pre_hook(self._module_called).remove,
+                      register_optimizer_step_pre_hook(self._optimizer_begins).remove,
+                      register_optimizer_step_post_hook(self._optimizer_ends).remove]
+
+    def close(self, flusher, dictionaries: dict) -> None:
+        """Remove the hooks, forget the table (its weakrefs go: no more frees) and write the
+        last events."""
+        self._open = False
+        for undo in reversed(self._undo):
+            try:
+                undo()
+            except Exception:    # a hook stack the program left unbalanced: nothing to undo
+                pass
+        self._undo = []
+        self._live.clear()
+        self._modules.clear()
+        self.write(flusher, dictionaries)
+
+    # ------------------------------------------------------------------ hot path
+    def outputs(self, out, t0: int, thread: int, comm: bool) -> None:
+        """An op's result: each tensor's storage seen for the first time is an allocation by
+        the op (its ``t0`` and ``thread`` link it to the op's row)."""
+        if type(out) is _Tensor:
+            self._see(out, t0, thread, comm)
+        elif isinstance(out, (tuple, list)):
+            for value in out:
+                if isinstance(value, _Tensor):
+                    self._see(value, t0, thread, comm)
+                elif isinstance(value, (tuple, list)):
+                    for inner in value:
+                        if isinstance(inner, _Tensor):
+                            self._see(inner, t0, thread, comm)
+
+    def _see(self, tensor, t0: int, thread: int, comm: bool) -> None:
+        try:
+            storage = tensor.untyped_storage()
+        except (RuntimeError, NotImplementedError, TypeError):
+            return        # sparse, nested, a subclass without storage
+        key = storage._cdata
+        if key in self._live:
+            return
+        self._new(storage, key, t0, thread, COMM if comm else TEMPORARIES)
+
+    def _new(self, storage, key: int, t: int, thread: int, category: int) -> None:
+        if storage.device.type == "meta":
+            return
+        sid, nbytes = self._next_id, storage.nbytes()
+        self._next_id = sid + 1
+        ref = weakref.ref(storage, lambda _r, k=key, s=sid: self._freed(k, s))
+        self._live[key] = [sid, nbytes, category, ref]
+        self.events.append(_pack(ALLOC, sid, nbytes, t, category, thread,
+                                 self._session.step_index))
+
+    def _freed(self, key: int, sid: int) -> None:
+        entry = self._live.get(key)
+        if entry is None or entry[0] != sid or not self._open:
+            return
+        del self._live[key]
+        self.events.append(_pack(FREE, sid, entry[1], _now(), entry[2], -1,
+                                 self._session.step_index))
+
+    # ------------------------------------------------------------------ categories
+    def claim(self, tensor, category: int) -> None:
+        """``tensor``'s storage is (at least) ``category``: an allocation with no op if not
+        seen before, else a reclass when the category is a later one."""
+        storage = storage_of(tensor)
+        if storage is None:
+            return
+        key = storage._cdata
+        entry = self._live.get(key)
+        if entry is None:
+            self._new(storage, key, _now(), -1, category)
+        elif category > entry[2]:
+            entry[2] = category
+            self.events.append(_pack(RECLASS, entry[0], entry[1], _now(), category, -1,
+                                     self._session.step_index))
+
+    def _saved(self, tensor):
+        """autograd saves ``tensor`` for backward: an op's temporary becomes an activation."""
+        if self._open and type(tensor) is _Tensor:
+            try:
+                entry = self._live.get(tensor.untyped_storage()._cdata)
+            except (RuntimeError, NotImplementedError):
+                entry = None
+            if entry is not None and entry[2] < ACTIVATIONS:
+                entry[2] = ACTIVATIONS
+                self.events.append(_pack(RECLASS, entry[0], entry[1], _now(), ACTIVATIONS,
+                                         -1, self._session.step_index))
+        return tensor
+
+    def _module_called(self, module, args) -> None:
+        known = self._modules.get(id(module))
+        if (known is not None and known() is module) or _is_compiling() or not self._open:
+            return
+        try:
+            self._modules[id(module)] = weakref.ref(module)
+        except TypeError:
+            return
+        for param in module.parameters():
+            self._parameter(param)
+        for buffer in module.buffers():
+            self.claim(buffer, PARAMETERS)
+
+    def _parameter(self, param) -> None:
+        self.claim(param, PARAMETERS)
+        for grad in (param.grad, getattr(param, "main_grad", None)):
+            if isinstance(grad, _Tensor):
+                self.claim(grad, GRADIENTS)
+
+    def _optimizer_begins(self, optimizer, args, kwargs) -> None:
+        if self._open:
+            for group in optimizer.param_groups:
+                for param in group["params"]:
+                    self._parameter(param)
+
+    def _optimizer_ends(self, optimizer, args, kwargs) -> None:
+        if not self._open:
+            return
+        for state in list(optimizer.state.values()):
+            for value in state.values() if isinstance(state, dict) else ():
+                if isinstance(value, _Tensor):
+                    self.claim(value, OPTIMIZER_STATE)
+                elif isinstance(value, (list, tuple)):
+                    for inner in value:
+                        if isinstance(inner, _Tensor):
+                            self.claim(inner, OPTIMIZER_STATE)
+
+    # ------------------------------------------------------------------ writing
+    def write(self, flusher, dictionaries: dict) -> None:
+        """The events recorded since the last call, as one batch of memory rows (the
+        flusher's thread after each flush, and at close)."""
+        queue = self.events
+        n = len(queue)
+        if not n:
+            return
+        table = np.frombuffer(b"".join([queue.popleft() for _ in range(n)]),
+                              dtype=np.int64).reshape(n, _EVENT.size // 8)
+        thread = table[:, 5]
+        arrays = {"mem_kind": pa.array(table[:, 0].astype(np.int8)),
+                  "mem_storage": pa.array(table[:, 1].astype(np.int32)),
+                  "bytes": pa.array(table[:, 2]),
+                  "t0": pa.array(table[:, 3]),
+                  "mem_category": pa.array(table[:, 4].astype(np.int8)),
+                  "thread": pa.array(thread.astype(np.int16), mask=thread < 0),
+                  "step": pa.array(table[:, 6].astype(np.int32))}
+        with flusher.lock:
+            if flusher.writer is not None:
+                flusher.writer.write_arrays(arrays, n, dictionaries)

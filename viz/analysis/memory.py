@@ -1,0 +1,162 @@
+"""Memory of one rank, from its trace's memory rows (``tracer.trace(memory=True)``;
+docs/trace-format.md, "Memory"): live bytes over time by category, the peak, and what was live
+at the peak by category, module, phase and source site. Pure numpy, computed once per trace.
+
+Rules (the recorder's are in tracer/recorder/memory.py):
+
+- a storage counts from its allocation row to its free row (never freed in the recording: to
+  the end), with its bytes;
+- a storage's category is its last one (its highest: a reclass only moves it later in
+  MEMORY_CATEGORIES) for its whole life: it was made to be what it was found to be (a gradient
+  is first an op's output in backward, an optimizer's state an output of its first step);
+- events are applied in time order, ties in file order; live bytes after event ``i`` hold from
+  ``times[i]`` to ``times[i + 1]`` (a step function);
+- the peak is the first event after which the total is largest; what was live there is
+  attributed through the op row each storage came out of (its module, phase and innermost user
+  frame: for a backward op, the forward's); storages found alive by a walk (parameters made
+  before the recording...) have no op: module, phase and site ``None``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+from tracer.files.format import MEMORY_CATEGORIES
+from tracer.vocab.labels import PHASES
+
+from .op_groups import site_of
+
+ALLOC, FREE, RECLASS = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class MemoryProfile:
+    """One rank's memory (module doc). ``live[i, c]``: bytes of category ``categories[c]``
+    live after event ``i`` (at ``times[i]``); ``at_peak``: what was live at the peak, as
+    ``{"category" | "module" | "phase": {name: bytes}, "site": [(site, bytes), ...]}``, each
+    largest first (``site`` the top ones, "file:line function")."""
+
+    categories: tuple
+    times: np.ndarray
+    steps: np.ndarray
+    live: np.ndarray
+    total: np.ndarray
+    peak_bytes: int
+    peak_time: Optional[int]
+    peak_step: Optional[int]
+    category_peaks: dict
+    step_peaks: dict
+    at_peak: dict
+    storages: int
+
+    def series(self, category: str) -> tuple:
+        """(times, live bytes) of one category, the step function's corners."""
+        return self.times, self.live[:, self.categories.index(category)]
+
+
+def memory_profile(trace, top: int = 10) -> Optional[MemoryProfile]:
+    """The memory profile of a loaded trace (tracer.files.reader.Trace), or None when its
+    memory was not recorded."""
+    events = trace.memory
+    if events is None:
+        return None
+    return profile_events(events, _RowLabels(trace), top)
+
+
+def profile_events(events, labels=None, top: int = 10) -> MemoryProfile:
+    """The profile of MemoryEvents (or anything with their arrays); ``labels(rows)`` gives
+    the (module, phase, site) names of op rows, None without a trace."""
+    kind, storage = np.asarray(events.kind), np.asarray(events.storage)
+    nbytes, t = np.asarray(events.bytes), np.asarray(events.t)
+    order = np.argsort(t, kind="stable")
+    kind, storage, nbytes, t = kind[order], storage[order], nbytes[order], t[order]
+    category, step = np.asarray(events.category)[order], np.asarray(events.step)[order]
+    row = np.asarray(events.row)[order]
+    size = int(storage.max()) + 1 if len(storage) else 0
+    final = np.zeros(size, dtype=np.int64)
+    classed = kind != FREE
+    np.maximum.at(final, storage[classed], category[classed])
+    alloc_at = np.full(size, -1, dtype=np.int64)
+    allocs = np.flatnonzero(kind == ALLOC)
+    alloc_at[storage[allocs[::-1]]] = allocs[::-1]          # each storage's first allocation
+    counted = (kind == ALLOC) | ((kind == FREE) & (alloc_at[storage] >= 0))
+    delta = np.where(kind == ALLOC, nbytes, -nbytes) * counted
+    cats = final[storage]
+    live = np.zeros((len(kind), len(MEMORY_CATEGORIES)), dtype=np.int64)
+    for c in range(len(MEMORY_CATEGORIES)):
+        live[:, c] = np.cumsum(np.where(cats == c, delta, 0))
+    total = live.sum(axis=1)
+    if not len(total):
+        return MemoryProfile(MEMORY_CATEGORIES, t, step, live, total, 0, None, None,
+                             dict.fromkeys(MEMORY_CATEGORIES, 0), {}, _empty_at_peak(), 0)
+    peak = int(np.argmax(total))
+    freed_at = np.full(size, len(kind), dtype=np.int64)
+    frees = np.flatnonzero((kind == FREE) & counted)
+    freed_at[storage[frees]] = frees
+    alive = allocs[(allocs <= peak) & (freed_at[storage[allocs]] > peak)]
+    at_peak = {"category": _by({MEMORY_CATEGORIES[c]: int(live[peak, c])
+                                for c in range(len(MEMORY_CATEGORIES))})}
+    at_peak.update(_attributed(row[alive], nbytes[alive], labels, top))
+    step_peaks = {int(s): int(total[step == s].max()) for s in np.unique(step) if s >= 0}
+    return MemoryProfile(
+        MEMORY_CATEGORIES, t, step, live, total, int(total[peak]), int(t[peak]),
+        int(step[peak]) if step[peak] >= 0 else None,
+        {name: int(live[:, c].max()) for c, name in enumerate(MEMORY_CATEGORIES)},
+        step_peaks, at_peak, int(len(np.unique(storage[allocs]))))
+
+
+def _by(values: dict) -> dict:
+    return dict(sorted(values.items(), key=lambda kv: -kv[1]))
+
+
+def _empty_at_peak() -> dict:
+    return {"category": dict.fromkeys(MEMORY_CATEGORIES, 0), "module": {}, "phase": {},
+            "site": []}
+
+
+def _attributed(rows: np.ndarray, nbytes: np.ndarray, labels, top: int) -> dict:
+    """Bytes by module, phase and site of the op rows the live storages came out of."""
+    names = labels(rows) if labels is not None else \
+        {"module": [None] * len(rows), "phase": [None] * len(rows), "site": [None] * len(rows)}
+    out = {}
+    for key in ("module", "phase", "site"):
+        sums: dict = {}
+        for name, b in zip(names[key], nbytes.tolist()):
+            sums[name] = sums.get(name, 0) + b
+        out[key] = _by(sums)
+    out["site"] = list(out["site"].items())[:top]
+    return out
+
+
+class _RowLabels:
+    """Module path, phase and innermost user site of op rows of a trace, each decoded once."""
+
+    def __init__(self, trace):
+        self._trace = trace
+        self._sites: dict = {}
+
+    def __call__(self, rows: np.ndarray) -> dict:
+        trace = self._trace
+        modules, phases = trace.dictionary("module"), trace.col("phase")
+        module, stack, fwd = trace.col("module"), trace.col("stack"), trace.col("fwd_stack")
+        out: dict = {"module": [], "phase": [], "site": []}
+        for r in rows.tolist():
+            if r < 0:
+                out["module"].append(None)
+                out["phase"].append(None)
+                out["site"].append(None)
+                continue
+            out["module"].append(modules[module[r]] if module[r] >= 0 else None)
+            out["phase"].append(PHASES[phases[r]] if 0 <= phases[r] < len(PHASES) else None)
+            out["site"].append(self._site(int(stack[r]), int(fwd[r])))
+        return out
+
+    def _site(self, stack: int, fwd: int) -> Optional[str]:
+        key = (stack, fwd)
+        if key not in self._sites:
+            frame = site_of(self._trace, stack, fwd) if stack >= 0 or fwd >= 0 else None
+            self._sites[key] = None if frame is None else \
+                f"{frame.file}:{frame.line} {frame.function}"
+        return self._sites[key]
