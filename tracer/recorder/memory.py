@@ -141,18 +141,38 @@ class MemoryRecorder:
             return
         sid, nbytes = self._next_id, storage.nbytes()
         self._next_id = sid + 1
-        ref = weakref.ref(storage, lambda _r, k=key, s=sid: self._freed(k, s))
+        ref = weakref.ref(storage, lambda r, k=key: self._freed(k, r))
         self._live[key] = [sid, nbytes, category, ref]
         self.events.append(_pack(ALLOC, sid, nbytes, t, category, thread,
                                  self._session.step_index))
 
-    def _freed(self, key: int, sid: int) -> None:
+    def _freed(self, key: int, ref) -> None:
         entry = self._live.get(key)
-        if entry is None or entry[0] != sid or not self._open:
+        if entry is None or entry[3] is not ref or not self._open:
             return
         del self._live[key]
-        self.events.append(_pack(FREE, sid, entry[1], _now(), entry[2], -1,
-                                 self._session.step_index))
+        if entry[1] > 0 or entry[0] >= 0:          # not already freed by a resize to 0
+            self.events.append(_pack(FREE, entry[0], entry[1], _now(), entry[2], -1,
+                                     self._session.step_index))
+
+    def resized(self, storage) -> None:
+        """``storage.resize_`` changed a storage's bytes in place (ZeRO-3 and FSDP free a
+        parameter's storage with ``resize_(0)`` outside forward and backward, and gather into
+        it again): the old bytes are freed, the new ones are a new allocation (a new id) of the
+        same category; a storage not seen before is left to its first sight."""
+        entry = self._live.get(storage._cdata) if self._open else None
+        if entry is None:
+            return
+        nbytes = storage.nbytes()
+        if nbytes == entry[1] and entry[0] >= 0:
+            return
+        step, now = self._session.step_index, _now()
+        if entry[0] >= 0:
+            self.events.append(_pack(FREE, entry[0], entry[1], now, entry[2], -1, step))
+        entry[0], entry[1] = -1, nbytes
+        if nbytes > 0:
+            entry[0], self._next_id = self._next_id, self._next_id + 1
+            self.events.append(_pack(ALLOC, entry[0], nbytes, now, entry[2], -1, step))
 
     # ------------------------------------------------------------------ categories
     def claim(self, tensor, category: int) -> None:
@@ -203,9 +223,17 @@ class MemoryRecorder:
                 self.claim(grad, GRADIENTS)
 
     def _optimizer_begins(self, optimizer, args, kwargs) -> None:
-        if self._open:
-            for group in optimizer.param_groups:
-                for param in group["params"]:
+        if not self._open:
+            return
+        for group in optimizer.param_groups:
+            for param in group["params"]:
+                self._parameter(param)
+        # the modules' own parameters too: under ZeRO the optimizer steps shards of them,
+        # and their full gradients are gradients all the same
+        for ref in list(self._modules.values()):
+            module = ref()
+            if module is not None:
+                for param in module.parameters(recurse=False):
                     self._parameter(param)
 
     def _optimizer_ends(self, optimizer, args, kwargs) -> None:

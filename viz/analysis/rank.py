@@ -29,6 +29,7 @@ from .device_lanes import on_device
 from .gpu_attribution import DeviceSummary, RegionWork, attribute
 from .intervals import Prefix
 from .lanes import P2PEnd, RankLanes, counted_steps
+from .memory import MemoryProfile, memory_profile
 from .op_groups import group_ops, kernel_groups
 from .rank_lanes import DRAWN_OPS, RankRows, p2p_endpoints, rank_lanes
 
@@ -55,6 +56,7 @@ class RankAnalysis:
     export_errors: list = field(default_factory=list)   # exports that could not be used
     op_counts_by_phase: dict = field(default_factory=dict)   # phase -> op -> calls
     send_caps: dict = field(default_factory=dict)  # row -> a capped send's duration (host)
+    memory: Optional[MemoryProfile] = None   # its memory, where recorded (trace-run --memory)
 
     @property
     def status(self) -> str:
@@ -156,7 +158,7 @@ def analyse_rank(trace: Trace, rank: int, send_ends: dict, op_budget: int = DRAW
         op_counts=op_counts(trace), op_counts_by_phase=op_counts_by_phase(trace),
         comm=comm_rows(trace), lanes=lanes, last_op=last_op(trace),
         device=None if dev is None else dev.summary(trace.dictionary("op"), trace.col("op")),
-        counted_steps=counted, send_caps=caps,
+        counted_steps=counted, send_caps=caps, memory=memory_profile(trace),
         counted_op_groups=_groups_over(trace, counted, durations, frames, all_steps=groups,
                                        work=work))
 

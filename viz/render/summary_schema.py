@@ -21,6 +21,7 @@ from ..analysis.critical_path import Path
 from ..analysis.crossrank import CrossRank, Mismatch
 from ..analysis.dimensions import OTHER
 from ..analysis.gpu_attribution import DeviceSummary, DeviceWhole
+from ..analysis.memory import MemoryProfile
 from ..analysis.metrics import PipelineBubble, RankMetrics, StepMetrics
 from ..analysis.rank import LastOp
 from ..analysis.run_analysis import RunAnalysis
@@ -32,6 +33,9 @@ TIME_KEYS = ("wall_s", "compute_s", "comm_s", "exposed_comm_s", "idle_s", "overl
              "bubble_fraction")
 MAX_MISMATCHES = 100           # mismatches listed (all are counted)
 MAX_PATH_MODULES = 20          # modules of a critical path listed, most time first
+MAX_MEMORY_MODULES = 20        # modules of a memory peak listed, most bytes first
+NO_MODULE = "(no module)"      # a storage made outside every module, or found by a walk
+NO_OP = "(no op)"              # a storage no op made (parameters found by a walk...)
 
 
 def build_summary(analysis: RunAnalysis) -> dict:
@@ -52,6 +56,8 @@ def build_summary(analysis: RunAnalysis) -> dict:
                          time=time, clock_error_ns=mine.lanes.clock_error_ns, steps=mine.steps)
             if mine.device is not None:
                 entry["device"] = device_json(mine.device)
+            if mine.memory is not None:
+                entry["memory"] = memory_json(mine.memory)
             if mine.warnings:
                 entry["warnings"] = mine.warnings
         else:
@@ -134,6 +140,26 @@ def comm_json(rows: list, names: dict) -> list:
 def _dimension(names: Optional[dict], text: str) -> str:
     found = (names or {}).get(text)
     return found.dimension if found is not None else OTHER
+
+
+def memory_json(m: MemoryProfile) -> dict:
+    """A rank's ``memory`` (viz.analysis.memory.MemoryProfile; present only where memory was
+    recorded): the peak, when, what was live at it by category, module and phase, its top
+    source sites, each category's own peak and each step's peak."""
+    return {"peak_bytes": m.peak_bytes, "peak_step": m.peak_step, "peak_ns": m.peak_time,
+            "by_category": m.at_peak["category"],
+            "by_module": _named(m.at_peak["module"], NO_MODULE, MAX_MEMORY_MODULES),
+            "by_phase": _named(m.at_peak["phase"], NO_OP, None),
+            "top_sites": [{"site": site, "bytes": b} for site, b in m.at_peak["site"]],
+            "category_peaks": m.category_peaks,
+            "step_peaks": {str(s): b for s, b in sorted(m.step_peaks.items())},
+            "storages": m.storages}
+
+
+def _named(values: dict, none: str, most: Optional[int]) -> dict:
+    """``values`` (largest first) with their None key named, the first ``most`` kept."""
+    items = list(values.items())[:most]
+    return {none if k is None else k: v for k, v in items}
 
 
 def dimensions_json(costs: list) -> dict:

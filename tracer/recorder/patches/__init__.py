@@ -16,6 +16,7 @@ patched and wires the wrapper to that behaviour. One module per patched part:
   ``OutputGraph.call_user_compiler`` (compiled.py) and ``TagActivationCheckpoint.__call__``
   (hops.py);
 - ``process``: ``os._exit`` (exits.py), and the handler that detaches a forked child;
+- ``storage``: ``torch.UntypedStorage.resize_`` while memory is recorded (memory.py);
 - ``fsdp``: FSDP2's parameter groups' ``unshard``, ``post_backward``, ``pre_backward``,
   ``_prefetch_unshard`` and its state's ``_pre_backward`` (fsdp.py), now or when it is
   imported.
@@ -33,7 +34,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from . import autograd, distributed, dynamo, fsdp, process
+from . import autograd, distributed, dynamo, fsdp, process, storage
 
 
 class Patches:
@@ -88,4 +89,5 @@ def install(session) -> Patches:
     dynamo.install(patches, session, compiled=session.options.compiled != "eager")
     process.install(patches, session)
     fsdp.install(patches, session)
+    storage.install(patches, session)
     return patches

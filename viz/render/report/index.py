@@ -1,6 +1,6 @@
 """index.html: the run at a glance: problems first (hung / failed / missing ranks), the
 timeline picture, a line per rank (step time, compute, exposed communication, overlap,
-bubble), communication by parallel dimension, the top ops and collectives, then the run's facts and links to everything: the
+bubble), communication by parallel dimension, memory peaks (where recorded), the top ops and collectives, then the run's facts and links to everything: the
 call graphs, the module view, the source pages, the timeline's files and ``summary.json``."""
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from tracer.files import rundir
 
 from ...views import crossrank_page, pages
 from ...views.dimension_rows import dimension_table
+from ...views.memory_rows import memory_table
 from ...views.problems import problems
 from .. import inline_svg
 from ..html import PageWriter
@@ -31,6 +32,7 @@ def render(report: ReportInput, out_dir: str) -> list:
         lede=pages.lede(analysis), split=views.split,
         headline=headline, bubble=pages.bubble_column(headline), ranks=pages.rank_rows(analysis),
         across=crossrank_page.headline(analysis), dimensions=dimension_table(analysis),
+        memory=memory_table(analysis),
         top_ops=_top(report, comm=False), top_comm=_top(report, comm=True),
         graphs=views.graphs, rank_graphs=views.rank_graphs, setup=views.setup,
         zooms=list(views.zooms.values()),

@@ -1,10 +1,11 @@
 """ranks/rank-R.html: one page per rank with a trace: its status, error, metadata, warnings,
-ops, collectives, module tree and call graph."""
+ops, collectives, memory at its peak (where recorded), module tree and call graph."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 from ...views import pages
+from ...views.memory_rows import rank_memory
 from ..html import PageWriter
 
 if TYPE_CHECKING:
@@ -28,6 +29,7 @@ def render(report: ReportInput, out_dir: str) -> list:
                 row=row, meta=pages.meta_rows(mine.meta), warnings=mine.warnings,
                 ops=pages.op_rows(mine.op_groups), comm=pages.comm_rows(mine.op_groups),
                 modules=views.rank_trees[row["rank"]], world=world,
+                memory=rank_memory(mine.memory),
                 graph=views.rank_graphs[row["rank"]]))
             report.progress.advance()
     return written
