@@ -75,4 +75,6 @@ def test_pipeline_stages_hold_m_against_min_m_p_minus_r_micro_batches(tmp_path):
         assert mem["category_peaks"]["activations"] >= peaks[("1f1b", rank)]
         assert sum(mem["by_phase"].values()) == mem["peak_bytes"]
     assert "Memory at each rank's peak" in (out / "index.html").read_text()
+    svg = (out / "timeline.svg").read_text()       # the timeline's memory lane, every rank
+    assert all(f"<title>rank {r} activations: at most" in svg for r in range(p))
     assert "Memory at its peak" in (out / "ranks" / "rank-0.html").read_text()

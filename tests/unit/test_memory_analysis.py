@@ -119,3 +119,19 @@ def test_a_trace_without_memory_columns_reads_as_no_memory(tmp_path):
     assert schema.metadata[b"paratrace.version"] == b"3" and "mem_kind" not in schema.names
     trace = tracer.load(path)
     assert trace.memory is None and memory_profile(trace) is None
+
+
+def test_the_drawn_lane_keeps_the_peak_and_moves_to_rank_0s_clock():
+    from viz.analysis.memory import MAX_CORNERS, live_memory
+    # 3 * MAX_CORNERS temporaries of 1..n bytes, each freed at once; one of 10**6 in the
+    # middle: the lane has at most MAX_CORNERS corners and still its peak
+    n, rows = 3 * MAX_CORNERS, []
+    for i in range(n):
+        size = 10 ** 6 if i == n // 2 else i + 1
+        rows += [(A, i, size, 2 * i, TEMP, 0, -1), (F, i, size, 2 * i + 1, TEMP, 0, -1)]
+    profile = profile_events(events(rows))
+    lane = live_memory(profile, lambda t: np.full(len(t), 1000))
+    assert len(lane.times) <= MAX_CORNERS + 2 and lane.times[-1] == profile.times[-1] + 1000
+    assert int(lane.live.sum(axis=1).max()) == profile.peak_bytes == 10 ** 6
+    assert (np.diff(lane.times) > 0).all() and lane.times[0] == profile.times[0] + 1000
+    assert live_memory(None, lambda t: t) is None

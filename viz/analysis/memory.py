@@ -56,6 +56,39 @@ class MemoryProfile:
         return self.times, self.live[:, self.categories.index(category)]
 
 
+@dataclass(frozen=True)
+class LiveMemory:
+    """A rank's live bytes over time, to draw (the timeline's memory lane): at most
+    MAX_CORNERS corners of the step function on rank 0's clock (and the first and the last),
+    each the largest total of its stretch of events (so the peak is kept); ``live[i, c]``: bytes of ``categories[c]`` from
+    ``times[i]`` to ``times[i + 1]``."""
+
+    times: np.ndarray
+    live: np.ndarray
+    categories: tuple
+    peak_bytes: int
+
+
+MAX_CORNERS = 2_000
+
+
+def live_memory(profile: Optional[MemoryProfile], to_rank0) -> Optional[LiveMemory]:
+    """The profile's live bytes to draw, its times moved to rank 0's clock by ``to_rank0``
+    (local ns -> offsets to add: tracer.files.reader.Trace.clock_offset); None without."""
+    if profile is None or not len(profile.times):
+        return None
+    n = len(profile.times)
+    if n > MAX_CORNERS:             # each stretch of events: its largest total
+        edges = np.linspace(0, n, MAX_CORNERS + 1).astype(np.int64)
+        keep = np.unique([0, n - 1] + [a + int(np.argmax(profile.total[a:b]))
+                                       for a, b in zip(edges[:-1], edges[1:]) if b > a])
+    else:
+        keep = np.arange(n)
+    t = profile.times[keep]
+    return LiveMemory(t + np.asarray(to_rank0(t), dtype=np.int64), profile.live[keep],
+                      profile.categories, profile.peak_bytes)
+
+
 def memory_profile(trace, top: int = 10) -> Optional[MemoryProfile]:
     """The memory profile of a loaded trace (tracer.files.reader.Trace), or None when its
     memory was not recorded."""

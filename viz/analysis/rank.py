@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Optional
 
 import numpy as np
@@ -29,7 +29,7 @@ from .device_lanes import on_device
 from .gpu_attribution import DeviceSummary, RegionWork, attribute
 from .intervals import Prefix
 from .lanes import P2PEnd, RankLanes, counted_steps
-from .memory import MemoryProfile, memory_profile
+from .memory import MemoryProfile, live_memory, memory_profile
 from .op_groups import group_ops, kernel_groups
 from .rank_lanes import DRAWN_OPS, RankRows, p2p_endpoints, rank_lanes
 
@@ -146,6 +146,8 @@ def analyse_rank(trace: Trace, rank: int, send_ends: dict, op_budget: int = DRAW
         lanes = on_device(lanes, rows, dev, op_budget)
     caps = {} if dev is not None else send_caps(lanes)
     durations = dev.row_ns if dev is not None else host_durations(trace, caps)
+    memory = memory_profile(trace)
+    lanes = replace(lanes, live_memory=live_memory(memory, trace.clock_offset))
     counted = tuple(counted_steps(lanes))
     frames: dict = {}         # the stacks' frames, shared by both groupings
     work = dev.in_regions() if dev is not None else None
@@ -158,7 +160,7 @@ def analyse_rank(trace: Trace, rank: int, send_ends: dict, op_budget: int = DRAW
         op_counts=op_counts(trace), op_counts_by_phase=op_counts_by_phase(trace),
         comm=comm_rows(trace), lanes=lanes, last_op=last_op(trace),
         device=None if dev is None else dev.summary(trace.dictionary("op"), trace.col("op")),
-        counted_steps=counted, send_caps=caps, memory=memory_profile(trace),
+        counted_steps=counted, send_caps=caps, memory=memory,
         counted_op_groups=_groups_over(trace, counted, durations, frames, all_steps=groups,
                                        work=work))
 

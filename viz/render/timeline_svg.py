@@ -1,4 +1,5 @@
-"""Timeline SVG: one row per rank, lanes for F/B/W passes, compute and communication.
+"""Timeline SVG: one row per rank, lanes for F/B/W passes, compute and communication, and live
+memory by category where it was recorded.
 
 The measured pipeline-schedule picture: passes labelled with their micro-batch, compute and
 communication as they happened on rank 0's clock, idle time shaded, step boundaries dashed, each
@@ -15,13 +16,15 @@ import numpy as np
 
 from ..analysis.intervals import gaps, intervals, length, union, window
 from ..analysis.lanes import Timeline
-from ..views.formatters import fmt_time, steps_text
+from ..views.formatters import fmt_bytes, fmt_time, steps_text
+from ..views.memory_rows import COLOURS as MEMORY_COLOURS
 
 COLOURS = {"F": "#4c9f70", "B": "#d1495b", "W": "#8d6cab", "compute": "#3b6ea8",
            "comm": "#f39237", "wait": "#fbd9b4", "idle": "#d0d0d0", "gpu": "#5c8fc9",
            "memory": "#2a9d8f", "path": "#111111"}
 LEFT, PLOT, RIGHT = 86, 1000, 440
 PASS_H, LANE_H, ROW_GAP, TOP = 20, 9, 18, 58
+MEM_H = 24              # the live-memory lane, to the scale of the largest peak drawn
 # Counted steps drawn: more would make every pass narrower than a pixel. The metrics beside
 # each rank cover every counted step; the title says which steps are drawn.
 SHOWN_STEPS = 4
@@ -131,18 +134,23 @@ def render(timeline: Timeline, metrics: dict, cross=None, paths=()) -> str:
     waits = _waits(cross)
     on_path = _path_segments(paths, {s for steps in shown.values() for s in steps})
     y = TOP
+    scale = max((_window_peak(timeline.ranks[r].live_memory, lo, hi) for r in ranks), default=0)
     for rank in ranks:
         _draw_rank(c, rank, timeline.ranks[rank], metrics[rank], shown[rank], y,
                    heights[rank], waits.get(rank, []), on_path.get(rank, []))
+        if timeline.ranks[rank].live_memory is not None:
+            _memory_lane(c, rank, timeline.ranks[rank].live_memory,
+                         y + heights[rank] - MEM_H - 2, scale)
         y += heights[rank] + ROW_GAP
     kinds = {p.kind for rank in ranks for p in _shown_passes(timeline.ranks[rank], shown[rank],
                                                                lo, hi)}
     _legend(c, y + 8, any(lane.device is not None for lane in timeline.ranks.values()),
-            bool(on_path), kinds)
+            bool(on_path), kinds, memory=scale > 0)
     title = _title(timeline, metrics)
     width = LEFT + PLOT + RIGHT
-    head = (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{bottom + 30}" '
-            f'viewBox="0 0 {width} {bottom + 30}" font-family="sans-serif" font-size="11">'
+    height = bottom + 30 + (16 if scale > 0 else 0)     # the memory key's own line
+    head = (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+            f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">'
             '<style>.grid{stroke:#eee}.step{stroke:#555;stroke-dasharray:4 3}'
             '.axis{fill:#777;font-size:9px}.lane{fill:#555;font-size:9px}.rank{font-weight:bold}'
             '.metric{fill:#333;font-size:10px}.steplabel{fill:#555;font-size:9px}'
@@ -155,7 +163,54 @@ def render(timeline: Timeline, metrics: dict, cross=None, paths=()) -> str:
 
 def _row_height(lane) -> int:
     streams = len(_streams(lane))
-    return PASS_H + 2 * LANE_H + 8 + (streams * (LANE_H + 1) + 2 if streams else 0)
+    return PASS_H + 2 * LANE_H + 8 + (streams * (LANE_H + 1) + 2 if streams else 0) + \
+        (MEM_H + 4 if lane.live_memory is not None else 0)
+
+
+def _in_window(mem, lo: int, hi: int) -> tuple:
+    """(times, live) of the corners drawn in [lo, hi): the one before ``lo`` starts it."""
+    first = max(int(np.searchsorted(mem.times, lo, side="right")) - 1, 0)
+    last = int(np.searchsorted(mem.times, hi, side="left"))
+    return mem.times[first:last], mem.live[first:last]
+
+
+def _window_peak(mem, lo: int, hi: int) -> int:
+    if mem is None:
+        return 0
+    _, live = _in_window(mem, lo, hi)
+    return int(live.sum(axis=1).max()) if len(live) else 0
+
+
+def _memory_lane(c: "_Canvas", rank: int, mem, y: float, scale: int) -> None:
+    """Live bytes by category, stacked (parameters at the bottom), as step functions."""
+    c.text(LEFT - 4, y + MEM_H / 2 + 3, "memory", text_anchor="end", class_="lane")
+    times, live = _in_window(mem, c.lo, c.hi)
+    if not len(times) or scale <= 0:
+        return
+    xs = [max(c.x(int(t)), LEFT) for t in times] + [c.x(c.hi)]
+    below = np.zeros(len(times), dtype=np.int64)
+    for name, colour in MEMORY_COLOURS.items():
+        if name not in mem.categories:
+            continue
+        mine = live[:, mem.categories.index(name)]
+        if not mine.any():
+            continue
+        top = below + mine
+        y_of = lambda b: y + MEM_H * (1 - b / scale)  # noqa: E731
+        upper = [f"{xs[i]:.1f},{y_of(top[i]):.1f} {xs[i + 1]:.1f},{y_of(top[i]):.1f}"
+                 for i in range(len(times))]
+        lower = [f"{xs[i + 1]:.1f},{y_of(below[i]):.1f} {xs[i]:.1f},{y_of(below[i]):.1f}"
+                 for i in reversed(range(len(times)))]
+        c.parts.append(f'<polygon points="{" ".join(upper + lower)}" fill="{colour}" '
+                       f'class="livememory"><title>rank {rank} {name.replace("_", " ")}: '
+                       f'at most {escape(fmt_bytes(int(mine.max())))} live here</title>'
+                       '</polygon>')
+        below = top
+    c.parts.append(f'<line x1="{LEFT}" y1="{y + MEM_H:.1f}" x2="{LEFT + PLOT}" '
+                   f'y2="{y + MEM_H:.1f}" class="grid"/>')
+    c.text(LEFT + PLOT + 10, y + MEM_H - 4,
+           f"memory: peak {fmt_bytes(mem.peak_bytes)} (scale: {fmt_bytes(scale)})",
+           class_="metric")
 
 
 def _streams(lane) -> list:
@@ -295,8 +350,10 @@ PASS_KEYS = (("F", "forward pass (micro-batch)"), ("B", "backward pass"),
              ("W", "weight-gradient pass"))
 
 
-def _legend(c: "_Canvas", y: float, gpu: bool, path: bool, kinds: set) -> None:
-    """The colours' key: the pass kinds drawn (none without passes), then the lanes'."""
+def _legend(c: "_Canvas", y: float, gpu: bool, path: bool, kinds: set,
+            memory: bool = False) -> None:
+    """The colours' key: the pass kinds drawn (none without passes), then the lanes'; the
+    memory categories on a line of their own."""
     x = LEFT
     keys = [key for key in PASS_KEYS if key[0] in kinds] + [("compute", "computing"),
             ("comm", "communication in flight"), ("wait", "waiting for a late rank"),
@@ -309,6 +366,14 @@ def _legend(c: "_Canvas", y: float, gpu: bool, path: bool, kinds: set) -> None:
         x += 30 + 6.2 * len(text)
     c.parts.append(f'<line x1="{x}" y1="{y - 2}" x2="{x}" y2="{y + 12}" class="step"/>')
     c.text(x + 6, y + 9, "step boundary")
+    if memory:
+        x = LEFT
+        for name, colour in MEMORY_COLOURS.items():
+            text = "live " + name.replace("_", " ")
+            c.parts.append(f'<rect x="{x}" y="{y + 16}" width="12" height="10" '
+                           f'fill="{colour}"/>')
+            c.text(x + 16, y + 25, text)
+            x += 30 + 6.2 * len(text)
 
 
 def _title(timeline: Timeline, metrics: dict) -> str:
