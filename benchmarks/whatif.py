@@ -3,6 +3,7 @@
     python benchmarks/whatif.py [--repeat 3] [--steps 7] [--model default|tiny] [--keep DIR]
                                 [--warmup 1] [--detail]
     python benchmarks/whatif.py --reuse DIR [--detail]     # predict again from kept runs
+    python benchmarks/whatif.py --memory --repeat 1         # also peak memory per rank
 
 Each repeat records two base configurations with trace-run (2 ranks, gloo, CPU,
 OMP_NUM_THREADS=1): A = pp 2 (1F1B, m=4) and B = dp 2, then runs every target configuration
@@ -23,6 +24,10 @@ average before the first run is printed. The two bases run once first, not count
 repeat's pp 2 base 684 ms against 545 and 503 in the next two). Errors are medians over
 repeats: step error is predicted / real - 1, bubble error predicted - real in points. Predictions and real runs are both traced (the
 recording's durations carry the tracer's cost, so the prediction is of a traced step).
+With --memory every run records memory (trace-run --memory: slower steps, so the step table
+is not comparable with one without it) and a second table sets each target's predicted peak
+per rank (viz.whatif.memory) beside the real run's: the median and the worst rank's error
+(goal: within 10 %). Memory does not depend on the machine's load: one repeat is enough.
 Default sizes (8 layers, hidden 256, seq 64, micro-batch 8) take about 4 minutes at
 --repeat 3 on a quiet 2-core machine (more under load); --model tiny checks the script in
 about a minute.
@@ -82,13 +87,18 @@ def key(config: dict) -> tuple:
             bool(config.get("sp", True)) and config["tp"] > 1)
 
 
+MEMORY = False          # --memory: every run records memory
+MEMORY_GOAL = 0.10
+
+
 def trace(out: str, config: dict, model: list, steps: int) -> str:
     """Trace one configuration on 2 ranks, recording from step 2 (the first steps are
     slower: allocator, caches, gloo's first messages); returns the run directory."""
     env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", PYTHONPATH=REPO)
     proc = subprocess.run(
         [sys.executable, "-m", "instrument.launch", "--nproc-per-node", "2", "--out", out,
-         "--steps", "2-", "--no-report", "-m", "sample_runs.train", *model,
+         "--steps", "2-", "--no-report", *(["--memory"] if MEMORY else []),
+         "-m", "sample_runs.train", *model,
          "--steps", str(steps), *flags(config)],
         env=env, cwd=REPO, capture_output=True, text=True)
     if proc.returncode:
@@ -142,10 +152,43 @@ def evaluate(runs: dict, found: dict) -> None:
         result = what_if(runs[key(target_config(base, {}))], [t[3] for t in mine])
         found.setdefault(f"{name} replayed", ("replay", []))[1].append(
             (result.replayed, result.measured))
+        if result.memory is not None:
+            found.setdefault("memory", {}).setdefault(f"{name} replayed", []).append(
+                (result.memory_replayed, result.memory))
         for (label, kind, _, changes), prediction in zip(mine, result.targets):
             real = runs[key(target_config(base, changes))]
             found.setdefault(label, (kind, []))[1].append(
                 (prediction.measures, measures(real.metrics)))
+            if prediction.memory is not None:
+                found.setdefault("memory", {}).setdefault(label, []).append(
+                    (prediction.memory, real_peaks(real)))
+
+
+def real_peaks(analysis) -> dict:
+    """rank -> {peak_bytes} of a real run recorded with memory."""
+    return {str(r): {"peak_bytes": mine.memory.peak_bytes}
+            for r, mine in analysis.ranks.items() if mine.memory is not None}
+
+
+def memory_table(pairs_by_target: dict) -> str:
+    """Per target: predicted and real peak (the largest rank's), the median and the worst
+    rank's error over every rank and repeat."""
+    lines = [f"peak memory per rank, predicted against real (goal {100 * MEMORY_GOAL:.0f} %)",
+             f"{'target':<22}{'pred peak':>11}{'real peak':>11}{'median err':>11}"
+             f"{'worst err':>10}{'goal':>6}"]
+    for label, pairs in pairs_by_target.items():
+        errors, pred_top, real_top = [], [], []
+        for predicted, real in pairs:
+            common = sorted(set(predicted) & set(real), key=int)
+            errors += [predicted[r]["peak_bytes"] / real[r]["peak_bytes"] - 1 for r in common]
+            pred_top.append(max(predicted[r]["peak_bytes"] for r in common))
+            real_top.append(max(real[r]["peak_bytes"] for r in common))
+        worst = max(errors, key=abs)
+        ok = "yes" if abs(worst) <= MEMORY_GOAL else "NO"
+        lines.append(f"{label:<22}{statistics.median(pred_top) / 2**20:9.2f}Mi"
+                     f"{statistics.median(real_top) / 2**20:9.2f}Mi"
+                     f"{100 * statistics.median(errors):+10.1f}%{100 * worst:+9.1f}%   {ok}")
+    return "\n".join(lines)
 
 
 def table(found: dict, repeats: int, loads) -> str:
@@ -158,7 +201,7 @@ def table(found: dict, repeats: int, loads) -> str:
              f"repeat(s), 2 ranks each ({where})",
              f"{'target':<22}{'class':<15}{'pred step':>10}{'real step':>10}{'step err':>9}"
              f"{'pred bub':>9}{'real bub':>9}{'bub err':>8}{'goal':>6}"]
-    for label, (kind, pairs) in found.items():
+    for label, (kind, pairs) in ((k, v) for k, v in found.items() if k != "memory"):
         pred = [p["step_s"] for p, _ in pairs]
         real = [r["step_s"] for _, r in pairs]
         err = [p / r - 1 for p, r in zip(pred, real)]
@@ -177,7 +220,7 @@ def table(found: dict, repeats: int, loads) -> str:
 def detail(found: dict) -> str:
     """Every repeat's step and bubble errors, to see the spread behind the medians."""
     lines = ["per repeat: step error % (bubble error p)"]
-    for label, (_, pairs) in found.items():
+    for label, (_, pairs) in ((k, v) for k, v in found.items() if k != "memory"):
         cells = [(100 * (p["step_s"] / r["step_s"] - 1),
                   100 * (p["bubble_fraction"] - r["bubble_fraction"])) for p, r in pairs]
         lines.append(f"{label:<22}" + "  ".join(f"{step:+6.1f} ({bubble:+5.1f})"
@@ -196,10 +239,14 @@ def main(argv=None) -> int:
     parser.add_argument("--reuse", metavar="DIR", help="predict again from the runs a "
                         "--keep DIR holds, running nothing (to try a change of the models)")
     parser.add_argument("--detail", action="store_true", help="also print every repeat's errors")
+    parser.add_argument("--memory", action="store_true", help="record memory in every run and "
+                        "check the predicted peak per rank against it")
     parser.add_argument("--warmup", type=int, default=1, metavar="N",
                         help="runs of the two bases first, not counted (default 1: the first "
                         "runs on a machine that sat idle are slower)")
     args = parser.parse_args(argv)
+    global MEMORY
+    MEMORY = args.memory
     found: dict = {}
     loads = []
     start = time.monotonic()
@@ -210,6 +257,8 @@ def main(argv=None) -> int:
         for runs in repeats:
             evaluate(runs, found)
         print(table(found, len(repeats), None))
+        if found.get("memory"):
+            print(memory_table(found["memory"]))
     else:
         root = args.keep or tempfile.mkdtemp(prefix="whatif-bench-")
         os.makedirs(root, exist_ok=True)
@@ -222,6 +271,8 @@ def main(argv=None) -> int:
             one_repeat(root, i, MODELS[args.model], args.steps, found)
             loads.append(os.getloadavg()[0])
         print(table(found, args.repeat, (before, loads)))
+        if found.get("memory"):
+            print(memory_table(found["memory"]))
         if not args.keep:
             subprocess.run(["rm", "-rf", root], check=False)
     if args.detail:

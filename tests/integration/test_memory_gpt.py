@@ -2,7 +2,8 @@
 against numbers from elsewhere: what each ZeRO stage keeps (the GPT's own count of the tensors
 it holds after step 1's optimizer step, sample_runs/dump.py) and the activations a pipeline's
 stages hold at their peak under GPipe and 1F1B (docs/oracles.md, "Memory per rank": m against
-min(m, p - r) micro-batches)."""
+min(m, p - r) micro-batches), and trace-whatif's GPipe peak predicted from the 1F1B run against
+the real GPipe run (within 10 %)."""
 from __future__ import annotations
 
 import json
@@ -14,7 +15,10 @@ import tracer
 from support.cli import trace_run
 from tracer.files import rundir
 from viz.analysis.memory import memory_profile
+from viz.analysis import analyse
 from viz.cli import report_main
+from viz.run import open_run
+from viz.whatif import what_if
 
 pytestmark = pytest.mark.integration
 
@@ -65,6 +69,12 @@ def test_pipeline_stages_hold_m_against_min_m_p_minus_r_micro_batches(tmp_path):
     for stage in range(p):
         ratio = peaks[("gpipe", stage)] / peaks[("1f1b", stage)]
         assert ratio == pytest.approx(m / min(m, p - stage), rel=0.01), (stage, peaks)
+    # what-if: GPipe's peak per rank predicted from the 1F1B run, against the real GPipe run
+    prediction = what_if(analyse(open_run(str(tmp_path / "1f1b"))),
+                         [{"schedule": "gpipe"}]).targets[0]
+    for rank in range(p):
+        real = _profile(tmp_path / "gpipe", rank).peak_bytes
+        assert prediction.memory[str(rank)]["peak_bytes"] == pytest.approx(real, rel=0.10)
     # the report: summary.json's memory per rank, the front page's peaks, the rank's page
     out = tmp_path / "1f1b"
     assert report_main([str(out)]) == 0

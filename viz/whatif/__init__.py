@@ -11,16 +11,20 @@ any prediction is trusted. A target changes the reference GPT's options (:mod:`v
 .targets`); its programs are rebuilt from the recorded parts of a step (:mod:`viz.whatif
 .anatomy`, :mod:`viz.whatif.plan`, :mod:`viz.whatif.compose`) with models fitted on the same
 recording (:mod:`viz.whatif.models`, :mod:`viz.whatif.costs`) and Megatron's rules
-(:mod:`viz.whatif.megatron`), then simulated the same way. Pure: no file is read or written
+(:mod:`viz.whatif.megatron`), then simulated the same way. A recording with memory
+(``trace-run --memory``) also gets each target's peak memory by category
+(:mod:`viz.whatif.memory`). Pure: no file is read or written
 here (the command, :mod:`viz.whatif_cli`, and the renderers, :mod:`viz.render.whatif`, do).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Optional
 
 from ..analysis.lanes import Timeline
 from ..analysis.metrics import metrics_of
 from .measures import measures
+from .memory import memory_model, predicted, recorded_peaks, target_shape
 from .plan import Plan
 from .recording import Recording, study
 from .simulate import SimulationError, as_timeline, simulate
@@ -40,6 +44,7 @@ class Prediction:
     metrics: dict                    # rank -> viz.analysis.metrics.RankMetrics
     measures: dict                   # whatif.json's M
     assumptions: list
+    memory: Optional[dict] = None    # rank -> predicted peak by category (viz.whatif.memory)
 
     @property
     def title(self) -> str:
@@ -58,6 +63,8 @@ class WhatIf:
     replay_metrics: dict
     models: list                     # how well each fitted model describes the recording
     targets: list = field(default_factory=list)   # Prediction
+    memory: Optional[dict] = None    # rank -> the recording's peak by category (--memory)
+    memory_replayed: Optional[dict] = None   # the same, predicted for the recorded config
 
 
 def what_if(analysis, targets: list) -> WhatIf:
@@ -75,8 +82,15 @@ def what_if(analysis, targets: list) -> WhatIf:
     replay_metrics = metrics_of(replay)
     out = WhatIf(rec.config, measures(analysis.metrics), measures(replay_metrics), replay,
                  replay_metrics, rec.model_lines())
+    model = memory_model(analysis, rec.shape, rec.grid)
+    if model is not None:
+        out.memory = {str(r): {"peak_bytes": sum(at.values()), "by_category": at}
+                      for r, at in sorted(recorded_peaks(analysis).items())}
+        out.memory_replayed = predicted(model, rec.shape)
     for changes, cfg in zip(targets, configs):
-        out.targets.append(predict(rec, cfg, dict(changes)))
+        prediction = predict(rec, cfg, dict(changes))
+        prediction.memory = predicted(model, target_shape(rec.shape, cfg))
+        out.targets.append(prediction)
     return out
 
 

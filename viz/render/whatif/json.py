@@ -3,12 +3,14 @@ docs/architecture.md's contract fixes them::
 
     {"schema": "paratrace.whatif/1",
      "base": {"config", "measured": M, "replayed": M, "models": [...],
-              "timeline": "whatif/replay.svg"},
+              "timeline": "whatif/replay.svg", "memory": MEM, "memory_replayed": MEM},
      "targets": [{"config", "changes", "title", "predicted": M, "assumptions": [...],
-                  "timeline": "whatif/target-1.svg"}, ...]}
+                  "timeline": "whatif/target-1.svg", "memory": MEM}, ...]}
 
 M = {"step_s", "bubble_fraction", "exposed_comm_s", "pipeline_bubble_fraction",
 "ranks": {"R": {...the same per rank, and compute_s}}} (viz.whatif.measures).
+MEM = {"R": {"peak_bytes", "by_category": {category: bytes}}} per rank, or null when the
+recording has no memory (viz.whatif.memory).
 """
 from __future__ import annotations
 
@@ -29,10 +31,12 @@ def render(whatif: WhatIfInput, out_dir: str) -> list:
         "schema": SCHEMA,
         "base": {"config": result.config, "measured": result.measured,
                  "replayed": result.replayed, "models": result.models,
-                 "timeline": whatif.REPLAY_SVG},
+                 "timeline": whatif.REPLAY_SVG, "memory": result.memory,
+                 "memory_replayed": result.memory_replayed},
         "targets": [{"config": t.config, "changes": t.changes, "title": t.title,
                      "predicted": t.measures, "assumptions": t.assumptions,
-                     "timeline": whatif.target_svg(i)} for i, t in enumerate(result.targets)]}
+                     "timeline": whatif.target_svg(i), "memory": t.memory}
+                    for i, t in enumerate(result.targets)]}
     path = os.path.join(out_dir, "whatif.json")
     with open(path, "w", encoding="utf-8") as fh:
         json.dump(document, fh, indent=1, sort_keys=False)
