@@ -247,9 +247,12 @@ def _unify(batches: list, schema: pa.Schema) -> tuple:
 
 
 def _memory_events(memory: dict, table: pa.Table) -> MemoryEvents:
-    """The memory rows, each allocation by an op linked to that op's row (same thread, same
-    ``t0``; pseudo-op rows are never the op)."""
+    """The memory rows, each allocation by an op linked to that op's row: the op row of the
+    same thread with the same ``t0`` (the recorder's), else the innermost op row of that
+    thread whose [t0, t1] holds it (an import's, at the allocator's own time); pseudo-op rows
+    are never the op."""
     t0 = pc.fill_null(table.column("t0"), -1).to_numpy()
+    t1 = pc.fill_null(table.column("t1"), -1).to_numpy()
     thread = pc.fill_null(table.column("thread"), -1).to_numpy()
     op = table.column("op").combine_chunks()
     pseudo = [i for i, name in enumerate(op.dictionary.to_pylist())
@@ -268,6 +271,13 @@ def _memory_events(memory: dict, table: pa.Table) -> MemoryEvents:
         pos = np.minimum(np.searchsorted(times, memory["t0"][which]), len(times) - 1)
         found = times[pos] == memory["t0"][which]
         row[which[found]] = rows[order[pos[found]]]
+        ends = np.maximum(t1[rows][order], times)
+        for e in which[~found].tolist():      # the latest-started row that still holds it
+            j = int(np.searchsorted(times, memory["t0"][e], side="right")) - 1
+            while j >= 0 and ends[j] < memory["t0"][e]:
+                j -= 1
+            if j >= 0:
+                row[e] = rows[order[j]]
     return MemoryEvents(memory["mem_kind"], memory["mem_storage"], memory["bytes"],
                         memory["t0"], memory["mem_category"], memory["thread"], memory["step"],
                         row)

@@ -8,7 +8,8 @@ is the export's: Unix nanoseconds (``baseTimeNanoseconds`` plus ``ts``, or absol
 torch before 2.1), so the device file needs no clock mapping (one identity clock pair), and
 ranks are aligned by their hosts' clocks. The trace's metadata says where it came from
 (``imported``): the export, what could not be derived from it (stacks without with_stack ...),
-and what was wrong with it (events dropped, a truncated tail). Torch-free.
+and what was wrong with it (events dropped, a truncated tail). An export taken with
+``profile_memory=True`` gets memory rows (:mod:`tracer.kineto.memory`). Torch-free.
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from tracer.vocab.ops import P2P_KINDS
 from .chrome_trace import damage_line, device_records, rank_of, time_base
 from .comm import ProcessGroups, kind_of_kernel
 from .events import ExportEvents, collect
+from .memory import memory_columns, memory_device
 from .host import (ANN, OP, RPC, STEP, annotation_text, comm_rows, flow_links, frame_of, order_of,
                    phases, role_of, stack_text, unfold, walk)
 from .stream import ExportStream
@@ -77,12 +79,18 @@ def import_export(path: str, out_dir: str, name: str, rank: Optional[int] = None
         notes.append(f"distributedInfo.world_size is {world}, not a world of rank "
                      f"{rank or 0} (at most {MAX_WORLD:,}): ignored")
         world = None
+    memory = memory_columns(events.memory, base, _op_rows(rows),
+                            {tid: int(code) for code, tid in rows["threads"].items()})
+    missing += _memory_missing(events.memory)
     line = damage_line(events, notes)
     meta = _meta(path, rank, world, info, rows, events, activities, missing)
     meta["imported"]["damage"] = [line] if line else []
+    meta["imported"]["memory_device"] = memory_device(events.memory)
     trace_path = os.path.join(out_dir, f"{name}.arrow")
-    writer = TraceWriter(trace_path, meta)
+    writer = TraceWriter(trace_path, meta, memory=memory is not None)
     writer.write_columns(rows["columns"], rows["dictionaries"])
+    if memory is not None:
+        writer.write_columns(memory, rows["dictionaries"])
     writer.close()
     device_path = None
     if activities:
@@ -99,6 +107,23 @@ def _first_ns(events: ExportEvents) -> Optional[int]:
     if events.host is not None and len(events.host):
         starts.append(int(np.frombuffer(events.host.start, dtype=np.int64).min()))
     return min(starts) if starts else None
+
+
+def _op_rows(rows: dict) -> dict:
+    """The op rows' t0, t1, thread, kind and step (pseudo-op rows left out), in t0 order."""
+    cols = rows["columns"]
+    pseudo = [i for i, name in enumerate(rows["dictionaries"]["op"])
+              if name in ops.PSEUDO_OPS]
+    keep = ~np.isin(cols["op"], pseudo)
+    return {k: cols[k][keep] for k in ("t0", "t1", "thread", "kind", "step")}
+
+
+def _memory_missing(memory: dict) -> list:
+    if memory_device(memory) is None:
+        return ["memory (profiled without profile_memory)"]
+    return ["which memory is parameters, gradients, optimizer state or activations (an "
+            "export gives the allocator's addresses and sizes, not tensors: all are "
+            "temporaries, or comm inside a collective)"]
 
 
 def _missing(found: dict, activities: int) -> list:

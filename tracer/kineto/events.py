@@ -137,6 +137,9 @@ class ExportEvents:
     problem: Optional[str]      # why reading stopped early (None: read whole)
     items: int                  # traceEvents items read
     bytes_read: int
+    # the allocator's ``[memory]`` instant events (profile_memory=True), host collection only:
+    # name -> int64 column (t relative ns, addr, bytes, device_type, device_id, tid)
+    memory: dict = field(default_factory=dict)
 
 
 def shapes_text(args: dict) -> Optional[str]:
@@ -183,6 +186,7 @@ def collect(stream: ExportStream, host: bool = True) -> ExportEvents:
                                    "tid", "nbytes")}
     names = Interner()
     out = HostEvents() if host else None
+    memory = {k: array("q") for k in MEMORY_FIELDS} if host else None
     flows = Flows()
     dropped: dict = {}
     take = _taker(dev, names, out)
@@ -196,6 +200,8 @@ def collect(stream: ExportStream, host: bool = True) -> ExportEvents:
             why = take(e)
             if why:                     # dropped, or kept as far as it could be read
                 dropped[why] = dropped.get(why, 0) + 1
+        elif ph == "i" and memory is not None and e.get("name") == "[memory]":
+            _memory_point(e, memory)
         elif (ph == "s" or ph == "f") and e.get("cat") == "fwdbwd":
             t, i = ns_of(e.get("ts")), int64(e.get("id"), None)
             if t is not None and i is not None:
@@ -205,8 +211,29 @@ def collect(stream: ExportStream, host: bool = True) -> ExportEvents:
                 flows.ts.append(t)
     cols = {k: np.frombuffer(v, dtype=np.int64) if len(v) else np.zeros(0, np.int64)
             for k, v in dev.items()}
+    mem = {k: np.frombuffer(v, dtype=np.int64) if len(v) else np.zeros(0, np.int64)
+           for k, v in (memory or {}).items()}
     return ExportEvents(stream.path, stream.top, cols, names.values, out, flows, dropped,
-                        stream.problem, stream.items, stream.bytes_read)
+                        stream.problem, stream.items, stream.bytes_read, mem)
+
+
+MEMORY_FIELDS = ("t", "addr", "bytes", "device_type", "device_id", "tid")
+
+
+def _memory_point(e: dict, memory: dict) -> None:
+    """One ``[memory]`` event (``Bytes`` > 0 an allocation at ``Addr``, < 0 its free); one
+    that cannot be read whole is left out."""
+    args = e.get("args")
+    t = ns_of(e.get("ts"))
+    if type(args) is not dict or t is None:
+        return
+    values = (t, int64(args.get("Addr"), None), int64(args.get("Bytes"), None),
+              int64(args.get("Device Type"), -1), int64(args.get("Device Id"), -1),
+              int64(e.get("tid"), -1))
+    if values[1] is None or values[2] is None:
+        return
+    for name, value in zip(MEMORY_FIELDS, values):
+        memory[name].append(value)
 
 
 # Kineto writes a time before its base as ts 0 (and the duration then as 0): a device window

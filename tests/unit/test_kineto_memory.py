@@ -1,0 +1,71 @@
+"""An export's ``[memory]`` events imported as memory rows (tracer.kineto.memory): one device's
+(CUDA's over the CPU's), an allocation linked to the op that holds it, a free of an address
+allocated before the export, and the peak against a count made from the JSON apart."""
+from __future__ import annotations
+
+import json
+
+from support.kineto_exports import BASE, export, write
+from tracer.files.reader import load
+from tracer.kineto.convert import import_export
+from viz.analysis.memory import memory_profile
+
+
+def _mem(ts: float, addr: int, nbytes: int, device_type: int = 0, tid: int = 1) -> dict:
+    return {"ph": "i", "cat": "cpu_instant_event", "s": "t", "name": "[memory]", "pid": 1,
+            "tid": tid, "ts": ts, "args": {"Addr": addr, "Bytes": nbytes,
+                                           "Total Allocated": 0, "Total Reserved": 0,
+                                           "Device Id": 0 if device_type else -1,
+                                           "Device Type": device_type}}
+
+
+def _imported(tmp_path, events: list):
+    data = export()          # aten::mm at 10-30.5, 110-130.5, 210-230.5 us on tid 1
+    data["traceEvents"] += events
+    path = write(tmp_path / "e.json", data)
+    done = import_export(str(path), str(tmp_path), "rank-0")
+    return load(done.trace), done
+
+
+def test_allocations_link_to_their_op_and_the_peak_is_the_jsons(tmp_path):
+    events = [_mem(15, 0xA0, 400), _mem(20, 0xB0, 100), _mem(25, 0xB0, -100),
+              _mem(50, 0xC0, 1000),                    # outside every op
+              _mem(60, 0xF0, -64),                     # allocated before the export
+              _mem(120, 0xA0, -400), _mem(125, 0xA0, 300)]
+    trace, done = _imported(tmp_path, events)
+    mem = trace.memory
+    assert mem is not None and len(mem.kind) == len(events)
+    ops = trace.dictionary("op")
+    t0, op = trace.col("t0"), trace.col("op")
+    allocs = [i for i in range(len(mem.kind)) if mem.kind[i] == 0]
+    linked = [ops[op[mem.row[i]]] if mem.row[i] >= 0 else None for i in allocs]
+    assert linked == ["aten.mm", "aten.mm", None, "aten.mm"]
+    assert t0[mem.row[allocs[0]]] == BASE + 10_000        # held by the first mm (10-30.5 us)
+    # the peak, counted from the JSON apart: 400 + 100, then 400 + 1000 live at 50 us
+    profile = memory_profile(trace)
+    live, now, peak = {}, 0, 0
+    for e in sorted(events, key=lambda e: e["ts"]):
+        a, b = e["args"]["Addr"], e["args"]["Bytes"]
+        if b > 0:
+            live[a], now = b, now + b
+        elif a in live:
+            now -= live.pop(a)
+        peak = max(peak, now)
+    assert profile.peak_bytes == peak == 1400
+    assert set(profile.at_peak["category"]) >= {"temporaries"} and \
+        profile.at_peak["category"]["temporaries"] == 1400
+    assert any("not tensors" in m for m in done.missing)
+
+
+def test_cuda_allocations_are_kept_over_the_cpus(tmp_path):
+    trace, _ = _imported(tmp_path, [_mem(15, 0xA0, 400), _mem(16, 0xD0, 4096, device_type=1),
+                                    _mem(17, 0xD0, -4096, device_type=1)])
+    assert trace.memory.bytes.tolist() == [4096, 4096]
+    assert trace.meta["imported"]["memory_device"] == "cuda"
+
+
+def test_an_export_without_memory_says_so(tmp_path):
+    trace, done = _imported(tmp_path, [])
+    assert trace.memory is None and trace.meta["imported"]["memory_device"] is None
+    assert "memory (profiled without profile_memory)" in done.missing
+    assert json.dumps(trace.meta["imported"])

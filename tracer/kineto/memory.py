@@ -1,0 +1,100 @@
+"""An export's allocator events (``[memory]``, torch.profiler's ``profile_memory=True``) as the
+trace's memory rows (docs/trace-format.md, "Memory"), so an imported run gets the same memory
+analyses as a recorded one.
+
+- One device's events: CUDA's where the export has any (the memory a GPU run is short of),
+  else the CPU's.
+- Each allocation (``Bytes`` > 0 at ``Addr``) is a storage of its own until the free at the
+  same address (``Bytes`` < 0); a free of an address allocated before the export began is
+  written too, and readers leave it out (it has no allocation).
+- An allocation keeps the allocator's time; made inside an op (a host op of its thread whose
+  interval holds it) it carries that thread, and the reader links it to the innermost such
+  op's row. One made outside every op has no thread.
+- Its category: ``comm`` when that op is a collective, else ``temporaries``. An export has
+  addresses and sizes, not which tensor a block holds: parameters, gradients, optimizer state
+  and activations cannot be told apart (the front page says so).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+
+from tracer.files.format import MEMORY_CATEGORIES, MEMORY_KINDS
+
+CUDA = 1                                   # the profiler's Device Type of a CUDA allocation
+ALLOC, FREE = MEMORY_KINDS.index("alloc"), MEMORY_KINDS.index("free")
+TEMPORARIES, COMM = MEMORY_CATEGORIES.index("temporaries"), MEMORY_CATEGORIES.index("comm")
+
+
+def memory_device(mem: dict) -> Optional[str]:
+    """Which device's allocations an import keeps ("cuda" or "cpu"), None without any."""
+    if not len(mem.get("t", ())):
+        return None
+    return "cuda" if (mem["device_type"] == CUDA).any() else "cpu"
+
+
+def memory_columns(mem: dict, base: int, rows: dict, thread_of_tid: dict) -> Optional[dict]:
+    """The memory rows of an export's allocator events (``mem``: events.collect's columns,
+    times relative; ``base`` makes them Unix ns) beside its op rows (``rows``: the trace's
+    columns, t0/t1/thread/kind/step, ordered by t0; ``thread_of_tid``: Kineto tid -> the
+    trace's thread number): columns for TraceWriter.write_columns, or None without events."""
+    device = memory_device(mem)
+    if device is None:
+        return None
+    keep = (mem["device_type"] == CUDA) if device == "cuda" else (mem["device_type"] != CUDA)
+    order = np.argsort(mem["t"][keep], kind="stable")
+    t = mem["t"][keep][order] + base
+    addr = mem["addr"][keep][order]
+    nbytes = mem["bytes"][keep][order]
+    tid = mem["tid"][keep][order]
+    n = len(t)
+    kind = np.where(nbytes > 0, ALLOC, FREE)
+    storage = np.zeros(n, dtype=np.int64)
+    live: dict = {}                    # address -> its allocation's storage id
+    next_id = 0
+    for i, (a, b) in enumerate(zip(addr.tolist(), nbytes.tolist())):
+        if b > 0:
+            storage[i] = live[a] = next_id
+            next_id += 1
+        else:
+            sid = live.pop(a, None)
+            if sid is None:             # allocated before the export: an id nobody allocated
+                sid, next_id = next_id, next_id + 1
+            storage[i] = sid
+    op_row = _enclosing_ops(t, tid, rows, thread_of_tid)
+    inside = (kind == ALLOC) & (op_row >= 0)
+    at = np.maximum(op_row, 0)
+    thread = np.where(inside, rows["thread"][at], -1)
+    category = np.where(inside & (rows["kind"][at] >= 0), COMM, TEMPORARIES)
+    step = _steps_at(t, rows)
+    return {"mem_kind": kind, "mem_storage": storage, "mem_category": category,
+            "bytes": np.abs(nbytes), "t0": t, "thread": thread, "step": step}
+
+
+def _enclosing_ops(t: np.ndarray, tid: np.ndarray, rows: dict, thread_of_tid: dict
+                   ) -> np.ndarray:
+    """Per event, the op row (innermost: the latest started) of its thread whose [t0, t1]
+    holds it, else -1."""
+    out = np.full(len(t), -1, dtype=np.int64)
+    t0, t1, thread = rows["t0"], rows["t1"], rows["thread"]
+    for k in np.unique(tid).tolist():
+        code = thread_of_tid.get(k)
+        if code is None:
+            continue
+        mine = np.nonzero((thread == code) & (t1 >= t0))[0]       # t0-ordered already
+        events = np.nonzero(tid == k)[0]
+        j = np.searchsorted(t0[mine], t[events], side="right") - 1
+        for e, jj in zip(events.tolist(), j.tolist()):
+            while jj >= 0 and t1[mine[jj]] < t[e]:
+                jj -= 1                 # an earlier op that still holds it (nesting)
+            out[e] = mine[jj] if jj >= 0 else -1
+    return out
+
+
+def _steps_at(t: np.ndarray, rows: dict) -> np.ndarray:
+    """The step of the op row started last at or before each time (0 before any)."""
+    if not len(rows["t0"]):
+        return np.zeros(len(t), dtype=np.int64)
+    j = np.searchsorted(rows["t0"], t, side="right") - 1
+    return np.where(j >= 0, rows["step"][np.maximum(j, 0)], 0)
