@@ -10,25 +10,9 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from support.cli import run
+from support.kineto_exports import json_memory_peak
 
 pytestmark = pytest.mark.integration
-
-
-def _json_peak(path) -> int:
-    """Live bytes' largest total, from the [memory] events alone: an allocation at Addr lives
-    until the free at the same Addr; a free of an address allocated before is left out."""
-    events = json.loads(path.read_text())["traceEvents"]
-    points = sorted((e for e in events if e.get("name") == "[memory]"),
-                    key=lambda e: float(e["ts"]))
-    live, now, peak = {}, 0, 0
-    for e in points:
-        addr, nbytes = e["args"]["Addr"], e["args"]["Bytes"]
-        if nbytes > 0:
-            live[addr], now = nbytes, now + nbytes
-        elif addr in live:
-            now -= live.pop(addr)
-        peak = max(peak, now)
-    return peak
 
 
 def test_an_export_with_memory_gets_its_peak(tmp_path):
@@ -50,7 +34,7 @@ def test_an_export_with_memory_gets_its_peak(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     summary = json.loads((out / "summary.json").read_text())
     memory = summary["ranks"]["0"]["memory"]
-    assert memory["peak_bytes"] == _json_peak(export) > 0
+    assert memory["peak_bytes"] == json_memory_peak(json.loads(export.read_text())["traceEvents"]) > 0
     assert set(k for k, v in memory["by_category"].items() if v) <= {"temporaries", "comm"}
     page = (out / "index.html").read_text()
     assert "Memory at each rank" in page and "not tensors" in page

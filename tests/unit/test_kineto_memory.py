@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from support.kineto_exports import BASE, export, write
+from support.kineto_exports import BASE, export, json_memory_peak, write
 from tracer.files.reader import load
 from tracer.kineto.convert import import_export
 from viz.analysis.memory import memory_profile
@@ -43,14 +43,7 @@ def test_allocations_link_to_their_op_and_the_peak_is_the_jsons(tmp_path):
     assert t0[mem.row[allocs[0]]] == BASE + 10_000        # held by the first mm (10-30.5 us)
     # the peak, counted from the JSON apart: 400 + 100, then 400 + 1000 live at 50 us
     profile = memory_profile(trace)
-    live, now, peak = {}, 0, 0
-    for e in sorted(events, key=lambda e: e["ts"]):
-        a, b = e["args"]["Addr"], e["args"]["Bytes"]
-        if b > 0:
-            live[a], now = b, now + b
-        elif a in live:
-            now -= live.pop(a)
-        peak = max(peak, now)
+    peak = json_memory_peak(events)
     assert profile.peak_bytes == peak == 1400
     assert set(profile.at_peak["category"]) >= {"temporaries"} and \
         profile.at_peak["category"]["temporaries"] == 1400
