@@ -27,7 +27,7 @@ I=tests/integration
 SUBSET=($I/test_tracer_threads.py $I/test_phases_apis.py $I/test_phases_pipelining.py
         $I/test_phases_dtensor.py $I/test_phases_compile.py $I/test_hops_single.py
         $I/test_trace_run.py $I/test_kineto_import.py $I/test_compat_counts.py
-        $I/test_dimensions_runs.py $I/test_memory_recording.py)
+        $I/test_dimensions_runs.py $I/test_memory_recording.py $I/test_memory_frameworks.py)
 # the pinned torch's interpreter (setup.sh's), and a cache of its collective counts for the
 # venvs' runs of tests/integration/test_compat_counts.py
 PINNED_PYTHON=$(${PYTHON:-python3} -c 'import sys; print(sys.executable)')

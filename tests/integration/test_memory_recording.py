@@ -36,7 +36,9 @@ class StorageCount(TorchDispatchMode):
         for t in torch.utils._pytree.tree_leaves(out):
             if isinstance(t, torch.Tensor):
                 st = t.untyped_storage()
-                self.seen.setdefault(st._cdata, weakref.ref(st))
+                known = self.seen.get(st._cdata)
+                if known is None or known() is not st:   # new, or a freed one's address
+                    self.seen[st._cdata] = weakref.ref(st)
         self.peak = max(self.peak, self.live())
         return out
 

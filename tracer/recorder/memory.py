@@ -18,13 +18,18 @@ Categories (format.MEMORY_CATEGORIES, in this order): a storage starts as ``comm
 collective made it, else ``temporaries``; it moves only later in the list, never back, each
 move a ``reclass`` row:
 
+- ``comm``: a temporary a collective writes into in place (DDP's gradient buckets, made by
+  ``aten.empty`` and all-reduced each step; FSDP2's all-gather and reduce-scatter buffers);
+
 - ``activations``: a temporary or comm storage autograd saves for backward (a pack hook of
   ``torch.autograd.graph.saved_tensors_hooks`` that only looks the storage up; a region under
   hooks of its own, such as torch.utils.checkpoint's, saves nothing here);
 - ``optimizer_state``: a tensor in an optimizer's ``state`` after its step;
 - ``gradients``: a parameter's ``.grad`` (or ``.main_grad``), before each optimizer step and
   when its module is first seen;
-- ``parameters``: a module's parameters and buffers, an optimizer's parameters.
+- ``parameters``: a module's parameters and buffers, an optimizer's parameters, and a
+  module's own parameters after each of its calls (those a wrapper swapped in for the call:
+  FSDP2's unsharded parameters).
 
 The reader and viz/analysis/memory.py take a storage's last category for its whole life (it
 was made to be that: a gradient is first an op's output in backward). Not seen: storages only
@@ -94,6 +99,7 @@ class MemoryRecorder:
         hooks.__enter__()
         self._undo = [lambda: hooks.__exit__(None, None, None),
                       _module.register_module_forward_pre_hook(self._module_called).remove,
+                      _module.register_module_forward_hook(self._module_returned).remove,
                       register_optimizer_step_pre_hook(self._optimizer_begins).remove,
                       register_optimizer_step_post_hook(self._optimizer_ends).remove]
 
@@ -132,9 +138,11 @@ class MemoryRecorder:
         except (RuntimeError, NotImplementedError, TypeError):
             return        # sparse, nested, a subclass without storage
         key = storage._cdata
-        if key in self._live:
-            return
-        self._new(storage, key, t0, thread, COMM if comm else TEMPORARIES)
+        entry = self._live.get(key)
+        if entry is None:
+            self._new(storage, key, t0, thread, COMM if comm else TEMPORARIES)
+        elif comm and entry[2] < COMM:     # a collective wrote into it: DDP's gradient bucket
+            self._reclass(entry, COMM)
 
     def _new(self, storage, key: int, t: int, thread: int, category: int) -> None:
         if storage.device.type == "meta":
@@ -186,9 +194,12 @@ class MemoryRecorder:
         if entry is None:
             self._new(storage, key, _now(), -1, category)
         elif category > entry[2]:
-            entry[2] = category
-            self.events.append(_pack(RECLASS, entry[0], entry[1], _now(), category, -1,
-                                     self._session.step_index))
+            self._reclass(entry, category)
+
+    def _reclass(self, entry: list, category: int) -> None:
+        entry[2] = category
+        self.events.append(_pack(RECLASS, entry[0], entry[1], _now(), category, -1,
+                                 self._session.step_index))
 
     def _saved(self, tensor):
         """autograd saves ``tensor`` for backward: an op's temporary becomes an activation."""
@@ -198,9 +209,7 @@ class MemoryRecorder:
             except (RuntimeError, NotImplementedError):
                 entry = None
             if entry is not None and entry[2] < ACTIVATIONS:
-                entry[2] = ACTIVATIONS
-                self.events.append(_pack(RECLASS, entry[0], entry[1], _now(), ACTIVATIONS,
-                                         -1, self._session.step_index))
+                self._reclass(entry, ACTIVATIONS)
         return tensor
 
     def _module_called(self, module, args) -> None:
@@ -215,6 +224,16 @@ class MemoryRecorder:
             self._parameter(param)
         for buffer in module.buffers():
             self.claim(buffer, PARAMETERS)
+
+    def _module_returned(self, module, args, output) -> None:
+        """After each call (before the module's own forward hooks): its own parameters are
+        parameters, those a wrapper put in for the call too (FSDP2's unsharded parameters,
+        gathered into storages it frees with ``resize_(0)``: without this, temporaries or,
+        saved for backward, activations)."""
+        if self._open and not _is_compiling():
+            for param in module._parameters.values():
+                if param is not None:
+                    self.claim(param, PARAMETERS)
 
     def _parameter(self, param) -> None:
         self.claim(param, PARAMETERS)
