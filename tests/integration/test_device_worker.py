@@ -25,7 +25,8 @@ from tracer.recorder import device as device_module, device_worker
 from tracer.recorder.device import DeviceRecorder
 from support.waiting import alive, wait_until
 from support.paths import GPU_FIXTURE, REPO
-from support.device_windows import cpu_stands_in_for_cuda, train, windows_of_three_steps
+from support.device_windows import (STAND_IN_SCRIPT, cpu_stands_in_for_cuda, train,
+                                    windows_of_three_steps)
 
 
 KINETO_FIXTURE = str(GPU_FIXTURE / "kineto.json.gz")
@@ -267,15 +268,7 @@ def test_resume_keeps_the_complete_windows_of_a_file_cut_short(tmp_path):
 
 KILLED_WITH_ITS_WINDOWS = """
 import os, signal, subprocess, sys, torch
-import tracer
-from tracer.recorder import device as device_module, session as session_module
-from tracer.recorder.device import DeviceRecorder
-session_module.cuda_in_use = lambda: True
-DeviceRecorder.activity = "CPU"
-device_module.WINDOW_S = 0.0
-model = torch.nn.Linear(8, 8)
-opt = torch.optim.SGD(model.parameters(), lr=0.1)
-with tracer.trace(sys.argv[1], steps="1-3") as session:
+""" + STAND_IN_SCRIPT + """with tracer.trace(sys.argv[1], steps="1-3") as session:
     for step in range(4):
         model(torch.randn(4, 8)).sum().backward()
         opt.step()

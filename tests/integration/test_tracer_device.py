@@ -29,7 +29,8 @@ from tracer.recorder import device as device_module, flusher as flusher_module
 from tracer.recorder.device import DeviceRecorder
 from tracer.vocab import ops
 from support.paths import REPO
-from support.device_windows import cpu_stands_in_for_cuda, train, windows_of_three_steps
+from support.device_windows import (STAND_IN_SCRIPT, cpu_stands_in_for_cuda, train,
+                                    windows_of_three_steps)
 
 
 def test_device_windows_follow_the_recorded_steps(tmp_path, monkeypatch):
@@ -294,15 +295,7 @@ def test_trace_run_passes_no_device_time_to_its_workers():
 
 WINDOWS_UNDER_GC = """
 import gc, sys, tempfile, torch
-import tracer
-from tracer.recorder import device as device_module, session as session_module
-from tracer.recorder.device import DeviceRecorder
-session_module.cuda_in_use = lambda: True
-DeviceRecorder.activity = "CPU"
-device_module.WINDOW_S = 0.0
-model = torch.nn.Linear(8, 8)
-opt = torch.optim.SGD(model.parameters(), lr=0.1)
-for _ in range(8):
+""" + STAND_IN_SCRIPT + """for _ in range(8):
     with tempfile.TemporaryDirectory() as out:
         with tracer.trace(out):
             for i in range(20):

@@ -11,6 +11,19 @@ from tracer.recorder.device import DeviceRecorder
 
 from support.waiting import wait_until
 
+# The start of a script run apart (python -c) with device windows on the CPU stand-in, as
+# cpu_stands_in_for_cuda does in-process: a window per recorded step, a model and an optimizer
+STAND_IN_SCRIPT = """
+import tracer
+from tracer.recorder import device as device_module, session as session_module
+from tracer.recorder.device import DeviceRecorder
+session_module.cuda_in_use = lambda: True
+DeviceRecorder.activity = "CPU"
+device_module.WINDOW_S = 0.0
+model = torch.nn.Linear(8, 8)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+"""
+
 
 def train(steps: int) -> None:
     model = torch.nn.Linear(8, 8)

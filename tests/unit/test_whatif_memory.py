@@ -7,10 +7,16 @@ import pytest
 
 from viz.analysis.grid import Grid
 from viz.whatif.megatron import Shape
-from viz.whatif.memory import MemoryModel, elements, in_flight, target_shape, unit
+from viz.whatif.megatron import shape_of
+from viz.whatif.memory import MemoryModel, elements, in_flight, unit
 
 BASE = Shape(layers=4, hidden=32, seq_len=16, vocab=256, micro_batch_size=2, pp=2,
              microbatches=4, schedule="1f1b")
+
+
+def target_shape(base: Shape, changes: dict) -> Shape:
+    """``base`` with a target's options, through the config as trace-whatif reads it."""
+    return shape_of({**base.__dict__, **changes})
 
 
 @pytest.mark.parametrize("schedule, v, held", [

@@ -121,8 +121,9 @@ class Flusher:
             sources = self._sources.fresh(self._dicts.stacks.values)
             if sources:               # the reader merges this key batch by batch
                 self._meta["sources"] = {**self._meta.get("sources", {}), **sources}
-            descs = list(self.comm.group_descs.items()) if self.comm is not None else []
+            descs = self.comm.group_descs if self.comm is not None else {}
             if len(descs) > self._descs_written:              # and this one
+                descs = list(descs.items())
                 self._meta["process_groups"] = {**self._meta.get("process_groups", {}), **{
                     text: {"desc": desc} for text, desc in descs[self._descs_written:]}}
                 self._descs_written = len(descs)

@@ -24,7 +24,8 @@ from typing import Optional
 from ..analysis.lanes import Timeline
 from ..analysis.metrics import metrics_of
 from .measures import measures
-from .memory import memory_model, predicted, recorded_peaks, target_shape
+from .megatron import shape_of
+from .memory import memory_model, predicted, recorded_peaks
 from .plan import Plan
 from .recording import Recording, study
 from .simulate import SimulationError, as_timeline, simulate
@@ -89,7 +90,7 @@ def what_if(analysis, targets: list) -> WhatIf:
         out.memory_replayed = predicted(model, rec.shape)
     for changes, cfg in zip(targets, configs):
         prediction = predict(rec, cfg, dict(changes))
-        prediction.memory = predicted(model, target_shape(rec.shape, cfg))
+        prediction.memory = predicted(model, shape_of(cfg))
         out.targets.append(prediction)
     return out
 

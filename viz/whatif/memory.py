@@ -23,7 +23,6 @@ gradient (predicted as 1F1B), and the allocator's rounding.
 """
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Optional
 
 from .megatron import Shape, rank_params
@@ -131,17 +130,3 @@ def predicted(model: Optional[MemoryModel], target: Optional[Shape]) -> Optional
     grid = target.grid
     return {str(rank): model.predict(target, grid.coords(rank)[3])
             for rank in range(grid.world)}
-
-
-def target_shape(shape: Optional[Shape], cfg: dict) -> Optional[Shape]:
-    """The recorded Shape with a target's options."""
-    if shape is None:
-        return None
-    keys = ("tp", "pp", "dp", "virtual_stages", "microbatches", "schedule", "sp")
-    values = {k: cfg[k] for k in keys if cfg.get(k) is not None}
-    for k in ("tp", "pp", "dp", "virtual_stages", "microbatches"):
-        if k in values:
-            values[k] = int(values[k])
-    if "sp" in values:
-        values["sp"] = bool(values["sp"])
-    return replace(shape, **values)
