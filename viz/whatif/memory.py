@@ -10,22 +10,26 @@
 - **Activations** follow the micro-batches a stage holds at its peak (docs/oracles.md,
   "Memory per rank"): GPipe all m; 1F1B and ZB-H1 min(m, p - r); interleaved 1F1B (v chunks)
   min(m v, 2 (p - r - 1) + (v - 1) p + 1) chunks. One micro-batch of one layer keeps
-  s b h (10 + 24 / t) units without sequence parallelism and s b h 34 / t with it (Korthikanti
-  et al. 2022, whose 5 a s / h attention-score term the reference GPT's fused attention does
-  not keep); the recording gives the bytes of a unit (its activations at each rank's peak over
-  the units it held).
+  s b h (4 + 12 / t) elements without sequence parallelism and 16 s b h / t with it
+  (Korthikanti et al. 2022 less the dropout masks; the fused attention keeps no 5 a s / h
+  scores); the recording gives the bytes of a unit (its activations at each rank's peak over
+  the units it held, which also carries the stage's embedding or head). Dropout's masks are
+  not modelled.
 - **Temporaries and communication buffers** at the peak: the recording's mean, scaled as one
   micro-batch of one layer is.
+- **ZB-H1's weight-gradient store**: stage r runs its W passes up to r micro-batches late
+  (tracer.vocab.schedules.zb_h1), and each pending W keeps every linear layer's input (an
+  activation, saved in the forward) and output gradient (a temporary) on top of the 1F1B
+  micro-batches (:func:`w_store`). A ZB-H1 recording has them taken out before the fit.
 
 The peak is the sum of the categories: it takes them at their largest together, as the
-recording's peaks mostly do. What it leaves out: ZB-H1's inputs kept for a deferred weight
-gradient (predicted as 1F1B), and the allocator's rounding.
+recording's peaks mostly do. What it leaves out: the allocator's rounding.
 """
 from __future__ import annotations
 
 from typing import Optional
 
-from .megatron import Shape, rank_params
+from .megatron import BYTES, Shape, rank_params
 
 MODEL_STATES = ("parameters", "gradients", "optimizer_state")
 WORKING = ("temporaries", "comm")
@@ -51,10 +55,37 @@ def stage_role(pp: int, pp_rank: int) -> str:
 
 
 def unit(shape: Shape) -> float:
-    """One micro-batch of one layer's activations, in Korthikanti et al.'s units."""
+    """One micro-batch of one layer's activations, in elements: the reference GPT's block
+    keeps s b h (4 + 12/t), or 16 s b h / t with SP (docs/oracles.md: Korthikanti et al.'s
+    count less the dropout masks, halved from fp16 bytes)."""
     sbh = shape.seq_len * shape.micro_batch_size * shape.hidden
     t = shape.tp
-    return sbh * 34 / t if shape.sequence_parallel else sbh * (10 + 24 / t)
+    return sbh * 16 / t if shape.sequence_parallel else sbh * (4 + 12 / t)
+
+
+def w_pending(shape: Shape, pp_rank: int) -> int:
+    """Micro-batches whose W pass is still pending on stage ``pp_rank`` at its peak (the last
+    forward of 1F1B's steady state): ZB-H1 keeps up to r of them; other schedules none."""
+    if shape.schedule != "zb-h1":
+        return 0
+    m, p, r = shape.microbatches, shape.pp, pp_rank
+    warmup = min(p - r - 1, m)
+    return max(0, min(r, m - warmup - 1))
+
+
+def w_store(shape: Shape) -> dict:
+    """Bytes one pending W pass keeps on a stage, by category: each linear layer's input
+    (activations; qkv and fc1 take the block's (s[/t], b, h), proj (s, b, h/t), fc2
+    (s, b, 4h/t)) and output gradient (temporaries; qkv (s, b, 3h/t), proj (s, b, h), fc1
+    (s, b, 4h/t), fc2 (s, b, h)), and one received message buffer (s[/t], b, h) of the stage
+    (an activation; measured on the recordings, docs/whatif.md). The head's weight gradient
+    is never deferred."""
+    sbh, t = shape.seq_len * shape.micro_batch_size * shape.hidden, shape.tp
+    inputs = sbh * 7 / t if shape.sequence_parallel else sbh * (2 + 5 / t)
+    grads = sbh * (2 + 7 / t)
+    layers = shape.layers / shape.stages
+    return {"activations": layers * inputs * BYTES + shape.activation_bytes,
+            "temporaries": layers * grads * BYTES}
 
 
 def elements(shape: Shape, pp_rank: int) -> int:
@@ -73,6 +104,8 @@ class MemoryModel:
         by_role: dict = {}         # role -> [activation bytes, units]
         for rank, at in peaks.items():
             pp_rank = grid.coords(rank)[3] if grid is not None else 0
+            pending = w_pending(shape, pp_rank)
+            at = {c: b - pending * w_store(shape).get(c, 0) for c, b in at.items()}
             held += elements(shape, pp_rank)
             role = by_role.setdefault(stage_role(shape.pp, pp_rank), [0.0, 0.0])
             role[0] += at.get("activations", 0)
@@ -104,6 +137,9 @@ class MemoryModel:
         out["activations"] = round(in_flight(target, pp_rank) * unit(target)
                                    * self._per_unit(stage_role(target.pp, pp_rank)))
         out.update({c: round(self.working[c] * unit(target)) for c in WORKING})
+        pending = w_pending(target, pp_rank)
+        for c, b in w_store(target).items():
+            out[c] += round(pending * b)
         return {"peak_bytes": sum(out.values()), "by_category": out}
 
 
