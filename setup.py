@@ -54,10 +54,10 @@ setup(
                              "duckdb>=1.0", "polars>=1.0", *FRAMEWORKS]},
     entry_points={
         "console_scripts": [
-            "trace-run=instrument.launch:main",
-            "trace-report=viz.cli:report_main",
-            "trace-diff=viz.cli:diff_main",
-            "trace-whatif=viz.whatif_cli:main",
+            "trace-run=instrument.launch:console",
+            "trace-report=viz.cli:report_console",
+            "trace-diff=viz.cli:diff_console",
+            "trace-whatif=viz.whatif_cli:console",
         ]
     },
 )

@@ -34,6 +34,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import elastic_launch
 
 from tracer.files import rundir
+from tracer.vocab.console_errors import run_console
 
 from . import gather, orphans, preflight, run_record, single
 from .cli import (EXIT_USAGE, Target, UsageError, build_parser, check_out, check_own_options,
@@ -339,5 +340,10 @@ def _remove_empty_stack_files(traces_dir: str) -> None:
             pass
 
 
+def console() -> int:
+    """The ``trace-run`` console script: main, its bugs in one line."""
+    return run_console("trace-run", main)
+
+
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    sys.exit(console())

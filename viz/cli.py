@@ -19,6 +19,8 @@ import os
 import sys
 from typing import Callable, Optional
 
+from tracer.vocab.console_errors import run_console
+
 EXIT_USAGE = 2
 EXIT_UNREADABLE = 1
 
@@ -346,5 +348,15 @@ def diff_main(argv=None) -> int:
     return EXIT_UNREADABLE if analysed["A"].any_missing or analysed["B"].any_missing else 0
 
 
+def report_console() -> int:
+    """The ``trace-report`` console script: report_main, its bugs in one line."""
+    return run_console("trace-report", report_main)
+
+
+def diff_console() -> int:
+    """The ``trace-diff`` console script."""
+    return run_console("trace-diff", diff_main)
+
+
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(report_main())
+    sys.exit(report_console())

@@ -18,6 +18,8 @@ import shlex
 import sys
 from typing import Optional
 
+from tracer.vocab.console_errors import run_console
+
 EXIT_USAGE = 2
 PROG = "trace-whatif"
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
@@ -137,5 +139,10 @@ def _fail(message: str) -> int:
     return EXIT_USAGE
 
 
+def console() -> int:
+    """The ``trace-whatif`` console script: main, its bugs in one line."""
+    return run_console("trace-whatif", main)
+
+
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    sys.exit(console())

@@ -348,3 +348,21 @@ def test_constructed_runs_are_written_in_batches(run):
     _, _, batches, _, _ = read_stream(str(trace_file(run, 0)))
     rows = [len(b) for b in batches if len(b)]
     assert rows[:-1] == [BATCH] * (len(rows) - 1) and 0 < rows[-1] <= BATCH
+
+
+def test_a_bug_in_trace_report_is_one_line_and_exit_70(tmp_path):
+    """trace-report through its console script's function (tracer.vocab.console_errors), with
+    the build made to fail as a rendering bug would."""
+    code = ("import sys, viz.cli as cli\n"
+            "def bad(*a, **k): raise RuntimeError('boom')\n"
+            "cli.build = bad\n"
+            "sys.argv = ['trace-report', sys.argv[1]]\n"
+            "sys.exit(cli.report_console())\n")
+    run = tmp_path / "run"
+    run.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "PARATRACE_TRACEBACK"}
+    proc = subprocess.run([sys.executable, "-c", code, str(run)], capture_output=True,
+                          text=True, env={**env, "TMPDIR": str(tmp_path)})
+    assert proc.returncode == 70, proc.stderr
+    assert proc.stderr.startswith("trace-report: internal error: RuntimeError: boom (at ")
+    assert proc.stderr.count("\n") == 1

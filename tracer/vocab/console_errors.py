@@ -1,0 +1,53 @@
+"""The console scripts' last guard. Each command gives bad input its own one-line error
+(``PROG: error: ...``) and exit status; an exception that still escapes one is a bug in
+paratrace. It too gets one line: the exception, where it was raised, and the file that keeps
+the whole traceback; the exit status is 70 (``EX_SOFTWARE``). ``PARATRACE_TRACEBACK=1`` lets
+the traceback through instead, for a developer at the terminal.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import traceback
+from typing import Callable
+
+EXIT_BUG = 70                  # sysexits.h EX_SOFTWARE: an internal software error
+EXIT_INTERRUPTED = 130         # 128 + SIGINT, as a shell reports it
+SHOW_TRACEBACK = "PARATRACE_TRACEBACK"
+
+
+def run_console(prog: str, main: Callable[[], int]) -> int:
+    """``main()``'s exit status; a bug's one line (module doc) and 70 when it raises."""
+    try:
+        return main()
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as exc:                # noqa: BLE001 - the guard of last resort
+        if os.environ.get(SHOW_TRACEBACK, "") not in ("", "0"):
+            raise
+        print(f"{prog}: internal error: {bug_line(exc)}", file=sys.stderr)
+        return EXIT_BUG
+
+
+def bug_line(exc: BaseException) -> str:
+    """``Type: message (at file:line; traceback in PATH; a bug in paratrace, please report
+    it)``; the traceback file is left out when it cannot be written."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "?"
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    kept = _keep_traceback(exc)
+    saved = f"; traceback in {kept}" if kept else ""
+    return (f"{type(exc).__name__}{': ' + text if text else ''} (at {where}{saved}; a bug in "
+            f"paratrace, please report it, or rerun with {SHOW_TRACEBACK}=1)")
+
+
+def _keep_traceback(exc: BaseException):
+    try:
+        fd, path = tempfile.mkstemp(prefix="paratrace-", suffix=".traceback.txt")
+        with os.fdopen(fd, "w") as out:
+            out.write("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+        return path
+    except OSError:
+        return None
