@@ -16,9 +16,9 @@ Times training steps under:
   forgets a key, so a new storage at a freed one's address would be missed: timing only);
 - torch.profiler(profile_memory=True, record_shapes=False, with_stack=False), its chrome trace
   written at exit as overhead.py's profiler does;
-- paratrace (``tracer.trace``), for reference; paratrace with its Python hot path (what
-  memory recording runs on); paratrace with ``memory=True``, memory recording as built
-  (tracer/recorder/memory.py; docs/overhead.md, "Memory recording as built").
+- paratrace (``tracer.trace``), for reference; paratrace with its Python hot path; paratrace
+  with ``memory=True``, memory recording as built (tracer/recorder/memory.py; docs/overhead.md,
+  "Memory recording as built"), on its C hot path and on the Python twins.
 
 Rounds alternate the mechanisms as overhead.py does (overhead.measure), medians over rounds.
 Then a correctness check of the finalize mechanism, run under torch.profiler(profile_memory)
@@ -144,12 +144,18 @@ class MemoryRecorders(Recorders):
             "paratrace": self.paratrace,
             "paratrace, Python hot path": self.paratrace_python,
             "paratrace, memory": self.paratrace_memory,
+            "paratrace, memory, Python hot path": self.paratrace_memory_python,
         }
 
     def paratrace_memory(self):
-        """paratrace with memory recording (it runs the Python on_op)."""
+        """paratrace with memory recording (the C on_op looks the outputs up)."""
         return tracer.trace(self._out(), clock_sync=False, flush_interval=self.flush_interval,
                             memory=True)
+
+    def paratrace_memory_python(self):
+        """paratrace with memory recording on the Python twins of its hot path (as before the
+        C on_op took memory, and where it is not built)."""
+        return self.paratrace_python(memory=True)
 
     @contextlib.contextmanager
     def memory_profiler(self):

@@ -127,14 +127,14 @@ class Recorders:
         self.last_trace[self.model] = os.path.join(out, "rank-0.arrow")
         return tracer.trace(out, clock_sync=False, flush_interval=self.flush_interval)
 
-    def paratrace_python(self):
+    def paratrace_python(self, **options):
         """paratrace with the Python twins of its C hot path (as where it is not built)."""
         saved = tracer.recorder.session.StackInterner, tracer.recorder.session.ShapeSignatures
         tracer.recorder.session.StackInterner = PyStackInterner     # and so Python's on_op
         tracer.recorder.session.ShapeSignatures = PyShapeSignatures
         try:
             return tracer.trace(self._out(), clock_sync=False,
-                                flush_interval=self.flush_interval)
+                                flush_interval=self.flush_interval, **options)
         finally:
             tracer.recorder.session.StackInterner, tracer.recorder.session.ShapeSignatures = saved
 

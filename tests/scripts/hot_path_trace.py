@@ -2,7 +2,8 @@
 (PARATRACE_PURE_PYTHON=1 or not) must record the same rows (tests/integration/test_hotpath.py). It
 takes every branch of on_op: forward and backward ops, checkpointing's recomputation, an autograd
 Function (its forward runs with grad off), the optimizer, the autograd engine's final callback,
-annotations naming phases, an op with keyword arguments, an op that fails."""
+annotations naming phases, an op with keyword arguments, an op that fails. ``memory`` as argv[2]
+records memory too (the C on_op looks op outputs up in the memory table)."""
 import sys
 
 import torch
@@ -47,7 +48,7 @@ def batches(n):
         yield torch.randn(4, 16)
 
 
-def main(out: str) -> None:
+def main(out: str, memory: bool) -> None:
     torch.manual_seed(0)
     model = Model()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -58,7 +59,7 @@ def main(out: str) -> None:
         return grad
 
     model.first.fc.bias.register_hook(queue_final)
-    with tracer.trace(out, clock_sync=False):
+    with tracer.trace(out, clock_sync=False, memory=memory):
         for x in batches(3):
             with tracer.annotate("forward"):
                 loss = model(x).square().mean()
@@ -78,4 +79,4 @@ def main(out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], sys.argv[2:] == ["memory"])

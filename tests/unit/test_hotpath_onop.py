@@ -38,11 +38,16 @@ def test_the_c_path_is_built_wherever_it_can_be():
     assert session_module.C_ON_OP, "tracer.recorder._hotpath is not built: run setup.py build_ext"
 
 
-def _unset_c_fields(session) -> list:
+# set only while memory is recorded (csrc/hotpath.h)
+MEMORY_FIELDS = ("_memory_live", "_memory_seen", "_storage_key", "_tensor_type")
+
+
+def _unset_c_fields(session, memory: bool = False) -> list:
     """The members of the C base that are unset: what the Python side no longer writes."""
     from tracer.recorder import _hotpath
     names = [name for name, value in vars(_hotpath.SessionState).items()
-             if type(value).__name__ == "member_descriptor"]
+             if type(value).__name__ == "member_descriptor"
+             and (memory or name not in MEMORY_FIELDS)]
     return [name for name in names if getattr(session, name, None) is None]
 
 
@@ -60,6 +65,23 @@ def test_an_ordinary_session_is_ready_for_the_c_path(tmp_path):
             assert not session._c_ready and _unset_c_fields(session) == ["_queue"]
         finally:
             session._queue = queue
+        assert session._c_ready
+
+
+@needs_c_path
+def test_a_session_recording_memory_is_ready_for_the_c_path(tmp_path):
+    """With memory on, the C on_op needs the memory table too; without one set, the ops go to
+    the Python twin rather than lose their storages."""
+    with tracer.trace(tmp_path, clock_sync=False, memory=True) as session:
+        _loop(steps=1)
+        assert session._c_ready and _unset_c_fields(session, memory=True) == []
+        assert session._memory_live is session._memory.table and len(session._memory_live)
+        table = session._memory_live
+        session._memory_live = None
+        try:
+            assert not session._c_ready
+        finally:
+            session._memory_live = table
         assert session._c_ready
 
 

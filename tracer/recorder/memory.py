@@ -2,12 +2,14 @@
 bytes, when it was freed and what it is kept for, written as memory rows of the trace
 (docs/trace-format.md, "Memory"; the mechanism measured in docs/overhead.md, "Memory tracking").
 
-The mechanism: the hot path (session.on_op, the Python one: with memory on the C ``on_op`` is
-not used) hands each op's outputs to :meth:`MemoryRecorder.outputs`, which looks up each
-output's untyped storage by its ``_cdata`` (the C++ StorageImpl: unique while alive; zero-byte
+The mechanism: the hot path hands each op's outputs to :meth:`MemoryRecorder.outputs` (the
+Python ``on_op``), or looks them up itself (the C one, csrc/onop.c, for plain ops: the same
+table, :meth:`MemoryRecorder.first_sight` on a miss). Each output's storage is keyed by its
+StorageImpl's address (``_cdata``, read with compat.storage_key: unique while alive; zero-byte
 storages, whose data pointer is 0, do not collide). On first sight it records an allocation
 (``t0`` and thread of the op, so the reader links it to the op's row; bytes = the storage's
-``nbytes()``) and keeps a ``weakref.ref`` with a callback in the table; torch keeps a storage's
+``nbytes()``) and keeps a weak reference with a callback in the table (the table's entry is
+that reference: :class:`_Entry`); torch keeps a storage's
 Python object alive as long as its C++ storage lives, so the callback records the real free.
 Storages made before the recording (parameters, optimizer state) are found by walks: a module's
 parameters, buffers and gradients when the module is first called, an optimizer's parameters
@@ -47,7 +49,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from .compat import STORAGE_KEYED, storage_of
+from .compat import STORAGE_KEYED, storage_key, storage_of
 
 TEMPORARIES, COMM, ACTIVATIONS, OPTIMIZER_STATE, GRADIENTS, PARAMETERS = range(6)
 ALLOC, FREE, RECLASS = range(3)
@@ -61,6 +63,15 @@ _is_compiling = torch.compiler.is_compiling
 
 def _unpack_saved(value):
     return value
+
+
+class _Entry(weakref.ref):
+    """A storage in the table: the weak reference whose callback records its free, holding
+    what the table knows of it. One object a storage, not a list, a weakref and a lambda: the
+    garbage collector's churn from those three was most of a first sight's cost (5.5 against
+    1.6 us a storage with the collector off; this shape 0.7 us, docs/overhead.md)."""
+
+    __slots__ = ("key", "sid", "nbytes", "category")
 
 
 def recording(session) -> "MemoryRecorder | None":
@@ -77,12 +88,26 @@ class MemoryRecorder:
 
     def __init__(self, session):
         self._session = session
-        self._live: dict = {}        # storage _cdata -> [id, bytes, category, its weakref]
+        self._live: dict = {}        # storage key (its StorageImpl's address) -> _Entry
+        self._on_free = self._freed  # one bound method, every entry's callback
         self._next_id = 0
         self.events: collections.deque = collections.deque()    # packed _EVENTs, unwritten
         self._modules: dict = {}     # id(module) -> weakref: modules walked
         self._undo: list = []
         self._open = False
+
+    @property
+    def table(self) -> dict:
+        """The storage table, storage key -> :class:`_Entry` (the C ``on_op`` looks outputs
+        up in it)."""
+        return self._live
+
+    def hand_to_c(self) -> None:
+        """Give the session's C ``on_op`` (csrc/onop.c) what it looks outputs up with: the
+        table, :meth:`first_sight`, the storage key and the plain tensor type."""
+        session = self._session
+        session._memory_live, session._memory_seen = self._live, self.first_sight
+        session._storage_key, session._tensor_type = storage_key, torch.Tensor
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -107,6 +132,7 @@ class MemoryRecorder:
         """Remove the hooks, forget the table (its weakrefs go: no more frees) and write the
         last events."""
         self._open = False
+        self._session._memory_seen = None      # the C on_op stops looking outputs up
         for undo in reversed(self._undo):
             try:
                 undo()
@@ -134,33 +160,43 @@ class MemoryRecorder:
 
     def _see(self, tensor, t0: int, thread: int, comm: bool) -> None:
         try:
-            storage = tensor.untyped_storage()
+            key = storage_key(tensor)
         except (RuntimeError, NotImplementedError, TypeError):
             return        # sparse, nested, a subclass without storage
-        key = storage._cdata
         entry = self._live.get(key)
         if entry is None:
-            self._new(storage, key, t0, thread, COMM if comm else TEMPORARIES)
-        elif comm and entry[2] < COMM:     # a collective wrote into it: DDP's gradient bucket
+            self.first_sight(tensor, key, t0, thread, COMM if comm else TEMPORARIES)
+        elif comm and entry.category < COMM:   # a collective wrote into it: DDP's gradient bucket
             self._reclass(entry, COMM)
 
-    def _new(self, storage, key: int, t: int, thread: int, category: int) -> None:
-        if storage.device.type == "meta":
+    def first_sight(self, tensor, key: int, t0: int, thread: int,
+                    category: int = TEMPORARIES) -> None:
+        """An op made ``tensor``, whose storage (``key``) the table does not hold (the C
+        ``on_op`` calls this after its own lookup)."""
+        if tensor.is_meta:
             return
+        try:
+            storage = tensor.untyped_storage()
+        except (RuntimeError, NotImplementedError, TypeError):
+            return
+        self._new(storage, key, t0, thread, category)
+
+    def _new(self, storage, key: int, t: int, thread: int, category: int) -> None:
+        """A storage not in the table (not a meta one: the callers check) becomes an entry."""
         sid, nbytes = self._next_id, storage.nbytes()
         self._next_id = sid + 1
-        ref = weakref.ref(storage, lambda r, k=key: self._freed(k, r))
-        self._live[key] = [sid, nbytes, category, ref]
+        entry = _Entry(storage, self._on_free)
+        entry.key, entry.sid, entry.nbytes, entry.category = key, sid, nbytes, category
+        self._live[key] = entry
         self.events.append(_pack(ALLOC, sid, nbytes, t, category, thread,
                                  self._session.step_index))
 
-    def _freed(self, key: int, ref) -> None:
-        entry = self._live.get(key)
-        if entry is None or entry[3] is not ref or not self._open:
+    def _freed(self, entry: _Entry) -> None:
+        if not self._open or self._live.get(entry.key) is not entry:
             return
-        del self._live[key]
-        if entry[1] > 0 or entry[0] >= 0:          # not already freed by a resize to 0
-            self.events.append(_pack(FREE, entry[0], entry[1], _now(), entry[2], -1,
+        del self._live[entry.key]
+        if entry.sid >= 0:                         # not already freed by a resize to 0
+            self.events.append(_pack(FREE, entry.sid, entry.nbytes, _now(), entry.category, -1,
                                      self._session.step_index))
 
     def resized(self, storage) -> None:
@@ -172,15 +208,16 @@ class MemoryRecorder:
         if entry is None:
             return
         nbytes = storage.nbytes()
-        if nbytes == entry[1] and entry[0] >= 0:
+        if nbytes == entry.nbytes and entry.sid >= 0:
             return
         step, now = self._session.step_index, _now()
-        if entry[0] >= 0:
-            self.events.append(_pack(FREE, entry[0], entry[1], now, entry[2], -1, step))
-        entry[0], entry[1] = -1, nbytes
+        if entry.sid >= 0:
+            self.events.append(_pack(FREE, entry.sid, entry.nbytes, now, entry.category, -1,
+                                     step))
+        entry.sid, entry.nbytes = -1, nbytes
         if nbytes > 0:
-            entry[0], self._next_id = self._next_id, self._next_id + 1
-            self.events.append(_pack(ALLOC, entry[0], nbytes, now, entry[2], -1, step))
+            entry.sid, self._next_id = self._next_id, self._next_id + 1
+            self.events.append(_pack(ALLOC, entry.sid, nbytes, now, entry.category, -1, step))
 
     # ------------------------------------------------------------------ categories
     def claim(self, tensor, category: int) -> None:
@@ -192,23 +229,24 @@ class MemoryRecorder:
         key = storage._cdata
         entry = self._live.get(key)
         if entry is None:
-            self._new(storage, key, _now(), -1, category)
-        elif category > entry[2]:
+            if storage.device.type != "meta":
+                self._new(storage, key, _now(), -1, category)
+        elif category > entry.category:
             self._reclass(entry, category)
 
-    def _reclass(self, entry: list, category: int) -> None:
-        entry[2] = category
-        self.events.append(_pack(RECLASS, entry[0], entry[1], _now(), category, -1,
+    def _reclass(self, entry: _Entry, category: int) -> None:
+        entry.category = category
+        self.events.append(_pack(RECLASS, entry.sid, entry.nbytes, _now(), category, -1,
                                  self._session.step_index))
 
     def _saved(self, tensor):
         """autograd saves ``tensor`` for backward: an op's temporary becomes an activation."""
         if self._open and type(tensor) is _Tensor:
             try:
-                entry = self._live.get(tensor.untyped_storage()._cdata)
+                entry = self._live.get(storage_key(tensor))
             except (RuntimeError, NotImplementedError):
                 entry = None
-            if entry is not None and entry[2] < ACTIVATIONS:
+            if entry is not None and entry.category < ACTIVATIONS:
                 self._reclass(entry, ACTIVATIONS)
         return tensor
 

@@ -147,8 +147,10 @@ class Session(_SessionState):
         self._hops = hops.HigherOrderOps(self, self._mode)          # torch.cond... (hops.py)
         # the C on_op calls the C stack walk and shape keys; with their Python twins (the
         # Python hot path benchmarks/overhead.py measures) this module's on_op takes every op
-        if C_ON_OP and self._memory is None and isinstance(self._stacks, _HOT.StackWalk) and \
+        if C_ON_OP and isinstance(self._stacks, _HOT.StackWalk) and \
                 isinstance(self._signatures, _HOT.ShapeKeys):
+            if self._memory is not None:     # the C on_op looks the outputs up (memory.py)
+                self._memory.hand_to_c()
             self._mode.dispatch_in_c(_HOT.OpDispatch, self)
         self._mode.__enter__()
         self._owner = threading.get_ident()

@@ -118,6 +118,10 @@ typedef struct {
     PyObject *futures;        /* c10d works' futures not yet seen done (comm.py) */
     PyObject *modules, *annotations, *stacks, *signatures, *rules;
     PyObject *torch_state;    /* (current node, grad enabled, graph task id, sequence number) */
+    /* memory recording (recorder/memory.py), all NULL or None when it is off: the recorder's
+       storage table (storage key -> entry), its first_sight, torch's storage key of a tensor
+       (compat.storage_key) and torch.Tensor */
+    PyObject *memory_live, *memory_seen, *storage_key, *tensor_type;
     PtrMap entries;           /* op overload -> its entry of specs (held) */
 } SessionState;
 

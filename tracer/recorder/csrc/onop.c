@@ -9,7 +9,9 @@ everything
  * OpDispatch is what torch calls as the recording mode's __torch_dispatch__ (an instance
  * attribute; torch only asks that its __self__ be the mode). It records an op on plain tensors
  * that is neither a collective nor special, with no GPU window to open and no functional
- * collective pending, step for step as on_op does. Everything else (tensor subclasses, an op not
+ * collective pending, step for step as on_op does, the storages it made included when memory
+ * is recorded (memory.py's MemoryRecorder.outputs: the table lookup here, a first sight there).
+ * Everything else (tensor subclasses, an op not
  * classified yet, collectives, a dispatch with no Python frame to attribute it to) goes to the
  * mode's Python __torch_dispatch__, which hands it to on_op. The choice is made before the op
  * runs, so an op runs once, on one path; tests/integration/test_hotpath.py holds the two to the same rows.
@@ -73,6 +75,13 @@ entry_of(SessionState *s, PyObject *func)
     return map_add(&s->entries, func, 0, entry, entry) < 0 ? NULL : entry;
 }
 
+/* memory is recorded (the Python side set first_sight; session_is_ready checks the rest) */
+static int
+memory_on(SessionState *s)
+{
+    return s->memory_seen != NULL && s->memory_seen != Py_None;
+}
+
 int
 session_is_ready(SessionState *s)
 {
@@ -82,7 +91,9 @@ session_is_ready(SessionState *s)
         s->modules && s->annotations && s->rules && s->stacks && s->signatures &&
         PyObject_TypeCheck(s->stacks, &StackWalkType) &&
         PyObject_TypeCheck(s->signatures, &ShapeKeysType) &&
-        s->torch_state && PyTuple_Check(s->torch_state) && PyTuple_GET_SIZE(s->torch_state) == 4;
+        s->torch_state && PyTuple_Check(s->torch_state) && PyTuple_GET_SIZE(s->torch_state) == 4 &&
+        (!memory_on(s) || (s->memory_live && PyDict_Check(s->memory_live) && s->storage_key &&
+                           s->tensor_type && PyType_Check(s->tensor_type)));
 }
 
 static int
@@ -219,10 +230,69 @@ queue_row(SessionState *s, const long long *values)
     return 0;
 }
 
+/* ------------------------------------------------------------------ memory (memory.py) */
+/* MemoryRecorder.outputs for one tensor of a plain op's result: its storage, when the table
+   does not hold it, goes to the recorder's first_sight (a plain op never writes into a comm
+   buffer, so a storage the table holds needs nothing). A tensor with no storage (sparse,
+   nested) is skipped, as memory.py skips it. */
+static int
+see_tensor(SessionState *s, PyObject *tensor, long long t0, long long thread)
+{
+    PyObject *key = PyObject_CallOneArg(s->storage_key, tensor);
+    if (key == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_RuntimeError) &&
+            !PyErr_ExceptionMatches(PyExc_NotImplementedError) &&
+            !PyErr_ExceptionMatches(PyExc_TypeError))
+            return -1;
+        PyErr_Clear();
+        return 0;
+    }
+    int held = PyDict_Contains(s->memory_live, key);
+    if (held != 0) {
+        Py_DECREF(key);
+        return held < 0 ? -1 : 0;
+    }
+    PyObject *at = PyLong_FromLongLong(t0), *number = PyLong_FromLongLong(thread), *done = NULL;
+    if (at != NULL && number != NULL)
+        done = PyObject_CallFunctionObjArgs(s->memory_seen, tensor, key, at, number, NULL);
+    Py_XDECREF(at);
+    Py_XDECREF(number);
+    Py_DECREF(key);
+    if (done == NULL)
+        return -1;
+    Py_DECREF(done);
+    return 0;
+}
+
+/* MemoryRecorder.outputs: a tensor, or the tensors of a tuple or list, one level nested */
+static int
+see_outputs(SessionState *s, PyObject *out, long long t0, long long thread)
+{
+    if (Py_IS_TYPE(out, (PyTypeObject *)s->tensor_type))
+        return see_tensor(s, out, t0, thread);
+    if (!PyTuple_Check(out) && !PyList_Check(out))
+        return 0;
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(out); i++) {
+        PyObject *value = PySequence_Fast_GET_ITEM(out, i);
+        int is = PyObject_IsInstance(value, s->tensor_type);
+        if (is < 0 || (is && see_tensor(s, value, t0, thread) < 0))
+            return -1;
+        if (is || (!PyTuple_Check(value) && !PyList_Check(value)))
+            continue;
+        for (Py_ssize_t j = 0; j < PySequence_Fast_GET_SIZE(value); j++) {
+            PyObject *inner = PySequence_Fast_GET_ITEM(value, j);
+            int inner_is = PyObject_IsInstance(inner, s->tensor_type);
+            if (inner_is < 0 || (inner_is && see_tensor(s, inner, t0, thread) < 0))
+                return -1;
+        }
+    }
+    return 0;
+}
+
 /* Everything on_op does after the op ran, for a plain op (no comm, no special). */
 static int
-record(SessionState *s, PyObject *entry, PyObject *args, PyFrameObject *frame, long long t0,
-       long long t1)
+record(SessionState *s, PyObject *entry, PyObject *args, PyObject *out, PyFrameObject *frame,
+       long long t0, long long t1)
 {
     PyObject *ts = s->torch_state, *hint_obj = NULL;
     long long v[ROW_FIELDS], hint = -1, module, stack, fwd_stack = -1, enabled, phase;
@@ -270,6 +340,8 @@ record(SessionState *s, PyObject *entry, PyObject *args, PyFrameObject *frame, l
     if ((v[2] == -1 && PyErr_Occurred()) || queue_row(s, v) < 0)
         goto done;
     s->last_event_ns = t1;
+    if (memory_on(s) && see_outputs(s, out, t0, thread) < 0)   /* the storages it made */
+        goto done;
     Py_ssize_t queued = PyObject_Length(s->queue);
     if (queued < 0)
         goto done;
@@ -322,7 +394,7 @@ session_on_op(SessionState *s, PyObject *func, PyObject *args, PyObject *kwargs,
     long long t0 = now_ns();
     PyObject *out = PyObject_Call(call, args, kwargs);
     long long t1 = now_ns();
-    if (out != NULL && record(s, entry, args, frame, t0, t1) < 0)
+    if (out != NULL && record(s, entry, args, out, frame, t0, t1) < 0)
         Py_CLEAR(out);
     Py_DECREF(frame);
     return out;

@@ -21,6 +21,10 @@ state_traverse(SessionState *s, visitproc visit, void *arg)
     Py_VISIT(s->signatures);
     Py_VISIT(s->rules);
     Py_VISIT(s->torch_state);
+    Py_VISIT(s->memory_live);
+    Py_VISIT(s->memory_seen);
+    Py_VISIT(s->storage_key);
+    Py_VISIT(s->tensor_type);
     return map_traverse(&s->entries, visit, arg);
 }
 
@@ -41,6 +45,10 @@ state_clear(SessionState *s)
     Py_CLEAR(s->signatures);
     Py_CLEAR(s->rules);
     Py_CLEAR(s->torch_state);
+    Py_CLEAR(s->memory_live);
+    Py_CLEAR(s->memory_seen);
+    Py_CLEAR(s->storage_key);
+    Py_CLEAR(s->tensor_type);
     map_clear(&s->entries);
     return 0;
 }
@@ -80,6 +88,10 @@ static PyMemberDef state_members[] = {
     FIELD("_signatures", T_OBJECT_EX, signatures),
     FIELD("_rules", T_OBJECT_EX, rules),
     FIELD("_torch_state", T_OBJECT_EX, torch_state),
+    FIELD("_memory_live", T_OBJECT, memory_live),
+    FIELD("_memory_seen", T_OBJECT, memory_seen),
+    FIELD("_storage_key", T_OBJECT, storage_key),
+    FIELD("_tensor_type", T_OBJECT, tensor_type),
     {NULL},
 };
 
