@@ -119,7 +119,8 @@ def test_the_worker_writes_what_the_in_process_parse_wrote(tmp_path, monkeypatch
         torch.manual_seed(0)
         windows_of_three_steps(str(tmp_path / where))
         trace = tracer.load(rundir.trace_file(str(tmp_path / where), 0))
-        assert trace.meta["device_time"] == {"source": "cupti", "windows": 3, "error": None}
+        assert trace.meta["device_time"] == {"source": "cupti", "windows": 3, "error": None,
+                                             "errors": 0}
         runs[where] = read_device(rundir.device_file(str(tmp_path / where), 0)), list(parsed)
         assert glob.glob(str(tmp_path / where / ".*window*")) == []
     (here, metas_here, problem_here), parsed_here = runs["flusher"]
@@ -205,7 +206,8 @@ def test_close_waits_for_the_worker(tmp_path, monkeypatch):
     thread.join()
     assert waiting.is_set() and made[0].proc.returncode == 0 and parsed == []
     trace = tracer.load(rundir.trace_file(out, 0))
-    assert trace.meta["device_time"] == {"source": "cupti", "windows": 3, "error": None}
+    assert trace.meta["device_time"] == {"source": "cupti", "windows": 3, "error": None,
+                                             "errors": 0}
     records, metas, problem = read_device(rundir.device_file(out, 0))
     assert problem is None and [m["window"] for m in metas] == [0, 1, 2]
     assert _rows(records) == [r for path in exports for r in _expected_records(path)]

@@ -40,7 +40,8 @@ def test_device_windows_follow_the_recorded_steps(tmp_path, monkeypatch):
     trace = tracer.load(rundir.trace_file(str(tmp_path), 0))
     # steps 1 and 2 each had a window (started at their boundary, cut at the next); step 0 and
     # steps 3, 4 had none
-    assert trace.meta["device_time"] == {"source": "cupti", "windows": 2, "error": None}
+    assert trace.meta["device_time"] == {"source": "cupti", "windows": 2, "error": None,
+                                         "errors": 0}
     pairs = trace.meta["clock_pairs"]
     assert len(pairs) == 2 + 2 * 2                  # the session's start and end, each window's
     assert [p["perf_ns"] for p in pairs] == sorted(p["perf_ns"] for p in pairs)
@@ -175,22 +176,29 @@ def test_a_crash_still_writes_every_window(tmp_path, monkeypatch):
 
 
 def test_a_window_that_is_not_saved_costs_only_itself(tmp_path, monkeypatch):
-    # the second window's export fails (a full disk): said in the metadata, the others kept
+    # the second and third windows' exports fail (a full disk): the first failure said in the
+    # metadata, both counted, the other window kept
     cpu_stands_in_for_cuda(monkeypatch)
     export = DeviceRecorder._export
 
     def failing(self, save, path):
-        if path.endswith("window-1.json"):
+        if path.endswith(("window-1.json", "window-2.json")):
             raise OSError(28, "No space left on device")
         export(self, save, path)
     monkeypatch.setattr(DeviceRecorder, "_export", failing)
     windows_of_three_steps(str(tmp_path))
     trace = tracer.load(rundir.trace_file(str(tmp_path), 0))
     assert trace.status == "ok" and trace.meta["device_time"] == {
-        "source": "cupti", "windows": 3,
+        "source": "cupti", "windows": 3, "errors": 2,
         "error": "a device window was not saved ([Errno 28] No space left on device)"}
     _, metas, problem = read_device(rundir.device_file(str(tmp_path), 0))
-    assert problem is None and [m["window"] for m in metas] == [0, 2]
+    assert problem is None and [m["window"] for m in metas] == [0]
+    # the report's problems say it, once for the rank
+    from viz.analysis import analyse
+    from viz.run import open_run
+    assert analyse(open_run(str(tmp_path))).ranks[0].warnings == [
+        "device time: a device window was not saved ([Errno 28] No space left on device) "
+        "(and 1 more error)"]
     assert glob.glob(os.path.join(str(tmp_path), ".*window*")) == []
 
 

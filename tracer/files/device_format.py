@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Iterator, Optional
 
 import numpy as np
 import pyarrow as pa
@@ -126,19 +126,29 @@ def read_device(path: str) -> tuple:
     if int(header.get(b"paratrace.version", b"0")) > FORMAT_VERSION:
         raise TraceError(f"{path}: device format version {int(header[b'paratrace.version'])} "
                          f"is newer than this paratrace reads (up to {FORMAT_VERSION})")
-    out, metas, problem = empty(), [], None
+    out, metas, damage = empty(), [], []
+    for records, meta in intact_batches(reader, damage):
+        out = out.concat(records)
+        if meta is not None:
+            metas.append(meta)
+    problem = f"truncated after {len(out):,} device records ({damage[0]})" if damage else None
+    return out, metas, problem
+
+
+def intact_batches(reader, damage: list) -> Iterator[tuple]:
+    """(DeviceRecords, its window's meta dict or None) of each batch of an open device
+    stream, up to the end or to a batch cut short, whose error (120 characters) is appended
+    to ``damage``."""
     while True:
         try:
             batch, custom = reader.read_next_batch_with_custom_metadata()
         except StopIteration:
-            break
+            return
         except (pa.ArrowInvalid, OSError, ValueError) as exc:
-            problem = f"truncated after {len(out):,} device records ({str(exc)[:120]})"
-            break
-        out = out.concat(_records(batch))
-        if custom and _META in custom:
-            metas.append(json.loads(custom[_META]))
-    return out, metas, problem
+            damage.append(str(exc)[:120])
+            return
+        meta = json.loads(custom[_META]) if custom and _META in custom else None
+        yield _records(batch), meta
 
 
 def _records(batch: pa.RecordBatch) -> DeviceRecords:

@@ -165,7 +165,8 @@ class DeviceRecorder:
         self.rank = rank
         self.window_s = WINDOW_S if window_s is None else window_s
         self.pairs = pairs              # the session's clock pairs: each window edge adds one
-        self.error: Optional[str] = None
+        self.error: Optional[str] = None      # the first error; later ones are counted
+        self.errors = 0
         self._refused = False           # the user's torch.profiler holds CUPTI: host time only
         self._window = None             # the window under way
         self._started = 0.0
@@ -184,7 +185,7 @@ class DeviceRecorder:
         if torch.autograd._profiler_enabled():
             self._refused = True
             if self.error is None:
-                self.error = "torch.profiler is already running in this process"
+                self._note("torch.profiler is already running in this process")
                 print(f"paratrace: rank {self.rank}: torch.profiler already holds CUPTI; "
                       "recording host time only (trace-report --kineto merges your profile)",
                       file=sys.stderr, flush=True)
@@ -229,7 +230,14 @@ class DeviceRecorder:
 
     def meta(self) -> dict:
         """The trace metadata's ``device_time`` object."""
-        return {"source": "cupti", "windows": self._windows, "error": self.error}
+        return {"source": "cupti", "windows": self._windows, "error": self.error,
+                "errors": self.errors}
+
+    def _note(self, error: Optional[str]) -> None:
+        """An error of the device recording: the first is kept in words, every one counted."""
+        if error:
+            self.error = self.error or error
+            self.errors += 1
 
     def cut(self) -> None:
         """End the window under way (on CUDA it waits for the GPU) and hand it to the
@@ -267,7 +275,7 @@ class DeviceRecorder:
             self._export(save, path)
             return True
         except (OSError, RuntimeError) as exc:
-            self.error = self.error or f"a device window was not saved ({exc})"
+            self._note(f"a device window was not saved ({exc})")
             if os.path.exists(path):
                 os.remove(path)
             return False
@@ -295,7 +303,7 @@ class DeviceRecorder:
         if self._appender is None:
             self._appender = WindowAppender(self._device_path(), self.rank)
         error = self._appender.append(index, path, load_chrome_trace)
-        self.error = self.error or error
+        self._note(error)
 
     def _check_worker(self) -> None:
         """Take the worker's answers; fall back to this process if it died."""
@@ -307,7 +315,7 @@ class DeviceRecorder:
 
     def _take_errors(self, worker: DeviceWorker) -> None:
         for _, error in worker.errors:
-            self.error = self.error or error
+            self._note(error)
         worker.errors.clear()
 
     def _fall_back(self) -> None:
@@ -328,7 +336,7 @@ class DeviceRecorder:
             elif os.path.exists(path):
                 self._parse_here(index, path)
             else:
-                self.error = self.error or f"device window {index} was lost with the worker"
+                self._note(f"device window {index} was lost with the worker")
 
     def _finish_worker(self) -> None:
         """At close: wait for the worker to answer every window (at most close_wait_s), then
@@ -354,7 +362,7 @@ class DeviceRecorder:
                 elif os.path.exists(path):
                     os.remove(path)
             if kept:
-                self.error = self.error or (
+                self._note(
                     f"the device worker had not parsed {len(kept)} window"
                     f"{'s' if len(kept) != 1 else ''} after {self.close_wait_s:g} s: it was "
                     f"stopped and their exports kept ({', '.join(kept[:3])}"
@@ -369,7 +377,7 @@ class DeviceRecorder:
         if self._said:
             return
         self._said = True
-        self.error = self.error or what
+        self._note(what)
         print(f"paratrace: rank {self.rank}: {what}", file=sys.stderr, flush=True)
 
     def close(self) -> None:
@@ -379,7 +387,7 @@ class DeviceRecorder:
             with self._write_lock:
                 self._finish_worker()
         except Exception as exc:   # never lose the host trace over the GPU's
-            self.error = self.error or f"{type(exc).__name__}: {exc}"
+            self._note(f"{type(exc).__name__}: {exc}")
         with self._write_lock:
             if self._worker is not None:          # only after an error above
                 self._worker.kill()

@@ -33,7 +33,7 @@ from typing import Callable, Optional
 
 import pyarrow as pa
 
-from tracer.files.device_format import DeviceWriter, _META, _records
+from tracer.files.device_format import DeviceWriter, intact_batches
 from tracer.kineto.chrome_trace import KinetoError, load_chrome_trace
 from tracer.vocab.library import ROOT
 
@@ -96,16 +96,9 @@ class WindowAppender:
             return appender, done
         fresh = path + ".resume"
         writer = DeviceWriter(fresh, {"rank": rank, "source": "cupti"})
-        while True:
-            try:
-                batch, custom = reader.read_next_batch_with_custom_metadata()
-            except StopIteration:
-                break
-            except (pa.ArrowInvalid, OSError, ValueError):     # the batch it was writing
-                break
-            meta = json.loads(custom[_META]) if custom and _META in custom else {}
-            writer.write(_records(batch), meta)
-            done.add(meta.get("window"))
+        for records, meta in intact_batches(reader, []):   # up to the batch it was writing
+            writer.write(records, meta or {})
+            done.add((meta or {}).get("window"))
         del reader
         os.replace(fresh, path)
         writer.path, appender.writer = path, writer

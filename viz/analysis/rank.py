@@ -133,6 +133,18 @@ def device_records(path: str, rank: int, kineto: tuple = ()) -> tuple:
     return records, warnings, errors
 
 
+def device_time_warnings(meta: dict) -> list:
+    """What went wrong recording the rank's GPU time (the trace's ``device_time``), in one
+    line: its first error, and how many there were."""
+    device = meta.get("device_time")
+    if not isinstance(device, dict) or not device.get("error"):
+        return []
+    errors = device.get("errors")
+    more = errors - 1 if isinstance(errors, int) and errors > 1 else 0
+    return [f"device time: {device['error']}" + (f" (and {more} more error"
+                                                 f"{'s' if more > 1 else ''})" if more else "")]
+
+
 def analyse_rank(trace: Trace, rank: int, send_ends: dict, op_budget: int = DRAWN_OPS,
                  records: Optional[DeviceRecords] = None) -> RankAnalysis:
     """``send_ends``: the rank's send rows -> their matched receives' completions
@@ -155,7 +167,7 @@ def analyse_rank(trace: Trace, rank: int, send_ends: dict, op_budget: int = DRAW
     return RankAnalysis(
         rank=rank, path=trace.path, meta=trace.meta,
         warnings=list(trace.warnings) + list((trace.meta.get("imported") or {}).get("damage")
-                                             or []),
+                                             or []) + device_time_warnings(trace.meta),
         events=len(trace), steps=recorded_steps(trace), op_groups=groups,
         op_counts=op_counts(trace), op_counts_by_phase=op_counts_by_phase(trace),
         comm=comm_rows(trace), lanes=lanes, last_op=last_op(trace),
