@@ -1,6 +1,7 @@
 """A real torch.profiler export taken with ``profile_memory=True`` (CPU), imported with
 ``trace-report --kineto``: its memory peak against a count made from the export's JSON apart,
-and the report's memory table."""
+its categories told by phase against the model's own tensors (gradients, AdamW's state, what
+autograd saves), and the report's memory table."""
 from __future__ import annotations
 
 import json
@@ -21,6 +22,17 @@ def test_an_export_with_memory_gets_its_peak(tmp_path):
                                 torch.nn.Linear(128, 64))
     opt = torch.optim.AdamW(model.parameters())
     x = torch.randn(16, 64)
+    saved: dict = {}                 # what autograd saves in one forward, counted apart
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        saved[storage.data_ptr()] = storage.nbytes()
+        return tensor
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = model(x).square().mean()
+    del loss
+    params = [p.data_ptr() for p in model.parameters()] + [x.data_ptr()]
+    kept = sum(b for ptr, b in saved.items() if ptr not in params)   # made in the forward
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         for _ in range(3):
             model(x).square().mean().backward()
@@ -35,6 +47,14 @@ def test_an_export_with_memory_gets_its_peak(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     memory = summary["ranks"]["0"]["memory"]
     assert memory["peak_bytes"] == json_memory_peak(json.loads(export.read_text())["traceEvents"]) > 0
-    assert set(k for k, v in memory["by_category"].items() if v) <= {"temporaries", "comm"}
+    # told by phase: every gradient alive at the optimizer step, AdamW's exp_avg and
+    # exp_avg_sq and its step tensors (made in the first profiled step), and what autograd
+    # saved plus the 4-byte loss, alive until the backward frees them
+    peaks = memory["category_peaks"]
+    assert peaks["gradients"] == sum(p.numel() * 4 for p in model.parameters())
+    assert peaks["optimizer_state"] == sum(v.nbytes for state in opt.state.values()
+                                           for v in state.values())
+    assert peaks["activations"] == kept + 4 and kept == (16 * 128 + 16 * 64) * 4
+    assert peaks["parameters"] == 0         # made before the profile: never seen
     page = (out / "index.html").read_text()
     assert "Memory at each rank" in page and "not tensors" in page

@@ -1,11 +1,13 @@
 """An export's ``[memory]`` events imported as memory rows (tracer.kineto.memory): one device's
 (CUDA's over the CPU's), an allocation linked to the op that holds it, a free of an address
-allocated before the export, and the peak against a count made from the JSON apart."""
+allocated before the export, the peak against a count made from the JSON apart, and each
+block's category told by the phases of the ops around it."""
 from __future__ import annotations
 
 import json
 
 from support.kineto_exports import BASE, export, json_memory_peak, write
+from tracer.files.format import MEMORY_CATEGORIES
 from tracer.files.reader import load
 from tracer.kineto.convert import import_export
 from viz.analysis.memory import memory_profile
@@ -46,7 +48,7 @@ def test_allocations_link_to_their_op_and_the_peak_is_the_jsons(tmp_path):
     peak = json_memory_peak(events)
     assert profile.peak_bytes == peak == 1400
     assert set(profile.at_peak["category"]) >= {"temporaries"} and \
-        profile.at_peak["category"]["temporaries"] == 1400
+        profile.at_peak["category"]["temporaries"] == 1400     # plain mm ops: no phase
     assert any("not tensors" in m for m in done.missing)
 
 
@@ -62,3 +64,51 @@ def test_an_export_without_memory_says_so(tmp_path):
     assert trace.memory is None and trace.meta["imported"]["memory_device"] is None
     assert "memory (profiled without profile_memory)" in done.missing
     assert json.dumps(trace.meta["imported"])
+
+
+def _op(name: str, ts: float, dur: float, **args) -> dict:
+    return {"ph": "X", "cat": "cpu_op", "name": name, "pid": 1, "tid": 1, "ts": ts,
+            "dur": dur, "args": args}
+
+
+def _range(name: str, ts: float, dur: float, cat: str = "user_annotation") -> dict:
+    return {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": 1, "ts": ts, "dur": dur,
+            "args": {}}
+
+
+def test_each_block_is_classed_by_the_phases_around_it(tmp_path):
+    """A step: forward ops (grad mode on: a sequence number), the backward inside the
+    autograd engine's ranges, AdamW's step; then the next step's forward. Which block lives
+    when is made up here, so each category is known."""
+    events = [_op("aten::linear", 310, 10, **{"Sequence number": 1}),      # forward
+              _op("aten::relu", 330, 10, **{"Sequence number": 2}),
+              _range("autograd::engine::evaluate_function: ReluBackward0", 400, 20, "cpu_op"),
+              _op("aten::threshold_backward", 402, 10),                    # backward
+              _range("autograd::engine::evaluate_function: AddmmBackward0", 430, 20, "cpu_op"),
+              _op("aten::mm", 432, 10),
+              _range("Optimizer.step#AdamW.step", 500, 100),
+              _op("aten::zeros_like", 510, 5), _op("aten::mul", 530, 5),   # optimizer
+              _op("aten::linear", 700, 10, **{"Sequence number": 3})]      # next forward
+    memory = [_mem(312, 0xA0, 1000),       # linear out, freed in forward: temporaries
+              _mem(332, 0xB0, 2000),       # relu out, saved, freed in backward: activations
+              _mem(335, 0xA0, -1000),
+              _mem(404, 0xC0, 300),        # a gradient, alive at the optimizer step
+              _mem(407, 0xB0, -2000),
+              _mem(434, 0xD0, 50),         # a backward scratch, freed before the step
+              _mem(440, 0xD0, -50),
+              _mem(512, 0xE0, 600),        # exp_avg: outlives the step
+              _mem(532, 0xF0, 70),         # the step's scratch
+              _mem(534, 0xF0, -70),
+              _mem(560, 0xC0, -300),       # zero_grad(set_to_none)
+              _mem(702, 0x1A0, 1000)]      # the next forward's output, never freed
+    data = export(kernels=0)
+    data["traceEvents"] += events + memory
+    done = import_export(str(write(tmp_path / "e.json", data)), str(tmp_path), "rank-0")
+    mem = load(done.trace).memory
+    category = dict(zip(mem.storage.tolist(), mem.category.tolist()))
+    named = {sid: MEMORY_CATEGORIES[c] for sid, c in category.items()}
+    assert [named[s] for s in sorted(named)] == [
+        "temporaries", "activations", "gradients", "temporaries", "optimizer_state",
+        "temporaries", "temporaries"]
+    # every event of a storage carries its category, the free as its allocation
+    assert all(category[s] == c for s, c in zip(mem.storage.tolist(), mem.category.tolist()))

@@ -110,20 +110,21 @@ def _first_ns(events: ExportEvents) -> Optional[int]:
 
 
 def _op_rows(rows: dict) -> dict:
-    """The op rows' t0, t1, thread, kind and step (pseudo-op rows left out), in t0 order."""
+    """The op rows' t0, t1, thread, kind, step and phase (pseudo-op rows left out), in t0
+    order."""
     cols = rows["columns"]
     pseudo = [i for i, name in enumerate(rows["dictionaries"]["op"])
               if name in ops.PSEUDO_OPS]
     keep = ~np.isin(cols["op"], pseudo)
-    return {k: cols[k][keep] for k in ("t0", "t1", "thread", "kind", "step")}
+    return {k: cols[k][keep] for k in ("t0", "t1", "thread", "kind", "step", "phase")}
 
 
 def _memory_missing(memory: dict) -> list:
     if memory_device(memory) is None:
         return ["memory (profiled without profile_memory)"]
-    return ["which memory is parameters, gradients, optimizer state or activations (an "
-            "export gives the allocator's addresses and sizes, not tensors: all are "
-            "temporaries, or comm inside a collective)"]
+    return ["parameters, and memory made before the export began (an export gives the "
+            "allocator's addresses and sizes, not tensors: gradients, optimizer state and "
+            "activations are told by the phases around each block, docs/kineto.md)"]
 
 
 def _missing(found: dict, activities: int) -> list:

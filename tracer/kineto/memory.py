@@ -10,9 +10,20 @@ analyses as a recorded one.
 - An allocation keeps the allocator's time; made inside an op (a host op of its thread whose
   interval holds it) it carries that thread, and the reader links it to the innermost such
   op's row. One made outside every op has no thread.
-- Its category: ``comm`` when that op is a collective, else ``temporaries``. An export has
-  addresses and sizes, not which tensor a block holds: parameters, gradients, optimizer state
-  and activations cannot be told apart (the front page says so).
+- Its category, from the phases of the ops around it (an export has addresses and sizes, not
+  which tensor a block holds, so these are derived from when a block lives):
+
+  - ``comm``: made inside a collective;
+  - ``optimizer_state``: made inside an optimizer op and still alive when the next op of
+    another phase starts (AdamW's ``exp_avg``; the optimizer's own scratch is freed before);
+  - ``gradients``: made inside a backward (or gradient-sync) op and still alive when the next
+    optimizer op starts;
+  - ``activations``: made inside a forward (or recompute) op and freed while the backward runs
+    (the op started last before the free is a backward op): what autograd saved, and the loss;
+  - ``temporaries``: the rest.
+
+  Parameters are never seen (made before any profile starts), nor is optimizer state the first
+  step made before the export's steps. The front page says so.
 """
 from __future__ import annotations
 
@@ -21,10 +32,14 @@ from typing import Optional
 import numpy as np
 
 from tracer.files.format import MEMORY_CATEGORIES, MEMORY_KINDS
+from tracer.vocab.labels import (PHASE_BACKWARD, PHASE_FORWARD, PHASE_GRAD_SYNC,
+                                 PHASE_OPTIMIZER, PHASE_RECOMPUTE)
 
 CUDA = 1                                   # the profiler's Device Type of a CUDA allocation
 ALLOC, FREE = MEMORY_KINDS.index("alloc"), MEMORY_KINDS.index("free")
-TEMPORARIES, COMM = MEMORY_CATEGORIES.index("temporaries"), MEMORY_CATEGORIES.index("comm")
+TEMPORARIES, COMM, ACTIVATIONS, OPTIMIZER_STATE, GRADIENTS = (
+    MEMORY_CATEGORIES.index(c) for c in ("temporaries", "comm", "activations",
+                                         "optimizer_state", "gradients"))
 
 
 def memory_device(mem: dict) -> Optional[str]:
@@ -37,7 +52,7 @@ def memory_device(mem: dict) -> Optional[str]:
 def memory_columns(mem: dict, base: int, rows: dict, thread_of_tid: dict) -> Optional[dict]:
     """The memory rows of an export's allocator events (``mem``: events.collect's columns,
     times relative; ``base`` makes them Unix ns) beside its op rows (``rows``: the trace's
-    columns, t0/t1/thread/kind/step, ordered by t0; ``thread_of_tid``: Kineto tid -> the
+    columns, t0/t1/thread/kind/step/phase, ordered by t0; ``thread_of_tid``: Kineto tid -> the
     trace's thread number): columns for TraceWriter.write_columns, or None without events."""
     device = memory_device(mem)
     if device is None:
@@ -66,7 +81,7 @@ def memory_columns(mem: dict, base: int, rows: dict, thread_of_tid: dict) -> Opt
     inside = (kind == ALLOC) & (op_row >= 0)
     at = np.maximum(op_row, 0)
     thread = np.where(inside, rows["thread"][at], -1)
-    category = np.where(inside & (rows["kind"][at] >= 0), COMM, TEMPORARIES)
+    category = _categories(kind, storage, t, np.where(inside, op_row, -1), rows)
     step = _steps_at(t, rows)
     return {"mem_kind": kind, "mem_storage": storage, "mem_category": category,
             "bytes": np.abs(nbytes), "t0": t, "thread": thread, "step": step}
@@ -90,6 +105,48 @@ def _enclosing_ops(t: np.ndarray, tid: np.ndarray, rows: dict, thread_of_tid: di
                 jj -= 1                 # an earlier op that still holds it (nesting)
             out[e] = mine[jj] if jj >= 0 else -1
     return out
+
+
+def _categories(kind: np.ndarray, storage: np.ndarray, t: np.ndarray, made_in: np.ndarray,
+                rows: dict) -> np.ndarray:
+    """Each event's category (module doc), one per storage: ``made_in``: the op row that holds
+    an allocation, -1 for the rest."""
+    n = len(t)
+    category = np.full(n, TEMPORARIES, dtype=np.int64)
+    allocs = np.nonzero((kind == ALLOC) & (made_in >= 0))[0]
+    if not len(allocs) or not len(rows["t0"]):
+        return category
+    phase, starts = rows["phase"], rows["t0"]
+    freed_at = np.full(int(storage.max()) + 1, np.iinfo(np.int64).max, dtype=np.int64)
+    frees = np.nonzero(kind == FREE)[0]
+    freed_at[storage[frees]] = t[frees]
+    made, end = phase[made_in[allocs]], freed_at[storage[allocs]]
+    comm = rows["kind"][made_in[allocs]] >= 0
+    optimizer = np.nonzero(phase == PHASE_OPTIMIZER)[0]
+    other = np.nonzero(phase != PHASE_OPTIMIZER)[0]
+    cats = np.full(len(allocs), TEMPORARIES, dtype=np.int64)
+    cats[(made == PHASE_OPTIMIZER) & (end > _next_start(starts[other], t[allocs]))] = \
+        OPTIMIZER_STATE
+    backward = (made == PHASE_BACKWARD) | (made == PHASE_GRAD_SYNC)
+    cats[backward & (end > _next_start(starts[optimizer], t[allocs]))] = GRADIENTS
+    last = np.searchsorted(starts, np.minimum(end, t[-1] + 1), side="right") - 1
+    freed_in = np.where((last >= 0) & (end < np.iinfo(np.int64).max),
+                        phase[np.maximum(last, 0)], -1)
+    forward = (made == PHASE_FORWARD) | (made == PHASE_RECOMPUTE)
+    cats[forward & (freed_in == PHASE_BACKWARD)] = ACTIVATIONS
+    cats[comm] = COMM
+    category[allocs] = cats
+    by_storage = np.full(len(freed_at), TEMPORARIES, dtype=np.int64)
+    by_storage[storage[allocs]] = cats
+    category[frees] = by_storage[storage[frees]]
+    return category
+
+
+def _next_start(starts: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Per time, the first of the sorted ``starts`` after it (int64 max where none)."""
+    j = np.searchsorted(starts, t, side="right")
+    padded = np.append(starts, np.iinfo(np.int64).max)
+    return padded[j]
 
 
 def _steps_at(t: np.ndarray, rows: dict) -> np.ndarray:
