@@ -50,6 +50,8 @@ def test_allocations_link_to_their_op_and_the_peak_is_the_jsons(tmp_path):
     assert set(profile.at_peak["category"]) >= {"temporaries"} and \
         profile.at_peak["category"]["temporaries"] == 1400     # plain mm ops: no phase
     assert any("not tensors" in m for m in done.missing)
+    assert any(m.startswith("which memory is gradients, optimizer state or activations (no "
+                            "forward, backward or optimizer op") for m in done.missing)
 
 
 def test_cuda_allocations_are_kept_over_the_cpus(tmp_path):
@@ -112,3 +114,4 @@ def test_each_block_is_classed_by_the_phases_around_it(tmp_path):
         "temporaries", "temporaries"]
     # every event of a storage carries its category, the free as its allocation
     assert all(category[s] == c for s, c in zip(mem.storage.tolist(), mem.category.tolist()))
+    assert not any(m.startswith("which memory") for m in done.missing)

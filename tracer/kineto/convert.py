@@ -24,6 +24,7 @@ import numpy as np
 from tracer.files.device_format import DeviceWriter
 from tracer.files.format import FORMAT_VERSION, TraceWriter
 from tracer.vocab import ops
+from tracer.vocab.labels import PHASE_BACKWARD, PHASE_FORWARD, PHASE_OPTIMIZER
 from tracer.vocab.ops import P2P_KINDS
 
 from .chrome_trace import damage_line, device_records, rank_of, time_base
@@ -81,7 +82,7 @@ def import_export(path: str, out_dir: str, name: str, rank: Optional[int] = None
         world = None
     memory = memory_columns(events.memory, base, _op_rows(rows),
                             {tid: int(code) for code, tid in rows["threads"].items()})
-    missing += _memory_missing(events.memory)
+    missing += _memory_missing(events.memory, rows["columns"]["phase"])
     line = damage_line(events, notes)
     meta = _meta(path, rank, world, info, rows, events, activities, missing)
     meta["imported"]["damage"] = [line] if line else []
@@ -119,9 +120,14 @@ def _op_rows(rows: dict) -> dict:
     return {k: cols[k][keep] for k in ("t0", "t1", "thread", "kind", "step", "phase")}
 
 
-def _memory_missing(memory: dict) -> list:
+def _memory_missing(memory: dict, phase: np.ndarray) -> list:
     if memory_device(memory) is None:
         return ["memory (profiled without profile_memory)"]
+    if not np.isin(phase, (PHASE_FORWARD, PHASE_BACKWARD, PHASE_OPTIMIZER)).any():
+        return ["which memory is gradients, optimizer state or activations (no forward, "
+                "backward or optimizer op to tell them by, and an export gives addresses and "
+                "sizes, not tensors: all temporaries), parameters, and memory made before the "
+                "export began"]
     return ["parameters, and memory made before the export began (an export gives the "
             "allocator's addresses and sizes, not tensors: gradients, optimizer state and "
             "activations are told by the phases around each block, docs/kineto.md)"]
