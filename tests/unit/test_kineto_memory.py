@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from support.kineto_exports import BASE, export, json_memory_peak, write
 from tracer.files.format import MEMORY_CATEGORIES
 from tracer.files.reader import load
@@ -115,3 +117,26 @@ def test_each_block_is_classed_by_the_phases_around_it(tmp_path):
     # every event of a storage carries its category, the free as its allocation
     assert all(category[s] == c for s, c in zip(mem.storage.tolist(), mem.category.tolist()))
     assert not any(m.startswith("which memory") for m in done.missing)
+
+
+@pytest.mark.parametrize("last", ["optimizer", "backward"])
+def test_an_export_that_ends_before_the_next_phase_keeps_what_outlives_it(tmp_path, last):
+    """The profile stops after the optimizer step (or after the backward): AdamW's state (a
+    gradient), never freed in it, is state (a gradient); scratch freed at once is not."""
+    events = [_op("aten::linear", 310, 10, **{"Sequence number": 1}),
+              _range("autograd::engine::evaluate_function: AddmmBackward0", 400, 20, "cpu_op"),
+              _op("aten::mm", 402, 10)]
+    memory = [_mem(404, 0xC0, 300), _mem(405, 0xD0, 30), _mem(406, 0xD0, -30)]
+    if last == "optimizer":
+        events += [_range("Optimizer.step#AdamW.step", 500, 100),
+                   _op("aten::zeros_like", 510, 5)]
+        memory += [_mem(512, 0xE0, 600), _mem(513, 0xF0, 70), _mem(514, 0xF0, -70)]
+    data = export(kernels=0)
+    data["traceEvents"] += events + memory
+    done = import_export(str(write(tmp_path / "e.json", data)), str(tmp_path), "rank-0")
+    mem = load(done.trace).memory
+    named = {s: MEMORY_CATEGORIES[c] for s, c in zip(mem.storage.tolist(),
+                                                     mem.category.tolist())}
+    assert named == ({0: "gradients", 1: "temporaries", 2: "optimizer_state",
+                      3: "temporaries"} if last == "optimizer"
+                     else {0: "gradients", 1: "temporaries"})

@@ -15,9 +15,10 @@ analyses as a recorded one.
 
   - ``comm``: made inside a collective;
   - ``optimizer_state``: made inside an optimizer op and still alive when the next op of
-    another phase starts (AdamW's ``exp_avg``; the optimizer's own scratch is freed before);
+    another phase starts (AdamW's ``exp_avg``; the optimizer's own scratch is freed before),
+    or, with no such op after it, never freed in the export;
   - ``gradients``: made inside a backward (or gradient-sync) op and still alive when the next
-    optimizer op starts;
+    optimizer op starts, or, with none after it, never freed in the export;
   - ``activations``: made inside a forward (or recompute) op and freed while the backward runs
     (the op started last before the free is a backward op): what autograd saved, and the loss;
   - ``temporaries``: the rest.
@@ -125,10 +126,10 @@ def _categories(kind: np.ndarray, storage: np.ndarray, t: np.ndarray, made_in: n
     optimizer = np.nonzero(phase == PHASE_OPTIMIZER)[0]
     other = np.nonzero(phase != PHASE_OPTIMIZER)[0]
     cats = np.full(len(allocs), TEMPORARIES, dtype=np.int64)
-    cats[(made == PHASE_OPTIMIZER) & (end > _next_start(starts[other], t[allocs]))] = \
+    cats[(made == PHASE_OPTIMIZER) & _outlives(end, _next_start(starts[other], t[allocs]))] = \
         OPTIMIZER_STATE
     backward = (made == PHASE_BACKWARD) | (made == PHASE_GRAD_SYNC)
-    cats[backward & (end > _next_start(starts[optimizer], t[allocs]))] = GRADIENTS
+    cats[backward & _outlives(end, _next_start(starts[optimizer], t[allocs]))] = GRADIENTS
     last = np.searchsorted(starts, np.minimum(end, t[-1] + 1), side="right") - 1
     freed_in = np.where((last >= 0) & (end < np.iinfo(np.int64).max),
                         phase[np.maximum(last, 0)], -1)
@@ -140,6 +141,13 @@ def _categories(kind: np.ndarray, storage: np.ndarray, t: np.ndarray, made_in: n
     by_storage[storage[allocs]] = cats
     category[frees] = by_storage[storage[frees]]
     return category
+
+
+def _outlives(end: np.ndarray, start: np.ndarray) -> np.ndarray:
+    """Freed after ``start``; where no such op comes (an export that ends with the optimizer
+    step, or with the backward), never freed in the export."""
+    never = np.iinfo(np.int64).max
+    return (end > start) | ((start == never) & (end == never))
 
 
 def _next_start(starts: np.ndarray, t: np.ndarray) -> np.ndarray:
