@@ -37,11 +37,13 @@ prepare=0
 if [ "${1:-}" = "--prepare" ]; then prepare=1; shift; fi
 wanted=("$@")
 
-find_python() {   # an interpreter of version $1 (major.minor): on PATH, or pyenv's
-    local found
-    found=$(command -v "python$1" 2>/dev/null) && { echo "$found"; return 0; }
-    for found in "${PYENV_ROOT:-$HOME/.pyenv}"/versions/"$1".*/bin/python"$1"; do
-        [ -x "$found" ] && { echo "$found"; return 0; }
+find_python() {   # an interpreter of version $1 (major.minor) that runs: on PATH, or pyenv's
+    local found       # (a pyenv shim is on PATH for every version it has, but runs only the
+                      # versions pyenv has made active: each one found is tried)
+    for found in "$(command -v "python$1" 2>/dev/null)" \
+                 "${PYENV_ROOT:-$HOME/.pyenv}"/versions/"$1".*/bin/python"$1"; do
+        [ -n "$found" ] && [ -x "$found" ] && "$found" -c 'import sys' >/dev/null 2>&1 &&
+            { echo "$found"; return 0; }
     done
     return 1
 }
