@@ -28,6 +28,7 @@ storages still alive, and its peak rise within each step against the one the pro
 
     OMP_NUM_THREADS=1 python benchmarks/memory_mechanisms.py [--rounds 2] [--steps 3]
         [--models small] [--check-steps 3] [--mechanisms "NAME;NAME"] [--no-check]
+        [--device cpu|cuda]
 """
 from __future__ import annotations
 
@@ -170,7 +171,8 @@ class MemoryRecorders(Recorders):
 def report(times: dict, seen: dict, names: list, model: str) -> None:
     base = [statistics.median(t[i] for t in times[model, "untraced"]) for i in range(2)]
     extra = {}
-    print(f"\n{model}: reference GPT, one process on cpu, {' '.join(MODELS[model])}")
+    print(f"\n{model}: reference GPT, one process on {overhead_recorders.DEVICE.type}, "
+          f"{' '.join(MODELS[model])}")
     print(f"{'mechanism':28s} {'wall step':>10s} {'extra':>6s} {'main cpu':>10s} {'extra':>6s}"
           f" {'x no-op':>7s} {'worst wall':>10s} {'x median':>8s}")
     for name in names:
@@ -289,12 +291,19 @@ def main() -> None:
                         help="';'-separated subset of the mechanisms to time (untraced and "
                         "the no-op mode always run)")
     parser.add_argument("--no-check", action="store_true", help="skip the correctness check")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="where the model trains (cuda: scripts/gpu_checks.sh memory; "
+                        "each step stamp waits for the GPU)")
     args = parser.parse_args()
     models = args.models.split(",")
     unknown = [m for m in models if m not in MODELS]
     if unknown:
         parser.error(f"--models: no model named {', '.join(unknown)}")
-    overhead_recorders.DEVICE = torch.device("cpu")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no GPU here")
+    if args.device == "cuda" and not args.no_check:
+        parser.error("--device cuda needs --no-check (the check counts CPU storages)")
+    overhead_recorders.DEVICE = torch.device(args.device)
     torch.set_num_threads(1)
     tmp = tempfile.mkdtemp(prefix="paratrace-mem-")
     try:

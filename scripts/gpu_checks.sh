@@ -20,6 +20,9 @@
 #   windows   what closing a CUPTI window costs the training thread, each path side by side
 #             (benchmarks/device_windows.py: 330 ms closing steps against 141 on an H200)
 #   overhead  the recorders side by side with each one's worst step (benchmarks/overhead.py)
+#   memory    what recording memory costs on the GPU: paratrace with and without --memory
+#             against torch.profiler(profile_memory) (benchmarks/memory_mechanisms.py); not in
+#             `all` (the six above fill one command's 10 minutes): name it
 # Results go under DIR: a log per part and summary.txt (each part's exit status).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -27,9 +30,9 @@ PARTS=${1:-all}
 DIR=${2:-${OUT:?no DIR given and no \$OUT}}
 [ "$PARTS" = all ] && PARTS=tests,trace,hf,devtime,windows,overhead
 for part in ${PARTS//,/ }; do
-    case $part in install|tests|trace|hf|devtime|windows|overhead) ;;
+    case $part in install|tests|trace|hf|devtime|windows|overhead|memory) ;;
     *) echo "gpu_checks.sh: unknown part '$part' (install, tests, trace, hf, devtime," \
-            "windows, overhead, all)" >&2; exit 2 ;;
+            "windows, overhead, memory, all)" >&2; exit 2 ;;
     esac
 done
 mkdir -p "$DIR"
@@ -106,5 +109,10 @@ for part in ${PARTS//,/ }; do
         timeout 240 python3 benchmarks/overhead.py --device cuda --models small,large \
             --rounds 3 > "$DIR/overhead.log" 2>&1
         status overhead $? ;;
+    memory)
+        timeout 240 python3 benchmarks/memory_mechanisms.py --device cuda --models small,large \
+            --rounds 3 --steps 4 --no-check --mechanisms \
+            "profiler, profile_memory;paratrace;paratrace, memory" > "$DIR/memory.log" 2>&1
+        status memory $? ;;
     esac
 done
