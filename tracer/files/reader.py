@@ -246,6 +246,18 @@ def _unify(batches: list, schema: pa.Schema) -> tuple:
     return table.filter(pa.array(~is_memory)), memory
 
 
+def latest_holding(starts: np.ndarray, ends: np.ndarray, times: np.ndarray) -> np.ndarray:
+    """Per time, the index of the latest of the intervals [starts, ends] (sorted by start)
+    that began at or before it and has not ended before it (the innermost, where they nest),
+    else -1."""
+    out = np.searchsorted(starts, times, side="right") - 1
+    for i, (time, j) in enumerate(zip(times.tolist(), out.tolist())):
+        while j >= 0 and ends[j] < time:
+            j -= 1
+        out[i] = j
+    return out
+
+
 def _memory_events(memory: dict, table: pa.Table) -> MemoryEvents:
     """The memory rows, each allocation by an op linked to that op's row: the op row of the
     same thread with the same ``t0`` (the recorder's), else the innermost op row of that
@@ -271,13 +283,9 @@ def _memory_events(memory: dict, table: pa.Table) -> MemoryEvents:
         pos = np.minimum(np.searchsorted(times, memory["t0"][which]), len(times) - 1)
         found = times[pos] == memory["t0"][which]
         row[which[found]] = rows[order[pos[found]]]
-        ends = np.maximum(t1[rows][order], times)
-        for e in which[~found].tolist():      # the latest-started row that still holds it
-            j = int(np.searchsorted(times, memory["t0"][e], side="right")) - 1
-            while j >= 0 and ends[j] < memory["t0"][e]:
-                j -= 1
-            if j >= 0:
-                row[e] = rows[order[j]]
+        rest = which[~found]
+        held = latest_holding(times, np.maximum(t1[rows][order], times), memory["t0"][rest])
+        row[rest[held >= 0]] = rows[order[held[held >= 0]]]
     return MemoryEvents(memory["mem_kind"], memory["mem_storage"], memory["bytes"],
                         memory["t0"], memory["mem_category"], memory["thread"], memory["step"],
                         row)

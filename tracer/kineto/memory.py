@@ -33,6 +33,7 @@ from typing import Optional
 import numpy as np
 
 from tracer.files.format import MEMORY_CATEGORIES, MEMORY_KINDS
+from tracer.files.reader import latest_holding
 from tracer.vocab.labels import (PHASE_BACKWARD, PHASE_FORWARD, PHASE_GRAD_SYNC,
                                  PHASE_OPTIMIZER, PHASE_RECOMPUTE)
 
@@ -41,6 +42,7 @@ ALLOC, FREE = MEMORY_KINDS.index("alloc"), MEMORY_KINDS.index("free")
 TEMPORARIES, COMM, ACTIVATIONS, OPTIMIZER_STATE, GRADIENTS = (
     MEMORY_CATEGORIES.index(c) for c in ("temporaries", "comm", "activations",
                                          "optimizer_state", "gradients"))
+NEVER = np.iinfo(np.int64).max             # the time of a free the export does not hold
 
 
 def memory_device(mem: dict) -> Optional[str]:
@@ -100,11 +102,8 @@ def _enclosing_ops(t: np.ndarray, tid: np.ndarray, rows: dict, thread_of_tid: di
             continue
         mine = np.nonzero((thread == code) & (t1 >= t0))[0]       # t0-ordered already
         events = np.nonzero(tid == k)[0]
-        j = np.searchsorted(t0[mine], t[events], side="right") - 1
-        for e, jj in zip(events.tolist(), j.tolist()):
-            while jj >= 0 and t1[mine[jj]] < t[e]:
-                jj -= 1                 # an earlier op that still holds it (nesting)
-            out[e] = mine[jj] if jj >= 0 else -1
+        held = latest_holding(t0[mine], t1[mine], t[events])
+        out[events] = np.where(held >= 0, mine[np.maximum(held, 0)], -1)
     return out
 
 
@@ -112,13 +111,11 @@ def _categories(kind: np.ndarray, storage: np.ndarray, t: np.ndarray, made_in: n
                 rows: dict) -> np.ndarray:
     """Each event's category (module doc), one per storage: ``made_in``: the op row that holds
     an allocation, -1 for the rest."""
-    n = len(t)
-    category = np.full(n, TEMPORARIES, dtype=np.int64)
     allocs = np.nonzero((kind == ALLOC) & (made_in >= 0))[0]
     if not len(allocs) or not len(rows["t0"]):
-        return category
+        return np.full(len(t), TEMPORARIES, dtype=np.int64)
     phase, starts = rows["phase"], rows["t0"]
-    freed_at = np.full(int(storage.max()) + 1, np.iinfo(np.int64).max, dtype=np.int64)
+    freed_at = np.full(int(storage.max()) + 1, NEVER, dtype=np.int64)
     frees = np.nonzero(kind == FREE)[0]
     freed_at[storage[frees]] = t[frees]
     made, end = phase[made_in[allocs]], freed_at[storage[allocs]]
@@ -131,30 +128,24 @@ def _categories(kind: np.ndarray, storage: np.ndarray, t: np.ndarray, made_in: n
     backward = (made == PHASE_BACKWARD) | (made == PHASE_GRAD_SYNC)
     cats[backward & _outlives(end, _next_start(starts[optimizer], t[allocs]))] = GRADIENTS
     last = np.searchsorted(starts, np.minimum(end, t[-1] + 1), side="right") - 1
-    freed_in = np.where((last >= 0) & (end < np.iinfo(np.int64).max),
-                        phase[np.maximum(last, 0)], -1)
+    freed_in = np.where((last >= 0) & (end < NEVER), phase[np.maximum(last, 0)], -1)
     forward = (made == PHASE_FORWARD) | (made == PHASE_RECOMPUTE)
     cats[forward & (freed_in == PHASE_BACKWARD)] = ACTIVATIONS
     cats[comm] = COMM
-    category[allocs] = cats
     by_storage = np.full(len(freed_at), TEMPORARIES, dtype=np.int64)
-    by_storage[storage[allocs]] = cats
-    category[frees] = by_storage[storage[frees]]
-    return category
+    by_storage[storage[allocs]] = cats       # a storage's free takes its allocation's
+    return by_storage[storage]
 
 
 def _outlives(end: np.ndarray, start: np.ndarray) -> np.ndarray:
     """Freed after ``start``; where no such op comes (an export that ends with the optimizer
     step, or with the backward), never freed in the export."""
-    never = np.iinfo(np.int64).max
-    return (end > start) | ((start == never) & (end == never))
+    return (end > start) | ((start == NEVER) & (end == NEVER))
 
 
 def _next_start(starts: np.ndarray, t: np.ndarray) -> np.ndarray:
-    """Per time, the first of the sorted ``starts`` after it (int64 max where none)."""
-    j = np.searchsorted(starts, t, side="right")
-    padded = np.append(starts, np.iinfo(np.int64).max)
-    return padded[j]
+    """Per time, the first of the sorted ``starts`` after it (NEVER where none)."""
+    return np.append(starts, NEVER)[np.searchsorted(starts, t, side="right")]
 
 
 def _steps_at(t: np.ndarray, rows: dict) -> np.ndarray:

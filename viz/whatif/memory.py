@@ -102,10 +102,10 @@ class MemoryModel:
         sums = {c: 0.0 for c in MODEL_STATES + ("activations",) + WORKING}
         held = 0.0
         by_role: dict = {}         # role -> [activation bytes, units]
+        kept = w_store(shape)      # what a pending ZB-H1 W pass keeps, taken out of the fit
         for rank, at in peaks.items():
             pp_rank = grid.coords(rank)[3] if grid is not None else 0
-            pending = w_pending(shape, pp_rank)
-            at = {c: b - pending * w_store(shape).get(c, 0) for c, b in at.items()}
+            at = {c: b - w_pending(shape, pp_rank) * kept.get(c, 0) for c, b in at.items()}
             held += elements(shape, pp_rank)
             role = by_role.setdefault(stage_role(shape.pp, pp_rank), [0.0, 0.0])
             role[0] += at.get("activations", 0)

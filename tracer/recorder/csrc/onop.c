@@ -264,6 +264,17 @@ see_tensor(SessionState *s, PyObject *tensor, long long t0, long long thread)
     return 0;
 }
 
+/* see_tensor for a tuple's or list's item that is a tensor (a subclass too, as isinstance):
+   1 when it was one, 0 when not, -1 on an error */
+static int
+see_item(SessionState *s, PyObject *item, long long t0, long long thread)
+{
+    int is = PyObject_IsInstance(item, s->tensor_type);
+    if (is <= 0)
+        return is;
+    return see_tensor(s, item, t0, thread) < 0 ? -1 : 1;
+}
+
 /* MemoryRecorder.outputs: a tensor, or the tensors of a tuple or list, one level nested */
 static int
 see_outputs(SessionState *s, PyObject *out, long long t0, long long thread)
@@ -274,17 +285,14 @@ see_outputs(SessionState *s, PyObject *out, long long t0, long long thread)
         return 0;
     for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(out); i++) {
         PyObject *value = PySequence_Fast_GET_ITEM(out, i);
-        int is = PyObject_IsInstance(value, s->tensor_type);
-        if (is < 0 || (is && see_tensor(s, value, t0, thread) < 0))
+        int is = see_item(s, value, t0, thread);
+        if (is < 0)
             return -1;
         if (is || (!PyTuple_Check(value) && !PyList_Check(value)))
             continue;
-        for (Py_ssize_t j = 0; j < PySequence_Fast_GET_SIZE(value); j++) {
-            PyObject *inner = PySequence_Fast_GET_ITEM(value, j);
-            int inner_is = PyObject_IsInstance(inner, s->tensor_type);
-            if (inner_is < 0 || (inner_is && see_tensor(s, inner, t0, thread) < 0))
+        for (Py_ssize_t j = 0; j < PySequence_Fast_GET_SIZE(value); j++)
+            if (see_item(s, PySequence_Fast_GET_ITEM(value, j), t0, thread) < 0)
                 return -1;
-        }
     }
     return 0;
 }
