@@ -18,6 +18,16 @@ HOT_PATH = [Extension("tracer.recorder._hotpath", HOT_PATH_SOURCES,
                       optional=True)]
 if sys.version_info < (3, 11) or platform.python_implementation() != "CPython":
     HOT_PATH = []
+# CUPTI's activity API without Kineto (tracer/recorder/device_direct.py): no CUPTI header or
+# library is needed to build it (it loads the libcupti torch's CUDA build loaded). Optional,
+# Linux and CPython only; without it the recorder takes device time through Kineto.
+CUPTI = [Extension("tracer.recorder._cupti", ["tracer/recorder/csrc/cupti.c",
+                                              "tracer/recorder/csrc/cuptirecords.c"],
+                   depends=["tracer/recorder/csrc/cuptirecords.h"],
+                   extra_compile_args=["-fvisibility=hidden"], libraries=["dl", "pthread"],
+                   optional=True)]
+if not sys.platform.startswith("linux") or platform.python_implementation() != "CPython":
+    CUPTI = []
 FRAMEWORKS = ["transformers==5.24.0", "accelerate==1.15.0", "lightning==2.6.6"]
 
 setup(
@@ -29,7 +39,7 @@ setup(
     python_requires=">=3.10",
     packages=find_packages(include=["tracer*", "instrument*", "viz*", "sample_runs*"]),
     package_data={"viz": ["templates/*"], "sample_runs": ["data/*"]},
-    ext_modules=HOT_PATH,
+    ext_modules=HOT_PATH + CUPTI,
     install_requires=[
         "torch>=2.10",
         "pyarrow>=14",

@@ -22,6 +22,7 @@ from typing import Callable
 from torch.distributed import run as torchrun
 
 from tracer.recorder.compat import launcher_option
+from tracer.recorder.device_direct import source as device_source
 
 from .cli import UsageError
 
@@ -105,6 +106,10 @@ def check_options(args: argparse.Namespace) -> None:
         except ValueError:
             raise UsageError("--local-ranks-filter must be local ranks separated by commas, "
                              f"such as 0,1 (got {args.local_ranks_filter!r})") from None
+    try:
+        device_source()      # PARATRACE_DEVICE_SOURCE, read by every rank's recorder
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def check_reference_gpt_device(target_module, target_args: list, nproc_per_node: str) -> None:

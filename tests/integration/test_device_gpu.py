@@ -19,6 +19,7 @@ from tracer.files.device_format import read_device
 from viz.analysis.gpu_attribution import attribute
 from viz.render.summary_schema import device_json
 from support.cli import trace_run
+from support.device_windows import cuda_mlp_steps
 from support.paths import REPO
 
 pytestmark = pytest.mark.gpu
@@ -28,15 +29,9 @@ def test_the_recorder_attributes_every_kernel_of_a_traced_run(tmp_path, monkeypa
     # a window a step: every window but the last is saved while the next one runs, where a
     # save after the next window's start loses every CUPTI time (tracer/recorder/device.py)
     monkeypatch.setattr("tracer.recorder.device.WINDOW_S", 0.0)
-    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.GELU(),
-                                torch.nn.Linear(256, 256)).cuda()
-    opt = torch.optim.AdamW(model.parameters())
-    x = torch.randn(64, 256, device="cuda")
+    steps = cuda_mlp_steps(warm_up=0)
     with tracer.trace(str(tmp_path)):
-        for _ in range(4):
-            model(x).square().mean().backward()
-            opt.step()
-            opt.zero_grad()
+        steps(4)
         torch.cuda.synchronize()
     trace = tracer.load(rundir.trace_file(str(tmp_path), 0))
     assert trace.meta["device_time"]["error"] is None

@@ -29,8 +29,8 @@ from tracer.recorder import device as device_module, flusher as flusher_module
 from tracer.recorder.device import DeviceRecorder
 from tracer.vocab import ops
 from support.paths import REPO
-from support.device_windows import (STAND_IN_SCRIPT, cpu_stands_in_for_cuda, train,
-                                    windows_of_three_steps)
+from support.device_windows import (STAND_IN_SCRIPT, cpu_stands_in_for_cuda, cuda_mlp_steps,
+                                    train, windows_of_three_steps)
 
 
 def test_device_windows_follow_the_recorded_steps(tmp_path, monkeypatch):
@@ -213,17 +213,7 @@ def test_on_cuda_the_binding_records_the_kernels_torch_profiler_did(tmp_path, mo
     # kernels, memcpys and memsets by name (written without a GPU: first run by a GPU session)
     from tracer.files.device_format import KINDS
     monkeypatch.setattr(device_module, "WINDOW_S", 0.0)
-    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.GELU(),
-                                torch.nn.Linear(256, 256)).cuda()
-    opt = torch.optim.AdamW(model.parameters())
-    x = torch.randn(64, 256, device="cuda")
-
-    def steps(n):
-        for _ in range(n):
-            model(x).square().mean().backward()
-            opt.step()
-            opt.zero_grad()
-    steps(3)                                  # cuBLAS and the allocator warm up untraced
+    steps = cuda_mlp_steps()
     got = {}
     for path in ("torch.profiler", "binding"):
         monkeypatch.setattr(DeviceRecorder, "window_path", path)

@@ -34,6 +34,23 @@ def train(steps: int) -> None:
         opt.zero_grad()
 
 
+def cuda_mlp_steps(warm_up: int = 3):
+    """A small MLP with AdamW and a batch on the GPU, ``warm_up`` steps run untraced (cuBLAS
+    and the allocator); returns ``steps(n)``, which trains n more steps."""
+    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.GELU(),
+                                torch.nn.Linear(256, 256)).cuda()
+    opt = torch.optim.AdamW(model.parameters())
+    x = torch.randn(64, 256, device="cuda")
+
+    def steps(n: int) -> None:
+        for _ in range(n):
+            model(x).square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+    steps(warm_up)
+    return steps
+
+
 def cpu_stands_in_for_cuda(monkeypatch) -> None:
     monkeypatch.setattr(session_module, "cuda_in_use", lambda: True)
     monkeypatch.setattr(DeviceRecorder, "activity", "CPU")

@@ -155,6 +155,14 @@ def test_bad_torchrun_option_values_are_one_line_naming_the_option(tmp_path, cap
     assert not out.exists()               # refused before anything was created or launched
 
 
+def test_a_bad_device_source_is_one_line_naming_the_variable(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("PARATRACE_DEVICE_SOURCE", "nsys")
+    code = launch.main(["--out", str(tmp_path / "run"), __file__])
+    assert code == 2 and capsys.readouterr().err == (
+        "trace-run: error: PARATRACE_DEVICE_SOURCE='nsys': expected one of kineto, cupti\n")
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_script_that_is_a_directory_is_named_so(tmp_path, capsys):
     code = launch.main(["--out", str(tmp_path / "run"), str(tmp_path)])
     assert code == 2

@@ -223,6 +223,11 @@ class DeviceRecorder:
             self.cut()
         return recording and self._window is None and not self._refused
 
+    def follow_rank(self, rank: int) -> None:
+        """The process group's rank, taken while no window has been handed on."""
+        if not self._windows:
+            self.rank = rank
+
     @property
     def windows(self) -> int:
         """Windows ended so far."""

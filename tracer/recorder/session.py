@@ -2,10 +2,9 @@
 
 The private dispatch mode (``_mode.py``) hands each op to :meth:`Session.on_op`, the hot path.
 The session keeps the lifecycle (start, the process group's arrival, close) and the step
-windows; the rest lives in focused modules: communication (comm.py), every patch into torch
-and os (patches/), annotations (annotations.py), stacks (stacks.py), module paths
-(modules.py), phases (phases.py), shapes (shapes.py), the status file (tracer.files.status), clock
-alignment (clock.py), the flusher (flusher.py) and GPU activity (device.py).
+windows; the rest lives in focused modules: communication (comm.py), every patch into torch and
+os (patches/), annotations, stacks, module paths (modules.py), phases, shapes, the status file
+(tracer.files.status), clock alignment, the flusher and GPU activity (device*.py).
 """
 from __future__ import annotations
 
@@ -33,6 +32,7 @@ from .annotations import AnnotationStack, Range
 from .clock import ClockAlignment
 from .comm import CommTracker, special_op
 from .device import DeviceRecorder, clock_pair, cuda_in_use, pairs_meta
+from .device_direct import DirectDeviceRecorder, device_recorder
 from .dtensor import SubclassOps, function_phase
 from .flusher import Flusher
 from .modules import ModuleTracker
@@ -108,7 +108,7 @@ class Session(_SessionState):
         self.rank, self.world_size = rank_and_world()      # until a process group says
         self._pg_seen, self._open = False, False
         self._mode: Optional[RecordingMode] = None
-        self._device: Optional[DeviceRecorder] = None     # GPU activity (CUDA only)
+        self._device: Optional[DeviceRecorder | DirectDeviceRecorder] = None   # CUDA only
         self._device_wanted, self._open_ranges = False, 0  # a window waits for no open range
         self._pairs = [clock_pair()]       # clock pairs; the device adds its window edges
         self._patches: Optional[patches.Patches] = None    # every patch into torch and os
@@ -157,7 +157,7 @@ class Session(_SessionState):
         if not self._recording:
             self._leave_window()
         if self.options.device_time and cuda_in_use():
-            self._device = DeviceRecorder(self.out_dir, self.rank, self._pairs)
+            self._device = device_recorder(self.out_dir, self.rank, self._pairs)
             self._device_step()
         if dist.is_available() and dist.is_initialized():
             self._on_pg_init()
@@ -226,8 +226,8 @@ class Session(_SessionState):
         self._flusher.add_meta({"rank": rank, "world_size": world,
                                 "backend": str(dist.get_backend())})
         self._flusher.add_meta(self._clock.at_start(self._paused_call))
-        if self._device is not None and not self._device.windows:
-            self._device.rank = rank
+        if self._device is not None:
+            self._device.follow_rank(rank)
         if t0 is not None and self._recording:   # the setup's GPU work (NCCL) lands on it
             self._push(rows.record(t0=t0, t1=_now(), op=self._op_ids(ops.OP_PG_INIT),
                                    phase=PHASE_OTHER, step=self.step_index, thread=self._thread()))

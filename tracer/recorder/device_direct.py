@@ -1,0 +1,258 @@
+"""GPU activity straight from CUPTI's activity API, with no Kineto window to close.
+
+Kineto's windows (:mod:`tracer.recorder.device`) stall the training thread each time one
+closes: the profiler's stop and the export must both run on it (measured on an H200, 329.8 ms
+median for a step in which a window closed, against 141.0 ms; docs/overhead.md). Here CUPTI
+stays enabled while the session records. It fills buffers and hands each back on a thread of its
+own every ``FLUSH_PERIOD_MS`` (``cuptiActivityFlushPeriod``); the C completion callback
+(csrc/cupti.c) turns the records into device-file rows there, without the GIL, and the
+flusher thread drains them into ``rank-<R>.device.arrow`` (:mod:`tracer.files.device_format`),
+a batch per drain. The training thread only enables CUPTI, disables it when recording pauses,
+and at the session's close waits for the GPU once and flushes what is left.
+
+The libcupti used is the one torch's CUDA build loaded (found in the process's mappings), so
+Kineto and this module share it: a torch.profiler started while this records takes CUPTI's
+buffer callbacks over, and the recorder's device time stops there (the user's profile can be
+merged: ``trace-report --kineto``). One started before is seen, said once, and the recorder
+keeps to host time, as on the Kineto path.
+
+CUPTI's times are its own clock (Unix ns on Linux in practice); each drain pairs it with
+CLOCK_REALTIME (``_cupti.clock``) and the rows are written in Unix ns, as the format says.
+
+NOT YET RUN ON A GPU (2026-11-27): the path is chosen with ``PARATRACE_DEVICE_SOURCE=cupti``;
+the default stays Kineto's windows until ``scripts/gpu_checks.sh windows`` has measured it and
+the ``gpu`` tests have passed with it (docs/gpu.md). Without the extension, without a libcupti
+in the process, or where CUPTI refuses to start, the Kineto path records instead, said once.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import threading
+from typing import Optional
+
+import numpy as np
+
+from tracer.files import rundir
+from tracer.files.device_format import DeviceRecords, DeviceWriter
+
+from .device import DeviceRecorder, clock_pair
+
+SOURCE_ENV = "PARATRACE_DEVICE_SOURCE"      # "kineto" (default) or "cupti"
+SOURCES = ("kineto", "cupti")
+FLUSH_PERIOD_MS = 500       # CUPTI's own thread hands the buffers back this often
+BUFFER_BYTES = 4 << 20
+ROW = np.dtype([(f, "<i8") for f in ("kind", "name", "start", "end", "device", "stream",
+                                     "corr", "tid", "nbytes")])
+
+
+def source() -> str:
+    """The device-time source asked for: ``PARATRACE_DEVICE_SOURCE``, default ``kineto``.
+    Raises ValueError naming the variable for any other value."""
+    wanted = os.environ.get(SOURCE_ENV, "kineto").strip().lower() or "kineto"
+    if wanted not in SOURCES:
+        raise ValueError(f"{SOURCE_ENV}={wanted!r}: expected one of {', '.join(SOURCES)}")
+    return wanted
+
+
+def libcupti_path(maps: str = "/proc/self/maps") -> Optional[str]:
+    """The libcupti this process has loaded (torch's CUDA build links it), or None."""
+    try:
+        with open(maps) as f:
+            for line in f:
+                path = line.rstrip("\n").split(maxsplit=5)[-1]
+                if os.path.basename(path).startswith("libcupti.so"):
+                    return path
+    except OSError:
+        return None
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def native() -> tuple:
+    """((the _cupti module, cuptiGetVersion, libcupti's path), None) or (None, why not)."""
+    import torch  # noqa: F401  (its CUDA build loads libcupti: imported before looking)
+    try:
+        from . import _cupti
+    except ImportError:
+        return None, "the _cupti extension is not built"
+    path = libcupti_path()
+    if path is None:
+        return None, "torch loaded no libcupti"
+    try:
+        version = _cupti.load(path)
+    except (OSError, RuntimeError) as exc:
+        return None, f"libcupti did not load ({exc})"
+    return (_cupti, version, path), None
+
+
+def device_recorder(traces_dir: str, rank: int, pairs: list):
+    """The session's device recorder: CUPTI directly where asked for and possible, else
+    Kineto's windows (why said once on stderr, and in the metadata's error)."""
+    wanted = source()
+    if wanted == "cupti":
+        found, why = native()
+        if found is not None:
+            return DirectDeviceRecorder(traces_dir, rank, pairs, *found)
+        recorder = DeviceRecorder(traces_dir, rank, pairs)
+        recorder._say(f"{SOURCE_ENV}=cupti: {why}; device time comes from Kineto's windows")
+        return recorder
+    return DeviceRecorder(traces_dir, rank, pairs)
+
+
+def records_of(data: bytes, names: list, offset_ns: int) -> DeviceRecords:
+    """Drained rows (``ROW`` each) as DeviceRecords in Unix ns, with only the names they use.
+    ``names`` holds every name drained so far (the rows index it)."""
+    rows = np.frombuffer(data, dtype=ROW)
+    used, code = np.unique(rows["name"], return_inverse=True)
+    return DeviceRecords(kind=rows["kind"].copy(), name=code.astype(np.int64),
+                         start=rows["start"] + offset_ns, end=rows["end"] + offset_ns,
+                         device=rows["device"].copy(), stream=rows["stream"].copy(),
+                         corr=rows["corr"].copy(), tid=rows["tid"].copy(),
+                         nbytes=rows["nbytes"].copy(), names=[names[i] for i in used.tolist()])
+
+
+class DirectDeviceRecorder:
+    """CUPTI records of one rank, drained by the flusher (see the module docstring). The
+    session's calls are :class:`DeviceRecorder`'s."""
+
+    close_wait_s = 0.0
+
+    def __init__(self, traces_dir: str, rank: int, pairs: list, module, version: int,
+                 path: str):
+        self.traces_dir, self._rank, self.pairs = traces_dir, rank, pairs
+        self._cupti, self.version, self.library = module, version, path
+        self.error: Optional[str] = None
+        self.errors = 0
+        self._on = False
+        self._started = False           # CUPTI was started once: close flushes it
+        self._refused = False
+        self._batches = 0
+        self._names: list = []          # every name drained, in the C module's order
+        self._offset_ns = 0             # Unix ns - CUPTI ns, at the latest drain
+        self._lost = self._dropped = 0
+        self._writer: Optional[DeviceWriter] = None
+        self._lock = threading.Lock()   # the drain and the file
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    def follow_rank(self, rank: int) -> None:
+        """The process group's rank: the device file, if made already, follows it."""
+        with self._lock:
+            if rank != self._rank and self._writer is not None:
+                path = rundir.device_file(self.traces_dir, rank)
+                os.replace(self._writer.path, path)
+                self._writer.path = path
+            self._rank = rank
+
+    @property
+    def windows(self) -> int:
+        """Batches written so far (a batch per drain that had rows)."""
+        return self._batches
+
+    def start(self) -> bool:
+        import torch
+        if self._refused:
+            return False
+        if torch.autograd._profiler_enabled():
+            self._refuse("torch.profiler is already running in this process",
+                         "torch.profiler already holds CUPTI; recording host time only "
+                         "(trace-report --kineto merges your profile)")
+            return False
+        self._take_clock()
+        try:
+            self._cupti.start(BUFFER_BYTES, FLUSH_PERIOD_MS)
+        except RuntimeError as exc:
+            self._refuse(f"CUPTI did not start ({exc})",
+                         f"CUPTI did not start ({exc}); recording host time only")
+            return False
+        self._on = self._started = True
+        self.pairs.append(clock_pair())
+        return True
+
+    def _refuse(self, error: str, said: str) -> None:
+        self._refused = True
+        self._note(error)
+        print(f"paratrace: rank {self._rank}: {said}", file=sys.stderr, flush=True)
+
+    def boundary(self, recording: bool) -> bool:
+        """A step boundary: CUPTI is disabled while recording pauses. Returns whether it
+        should start (the session starts it at its next op outside a range)."""
+        if self._on and not recording:
+            self._sync()          # the recorded steps' last kernels, as a Kineto window's cut
+            self._cupti.stop()
+            self._on = False
+            self.pairs.append(clock_pair())
+        return recording and not self._on and not self._refused
+
+    def due(self) -> bool:
+        return False
+
+    def cut(self) -> None:
+        """Nothing to cut: CUPTI hands its buffers back on its own thread."""
+
+    def meta(self) -> dict:
+        """The trace metadata's ``device_time`` object."""
+        return {"source": "cupti-direct", "windows": self._batches, "error": self.error,
+                "errors": self.errors, "cupti_version": self.version,
+                "rows_lost": self._lost, "records_dropped": self._dropped}
+
+    def _note(self, error: Optional[str]) -> None:
+        if error:
+            self.error = self.error or error
+            self.errors += 1
+
+    def _take_clock(self) -> None:
+        cupti_ns, unix_ns = self._cupti.clock()
+        self._offset_ns = unix_ns - cupti_ns
+
+    def write_pending(self) -> None:
+        """Drain the rows CUPTI's thread made and append them as a batch (the flusher's job;
+        at close, the closing thread's)."""
+        with self._lock:
+            data, fresh, lost, dropped = self._cupti.drain()
+            self._names.extend(fresh)
+            self._take_clock()
+            if lost or dropped:
+                self._lost += lost
+                self._dropped += dropped
+                self._note(f"{lost:,} device rows lost (memory) and {dropped:,} records "
+                           "dropped by CUPTI (its buffers were full)")
+            if not data:
+                return
+            records = records_of(data, self._names, self._offset_ns)
+            if self._writer is None:
+                self._writer = DeviceWriter(rundir.device_file(self.traces_dir, self._rank),
+                                            {"rank": self._rank, "source": "cupti-direct"})
+            self._writer.write(records, {"window": self._batches,
+                                         "offset_ns": self._offset_ns})
+            self._batches += 1
+
+    def close(self) -> None:
+        """Wait for the GPU, disable CUPTI, flush its buffers and write what they held."""
+        for step in (self._stop_and_flush, self.write_pending):
+            try:
+                step()
+            except Exception as exc:   # never lose the host trace over the GPU's
+                self._note(f"{type(exc).__name__}: {exc}")
+        with self._lock:
+            if self._writer is not None:
+                self._writer.close()
+                self._writer = None
+
+    @staticmethod
+    def _sync() -> None:
+        import torch
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+
+    def _stop_and_flush(self) -> None:
+        if self._on:
+            self._sync()                      # the last kernels are complete, then flushed
+            self._cupti.stop()
+            self._on = False
+        if self._started:
+            self._cupti.flush(True)
