@@ -15,6 +15,10 @@ second). Four ways of closing a window, run in turn on the same model, round aft
   NOTE), so their numbers are a cost, not a working recorder.
 - ``worker`` (now): the binding, the export saved at the cut on the training thread before the
   next window starts, parsed in the worker.
+- ``cupti-direct`` (CUDA only): no window at all. CUPTI's activity API driven directly
+  (tracer/recorder/device_direct.py, ``PARATRACE_DEVICE_SOURCE=cupti``): CUPTI's own thread
+  hands its buffers back, the flusher drains the rows; nothing is cut on the training thread.
+- ``untraced`` (a baseline): the same steps with no recorder.
 
 Without a GPU (``--device cpu``, the default) the profiler's CPU activity stands in for CUDA, as in
 tests/integration/test_tracer_device.py: the windows, Kineto's export and the flusher's parse run
@@ -58,21 +62,29 @@ from overhead_recorders import MODELS, step_times  # noqa: E402
 from tracer.recorder import device as device_module
 from tracer.recorder import session as session_module
 from tracer.recorder.device import BindingWindow, DeviceRecorder, ProfilerWindow  # noqa: E402
+from tracer.recorder import device_direct  # noqa: E402
+from tracer.recorder.device_direct import SOURCE_ENV, DirectDeviceRecorder  # noqa: E402
 from tracer.recorder.device_worker import DeviceWorker  # noqa: E402
 
 # path -> (DeviceRecorder.window_path, .parse_in, .export_at)
 PATHS = {"torch.profiler": ("torch.profiler", "flusher", "cut"),
          "binding": ("binding", "flusher", "flusher"),
          "flusher-save": ("binding", "worker", "flusher"),
-         "worker": ("binding", "worker", "cut")}
+         "worker": ("binding", "worker", "cut"),
+         "cupti-direct": ("binding", "worker", "cut"),
+         "untraced": ("binding", "worker", "cut")}
+DEFAULT_PATHS = ("torch.profiler", "binding", "flusher-save", "worker")
 LABELS = {"torch.profiler": "torch.profiler, export at the cut, parse on the flusher (first)",
           "binding": "binding, export and parse on the flusher (second; times lost on CUDA)",
           "flusher-save": "binding, export on the flusher, parse in the worker (third; times "
                           "lost on CUDA)",
-          "worker": "binding, export at the cut, parse in the worker (now)"}
+          "worker": "binding, export at the cut, parse in the worker (now)",
+          "cupti-direct": "CUPTI directly: no window, the flusher drains CUPTI's rows",
+          "untraced": "untraced (no recorder)"}
 SHORT = {"torch.profiler": "torch.profiler (first)", "binding": "binding, parse here (second)",
          "flusher-save": "binding, save on the flusher (third)",
-         "worker": "binding, save at the cut (now)"}
+         "worker": "binding, save at the cut (now)", "cupti-direct": "CUPTI directly",
+         "untraced": "untraced"}
 
 
 class Probe:
@@ -106,6 +118,9 @@ class Probe:
             cls.stop = timed_stop
         DeviceRecorder.cut = self._timed("cut", DeviceRecorder.cut)
         DeviceRecorder.start = self._timed("start", DeviceRecorder.start)
+        DirectDeviceRecorder.start = self._timed("start", DirectDeviceRecorder.start)
+        DirectDeviceRecorder.write_pending = self._timed("drain",
+                                                         DirectDeviceRecorder.write_pending)
         device_module.load_chrome_trace = self._timed("parse", device_module.load_chrome_trace)
         DeviceWorker.__init__ = self._timed("spawn", DeviceWorker.__init__)
         DeviceWorker.send = self._timed("send", DeviceWorker.send)
@@ -131,7 +146,10 @@ def run_once(model: str, steps: int, path: str, out: str, probe: Probe) -> tuple
     def mark():
         marks.append((time.perf_counter(), time.thread_time()))
     probe.events = []
-    closed = step_times(model, steps, lambda: tracer.trace(out, clock_sync=False), mark)[2]
+    os.environ[SOURCE_ENV] = "cupti" if path == "cupti-direct" else "kineto"
+    recorder = contextlib.nullcontext if path == "untraced" else \
+        (lambda: tracer.trace(out, clock_sync=False))
+    closed = step_times(model, steps, recorder, mark)[2]
     shutil.rmtree(out, ignore_errors=True)
     return ([(a[0], b[0], b[1] - a[1]) for a, b in zip(marks, marks[1:])], list(probe.events),
             closed)
@@ -155,7 +173,8 @@ def report(path: str, steps: list, events: list, closes: list) -> None:
         print(f"  {label:42s} {len(values):4d} {stats(values)}")
     print("  on the flusher")
     for what, label in (("spawn", "the worker's start (Popen)"), ("export", "export"),
-                        ("parse", "parse"), ("send", "hand-over to the worker")):
+                        ("parse", "parse"), ("send", "hand-over to the worker"),
+                        ("drain", "CUPTI's rows drained and written")):
         values = [e[2] - e[1] for e in events if e[0] == what and not e[3]]
         print(f"  {label:42s} {len(values):4d} {stats(values)}")
     values = [e[2] - e[1] for e in events if e[0] == "worker"]
@@ -183,7 +202,7 @@ def classify(steps: list, events: list) -> list:
     out = []
     for t0, t1, cpu in steps:
         cut = any(e[0] == "cut" and e[3] and t0 <= e[1] < t1 for e in events)
-        background = any(e[0] in ("export", "parse", "worker") and not e[3] and e[1] < t1
+        background = any(e[0] in ("export", "parse", "worker", "drain") and not e[3] and e[1] < t1
                          and e[2] > t0 for e in events)
         out.append((t0, t1, cpu, cut, background))
     return out
@@ -263,12 +282,17 @@ def main() -> None:
                         help="seconds a window lasts at least (the recorder's default: "
                         f"{device_module.WINDOW_S:g})")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    parser.add_argument("--paths", default=",".join(PATHS),
-                        help=f"which paths, in turn (default: all of {', '.join(PATHS)})")
+    parser.add_argument("--paths", default=",".join(DEFAULT_PATHS),
+                        help=f"which paths, in turn, of {', '.join(PATHS)} (default: "
+                        f"{','.join(DEFAULT_PATHS)})")
     args = parser.parse_args()
     args.paths = [p for p in args.paths.split(",") if p]
     if not args.paths or any(p not in PATHS for p in args.paths):
         parser.error(f"--paths: a comma-separated list of {', '.join(PATHS)}")
+    if "cupti-direct" in args.paths and args.device != "cuda":
+        parser.error("--paths cupti-direct: CUPTI records CUDA only (--device cuda)")
+    if "cupti-direct" in args.paths and device_direct.native()[0] is None:
+        parser.error(f"--paths cupti-direct: {device_direct.native()[1]}")
     if args.model not in MODELS:
         parser.error(f"--model: no model named {args.model} (choose from {', '.join(MODELS)})")
     if args.rounds < 1 or args.steps < 3 or args.window < 0:
@@ -326,6 +350,18 @@ def main() -> None:
               f"{stats([v[1] for v in closing])} {len(closing):7d} "
               f"{sum(s[1] - s[0] for s in runs[path][0]):14.2f}s "
               f"{sum(s[2] for s in runs[path][0]):8.2f}s")
+    # issue 37's targets: a mean step at most 1.03x untraced, no step over 1.10x the median
+    print(f"\n{'every step':36s} {'median':>9s} {'mean':>9s} {'worst':>9s} "
+          f"{'worst/median':>12s} {'mean/untraced':>13s}")
+    base = runs.get("untraced")
+    base_mean = statistics.mean(s[1] - s[0] for s in base[0]) if base else None
+    for path in paths:
+        walls = [s[1] - s[0] for s in runs[path][0]]
+        mean = statistics.mean(walls)
+        ratio = f"{mean / base_mean:12.3f}x" if base_mean else f"{'-':>13s}"
+        print(f"{SHORT[path]:36s} {statistics.median(walls) * 1e3:7.1f}ms {mean * 1e3:7.1f}ms "
+              f"{max(walls) * 1e3:7.1f}ms {max(walls) / statistics.median(walls):11.3f}x "
+              f"{ratio}")
 
 
 if __name__ == "__main__":

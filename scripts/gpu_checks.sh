@@ -17,12 +17,17 @@
 #   hf        the Hugging Face Trainer in one process on the GPU under trace-run --no-launcher
 #   devtime   device compute a step, paratrace against a torch.profiler export of the same
 #             configuration (benchmarks/gpu_device_time.py)
-#   windows   what closing a CUPTI window costs the training thread, each path side by side
+#   windows   what closing a CUPTI window costs the training thread, side by side with no
+#             recorder and with CUPTI driven directly (no window; PARATRACE_DEVICE_SOURCE=cupti)
 #             (benchmarks/device_windows.py: 330 ms closing steps against 141 on an H200)
 #   overhead  the recorders side by side with each one's worst step (benchmarks/overhead.py)
 #   memory    what recording memory costs on the GPU: paratrace with and without --memory
 #             against torch.profiler(profile_memory) (benchmarks/memory_mechanisms.py); not in
 #             `all` (the six above fill one command's 10 minutes): name it
+#   direct    CUPTI driven directly (tracer/recorder/device_direct.py, not yet the default): the
+#             `gpu` tests of device time with PARATRACE_DEVICE_SOURCE=cupti (among them: the
+#             same steps give the same kernels on the same ops as Kineto's windows), and
+#             trace-run of the reference GPT at hidden 1024 with it, summarised; not in `all`
 # Results go under DIR: a log per part and summary.txt (each part's exit status).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -30,9 +35,9 @@ PARTS=${1:-all}
 DIR=${2:-${OUT:?no DIR given and no \$OUT}}
 [ "$PARTS" = all ] && PARTS=tests,trace,hf,devtime,windows,overhead
 for part in ${PARTS//,/ }; do
-    case $part in install|tests|trace|hf|devtime|windows|overhead|memory) ;;
+    case $part in install|tests|trace|hf|devtime|windows|overhead|memory|direct) ;;
     *) echo "gpu_checks.sh: unknown part '$part' (install, tests, trace, hf, devtime," \
-            "windows, overhead, memory, all)" >&2; exit 2 ;;
+            "windows, overhead, memory, direct, all)" >&2; exit 2 ;;
     esac
 done
 mkdir -p "$DIR"
@@ -102,7 +107,7 @@ for part in ${PARTS//,/ }; do
         status devtime $? ;;
     windows)
         timeout 150 python3 benchmarks/device_windows.py --device cuda --model large \
-            --rounds 2 --steps 30 --paths torch.profiler,flusher-save,worker \
+            --rounds 2 --steps 30 --paths untraced,worker,cupti-direct \
             > "$DIR/windows.log" 2>&1
         status windows $? ;;
     overhead)
@@ -114,5 +119,17 @@ for part in ${PARTS//,/ }; do
             --rounds 3 --steps 4 --no-check --mechanisms \
             "profiler, profile_memory;paratrace;paratrace, memory" > "$DIR/memory.log" 2>&1
         status memory $? ;;
+    direct)
+        PARATRACE_DEVICE_SOURCE=cupti timeout 200 python3 -m pytest -m gpu -q \
+            -p no:cacheprovider tests/integration/test_device_direct.py \
+            tests/integration/test_device_gpu.py > "$DIR/direct.log" 2>&1
+        status direct-tests $?
+        run=$(mktemp -d)/direct1024
+        PARATRACE_DEVICE_SOURCE=cupti timeout 150 trace-run --nproc-per-node 1 --out "$run" \
+            --no-report -m sample_runs.train "${LARGE[@]}" --device cuda --steps 4 \
+            >> "$DIR/direct.log" 2>&1
+        status direct-trace $?
+        timeout 60 python3 scripts/gpu_summary.py "$run" >> "$DIR/direct.log" 2>&1
+        status direct-summary $? ;;
     esac
 done
