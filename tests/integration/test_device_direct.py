@@ -160,6 +160,22 @@ def test_the_device_file_follows_the_process_groups_rank(tmp_path, monkeypatch):
     assert recorder.meta()["windows"] == 2
 
 
+def test_records_off_the_host_clock_are_kept_and_said(tmp_path, monkeypatch):
+    cupti = use_stand_in(monkeypatch)
+    recorder = device_direct.DirectDeviceRecorder(str(tmp_path), 0, [], cupti, 130001, "x")
+    assert recorder.start()
+    cupti.launch("on_time")
+    real_clock = cupti.clock
+    cupti.clock = lambda: (real_clock()[0] - 2 * 3600 * 10**9, real_clock()[1])   # 2 h off
+    cupti.launch("late")
+    recorder.close()
+    records, _, problem = read_device(rundir.device_file(str(tmp_path), 0))
+    assert problem is None and len(records) == 4               # kept, every one
+    assert recorder.meta()["error"] == (
+        "4 device records lie over an hour from the host clock: CUPTI's times are not Unix "
+        "time here (a torch.profiler run earlier in this process may have set CUPTI's clock)")
+
+
 def test_a_running_profiler_keeps_the_recorder_to_host_time(tmp_path, monkeypatch, capfd):
     cupti = use_stand_in(monkeypatch)
     recorder = device_direct.DirectDeviceRecorder(str(tmp_path), 0, [], cupti, 130001, "x")

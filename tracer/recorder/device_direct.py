@@ -18,6 +18,9 @@ keeps to host time, as on the Kineto path.
 
 CUPTI's times are its own clock (Unix ns on Linux in practice); each drain pairs it with
 CLOCK_REALTIME (``_cupti.clock``) and the rows are written in Unix ns, as the format says.
+Records that land over an hour from the host's clock are kept and said (``device_time.error``):
+Kineto can install a timestamp callback of its own in CUPTI, and a torch.profiler run earlier
+in the process may have left it there (not seen yet: no GPU has run this path).
 
 NOT YET RUN ON A GPU (2026-11-27): the path is chosen with ``PARATRACE_DEVICE_SOURCE=cupti``;
 the default stays Kineto's windows until ``scripts/gpu_checks.sh windows`` has measured it and
@@ -30,6 +33,7 @@ import functools
 import os
 import sys
 import threading
+import time
 from typing import Optional
 
 import numpy as np
@@ -43,6 +47,7 @@ SOURCE_ENV = "PARATRACE_DEVICE_SOURCE"      # "kineto" (default) or "cupti"
 SOURCES = ("kineto", "cupti")
 FLUSH_PERIOD_MS = 500       # CUPTI's own thread hands the buffers back this often
 BUFFER_BYTES = 4 << 20
+OFF_CLOCK_NS = 3600 * 10**9   # a drained record further than this from now: a clock gone wrong
 ROW = np.dtype([(f, "<i8") for f in ("kind", "name", "start", "end", "device", "stream",
                                      "corr", "tid", "nbytes")])
 
@@ -224,6 +229,11 @@ class DirectDeviceRecorder:
             if not data:
                 return
             records = records_of(data, self._names, self._offset_ns)
+            off = int((np.abs(records.start - time.time_ns()) > OFF_CLOCK_NS).sum())
+            if off:
+                self._note(f"{off:,} device records lie over an hour from the host clock: "
+                           "CUPTI's times are not Unix time here (a torch.profiler run "
+                           "earlier in this process may have set CUPTI's clock)")
             if self._writer is None:
                 self._writer = DeviceWriter(rundir.device_file(self.traces_dir, self._rank),
                                             {"rank": self._rank, "source": "cupti-direct"})
