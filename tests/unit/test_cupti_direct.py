@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 
 from support.cupti_headers import header_sets
-from tracer.files.device_format import KINDS
+from tracer.files import rundir
+from tracer.files.device_format import KINDS, read_device
 from tracer.recorder import device_direct
 from tracer.recorder.device import DeviceRecorder
 
@@ -48,13 +49,9 @@ def kernel(name: bytes, start: int, end: int, device: int, stream: int, corr: in
     return raw, buf
 
 
-NAMES: list = []    # every name the module has drained in this process: rows index it
-
-
 def drained() -> tuple:
-    """(rows, the names new since the last drain, rows lost, records dropped)."""
-    data, names, lost, dropped = cupti.drain()
-    NAMES.extend(names)
+    """(rows, every name the module has drained in this process, rows lost, records dropped)."""
+    data, names, lost, dropped = device_direct.drain(cupti)
     return np.frombuffer(data, dtype=device_direct.ROW), names, lost, dropped
 
 
@@ -90,12 +87,11 @@ def test_each_record_kind_becomes_a_row_of_the_device_format():
     rows, names, lost, dropped = drained()
     assert (lost, dropped) == (0, 0)
     # Kineto's names (tests/assets/gpu-h100/kineto.json.gz has each of these forms)
-    assert names == ["void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor"
-                     "<float>, std::array<char*, 1ul> >(int, at::native::FillFunctor<float>, "
-                     "std::array<char*, 1ul>)", "triton_poi_fused_gelu_0",
-                     "Memcpy DtoH (Device -> Pinned)", "Memset (Device)"]
+    assert [names[i] for i in rows["name"]] == [
+        "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, "
+        "std::array<char*, 1ul> >(int, at::native::FillFunctor<float>, std::array<char*, 1ul>)",
+        "triton_poi_fused_gelu_0", "Memcpy DtoH (Device -> Pinned)", "Memset (Device)"]
     assert [KINDS[k] for k in rows["kind"]] == ["kernel", "kernel", "memcpy", "memset"]
-    assert [NAMES[i] for i in rows["name"]] == names
     assert rows["start"].tolist() == [1_000, 4_000, 5_000, 7_000]
     assert rows["end"].tolist() == [3_500, 4_200, 6_000, 7_100]
     assert rows["device"].tolist() == [0, 1, 0, 0]
@@ -103,10 +99,11 @@ def test_each_record_kind_becomes_a_row_of_the_device_format():
     assert rows["corr"].tolist() == [41, 42, 43, 44]
     assert rows["nbytes"].tolist() == [0, 0, 4096, 512]
     # a name is drained once; a later row of the same kernel points at it
+    known = len(names)
     again, abuf = kernel(b"triton_poi_fused_gelu_0", 8_000, 8_100, 1, 9, 45)
     cupti.take_record(again)
     rows, names, _, _ = drained()
-    assert names == [] and [NAMES[i] for i in rows["name"]] == ["triton_poi_fused_gelu_0"]
+    assert len(names) == known and [names[i] for i in rows["name"]] == ["triton_poi_fused_gelu_0"]
     del buf, tbuf, abuf
 
 
@@ -189,7 +186,7 @@ def test_the_real_libcupti_names_the_launches_and_leaves_the_rest_out():
     rows, names, _, _ = drained()
     # the launches, named as Kineto's export names them; cudaGetDevice and cuCtxGetDevice
     # launch nothing and are left out
-    assert [NAMES[i] for i in rows["name"]] == ["cudaLaunchKernel", "cudaMemcpyAsync",
+    assert [names[i] for i in rows["name"]] == ["cudaLaunchKernel", "cudaMemcpyAsync",
                                                 "cuLaunchKernel"]
     assert [KINDS[k] for k in rows["kind"]] == ["runtime", "runtime", "driver"]
     assert rows["corr"].tolist() == [1, 3, 4] and set(rows["tid"].tolist()) == {0xDEADBEEF}
@@ -222,3 +219,33 @@ def test_asking_for_cupti_without_it_falls_back_to_kinetos_windows(tmp_path, mon
     monkeypatch.delenv(device_direct.SOURCE_ENV)
     assert type(device_direct.device_recorder(str(tmp_path), 3, [])) is DeviceRecorder
     assert sys.modules["tracer.recorder._cupti"] is cupti
+
+
+class RealParse:
+    """The C module's parse and drain, with the host's clock for CUPTI's (no libcupti here)."""
+    drain = staticmethod(cupti.drain)
+
+    @staticmethod
+    def clock() -> tuple:
+        import time
+        now = time.time_ns()
+        return now, now
+
+
+def test_a_later_session_in_the_process_reads_the_names_an_earlier_one_drained(tmp_path):
+    # the C module interns names once per process: the second recorder's rows point at a name
+    # the first one drained
+    module = RealParse()
+    first, second = tmp_path / "first", tmp_path / "second"
+    for out, kernels in ((first, [b"kernel_a"]), (second, [b"kernel_a", b"kernel_b"])):
+        out.mkdir()
+        recorder = device_direct.DirectDeviceRecorder(str(out), 0, [], module, 1, "x")
+        now = RealParse.clock()[0]
+        held = [kernel(name, now, now + 10, 0, 7, i) for i, name in enumerate(kernels)]
+        for raw, _ in held:
+            cupti.take_record(raw)
+        recorder.write_pending()
+        recorder.close()
+        records, _, problem = read_device(rundir.device_file(str(out), 0))
+        assert problem is None and recorder.error is None
+        assert [records.names[i] for i in records.name] == [k.decode() for k in kernels]

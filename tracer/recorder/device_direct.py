@@ -106,6 +106,22 @@ def device_recorder(traces_dir: str, rank: int, pairs: list):
     return DeviceRecorder(traces_dir, rank, pairs)
 
 
+_NAMES: dict = {}            # module -> every name it has drained in this process, in order
+_NAMES_LOCK = threading.Lock()
+
+
+def drain(module) -> tuple:
+    """(the rows made since the last drain, as bytes; every name the module has drained in
+    this process, which the rows index; rows lost; records dropped). The C module's names are
+    the process's, not a session's: a later session's rows index names an earlier one drained."""
+    with _NAMES_LOCK:
+        data, fresh, lost, dropped = module.drain()
+        # the names are the drain's owner's (the C module, also behind a wrapper)
+        names = _NAMES.setdefault(getattr(module.drain, "__self__", module), [])
+        names.extend(fresh)
+        return data, names, lost, dropped
+
+
 def records_of(data: bytes, names: list, offset_ns: int) -> DeviceRecords:
     """Drained rows (``ROW`` each) as DeviceRecords in Unix ns, with only the names they use.
     ``names`` holds every name drained so far (the rows index it)."""
@@ -122,8 +138,6 @@ class DirectDeviceRecorder:
     """CUPTI records of one rank, drained by the flusher (see the module docstring). The
     session's calls are :class:`DeviceRecorder`'s."""
 
-    close_wait_s = 0.0
-
     def __init__(self, traces_dir: str, rank: int, pairs: list, module, version: int,
                  path: str):
         self.traces_dir, self._rank, self.pairs = traces_dir, rank, pairs
@@ -134,7 +148,6 @@ class DirectDeviceRecorder:
         self._started = False           # CUPTI was started once: close flushes it
         self._refused = False
         self._batches = 0
-        self._names: list = []          # every name drained, in the C module's order
         self._offset_ns = 0             # Unix ns - CUPTI ns, at the latest drain
         self._lost = self._dropped = 0
         self._writer: Optional[DeviceWriter] = None
@@ -218,8 +231,7 @@ class DirectDeviceRecorder:
         """Drain the rows CUPTI's thread made and append them as a batch (the flusher's job;
         at close, the closing thread's)."""
         with self._lock:
-            data, fresh, lost, dropped = self._cupti.drain()
-            self._names.extend(fresh)
+            data, names, lost, dropped = drain(self._cupti)
             self._take_clock()
             if lost or dropped:
                 self._lost += lost
@@ -228,10 +240,11 @@ class DirectDeviceRecorder:
                            "dropped by CUPTI (its buffers were full)")
             if not data:
                 return
-            records = records_of(data, self._names, self._offset_ns)
+            records = records_of(data, names, self._offset_ns)
             off = int((np.abs(records.start - time.time_ns()) > OFF_CLOCK_NS).sum())
             if off:
-                self._note(f"{off:,} device records lie over an hour from the host clock: "
+                self._note(f"{off:,} device record{'s lie' if off != 1 else ' lies'} over an "
+                           "hour from the host clock: "
                            "CUPTI's times are not Unix time here (a torch.profiler run "
                            "earlier in this process may have set CUPTI's clock)")
             if self._writer is None:
