@@ -140,7 +140,9 @@ api_name_of(uint32_t domain, uint32_t cbid)
     for (const char **k = KEPT; *k; k++)
         if (strncmp(name, *k, strlen(*k)) == 0) {
             size_t n = strlen(name);
-            const char *v = strstr(name, "_v");
+            const char *v = NULL;              /* the last "_v", if digits alone follow it */
+            for (const char *at = strstr(name, "_v"); at != NULL; at = strstr(at + 1, "_v"))
+                v = at;
             if (v != NULL && v[2] >= '0' && v[2] <= '9' && strspn(v + 2, "0123456789") ==
                     strlen(v + 2))
                 n = (size_t)(v - name);
