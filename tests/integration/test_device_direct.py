@@ -180,6 +180,19 @@ def test_records_off_the_host_clock_are_kept_and_said(tmp_path, monkeypatch):
         "time here (a torch.profiler run earlier in this process may have set CUPTI's clock)")
 
 
+def test_a_device_file_that_cannot_be_written_is_said_and_the_trace_goes_on(tmp_path,
+                                                                          monkeypatch):
+    cupti = use_stand_in(monkeypatch)
+    gone = tmp_path / "gone"
+    recorder = device_direct.DirectDeviceRecorder(str(gone), 0, [], cupti, 130001, "x")
+    assert recorder.start()
+    cupti.launch("nowhere")
+    recorder.write_pending()                   # the flusher's call: no exception
+    recorder.close()
+    assert recorder.error.startswith("2 device records not written (") and recorder.errors == 1
+    assert recorder.meta()["windows"] == 0
+
+
 def test_a_running_profiler_keeps_the_recorder_to_host_time(tmp_path, monkeypatch, capfd):
     cupti = use_stand_in(monkeypatch)
     recorder = device_direct.DirectDeviceRecorder(str(tmp_path), 0, [], cupti, 130001, "x")

@@ -24,8 +24,9 @@ in the process may have left it there (not seen yet: no GPU has run this path).
 
 NOT YET RUN ON A GPU (2026-11-27): the path is chosen with ``PARATRACE_DEVICE_SOURCE=cupti``;
 the default stays Kineto's windows until ``scripts/gpu_checks.sh windows`` has measured it and
-the ``gpu`` tests have passed with it (docs/gpu.md). Without the extension, without a libcupti
-in the process, or where CUPTI refuses to start, the Kineto path records instead, said once.
+the ``gpu`` tests have passed with it (docs/gpu.md). Without the extension or without a
+libcupti in the process, the Kineto path records instead; where CUPTI refuses to start, the
+recorder keeps to host time; each said once.
 """
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ import time
 from typing import Optional
 
 import numpy as np
+import pyarrow as pa
 
 from tracer.files import rundir
 from tracer.files.device_format import DeviceRecords, DeviceWriter
@@ -247,12 +249,16 @@ class DirectDeviceRecorder:
                            "hour from the host clock: "
                            "CUPTI's times are not Unix time here (a torch.profiler run "
                            "earlier in this process may have set CUPTI's clock)")
-            if self._writer is None:
-                self._writer = DeviceWriter(rundir.device_file(self.traces_dir, self._rank),
-                                            {"rank": self._rank, "source": "cupti-direct"})
-            self._writer.write(records, {"window": self._batches,
-                                         "offset_ns": self._offset_ns})
-            self._batches += 1
+            try:
+                if self._writer is None:
+                    self._writer = DeviceWriter(
+                        rundir.device_file(self.traces_dir, self._rank),
+                        {"rank": self._rank, "source": "cupti-direct"})
+                self._writer.write(records, {"window": self._batches,
+                                             "offset_ns": self._offset_ns})
+                self._batches += 1
+            except (OSError, pa.ArrowException) as exc:   # the host trace goes on
+                self._note(f"{len(records):,} device records not written ({exc})")
 
     def close(self) -> None:
         """Wait for the GPU, disable CUPTI, flush its buffers and write what they held."""
