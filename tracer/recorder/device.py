@@ -142,7 +142,39 @@ class ProfilerWindow:
         return self._profiler.export_chrome_trace
 
 
-class DeviceRecorder:
+# a user's torch.profiler holds CUPTI: the metadata's error, and the line on stderr
+PROFILER_RUNNING = "torch.profiler is already running in this process"
+PROFILER_RUNNING_SAID = ("torch.profiler already holds CUPTI; recording host time only "
+                         "(trace-report --kineto merges your profile)")
+
+
+class DeviceNotes:
+    """What went wrong recording a rank's device time, for the trace's ``device_time``: the
+    first error in words, every one counted; and a line on stderr, said once. Both device
+    recorders' (this module's and device_direct.py's)."""
+
+    def __init__(self, rank: int):
+        self.rank = rank
+        self.error: Optional[str] = None      # the first error; later ones are counted
+        self.errors = 0
+        self._said = False                    # a line said on stderr (say_once)
+
+    def _note(self, error: Optional[str]) -> None:
+        """An error of the device recording: the first is kept in words, every one counted."""
+        if error:
+            self.error = self.error or error
+            self.errors += 1
+
+    def say_once(self, what: str) -> None:
+        """One line on stderr and in the metadata's error, the first time only."""
+        if self._said:
+            return
+        self._said = True
+        self._note(what)
+        print(f"paratrace: rank {self.rank}: {what}", file=sys.stderr, flush=True)
+
+
+class DeviceRecorder(DeviceNotes):
     """CUPTI records of one rank, a window at a time (see the module docstring)."""
 
     activity = "CUDA"      # the ProfilerActivity recorded (tests without a GPU use CPU)
@@ -161,12 +193,10 @@ class DeviceRecorder:
 
     def __init__(self, traces_dir: str, rank: int, pairs: list,
                  window_s: Optional[float] = None):
+        super().__init__(rank)
         self.traces_dir = traces_dir
-        self.rank = rank
         self.window_s = WINDOW_S if window_s is None else window_s
         self.pairs = pairs              # the session's clock pairs: each window edge adds one
-        self.error: Optional[str] = None      # the first error; later ones are counted
-        self.errors = 0
         self._refused = False           # the user's torch.profiler holds CUPTI: host time only
         self._window = None             # the window under way
         self._started = 0.0
@@ -177,7 +207,6 @@ class DeviceRecorder:
         self._worker: Optional[DeviceWorker] = None       # parses and appends the windows
         self._in_process = False        # no worker (it died or did not start): parse here
         self._appender: Optional[WindowAppender] = None   # the in-process parse's
-        self._said = False              # the worker's end said (stderr, metadata) once
 
     def start(self) -> bool:
         """Start a window; False (said once on stderr) if the user's profiler holds CUPTI."""
@@ -185,10 +214,9 @@ class DeviceRecorder:
         if torch.autograd._profiler_enabled():
             self._refused = True
             if self.error is None:
-                self._note("torch.profiler is already running in this process")
-                print(f"paratrace: rank {self.rank}: torch.profiler already holds CUPTI; "
-                      "recording host time only (trace-report --kineto merges your profile)",
-                      file=sys.stderr, flush=True)
+                self._note(PROFILER_RUNNING)
+                print(f"paratrace: rank {self.rank}: {PROFILER_RUNNING_SAID}", file=sys.stderr,
+                      flush=True)
             return False
         window = self._new_window()
         window.start()
@@ -237,12 +265,6 @@ class DeviceRecorder:
         """The trace metadata's ``device_time`` object."""
         return {"source": "cupti", "windows": self._windows, "error": self.error,
                 "errors": self.errors}
-
-    def _note(self, error: Optional[str]) -> None:
-        """An error of the device recording: the first is kept in words, every one counted."""
-        if error:
-            self.error = self.error or error
-            self.errors += 1
 
     def cut(self) -> None:
         """End the window under way (on CUDA it waits for the GPU) and hand it to the
@@ -297,7 +319,7 @@ class DeviceRecorder:
                     self._worker = DeviceWorker(self._device_path(), self.rank)
                 except (OSError, ValueError, subprocess.SubprocessError) as exc:
                     self._in_process = True
-                    self._say(f"the device worker did not start ({exc})")
+                    self.say_once(f"the device worker did not start ({exc})")
             if self._worker is not None:
                 if self._worker.send(index, path):
                     return
@@ -330,7 +352,7 @@ class DeviceRecorder:
         self._in_process = True
         worker.kill()
         self._take_errors(worker)
-        self._say(f"the device worker stopped ({worker.exit_status()}) with "
+        self.say_once(f"the device worker stopped ({worker.exit_status()}) with "
                   f"{len(worker.sent)} window{'s' if len(worker.sent) != 1 else ''} "
                   "unanswered; the device windows are parsed in the training process")
         self._appender, done = WindowAppender.resume(self._device_path(), self.rank)
@@ -376,14 +398,6 @@ class DeviceRecorder:
 
     def _device_path(self) -> str:
         return rundir.device_file(self.traces_dir, self.rank)
-
-    def _say(self, what: str) -> None:
-        """One line on stderr and in the metadata's error, the first time only."""
-        if self._said:
-            return
-        self._said = True
-        self._note(what)
-        print(f"paratrace: rank {self.rank}: {what}", file=sys.stderr, flush=True)
 
     def close(self) -> None:
         try:

@@ -43,7 +43,8 @@ import pyarrow as pa
 from tracer.files import rundir
 from tracer.files.device_format import DeviceRecords, DeviceWriter
 
-from .device import DeviceRecorder, clock_pair
+from .device import (PROFILER_RUNNING, PROFILER_RUNNING_SAID, DeviceNotes, DeviceRecorder,
+                     clock_pair)
 
 SOURCE_ENV = "PARATRACE_DEVICE_SOURCE"      # "kineto" (default) or "cupti"
 SOURCES = ("kineto", "cupti")
@@ -103,7 +104,7 @@ def device_recorder(traces_dir: str, rank: int, pairs: list):
         if found is not None:
             return DirectDeviceRecorder(traces_dir, rank, pairs, *found)
         recorder = DeviceRecorder(traces_dir, rank, pairs)
-        recorder._say(f"{SOURCE_ENV}=cupti: {why}; device time comes from Kineto's windows")
+        recorder.say_once(f"{SOURCE_ENV}=cupti: {why}; device time comes from Kineto's windows")
         return recorder
     return DeviceRecorder(traces_dir, rank, pairs)
 
@@ -136,16 +137,15 @@ def records_of(data: bytes, names: list, offset_ns: int) -> DeviceRecords:
                          nbytes=rows["nbytes"].copy(), names=[names[i] for i in used.tolist()])
 
 
-class DirectDeviceRecorder:
+class DirectDeviceRecorder(DeviceNotes):
     """CUPTI records of one rank, drained by the flusher (see the module docstring). The
     session's calls are :class:`DeviceRecorder`'s."""
 
     def __init__(self, traces_dir: str, rank: int, pairs: list, module, version: int,
                  path: str):
-        self.traces_dir, self._rank, self.pairs = traces_dir, rank, pairs
+        super().__init__(rank)
+        self.traces_dir, self.pairs = traces_dir, pairs
         self._cupti, self.version, self.library = module, version, path
-        self.error: Optional[str] = None
-        self.errors = 0
         self._on = False
         self._started = False           # CUPTI was started once: close flushes it
         self._refused = False
@@ -155,18 +155,14 @@ class DirectDeviceRecorder:
         self._writer: Optional[DeviceWriter] = None
         self._lock = threading.Lock()   # the drain and the file
 
-    @property
-    def rank(self) -> int:
-        return self._rank
-
     def follow_rank(self, rank: int) -> None:
         """The process group's rank: the device file, if made already, follows it."""
         with self._lock:
-            if rank != self._rank and self._writer is not None:
+            if rank != self.rank and self._writer is not None:
                 path = rundir.device_file(self.traces_dir, rank)
                 os.replace(self._writer.path, path)
                 self._writer.path = path
-            self._rank = rank
+            self.rank = rank
 
     @property
     def windows(self) -> int:
@@ -178,9 +174,7 @@ class DirectDeviceRecorder:
         if self._refused:
             return False
         if torch.autograd._profiler_enabled():
-            self._refuse("torch.profiler is already running in this process",
-                         "torch.profiler already holds CUPTI; recording host time only "
-                         "(trace-report --kineto merges your profile)")
+            self._refuse(PROFILER_RUNNING, PROFILER_RUNNING_SAID)
             return False
         self._take_clock()
         try:
@@ -196,7 +190,7 @@ class DirectDeviceRecorder:
     def _refuse(self, error: str, said: str) -> None:
         self._refused = True
         self._note(error)
-        print(f"paratrace: rank {self._rank}: {said}", file=sys.stderr, flush=True)
+        print(f"paratrace: rank {self.rank}: {said}", file=sys.stderr, flush=True)
 
     def boundary(self, recording: bool) -> bool:
         """A step boundary: CUPTI is disabled while recording pauses. Returns whether it
@@ -208,22 +202,11 @@ class DirectDeviceRecorder:
             self.pairs.append(clock_pair())
         return recording and not self._on and not self._refused
 
-    def due(self) -> bool:
-        return False
-
-    def cut(self) -> None:
-        """Nothing to cut: CUPTI hands its buffers back on its own thread."""
-
     def meta(self) -> dict:
         """The trace metadata's ``device_time`` object."""
         return {"source": "cupti-direct", "windows": self._batches, "error": self.error,
                 "errors": self.errors, "cupti_version": self.version,
                 "rows_lost": self._lost, "records_dropped": self._dropped}
-
-    def _note(self, error: Optional[str]) -> None:
-        if error:
-            self.error = self.error or error
-            self.errors += 1
 
     def _take_clock(self) -> None:
         cupti_ns, unix_ns = self._cupti.clock()
@@ -252,8 +235,8 @@ class DirectDeviceRecorder:
             try:
                 if self._writer is None:
                     self._writer = DeviceWriter(
-                        rundir.device_file(self.traces_dir, self._rank),
-                        {"rank": self._rank, "source": "cupti-direct"})
+                        rundir.device_file(self.traces_dir, self.rank),
+                        {"rank": self.rank, "source": "cupti-direct"})
                 self._writer.write(records, {"window": self._batches,
                                              "offset_ns": self._offset_ns})
                 self._batches += 1
