@@ -42,6 +42,10 @@ class Target:
 def build_parser() -> argparse.ArgumentParser:
     """torchrun's parser plus trace-run's own options; SCRIPT becomes optional."""
     parser = torchrun.get_args_parser()
+    # "no --master-port given" must read the same on every torch: before 2.13 the parser's
+    # default is 29500, and a one-node run then took a static rendezvous there, failing when
+    # anything else held that port (another run, a torchrun job; preflight.launch_config)
+    parser.set_defaults(master_port=None)
     parser.prog = "trace-run"
     parser.usage = USAGE
     parser.description = ("Run a torchrun-style training with paratrace's recorder in every "

@@ -3,11 +3,14 @@
 Healthy runs and the command line here; faults in test_trace_run_faults.py, multi-node runs in
 test_trace_run_nodes.py (all use tests/support/cli.py), pure functions in test_trace_run_units.py.
 Scripts under tests/scripts/ know nothing about paratrace. Every run uses 2 ranks and a tiny
-model; single-node runs need no port (trace-run lets the rendezvous pick one, as torchrun does).
+model; single-node runs need no port (trace-run lets the rendezvous pick a free one, as torchrun
+--standalone does).
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
 
 import pytest
 
@@ -20,11 +23,25 @@ from support.cli import (C10D, ENV, PHASES, assert_no_traceback, comm_counts, ow
 from support.paths import SCRIPTS
 
 
+@contextlib.contextmanager
+def port_held(port: int):
+    """``port`` listened on, as another job on this machine would (held already: the same)."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # past TIME_WAIT
+        with contextlib.suppress(OSError):
+            sock.bind(("", port))
+            sock.listen()
+        yield
+
+
 def test_plain_c10d_run_records_every_rank_and_builds_the_report(tmp_path):
     out = tmp_path / "run"
-    # --timeout on a healthy run: the watchdog must stay quiet
-    proc = trace_run("--nproc_per_node", 2, "--out", out, "--steps", "1-", "--stack-depth", 4,
-                     "--timeout", 30, C10D, "--steps", 3, cwd=tmp_path)
+    # --timeout on a healthy run: the watchdog must stay quiet. torchrun's default port is
+    # held, as by a torchrun job beside it: no port given, trace-run must not need it (torch
+    # before 2.13 defaults --master-port to 29500)
+    with port_held(29500):
+        proc = trace_run("--nproc_per_node", 2, "--out", out, "--steps", "1-", "--stack-depth",
+                         4, "--timeout", 30, C10D, "--steps", 3, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert problems(proc.stderr) == []            # the watchdog stayed quiet, nothing failed
     # where it is, in order: launching, steps as the slowest rank advances, the report
