@@ -204,6 +204,31 @@ def test_a_running_profiler_keeps_the_recorder_to_host_time(tmp_path, monkeypatc
     assert "torch.profiler already holds CUPTI" in capfd.readouterr().err
 
 
+def test_a_profiler_started_while_recording_is_said_and_left_alone_till_it_stops(
+        tmp_path, monkeypatch, capfd):
+    cupti = use_stand_in(monkeypatch)
+    model = torch.nn.Linear(8, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+    with tracer.trace(str(tmp_path)):
+        for step in range(6):
+            if step == 2:
+                profiler.start()      # the user's, between steps 1 and 2
+            if step == 4:
+                profiler.stop()
+            gpu_like(model(torch.randn(4, 8))).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    # enabled at step 0; seen at step 2's end and never disabled under the profiler (its CUDA
+    # records would stop); enabled again at step 4, the first after it; disabled at the close
+    assert (cupti.starts, cupti.stops, cupti.forced_flushes) == (2, 1, 1)
+    meta = tracer.load(rundir.trace_file(str(tmp_path), 0)).meta["device_time"]
+    assert meta["error"] == device_direct.PROFILER_STARTED and meta["errors"] == 1
+    err = capfd.readouterr().err
+    assert err.count(device_direct.PROFILER_STARTED) == 1
+    assert "already holds CUPTI" not in err
+
+
 @pytest.mark.gpu
 def test_on_cuda_cupti_directly_records_what_kinetos_windows_did(tmp_path, monkeypatch):
     # the same steps recorded both ways on a GPU: the same kernels, memcpys and memsets by

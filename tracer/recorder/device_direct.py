@@ -11,10 +11,12 @@ a batch per drain. The training thread only enables CUPTI, disables it when reco
 and at the session's close waits for the GPU once and flushes what is left.
 
 The libcupti used is the one torch's CUDA build loaded (found in the process's mappings), so
-Kineto and this module share it: a torch.profiler started while this records takes CUPTI's
-buffer callbacks over, and the recorder's device time stops there (the user's profile can be
-merged: ``trace-report --kineto``). One started before is seen, said once, and the recorder
-keeps to host time, as on the Kineto path.
+Kineto and this module share it. A torch.profiler started before the recording is seen, said
+once, and the recorder keeps to host time, as on the Kineto path. One started while this records
+takes CUPTI's buffer callbacks over where it records CUDA activity: seen at the next step
+boundary and said once (``PROFILER_STARTED``), CUPTI is then left alone (disabling it would cut
+the user's profile) and enabled again at the first recorded step after the profiler stopped.
+The device time between is the profiler's (``trace-report --kineto`` merges its export).
 
 CUPTI's times are its own clock (Unix ns on Linux in practice); each drain pairs it with
 CLOCK_REALTIME (``_cupti.clock``) and the rows are written in Unix ns, as the format says.
@@ -51,6 +53,9 @@ SOURCES = ("kineto", "cupti")
 FLUSH_PERIOD_MS = 500       # CUPTI's own thread hands the buffers back this often
 BUFFER_BYTES = 4 << 20
 OFF_CLOCK_NS = 3600 * 10**9   # a drained record further than this from now: a clock gone wrong
+PROFILER_STARTED = ("a torch.profiler started while recording; where it records CUDA, CUPTI's "
+                    "records are its own until it stops (trace-report --kineto merges its "
+                    "export): device time resumes at the first recorded step after it")
 ROW = np.dtype([(f, "<i8") for f in ("kind", "name", "start", "end", "device", "stream",
                                      "corr", "tid", "nbytes")])
 
@@ -170,12 +175,12 @@ class DirectDeviceRecorder(DeviceNotes):
         return self._batches
 
     def start(self) -> bool:
-        import torch
         if self._refused:
             return False
-        if torch.autograd._profiler_enabled():
-            self._refuse(PROFILER_RUNNING, PROFILER_RUNNING_SAID)
-            return False
+        if self._profiler_running():
+            if not self._started:     # before the recording: host time only, as on Kineto's path
+                self._refuse(PROFILER_RUNNING, PROFILER_RUNNING_SAID)
+            return False              # one started while recording: after it stops, again
         self._take_clock()
         try:
             self._cupti.start(BUFFER_BYTES, FLUSH_PERIOD_MS)
@@ -194,7 +199,11 @@ class DirectDeviceRecorder(DeviceNotes):
 
     def boundary(self, recording: bool) -> bool:
         """A step boundary: CUPTI is disabled while recording pauses. Returns whether it
-        should start (the session starts it at its next op outside a range)."""
+        should start (the session starts it at its next op outside a range). A torch.profiler
+        that started since holds CUPTI: it is not disabled under it."""
+        if self._on and self._profiler_running():
+            self._on = False
+            self.say_once(PROFILER_STARTED)
         if self._on and not recording:
             self._sync()          # the recorded steps' last kernels, as a Kineto window's cut
             self._cupti.stop()
@@ -254,6 +263,11 @@ class DirectDeviceRecorder(DeviceNotes):
             if self._writer is not None:
                 self._writer.close()
                 self._writer = None
+
+    @staticmethod
+    def _profiler_running() -> bool:
+        import torch
+        return torch.autograd._profiler_enabled()
 
     @staticmethod
     def _sync() -> None:
