@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -105,7 +106,7 @@ def test_torch_pipelining_script_runs_unchanged(tmp_path):
         assert {r["peer"] for r in p2p} == {peer}
 
 
-@pytest.mark.parametrize("args, message", [
+BAD_INPUTS = [
     (["--bogus-option", C10D], "unrecognized arguments: --bogus-option"),
     (["no_such_script.py"], "script not found: no_such_script.py"),
     (["--out", "/proc/cannot-write-here", C10D], "cannot write to --out"),
@@ -125,17 +126,34 @@ def test_torch_pipelining_script_runs_unchanged(tmp_path):
     (["--nproc-per-node", "2", "-m", "sample_runs.train", "--device", "cuda"],
      "--device cuda needs one GPU per local rank: 2 ranks on this node, 0 GPUs; run fewer "
      "ranks per node or --device cpu"),
-])
-def test_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
+]
+
+
+@pytest.fixture(scope="module")
+def refusals(tmp_path_factory) -> dict:
+    """Each bad input's trace-run, in a directory of its own, all started at once: each is a
+    process that imports torch (about 2 s of CPU), and none waits on another."""
     # without OMP_NUM_THREADS, torch's launcher prints a banner for 2+ processes: none may
     # come before a refusal (nothing is launched here)
     env = {k: v for k, v in ENV.items() if k != "OMP_NUM_THREADS"}
-    proc = trace_run(*args, cwd=tmp_path, timeout=60, env=env)
+
+    def refuse(args: list, cwd) -> tuple:
+        return trace_run(*args, cwd=cwd, timeout=240, env=env), cwd
+
+    cwds = [tmp_path_factory.mktemp("refused") for _ in BAD_INPUTS]
+    with ThreadPoolExecutor(len(BAD_INPUTS)) as pool:
+        done = pool.map(refuse, [args for args, _ in BAD_INPUTS], cwds)
+        return {tuple(map(str, args)): result for (args, _), result in zip(BAD_INPUTS, done)}
+
+
+@pytest.mark.parametrize("args, message", BAD_INPUTS)
+def test_bad_input_is_one_line_and_exit_2(refusals, args, message):
+    proc, cwd = refusals[tuple(map(str, args))]
     assert proc.returncode == 2
     assert_no_traceback(proc)
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("trace-run: error: ") and message in lines[0]
-    assert not (tmp_path / "traces").exists()
+    assert not (cwd / "traces").exists()
 
 
 def test_help_shows_torchrun_and_trace_run_options(tmp_path):
