@@ -13,7 +13,8 @@
 # The subset (docs/compat.md): the recorder on DDP, FSDP2, checkpointing, an optimizer closure,
 # a custom Function, pipelining, DTensor, torch.compile and higher-order ops; a thread with no
 # Python frame (autograd's CUDA device threads); trace-run of plain c10d, DTensor TP, pipelining
-# and the reference GPT; the Kineto import; CUPTI driven directly (its record layouts against
+# and the reference GPT; the Kineto import; device windows through Kineto's binding, with a
+# user's torch.profiler among them (CPU activity); CUPTI driven directly (its record layouts against
 # the CUDA builds' own CUPTI headers, their libcupti loaded); and the collective counts of the reference GPT and
 # of DDP/FSDP2 equal to the pinned torch's (tests/integration/test_compat_counts.py runs both interpreters).
 set -uo pipefail
@@ -29,7 +30,8 @@ SUBSET=($I/test_tracer_threads.py $I/test_phases_apis.py $I/test_phases_pipelini
         $I/test_phases_dtensor.py $I/test_phases_compile.py $I/test_hops_single.py
         $I/test_trace_run.py $I/test_kineto_import.py $I/test_compat_counts.py
         $I/test_dimensions_runs.py $I/test_memory_recording.py $I/test_memory_frameworks.py
-        tests/unit/test_cupti_direct.py $I/test_cupti_layout.py $I/test_device_direct.py)
+        $I/test_tracer_device.py tests/unit/test_cupti_direct.py $I/test_cupti_layout.py
+        $I/test_device_direct.py)
 # the pinned torch's interpreter (setup.sh's), and a cache of its collective counts for the
 # venvs' runs of tests/integration/test_compat_counts.py
 PINNED_PYTHON=$(${PYTHON:-python3} -c 'import sys; print(sys.executable)')

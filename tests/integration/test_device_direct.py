@@ -20,7 +20,7 @@ import tracer
 from support.device_windows import cuda_mlp_steps
 from tracer.files import rundir
 from tracer.files.device_format import KINDS, read_device
-from tracer.recorder import device_direct, session as session_module
+from tracer.recorder import device_direct, device_notes, session as session_module
 from viz.analysis.gpu_attribution import attribute
 from viz.render.summary_schema import device_json
 
@@ -193,18 +193,19 @@ def test_a_device_file_that_cannot_be_written_is_said_and_the_trace_goes_on(tmp_
     assert recorder.meta()["windows"] == 0
 
 
-def test_a_running_profiler_keeps_the_recorder_to_host_time(tmp_path, monkeypatch, capfd):
+def test_a_running_profiler_keeps_cupti_off_until_it_stops(tmp_path, monkeypatch, capfd):
     cupti = use_stand_in(monkeypatch)
     recorder = device_direct.DirectDeviceRecorder(str(tmp_path), 0, [], cupti, 130001, "x")
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
-        assert recorder.start() is False
-    assert recorder.boundary(True) is False and cupti.starts == 0
+        assert recorder.start() is False and recorder.start() is False
+        assert recorder.boundary(True) is True and cupti.starts == 0
+    assert recorder.start() is True and cupti.starts == 1      # the next step, after it
     recorder.close()
-    assert recorder.error == "torch.profiler is already running in this process"
-    assert "torch.profiler already holds CUPTI" in capfd.readouterr().err
+    assert recorder.error == device_notes.PROFILER_RUNNING and recorder.errors == 1
+    assert capfd.readouterr().err.count("torch.profiler already holds CUPTI") == 1
 
 
-def test_a_profiler_started_while_recording_is_said_and_left_alone_till_it_stops(
+def test_a_profiler_started_while_recording_finds_cupti_flushed_and_off_till_it_stops(
         tmp_path, monkeypatch, capfd):
     cupti = use_stand_in(monkeypatch)
     model = torch.nn.Linear(8, 8)
@@ -219,14 +220,35 @@ def test_a_profiler_started_while_recording_is_said_and_left_alone_till_it_stops
             gpu_like(model(torch.randn(4, 8))).sum().backward()
             opt.step()
             opt.zero_grad()
-    # enabled at step 0; seen at step 2's end and never disabled under the profiler (its CUDA
-    # records would stop); enabled again at step 4, the first after it; disabled at the close
-    assert (cupti.starts, cupti.stops, cupti.forced_flushes) == (2, 1, 1)
+    # enabled at step 0; disabled and flushed as the profiler started (before it prepared:
+    # CUPTI's buffers came back to this recorder), off while it ran; enabled again in the first
+    # step begun after it stopped (a step ends at opt.step: zero_grad's first op, the profiler
+    # still on, was the try of the step the profiler stopped in), so from iteration 5's
+    # forward; disabled and flushed at the close
+    assert (cupti.starts, cupti.stops, cupti.forced_flushes) == (2, 2, 2)
+    assert cupti.launched == 3                      # iterations 0, 1 and 5
     meta = tracer.load(rundir.trace_file(str(tmp_path), 0)).meta["device_time"]
-    assert meta["error"] == device_direct.PROFILER_STARTED and meta["errors"] == 1
+    assert meta["error"] == device_notes.PROFILER_STARTED and meta["errors"] == 1
     err = capfd.readouterr().err
-    assert err.count(device_direct.PROFILER_STARTED) == 1
+    assert err.count(device_notes.PROFILER_STARTED) == 1
     assert "already holds CUPTI" not in err
+    records, _, problem = read_device(rundir.device_file(str(tmp_path), 0))
+    assert problem is None and int(records.is_launch.sum()) == 3
+
+
+def test_a_profiler_not_seen_starting_is_left_cupti_at_the_next_boundary(tmp_path,
+                                                                       monkeypatch):
+    cupti = use_stand_in(monkeypatch)
+    # made without a session, the recorder has no patch to tell it a profiler starts
+    recorder = device_direct.DirectDeviceRecorder(str(tmp_path), 0, [], cupti, 130001, "x")
+    assert recorder.start()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+        assert recorder.boundary(True) is True       # seen here; not disabled under it
+        assert cupti.stops == 0 and recorder.start() is False
+    assert recorder.boundary(True) is True and recorder.start() is True
+    recorder.close()
+    assert (cupti.starts, cupti.stops) == (2, 1)
+    assert recorder.error == device_notes.PROFILER_STARTED
 
 
 @pytest.mark.gpu

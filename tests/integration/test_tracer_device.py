@@ -25,7 +25,8 @@ from support.gpt_helpers import free_port
 from instrument.cli import Target, build_parser, worker_args
 from tracer.files import rundir
 from tracer.files.device_format import read_device
-from tracer.recorder import device as device_module, flusher as flusher_module
+from tracer.recorder import device as device_module, device_notes, flusher as flusher_module
+from tracer.recorder.patches import profiler as profiler_patch
 from tracer.recorder.device import DeviceRecorder
 from tracer.vocab import ops
 from support.paths import REPO
@@ -240,6 +241,84 @@ def test_a_running_profiler_keeps_the_recorder_to_host_time(tmp_path, monkeypatc
     assert err.count("torch.profiler already holds CUPTI") == 1      # said once, not per step
     assert not os.path.exists(rundir.device_file(str(tmp_path), 0))
     assert trace.status == "ok" and len(trace) > 0
+
+
+def _train_with_a_profiler_over_iterations_2_and_3(out: str):
+    """Six iterations recorded, the user's torch.profiler started before iteration 2 and
+    stopped before iteration 4; returns the user's profile."""
+    model = torch.nn.Linear(8, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    profile = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+    with tracer.trace(out):
+        for iteration in range(6):
+            if iteration == 2:
+                profile.start()
+            if iteration == 4:
+                profile.stop()
+            model(torch.randn(4, 8)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    return profile
+
+
+def test_a_profiler_started_while_recording_gets_kinetos_session_to_itself(tmp_path,
+                                                                          monkeypatch, capfd):
+    # without the patch, the window's stop after the user's profiler crashed the process
+    # (SIGSEGV, torch 2.13 and 2.14.1) or raised in the training loop (2.10, 2.11), and a
+    # window stopped while it ran left the user's profile empty (device_notes.py)
+    cpu_stands_in_for_cuda(monkeypatch)
+    profile = _train_with_a_profiler_over_iterations_2_and_3(str(tmp_path))
+    # the user's profile is whole: iterations 2 and 3, one Linear forward each
+    assert sum(e.name == "aten::linear" for e in profile.events()) == 2
+    trace = tracer.load(rundir.trace_file(str(tmp_path), 0))
+    assert trace.status == "ok"
+    meta = trace.meta["device_time"]
+    assert meta["error"] == device_notes.PROFILER_STARTED and meta["errors"] == 1
+    assert capfd.readouterr().err.count(device_notes.PROFILER_STARTED) == 1
+    # a window per recorded step but while the profiler ran: steps 0 and 1, step 2 (ended as
+    # the profiler started), then the step begun at iteration 4's optimizer step and the last
+    records, metas, problem = read_device(rundir.device_file(str(tmp_path), 0))
+    assert problem is None and [m["window"] for m in metas] == list(range(5))
+    assert meta["windows"] == 5
+
+
+def test_a_scheduled_profiler_gets_its_warm_up_and_active_steps_to_itself(tmp_path,
+                                                                          monkeypatch):
+    # the warm-up prepares the user's session without enabling it: a window started then
+    # would cancel it (Kineto: "Cancelling current trace request")
+    cpu_stands_in_for_cuda(monkeypatch)
+    model = torch.nn.Linear(8, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    forwards = []
+    profile = torch.profiler.profile(
+        activities=[torch.profiler.ProfilerActivity.CPU],
+        schedule=torch.profiler.schedule(wait=1, warmup=1, active=2, repeat=1),
+        on_trace_ready=lambda p: forwards.append(
+            sum(e.name == "aten::linear" for e in p.events())))
+    with tracer.trace(str(tmp_path)), profile:
+        for _ in range(7):
+            model(torch.randn(4, 8)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+            profile.step()
+    assert forwards == [2]                     # its two active iterations, whole
+    trace = tracer.load(rundir.trace_file(str(tmp_path), 0))
+    meta = trace.meta["device_time"]
+    assert meta["error"] == device_notes.PROFILER_STARTED and meta["errors"] == 1
+    records, metas, problem = read_device(rundir.device_file(str(tmp_path), 0))
+    assert problem is None and len(metas) == meta["windows"] >= 3   # before it, after it
+
+
+def test_without_the_patch_a_window_the_profiler_ended_is_lost_not_a_crash(tmp_path,
+                                                                         monkeypatch):
+    cpu_stands_in_for_cuda(monkeypatch)
+    monkeypatch.setattr(profiler_patch, "install", lambda patches, session: None)
+    monkeypatch.setattr(device_module, "WINDOW_S", 3600.0)   # one window over the profiler
+    _train_with_a_profiler_over_iterations_2_and_3(str(tmp_path))
+    trace = tracer.load(rundir.trace_file(str(tmp_path), 0))
+    assert trace.status == "ok"
+    assert trace.meta["device_time"]["error"] == \
+        "a device window was lost (another torch.profiler ended its session)"
 
 
 def test_device_time_off_records_no_device_file(tmp_path, monkeypatch):

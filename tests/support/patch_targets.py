@@ -26,6 +26,8 @@ CORE = [
     ["torch._dynamo.convert_frame", "_compile"],
     ["torch._higher_order_ops.wrap.TagActivationCheckpoint", "__call__"],
     ["os", "_exit"],
+    ["torch.autograd.profiler", "_prepare_profiler"],
+    ["torch.autograd.profiler", "_disable_profiler"],
     # FSDP2 (tracer/recorder/patches/fsdp.py): imported with torch._dynamo, before any trace starts
     ["torch.distributed.fsdp._fully_shard._fsdp_param_group.FSDPParamGroup", "unshard"],
     ["torch.distributed.fsdp._fully_shard._fsdp_param_group.FSDPParamGroup", "post_backward"],

@@ -19,8 +19,9 @@ Where the worker cannot start or dies, the flusher parses in this process, from 
 window it had not answered (said once). The next window starts at the first op outside any
 record_function range (see :meth:`DeviceRecorder.boundary`). A killed process loses the window
 under way and those not yet handed over; the worker appends the ones it was handed, then leaves.
-When torch.profiler is already running in the process (the user profiles), the recorder says
-so once and keeps to host time.
+While a user's torch.profiler runs, no window is open: one under way ends before the user's
+profiler prepares, and windows start again at the first recorded step after it stopped (said
+once; :mod:`tracer.recorder.device_notes` says why).
 
 Where this torch lacks a part of that binding, torch.profiler.profile runs the windows instead.
 ``DeviceRecorder.window_path = "torch.profiler"`` forces that path;
@@ -49,7 +50,6 @@ from __future__ import annotations
 import functools
 import os
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -58,6 +58,7 @@ from typing import Callable, Optional
 from tracer.files import rundir
 from tracer.kineto.chrome_trace import load_chrome_trace
 
+from .device_notes import DeviceNotes, profiler_enabled
 from .device_worker import DeviceWorker, WindowAppender
 
 WINDOW_S = 1.0
@@ -142,38 +143,6 @@ class ProfilerWindow:
         return self._profiler.export_chrome_trace
 
 
-# a user's torch.profiler holds CUPTI: the metadata's error, and the line on stderr
-PROFILER_RUNNING = "torch.profiler is already running in this process"
-PROFILER_RUNNING_SAID = ("torch.profiler already holds CUPTI; recording host time only "
-                         "(trace-report --kineto merges your profile)")
-
-
-class DeviceNotes:
-    """What went wrong recording a rank's device time, for the trace's ``device_time``: the
-    first error in words, every one counted; and a line on stderr, said once. Both device
-    recorders' (this module's and device_direct.py's)."""
-
-    def __init__(self, rank: int):
-        self.rank = rank
-        self.error: Optional[str] = None      # the first error; later ones are counted
-        self.errors = 0
-        self._said = False                    # a line said on stderr (say_once)
-
-    def _note(self, error: Optional[str]) -> None:
-        """An error of the device recording: the first is kept in words, every one counted."""
-        if error:
-            self.error = self.error or error
-            self.errors += 1
-
-    def say_once(self, what: str) -> None:
-        """One line on stderr and in the metadata's error, the first time only."""
-        if self._said:
-            return
-        self._said = True
-        self._note(what)
-        print(f"paratrace: rank {self.rank}: {what}", file=sys.stderr, flush=True)
-
-
 class DeviceRecorder(DeviceNotes):
     """CUPTI records of one rank, a window at a time (see the module docstring)."""
 
@@ -197,7 +166,6 @@ class DeviceRecorder(DeviceNotes):
         self.traces_dir = traces_dir
         self.window_s = WINDOW_S if window_s is None else window_s
         self.pairs = pairs              # the session's clock pairs: each window edge adds one
-        self._refused = False           # the user's torch.profiler holds CUPTI: host time only
         self._window = None             # the window under way
         self._started = 0.0
         self._windows = 0
@@ -209,17 +177,12 @@ class DeviceRecorder(DeviceNotes):
         self._appender: Optional[WindowAppender] = None   # the in-process parse's
 
     def start(self) -> bool:
-        """Start a window; False (said once on stderr) if the user's profiler holds CUPTI."""
-        import torch
-        if torch.autograd._profiler_enabled():
-            self._refused = True
-            if self.error is None:
-                self._note(PROFILER_RUNNING)
-                print(f"paratrace: rank {self.rank}: {PROFILER_RUNNING_SAID}", file=sys.stderr,
-                      flush=True)
+        """Start a window; False (said once on stderr) while a user's profiler holds CUPTI."""
+        if self.profiler_running(recorded_before=self._windows > 0):
             return False
         window = self._new_window()
-        window.start()
+        with self.own_profiler_calls():
+            window.start()
         self._window = window
         self._started = time.monotonic()
         self._pair()
@@ -249,7 +212,7 @@ class DeviceRecorder(DeviceNotes):
         range, so a window never starts at the boundary itself; stopping one there is safe."""
         if self._window is not None and (not recording or self.due()):
             self.cut()
-        return recording and self._window is None and not self._refused
+        return recording and self._window is None
 
     def follow_rank(self, rank: int) -> None:
         """The process group's rank, taken while no window has been handed on."""
@@ -272,7 +235,17 @@ class DeviceRecorder(DeviceNotes):
         if self._window is None:
             return
         window, self._window = self._window, None
-        save = window.stop()
+        try:
+            # a profiler started and stopped since (where the patch is missing) ended the
+            # session: stopping again crashes (torch 2.13, 2.14.1) or raises (2.10, 2.11)
+            if not profiler_enabled():
+                raise RuntimeError("another torch.profiler ended its session")
+            with self.own_profiler_calls():
+                save = window.stop()
+        except RuntimeError as exc:
+            self._pair()
+            self._note(f"a device window was lost ({exc})")
+            return
         self._pair()
         index, self._windows = self._windows, self._windows + 1
         path = os.path.join(self.traces_dir,
@@ -399,7 +372,15 @@ class DeviceRecorder(DeviceNotes):
     def _device_path(self) -> str:
         return rundir.device_file(self.traces_dir, self.rank)
 
+    def yield_to_profiler(self) -> bool:
+        """A user's torch.profiler is starting: the window under way ends (and is saved) first."""
+        if self._window is None:
+            return False
+        self.cut()
+        return True
+
     def close(self) -> None:
+        self.closing()
         try:
             self.cut()
             self.write_pending()

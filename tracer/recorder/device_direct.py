@@ -11,12 +11,13 @@ a batch per drain. The training thread only enables CUPTI, disables it when reco
 and at the session's close waits for the GPU once and flushes what is left.
 
 The libcupti used is the one torch's CUDA build loaded (found in the process's mappings), so
-Kineto and this module share it. A torch.profiler started before the recording is seen, said
-once, and the recorder keeps to host time, as on the Kineto path. One started while this records
-takes CUPTI's buffer callbacks over where it records CUDA activity: seen at the next step
-boundary and said once (``PROFILER_STARTED``), CUPTI is then left alone (disabling it would cut
-the user's profile) and enabled again at the first recorded step after the profiler stopped.
-The device time between is the profiler's (``trace-report --kineto`` merges its export).
+Kineto and this module share it: a user's torch.profiler that records CUDA registers buffer
+callbacks of its own and disables the kinds when it stops. So, as on the Kineto path
+(:mod:`tracer.recorder.device_notes`), CUPTI is disabled and flushed into this recorder's rows
+before a user's profiler prepares, stays off while it runs, and is enabled again at the first
+recorded step after it stopped; said once. A profiler the patch misses (one that prepares
+without ``torch.autograd.profiler``) is seen at the next step boundary, and CUPTI is then left
+to it.
 
 CUPTI's times are its own clock (Unix ns on Linux in practice); each drain pairs it with
 CLOCK_REALTIME (``_cupti.clock``) and the rows are written in Unix ns, as the format says.
@@ -45,17 +46,14 @@ import pyarrow as pa
 from tracer.files import rundir
 from tracer.files.device_format import DeviceRecords, DeviceWriter
 
-from .device import (PROFILER_RUNNING, PROFILER_RUNNING_SAID, DeviceNotes, DeviceRecorder,
-                     clock_pair)
+from .device import DeviceRecorder, clock_pair
+from .device_notes import DeviceNotes
 
 SOURCE_ENV = "PARATRACE_DEVICE_SOURCE"      # "kineto" (default) or "cupti"
 SOURCES = ("kineto", "cupti")
 FLUSH_PERIOD_MS = 500       # CUPTI's own thread hands the buffers back this often
 BUFFER_BYTES = 4 << 20
 OFF_CLOCK_NS = 3600 * 10**9   # a drained record further than this from now: a clock gone wrong
-PROFILER_STARTED = ("a torch.profiler started while recording; where it records CUDA, CUPTI's "
-                    "records are its own until it stops (trace-report --kineto merges its "
-                    "export): device time resumes at the first recorded step after it")
 ROW = np.dtype([(f, "<i8") for f in ("kind", "name", "start", "end", "device", "stream",
                                      "corr", "tid", "nbytes")])
 
@@ -175,12 +173,8 @@ class DirectDeviceRecorder(DeviceNotes):
         return self._batches
 
     def start(self) -> bool:
-        if self._refused:
+        if self._refused or self.profiler_running(recorded_before=self._started):
             return False
-        if self._profiler_running():
-            if not self._started:     # before the recording: host time only, as on Kineto's path
-                self._refuse(PROFILER_RUNNING, PROFILER_RUNNING_SAID)
-            return False              # one started while recording: after it stops, again
         self._take_clock()
         try:
             self._cupti.start(BUFFER_BYTES, FLUSH_PERIOD_MS)
@@ -200,10 +194,9 @@ class DirectDeviceRecorder(DeviceNotes):
     def boundary(self, recording: bool) -> bool:
         """A step boundary: CUPTI is disabled while recording pauses. Returns whether it
         should start (the session starts it at its next op outside a range). A torch.profiler
-        that started since holds CUPTI: it is not disabled under it."""
-        if self._on and self._profiler_running():
+        the patch missed holds CUPTI now: it is not disabled under it."""
+        if self._on and self.profiler_running(recorded_before=True):
             self._on = False
-            self.say_once(PROFILER_STARTED)
         if self._on and not recording:
             self._sync()          # the recorded steps' last kernels, as a Kineto window's cut
             self._cupti.stop()
@@ -252,8 +245,21 @@ class DirectDeviceRecorder(DeviceNotes):
             except (OSError, pa.ArrowException) as exc:   # the host trace goes on
                 self._note(f"{len(records):,} device records not written ({exc})")
 
+    def yield_to_profiler(self) -> bool:
+        """A user's torch.profiler is starting: CUPTI's records so far are flushed into this
+        recorder's rows and its kinds disabled, before the profiler registers its own."""
+        if not self._on:
+            return False
+        self._sync()
+        self._cupti.stop()
+        self._on = False
+        self._cupti.flush(True)
+        self.pairs.append(clock_pair())
+        return True
+
     def close(self) -> None:
         """Wait for the GPU, disable CUPTI, flush its buffers and write what they held."""
+        self.closing()
         for step in (self._stop_and_flush, self.write_pending):
             try:
                 step()
@@ -263,11 +269,6 @@ class DirectDeviceRecorder(DeviceNotes):
             if self._writer is not None:
                 self._writer.close()
                 self._writer = None
-
-    @staticmethod
-    def _profiler_running() -> bool:
-        import torch
-        return torch.autograd._profiler_enabled()
 
     @staticmethod
     def _sync() -> None:

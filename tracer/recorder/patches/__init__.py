@@ -17,6 +17,8 @@ patched and wires the wrapper to that behaviour. One module per patched part:
   (hops.py);
 - ``process``: ``os._exit`` (exits.py), and the handler that detaches a forked child;
 - ``storage``: ``torch.UntypedStorage.resize_`` while memory is recorded (memory.py);
+- ``profiler``: ``torch.autograd.profiler._prepare_profiler``: a user's torch.profiler
+  starting ends the device recording under way first (device_notes.py);
 - ``fsdp``: FSDP2's parameter groups' ``unshard``, ``post_backward``, ``pre_backward``,
   ``_prefetch_unshard`` and its state's ``_pre_backward`` (fsdp.py), now or when it is
   imported.
@@ -34,7 +36,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from . import autograd, distributed, dynamo, fsdp, process, storage
+from . import autograd, distributed, dynamo, fsdp, process, profiler, storage
 
 
 class Patches:
@@ -90,4 +92,5 @@ def install(session) -> Patches:
     process.install(patches, session)
     fsdp.install(patches, session)
     storage.install(patches, session)
+    profiler.install(patches, session)
     return patches
