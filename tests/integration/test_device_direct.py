@@ -8,6 +8,7 @@ same ops. The C module's parse and the real libcupti: tests/unit/test_cupti_dire
 record layouts: test_cupti_layout.py."""
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections import Counter
@@ -274,3 +275,39 @@ def test_on_cuda_cupti_directly_records_what_kinetos_windows_did(tmp_path, monke
         got[source] = Counter((KINDS[k], dev.names[n], ops[o])
                               for k, n, o in zip(dev.kind, dev.name, op_of))
     assert got["cupti"] == got["kineto"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("source, written", [("kineto", "cupti"), ("cupti", "cupti-direct")])
+def test_on_cuda_a_users_profiler_keeps_its_kernels_and_device_time_resumes_after_it(
+        tmp_path, monkeypatch, source, written):
+    # 2 steps, the user's torch.profiler (CPU and CUDA) over 2 steps, 3 steps after it: the
+    # user's export holds its steps' kernels, and the recorder's device file kernels of steps
+    # before and after it, each attributed (written without a GPU: first run by a GPU session)
+    monkeypatch.setattr("tracer.recorder.device.WINDOW_S", 0.0)
+    monkeypatch.setenv(device_direct.SOURCE_ENV, source)
+    steps = cuda_mlp_steps()
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    profile = torch.profiler.profile(activities=activities)
+    out = str(tmp_path / "run")
+    with tracer.trace(out):
+        steps(2)
+        profile.start()
+        steps(2)
+        profile.stop()
+        steps(3)
+    export = tmp_path / "users.json"
+    profile.export_chrome_trace(str(export))
+    events = json.loads(export.read_text())["traceEvents"]
+    assert sum(e.get("cat") == "kernel" for e in events) > 0      # the user's, whole
+    trace = tracer.load(rundir.trace_file(out, 0))
+    meta = trace.meta["device_time"]
+    assert meta["source"] == written
+    assert meta["error"] == device_notes.PROFILER_STARTED and meta["errors"] == 1
+    records, _, problem = read_device(rundir.device_file(out, 0))
+    assert problem is None
+    dev = attribute(trace, records)
+    assert dev is not None and (dev.row >= 0).all()
+    # kernels on ops of the steps before the profiler and of those after it
+    kernel_steps = set(trace.col("step")[dev.row[dev.kind == KINDS.index("kernel")]].tolist())
+    assert min(kernel_steps) <= 1 and max(kernel_steps) >= 5, kernel_steps
