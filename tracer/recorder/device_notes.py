@@ -25,9 +25,9 @@ from typing import Optional
 PROFILER_RUNNING = "torch.profiler is already running in this process"
 PROFILER_RUNNING_SAID = ("torch.profiler already holds CUPTI; no device time while it runs "
                          "(trace-report --kineto merges your profile)")
-PROFILER_STARTED = ("a torch.profiler started while recording: device time pauses while it "
-                    "runs, from the first recorded step after it stops again (trace-report "
-                    "--kineto merges its export)")
+PROFILER_STARTED = ("a torch.profiler started while recording: no device time while it runs; "
+                    "it resumes at the first recorded step after the profiler stops "
+                    "(trace-report --kineto merges its export)")
 
 
 def profiler_enabled() -> bool:
