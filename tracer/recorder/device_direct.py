@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import functools
 import os
-import sys
 import threading
 import time
 from typing import Optional
@@ -179,17 +178,13 @@ class DirectDeviceRecorder(DeviceNotes):
         try:
             self._cupti.start(BUFFER_BYTES, FLUSH_PERIOD_MS)
         except RuntimeError as exc:
-            self._refuse(f"CUPTI did not start ({exc})",
-                         f"CUPTI did not start ({exc}); recording host time only")
+            self._refused = True
+            self.say_once(f"CUPTI did not start ({exc})",
+                          f"CUPTI did not start ({exc}); recording host time only", topic="cupti")
             return False
         self._on = self._started = True
         self.pairs.append(clock_pair())
         return True
-
-    def _refuse(self, error: str, said: str) -> None:
-        self._refused = True
-        self._note(error)
-        print(f"paratrace: rank {self.rank}: {said}", file=sys.stderr, flush=True)
 
     def boundary(self, recording: bool) -> bool:
         """A step boundary: CUPTI is disabled while recording pauses. Returns whether it
@@ -198,10 +193,7 @@ class DirectDeviceRecorder(DeviceNotes):
         if self._on and self.profiler_running(recorded_before=True):
             self._on = False
         if self._on and not recording:
-            self._sync()          # the recorded steps' last kernels, as a Kineto window's cut
-            self._cupti.stop()
-            self._on = False
-            self.pairs.append(clock_pair())
+            self._disable()
         return recording and not self._on and not self._refused
 
     def meta(self) -> dict:
@@ -250,12 +242,17 @@ class DirectDeviceRecorder(DeviceNotes):
         recorder's rows and its kinds disabled, before the profiler registers its own."""
         if not self._on:
             return False
+        self._disable()
+        self._cupti.flush(True)
+        return True
+
+    def _disable(self) -> None:
+        """The kinds disabled once the GPU has run what was launched (the recorded steps' last
+        kernels, as a Kineto window's cut waits for them)."""
         self._sync()
         self._cupti.stop()
         self._on = False
-        self._cupti.flush(True)
         self.pairs.append(clock_pair())
-        return True
 
     def close(self) -> None:
         """Wait for the GPU, disable CUPTI, flush its buffers and write what they held."""

@@ -45,8 +45,7 @@ class DeviceNotes:
         self.rank = rank
         self.error: Optional[str] = None      # the first error; later ones are counted
         self.errors = 0
-        self._said = False                    # a line said on stderr (say_once)
-        self._profiler_said = False
+        self._said: set = set()               # the topics said on stderr (say_once)
         self._own_call = False                # this recorder's own window starts or stops
         self._user_profiling = False          # a user's profiler prepared, not yet disabled
         self._closed = False
@@ -57,28 +56,25 @@ class DeviceNotes:
             self.error = self.error or error
             self.errors += 1
 
-    def say_once(self, what: str) -> None:
-        """One line on stderr and in the metadata's error, the first time only."""
-        if self._said:
+    def say_once(self, error: str, line: Optional[str] = None, topic: str = "recorder") -> None:
+        """``error`` in the metadata and ``line`` (default: the same) on stderr, the first time
+        anything is said of ``topic`` only."""
+        if topic in self._said:
             return
-        self._said = True
-        self._note(what)
-        print(f"paratrace: rank {self.rank}: {what}", file=sys.stderr, flush=True)
+        self._said.add(topic)
+        self._note(error)
+        print(f"paratrace: rank {self.rank}: {line or error}", file=sys.stderr, flush=True)
 
     def profiler_running(self, recorded_before: bool) -> bool:
         """Whether a user's torch.profiler holds CUPTI now (checked before this recorder
         starts); said once. ``recorded_before``: whether this recorder had recorded already."""
         if not (self._user_profiling or profiler_enabled()):
             return False
-        self._say_profiler(PROFILER_STARTED if recorded_before else PROFILER_RUNNING,
-                           PROFILER_STARTED if recorded_before else PROFILER_RUNNING_SAID)
+        if recorded_before:
+            self.say_once(PROFILER_STARTED, topic="profiler")
+        else:
+            self.say_once(PROFILER_RUNNING, PROFILER_RUNNING_SAID, topic="profiler")
         return True
-
-    def _say_profiler(self, error: str, said: str) -> None:
-        if not self._profiler_said:
-            self._profiler_said = True
-            self._note(error)
-            print(f"paratrace: rank {self.rank}: {said}", file=sys.stderr, flush=True)
 
     @contextlib.contextmanager
     def own_profiler_calls(self):
@@ -103,7 +99,7 @@ class DeviceNotes:
         self._user_profiling = True
         try:
             if self.yield_to_profiler():
-                self._say_profiler(PROFILER_STARTED, PROFILER_STARTED)
+                self.say_once(PROFILER_STARTED, topic="profiler")
         except Exception as exc:    # never in the way of the user's profiler
             self._note(f"ending the device recording for a torch.profiler: "
                        f"{type(exc).__name__}: {exc}")
