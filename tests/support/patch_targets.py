@@ -48,3 +48,22 @@ PIPELINING = [[_STAGE, name] for name in (
     [f"{_SCHEDULES}.PipelineScheduleMulti", "step"],
     [_SCHEDULES, "_batch_p2p"],
 ]
+
+
+def in_this_torch(targets: list) -> list:
+    """The targets the installed torch has: one it lacks is not there to replace (before 2.13,
+    the pipelining schedules have no _initialize_pp_stages: docs/compat.md)."""
+    import importlib
+
+    def has(owner_path: str, name: str) -> bool:
+        parts = owner_path.split(".")
+        for cut in range(len(parts), 0, -1):
+            try:
+                owner = importlib.import_module(".".join(parts[:cut]))
+            except ImportError:
+                continue
+            for part in parts[cut:]:
+                owner = getattr(owner, part, None)
+            return owner is not None and hasattr(owner, name)
+        return False
+    return [target for target in targets if has(*target)]
