@@ -43,7 +43,9 @@ def test_trace_report_merges_a_kineto_export(fixture_run, tmp_path):
     kernels = sum(e["dur"] for e in export["traceEvents"] if e.get("cat") in
                   ("kernel", "gpu_memcpy", "gpu_memset")) / 1e6
     assert sum(device["by_op"].values()) == pytest.approx(kernels, rel=1e-6)
-    assert device["busy_s"] <= kernels
+    # busy time merges overlaps, so it is at most the sum (up to float rounding: Python 3.12's
+    # sum() of floats is compensated, and gives the sum's last digit otherwise)
+    assert device["busy_s"] <= kernels * (1 + 1e-12)
     # without the export: host time, said so
     plain = subprocess.run([report, str(fixture_run), "--out", str(tmp_path / "host")],
                            capture_output=True, text=True, timeout=240)
