@@ -15,9 +15,10 @@
 # Python frame (autograd's CUDA device threads); trace-run of plain c10d, DTensor TP, pipelining
 # and the reference GPT; the Kineto import; device windows through Kineto's binding, with a
 # user's torch.profiler among them (CPU activity); CUPTI driven directly (its record layouts against
-# the CUDA builds' own CUPTI headers, their libcupti loaded); and the collective counts of the reference GPT and
+# the CUDA builds' own CUPTI headers, their libcupti loaded); the collective counts of the reference GPT and
 # of DDP/FSDP2 equal to the pinned torch's (tests/integration/test_compat_counts.py runs both interpreters);
-# and every attribute a trace replaces in torch put back after it.
+# every attribute a trace replaces in torch put back after it; and qualified function names
+# (read from the source on Python 3.10).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 REPO=$(pwd)
@@ -32,7 +33,7 @@ SUBSET=($I/test_tracer_threads.py $I/test_phases_apis.py $I/test_phases_pipelini
         $I/test_trace_run.py $I/test_kineto_import.py $I/test_compat_counts.py
         $I/test_dimensions_runs.py $I/test_memory_recording.py $I/test_memory_frameworks.py
         $I/test_tracer_device.py tests/unit/test_cupti_direct.py $I/test_cupti_layout.py
-        $I/test_device_direct.py $I/test_patches_process.py)
+        $I/test_device_direct.py $I/test_patches_process.py tests/unit/test_qualnames.py)
 # the pinned torch's interpreter (setup.sh's), and a cache of its collective counts for the
 # venvs' runs of tests/integration/test_compat_counts.py
 PINNED_PYTHON=$(${PYTHON:-python3} -c 'import sys; print(sys.executable)')

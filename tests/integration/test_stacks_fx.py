@@ -38,12 +38,11 @@ def load_script(name: str):
 
 def line_in(fn, text: str) -> tuple:
     """(file, line, qualname) of the only line of ``fn``'s source holding ``text``; the
-    qualname as a frame records it (Python < 3.11: the function's name)."""
+    qualname, as a frame records it on every Python."""
     lines, first = inspect.getsourcelines(fn)
     hits = [first + i for i, line in enumerate(lines) if text in line]
     assert len(hits) == 1, (fn, text, hits)
-    qualname = fn.__qualname__ if hasattr(fn.__code__, "co_qualname") else fn.__name__
-    return (inspect.getsourcefile(fn), hits[0], qualname)
+    return (inspect.getsourcefile(fn), hits[0], fn.__qualname__)
 
 
 TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
@@ -137,9 +136,6 @@ def test_a_recorded_frame_gets_the_qualified_name_of_its_function():
     fx = FxFrames()
     script = load_script("fx_stacks")
     file, line, qualname = line_in(script.Block.forward, "self.fc2(h)")
-    if not hasattr(script.Block.forward.__code__, "co_qualname"):    # Python < 3.11
-        assert fx.qualname(file, line, "forward") == "forward"
-        return
     assert fx.qualname(file, line, "forward") == qualname == "Block.forward"
     assert fx.qualname(file, line, "elsewhere") == "elsewhere"     # no such function there
     assert fx.qualname("/no/such/file.py", 3, "forward") == "forward"

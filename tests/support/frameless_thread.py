@@ -31,8 +31,8 @@ FC_LINE = next(i for i, line in enumerate(inspect.getsource(Net).splitlines())
                if "FC_LINE" in line) + inspect.getsourcelines(Net)[1]
 
 
-# the qualname a stack gives Net.forward: the code's own (Python 3.11 on), else its name
-QUALNAME = getattr(Net.forward.__code__, "co_qualname", "forward")
+# the qualname a stack gives Net.forward (on Python 3.10 too: tracer.recorder.qualnames)
+QUALNAME = Net.forward.__qualname__
 
 
 def run_frameless(calls: list) -> None:

@@ -55,13 +55,23 @@ class CallRecorder:
 
     def __init__(self):
         self.edges: set = set()
+        self.qualnames: dict = {}         # code -> its function's __qualname__ (Python 3.10)
 
     @staticmethod
     def own(code) -> bool:
         return code.co_filename.startswith(OWN_CODE)
 
     def key(self, frame) -> tuple:
-        return (frame.f_code.co_filename, frame.f_code.co_qualname)
+        """(file, qualified name): the code's own (Python 3.11 on), else that of the function
+        object that holds the code (Python 3.10; found once per code)."""
+        code = frame.f_code
+        if hasattr(code, "co_qualname"):
+            return (code.co_filename, code.co_qualname)
+        if code not in self.qualnames:
+            import gc
+            functions = [f for f in gc.get_referrers(code) if getattr(f, "__code__", None) is code]
+            self.qualnames[code] = functions[0].__qualname__ if functions else code.co_name
+        return (code.co_filename, self.qualnames[code])
 
     def caller(self, frame):
         up = frame.f_back

@@ -36,6 +36,7 @@ from time import perf_counter_ns as _now
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from . import qualnames
 from .compat import skip_dynamo
 
 LABEL = "torch.compile"
@@ -126,8 +127,8 @@ def _describe(graph) -> dict:
     code = graph.root_tx.f_code
     backend = _backend_name(graph.compiler_fn)
     return {"source": LABEL, "graph": str(getattr(graph, "dynamo_compile_id", "?")),
-            "code": f"{code.co_filename}:{code.co_firstlineno}", "fn": code.co_qualname
-            if hasattr(code, "co_qualname") else code.co_name, "backend": str(backend)}
+            "code": f"{code.co_filename}:{code.co_firstlineno}", "fn": qualnames.of_code(code),
+            "backend": str(backend)}
 
 
 class Region:

@@ -16,16 +16,13 @@ per op) and puts them in the stack in place of the FX frame. Torch is imported o
 """
 from __future__ import annotations
 
-import ast
-import linecache
 import re
 from typing import Optional
 
+from . import qualnames
+
 GENERATED_PREFIX = "<eval_with_key>"       # torch.fx.graph_module's file names of generated code
 _TRACE_LINE = re.compile(r'^\s*File "(.+)", line (\d+), in (.+?)\s*$')
-# a live frame's qualname is its code's co_qualname, which Python < 3.11 lacks
-# (tracer.recorder.stacks records the function's name there): recorded frames follow
-_QUALNAMES = hasattr((lambda: 0).__code__, "co_qualname")
 
 
 class FxFrames:
@@ -42,7 +39,7 @@ class FxFrames:
         self._node_type = Node
         self._graphs: dict = {}       # id(generated code) -> (code, nodes, lineno map) or None
         self._origins: dict = {}      # stack_trace text -> its frames
-        self._defs: dict = {}         # file -> [(first line, last line, name, qualname)]
+        self._defs: dict = {}         # file -> its functions (qualnames.definitions)
 
     @staticmethod
     def is_generated(code) -> bool:
@@ -105,41 +102,17 @@ class FxFrames:
 
     def qualname(self, path: str, line: int, name: str) -> str:
         """The qualified name (``Block.forward``) of the function ``name`` whose body holds
-        ``line`` of ``path``, as a live frame's ``co_qualname`` says it; ``name`` when the
-        source cannot tell, or Python has no qualnames."""
-        if not _QUALNAMES:
-            return name
+        ``line`` of ``path``, as tracer.recorder.qualnames names a live frame's; ``name`` when
+        the source cannot tell."""
         defs = self._defs.get(path)
         if defs is None:
-            defs = self._defs[path] = _definitions(path)
+            defs = self._defs[path] = [d for d in qualnames.definitions(path)
+                                       if not d[4].endswith(">")]    # functions and methods
         best = None
-        for first, last, fn, qualname in defs:
+        for _, first, last, fn, qualname in defs:
             if fn == name and first <= line <= last and (best is None or first >= best[0]):
                 best = (first, qualname)
         return best[1] if best is not None else name
-
-
-def _definitions(path: str) -> list:
-    """(first line, last line, name, qualname) of every function defined in ``path``."""
-    try:
-        tree = ast.parse("".join(linecache.getlines(path)))
-    except (SyntaxError, ValueError):
-        return []
-    out: list = []
-
-    def visit(node, prefix: str) -> None:
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                qualname = prefix + child.name
-                out.append((child.lineno, child.end_lineno or child.lineno, child.name,
-                            qualname))
-                visit(child, qualname + ".<locals>.")
-            elif isinstance(child, ast.ClassDef):
-                visit(child, prefix + child.name + ".")
-            else:
-                visit(child, prefix)
-    visit(tree, "")
-    return out
 
 
 def enclosing_strip(origin: tuple, outer: Optional[tuple]) -> tuple:

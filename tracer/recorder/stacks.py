@@ -24,6 +24,7 @@ import os
 from tracer.vocab.library import ROOT as _ROOT, LibraryRule
 
 from ._native import native_hot_path
+from . import qualnames
 from .fxframes import FxFrames, enclosing_strip
 
 USER, LIBRARY, INTERNAL = 2, 1, 0
@@ -279,7 +280,7 @@ class _Interning:
         self._node_parent.append(parent)
         self._node_frame.append((kind, [
             code.co_filename, frame.f_lineno, code.co_name,
-            getattr(code, "co_qualname", code.co_name)]))
+            qualnames.of_code(code)]))
         self._node_sid.append(-1)
         if origin:
             self._fx_origins[node] = origin
