@@ -211,7 +211,10 @@ def test_fx_frames_hold_no_reference_they_do_not_release():
             refs = refs or [sys.getrefcount(node) for node in nodes]
     finally:
         tracemalloc.stop()
-    assert used[2] - used[1] < 4096                # 3,200 more captures
+    # 3,200 more captures: a leak of one small object each (16 B or more) is over 50 KB. A
+    # table of live frames that churns resizes now and then, in steps of about 5 KB (seen on
+    # Python 3.10, with no container growing), so the bound leaves room for a few.
+    assert used[2] - used[1] < 16384
     assert [sys.getrefcount(node) for node in nodes] == refs
     PAIR[0].release()
 
