@@ -7,7 +7,8 @@ after the marker. The ``unwaited`` case launches an all-reduce nobody waits for:
 its future. ``ddp:STEP`` is a DDP backward: DDP's finalize waits for the bucket's future in C++,
 not in ``Work.wait()``, and then copies the result into the gradients; the all-reduce must end
 before those copies. A c10d API this torch's gloo lacks (list all_to_all before 2.13) is
-left out, and listed in OUT/unsupported-rank-R.json. Usage: torchrun --nproc-per-node 2 comm_completion.py OUT"""
+left out, and listed in OUT/unsupported-rank-R.json.
+Usage: torchrun --nproc-per-node 2 comm_completion.py OUT"""
 import json
 import sys
 import time

@@ -53,17 +53,11 @@ PIPELINING = [[_STAGE, name] for name in (
 def in_this_torch(targets: list) -> list:
     """The targets the installed torch has: one it lacks is not there to replace (before 2.13,
     the pipelining schedules have no _initialize_pp_stages: docs/compat.md)."""
-    import importlib
+    import pkgutil
 
     def has(owner_path: str, name: str) -> bool:
-        parts = owner_path.split(".")
-        for cut in range(len(parts), 0, -1):
-            try:
-                owner = importlib.import_module(".".join(parts[:cut]))
-            except ImportError:
-                continue
-            for part in parts[cut:]:
-                owner = getattr(owner, part, None)
-            return owner is not None and hasattr(owner, name)
-        return False
+        try:
+            return hasattr(pkgutil.resolve_name(owner_path), name)
+        except (ImportError, AttributeError, ValueError):
+            return False
     return [target for target in targets if has(*target)]
