@@ -41,11 +41,13 @@ PINNED_PYTHON=$(${PYTHON:-python3} -c 'import sys; print(sys.executable)')
 PINNED_CACHE=$(mktemp -d)
 trap 'rm -rf "$PINNED_CACHE"' EXIT
 prepare=0
+WHAT="the compatibility subset"
 if [ "${1:-}" = "--prepare" ]; then prepare=1; shift; fi
 if [ "${1:-}" = "--whole" ]; then
     # the whole suite instead of the subset, but for the files that need test extras the venvs
     # lack (transformers, Lightning, duckdb): by hand, not in CI (14-16 min a venv here)
     SUBSET=(tests --deselect $I/test_frameworks.py --deselect $I/test_report_sql.py)
+    WHAT="the whole suite"
     shift
 fi
 wanted=("$@")
@@ -96,7 +98,7 @@ for entry in "${MATRIX[@]}"; do
         tail -5 "$venv/install.log" >&2
         failed+=("$label: paratrace did not install"); continue
     fi
-    echo "scripts/compat.sh: the compatibility subset on $label"
+    echo "scripts/compat.sh: $WHAT on $label"
     PATH="$venv/bin:$PATH" OMP_NUM_THREADS=1 PARATRACE_PINNED_PYTHON="$PINNED_PYTHON" \
         PARATRACE_PINNED_CACHE="$PINNED_CACHE" \
         "$venv/bin/python" -m pytest -p no:cacheprovider -q -rs "${SUBSET[@]}"
