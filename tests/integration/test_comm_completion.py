@@ -25,14 +25,14 @@ _C10D = {"all_reduce": "all_reduce", "all_gather": "all_gather",
          "reduce_scatter_tensor": "reduce_scatter", "broadcast": "broadcast", "reduce": "reduce",
          "gather": "gather", "scatter": "scatter", "all_to_all_single": "all_to_all",
          "all_to_all": "all_to_all", "barrier": "barrier"}
-UNSUPPORTED: set = set()      # the c10d APIs this torch's gloo lacks (the script's probe)
 
 
-def expected_kinds(rank: int) -> dict:
-    """case -> the collectives the rank records in it, in launch order."""
+def expected_kinds(rank: int, unsupported: set) -> dict:
+    """case -> the collectives the rank records in it, in launch order (none of the
+    ``unsupported`` c10d APIs)."""
     cases = {}
     for api, kind in _C10D.items():
-        if api in UNSUPPORTED:
+        if api in unsupported:
             continue
         cases["sync:" + api] = cases["async:" + api] = [kind]
     cases["sync:send_recv"] = cases["async:send_recv"] = ["send" if rank == 0 else "recv"]
@@ -54,20 +54,29 @@ def expected_kinds(rank: int) -> dict:
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
+def out(tmp_path_factory):
+    """The script's run: its traces, and the c10d APIs this torch's gloo lacks."""
     out = tmp_path_factory.mktemp("completion")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
            "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
            str(SCRIPTS / "comm_completion.py"), str(out)]
     proc = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-4000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def run(out):
     traces = {r: tracer.load(out / f"rank-{r}.arrow") for r in range(2)}
-    unsupported = {r: json.loads((out / f"unsupported-rank-{r}.json").read_text())
-                   for r in range(2)}
-    # only list all_to_all may be missing (torch's gloo before 2.13), and on both ranks
-    assert unsupported[0] == unsupported[1] and set(unsupported[0]) <= {"all_to_all"}
-    UNSUPPORTED.update(unsupported[0])
     return traces, {r: by_case(trace) for r, trace in traces.items()}
+
+
+@pytest.fixture(scope="module")
+def unsupported(out) -> set:
+    lacks = {r: json.loads((out / f"unsupported-rank-{r}.json").read_text()) for r in range(2)}
+    # only list all_to_all may be missing (torch's gloo before 2.13), and on both ranks
+    assert lacks[0] == lacks[1] and set(lacks[0]) <= {"all_to_all"}
+    return set(lacks[0])
 
 
 def by_case(trace) -> dict:
@@ -83,10 +92,10 @@ def aligned(trace, t: int) -> int:
     return int(t + trace.clock_offset(np.array([t], dtype=np.int64))[0])
 
 
-def test_every_api_is_recorded_once_per_case(run):
+def test_every_api_is_recorded_once_per_case(run, unsupported):
     _, cases = run
     for rank in range(2):
-        expected = expected_kinds(rank)
+        expected = expected_kinds(rank, unsupported)
         assert set(cases[rank]) == set(expected)
         for name, kinds in expected.items():
             assert [e["kind"] for e in cases[rank][name] if e["kind"]] == kinds, (rank, name)

@@ -66,8 +66,8 @@ def test_each_definition_gets_the_name_the_compiler_gives_it(tmp_path):
     path = tmp_path / "sample.py"
     path.write_text(SOURCE)
     named = {}
-    for first, _, _, name, qualname in qualnames.definitions(str(path)):
-        named.setdefault((first, name), qualname)
+    for d in qualnames.definitions(str(path)):
+        named.setdefault((d.code_first, d.name), d.qualname)
     # two comprehensions of line 20 (the list inside the generator's iterable) share a key:
     # 3.10 cannot tell them apart, and the outer one is named
     assert named == {**EXPECTED, (20, "<listcomp>"): "Outer.Inner.method.<locals>.<listcomp>"}

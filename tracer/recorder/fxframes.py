@@ -39,7 +39,6 @@ class FxFrames:
         self._node_type = Node
         self._graphs: dict = {}       # id(generated code) -> (code, nodes, lineno map) or None
         self._origins: dict = {}      # stack_trace text -> its frames
-        self._defs: dict = {}         # file -> its functions (qualnames.definitions)
 
     @staticmethod
     def is_generated(code) -> bool:
@@ -104,15 +103,12 @@ class FxFrames:
         """The qualified name (``Block.forward``) of the function ``name`` whose body holds
         ``line`` of ``path``, as tracer.recorder.qualnames names a live frame's; ``name`` when
         the source cannot tell."""
-        defs = self._defs.get(path)
-        if defs is None:
-            defs = self._defs[path] = [d for d in qualnames.definitions(path)
-                                       if not d[4].endswith(">")]    # functions and methods
         best = None
-        for _, first, last, fn, qualname in defs:
-            if fn == name and first <= line <= last and (best is None or first >= best[0]):
-                best = (first, qualname)
-        return best[1] if best is not None else name
+        for d in qualnames.definitions(path):
+            if d.kind == qualnames.FUNCTION and d.name == name and d.first <= line <= d.last \
+                    and (best is None or d.first >= best.first):
+                best = d
+        return best.qualname if best is not None else name
 
 
 def enclosing_strip(origin: tuple, outer: Optional[tuple]) -> tuple:

@@ -13,14 +13,25 @@ range of its body (a traceback line names the function, not its code object).
 from __future__ import annotations
 
 import ast
+import functools
 import linecache
+from typing import NamedTuple
 
 # a code object's own qualified name (CPython >= 3.11)
 NATIVE = hasattr((lambda: 0).__code__, "co_qualname")
 
 _COMPREHENSIONS = {ast.ListComp: "<listcomp>", ast.SetComp: "<setcomp>",
                    ast.DictComp: "<dictcomp>", ast.GeneratorExp: "<genexpr>"}
-_by_file: dict = {}     # file -> {(code's first line, name): qualname}, from its source
+FUNCTION, LAMBDA, CLASS, COMPREHENSION = "function", "lambda", "class", "comprehension"
+
+
+class Definition(NamedTuple):
+    code_first: int       # its code object's first line (a decorated one: the first decorator's)
+    first: int            # the line it is defined on
+    last: int             # its body's last line
+    name: str
+    qualname: str
+    kind: str             # FUNCTION, LAMBDA, CLASS or COMPREHENSION
 
 
 def of_code(code) -> str:
@@ -31,29 +42,35 @@ def of_code(code) -> str:
 def from_source(code) -> str:
     """``code``'s qualified name as its file's source says it (Python 3.10's way; the bare
     name where the source cannot tell)."""
-    table = _by_file.get(code.co_filename)
-    if table is None:
-        table = _by_file[code.co_filename] = {}
-        for first, _, _, name, qualname in definitions(code.co_filename):
-            # two on one line (a lambda in a lambda): the outer one, as 3.10 cannot tell them
-            table.setdefault((first, name), qualname)
-    return table.get((code.co_firstlineno, code.co_name), code.co_name)
+    return _by_code_start(code.co_filename).get((code.co_firstlineno, code.co_name),
+                                                 code.co_name)
 
 
-def definitions(path: str) -> list:
-    """(code's first line, the body's first line, the body's last line, name, qualname) of
-    every definition in ``path``'s source: functions (from their first decorator's line, as
-    the compiler counts a code object's first line), lambdas, class bodies and, as Python 3.10
-    compiles them, comprehensions. Empty when the source cannot be read or parsed."""
+@functools.lru_cache(maxsize=None)
+def _by_code_start(path: str) -> dict:
+    """(code's first line, name) -> qualname of ``path``'s definitions. Two on one line (a
+    lambda in a lambda): the outer one's, as Python 3.10 cannot tell them apart."""
+    table: dict = {}
+    for d in definitions(path):
+        table.setdefault((d.code_first, d.name), d.qualname)
+    return table
+
+
+@functools.lru_cache(maxsize=None)
+def definitions(path: str) -> tuple:
+    """Every :class:`Definition` in ``path``'s source, read once: functions, lambdas, class
+    bodies and, as Python 3.10 compiles them, comprehensions. Empty when the source cannot be
+    read or parsed."""
     try:
         tree = ast.parse("".join(linecache.getlines(path)))
     except (SyntaxError, ValueError, MemoryError, RecursionError):
-        return []
+        return ()
     out: list = []
 
-    def add(node, name: str, qualname: str, decorators=()) -> None:
+    def add(node, name: str, qualname: str, kind: str, decorators=()) -> None:
         first = min([node.lineno] + [d.lineno for d in decorators])
-        out.append((first, node.lineno, node.end_lineno or node.lineno, name, qualname))
+        out.append(Definition(first, node.lineno, node.end_lineno or node.lineno, name,
+                              qualname, kind))
 
     def walk(node, prefix: str) -> None:
         """``node`` and what it holds, named under ``prefix``. What a definition evaluates
@@ -63,25 +80,25 @@ def definitions(path: str) -> list:
             return
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             qualname = prefix + node.name
-            add(node, node.name, qualname, node.decorator_list)
+            add(node, node.name, qualname, FUNCTION, node.decorator_list)
             for outside in (*node.decorator_list, *_evaluated_with(node.args), node.returns):
                 walk(outside, prefix)
             for statement in node.body:
                 walk(statement, qualname + ".<locals>.")
         elif isinstance(node, ast.ClassDef):
-            add(node, node.name, prefix + node.name, node.decorator_list)
+            add(node, node.name, prefix + node.name, CLASS, node.decorator_list)
             for outside in (*node.decorator_list, *node.bases, *node.keywords):
                 walk(outside, prefix)
             for statement in node.body:
                 walk(statement, prefix + node.name + ".")
         elif isinstance(node, ast.Lambda):
-            add(node, "<lambda>", prefix + "<lambda>")
+            add(node, "<lambda>", prefix + "<lambda>", LAMBDA)
             for outside in _evaluated_with(node.args):
                 walk(outside, prefix)
             walk(node.body, prefix + "<lambda>.<locals>.")
         elif type(node) in _COMPREHENSIONS:
             name = _COMPREHENSIONS[type(node)]
-            add(node, name, prefix + name)
+            add(node, name, prefix + name, COMPREHENSION)
             walk(node.generators[0].iter, prefix)
             inner = prefix + name + "."        # no <locals>: a comprehension is no function
             for index, generator in enumerate(node.generators):
@@ -99,7 +116,7 @@ def definitions(path: str) -> list:
         walk(tree, "")
     except RecursionError:        # a pathologically deep file: the definitions found so far
         pass
-    return out
+    return tuple(out)
 
 
 def _evaluated_with(arguments: ast.arguments) -> list:
