@@ -56,6 +56,9 @@ class StandInCupti:
         unix = time.time_ns()
         return unix - CUPTI_BEHIND_NS, unix
 
+    def own_clock(self) -> bool:
+        return False            # CUPTI's clock is its own: paired at each drain
+
     def _name(self, name: str) -> int:
         if name not in self.names:
             self.names.append(name)
@@ -255,7 +258,9 @@ def test_a_profiler_not_seen_starting_is_left_cupti_at_the_next_boundary(tmp_pat
 @pytest.mark.gpu
 def test_on_cuda_cupti_directly_records_what_kinetos_windows_did(tmp_path, monkeypatch):
     # the same steps recorded both ways on a GPU: the same kernels, memcpys and memsets by
-    # name, each on the same op (written without a GPU: first run by a GPU session)
+    # name, each on the same op. Kineto's windows run first and leave CUPTI on Kineto's clock
+    # (TSC ticks): the direct recording must set its own (on an H200 it did not, and its
+    # kernels lay seconds off their launches)
     monkeypatch.setattr("tracer.recorder.device.WINDOW_S", 0.0)
     steps = cuda_mlp_steps()
     got = {}
@@ -267,6 +272,7 @@ def test_on_cuda_cupti_directly_records_what_kinetos_windows_did(tmp_path, monke
         trace = tracer.load(rundir.trace_file(out, 0))
         assert trace.meta["device_time"]["source"] == written
         assert trace.meta["device_time"]["error"] is None
+        assert trace.meta["device_time"].get("clock", "unix") == "unix"
         records, _, problem = read_device(rundir.device_file(out, 0))
         assert problem is None
         dev = attribute(trace, records)

@@ -231,6 +231,10 @@ class RealParse:
         now = time.time_ns()
         return now, now
 
+    @staticmethod
+    def own_clock() -> bool:
+        return True
+
 
 def test_a_later_session_in_the_process_reads_the_names_an_earlier_one_drained(tmp_path):
     # the C module interns names once per process: the second recorder's rows point at a name

@@ -19,11 +19,14 @@ recorded step after it stopped; said once. A profiler the patch misses (one that
 without ``torch.autograd.profiler``) is seen at the next step boundary, and CUPTI is then left
 to it.
 
-CUPTI's times are its own clock (Unix ns on Linux in practice); each drain pairs it with
-CLOCK_REALTIME (``_cupti.clock``) and the rows are written in Unix ns, as the format says.
-Records that land over an hour from the host's clock are kept and said (``device_time.error``):
-Kineto can install a timestamp callback of its own in CUPTI, and a torch.profiler run earlier
-in the process may have left it there (not seen yet: no GPU has run this path).
+CUPTI's clock is set to CLOCK_REALTIME at each start (``cuptiActivityRegisterTimestampCallback``),
+so its records are Unix ns, as the format says. Kineto sets a clock of its own at each
+profiler start (the TSC's ticks, which its export converts), and keeps it after: on an H200
+(torch 2.11) a torch.profiler run earlier in the process left the kernels of a direct
+recording seconds off their launches, until this recorder set its own. Where CUPTI cannot take
+a clock (before CUDA 11.6), each drain pairs CUPTI's clock with CLOCK_REALTIME
+(``_cupti.clock``); records that then land over an hour from the host's clock are kept and
+said (``device_time.error``).
 
 NOT YET RUN ON A GPU (2026-11-27): the path is chosen with ``PARATRACE_DEVICE_SOURCE=cupti``;
 the default stays Kineto's windows until ``scripts/gpu_checks.sh windows`` has measured it and
@@ -200,7 +203,8 @@ class DirectDeviceRecorder(DeviceNotes):
         """The trace metadata's ``device_time`` object."""
         return {"source": "cupti-direct", "windows": self._batches, "error": self.error,
                 "errors": self.errors, "cupti_version": self.version,
-                "rows_lost": self._lost, "records_dropped": self._dropped}
+                "rows_lost": self._lost, "records_dropped": self._dropped,
+                "clock": "unix" if self._cupti.own_clock() else "paired"}
 
     def _take_clock(self) -> None:
         cupti_ns, unix_ns = self._cupti.clock()

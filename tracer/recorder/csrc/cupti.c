@@ -59,6 +59,7 @@ cupti_load(PyObject *self, PyObject *arg)
     SYM(flush_all, "cuptiActivityFlushAll", 1);
     SYM(timestamp, "cuptiGetTimestamp", 1);
     SYM(flush_period, "cuptiActivityFlushPeriod", 0);
+    SYM(register_timestamp, "cuptiActivityRegisterTimestampCallback", 0);
     SYM(callback_name, "cuptiGetCallbackName", 0);
     SYM(result_string, "cuptiGetResultString", 0);
 #undef SYM
@@ -68,6 +69,20 @@ cupti_load(PyObject *self, PyObject *arg)
         return cupti_error("cuptiGetVersion", r);
     return PyLong_FromUnsignedLong(version);
 }
+
+/* CUPTI's clock while this module records: CLOCK_REALTIME, so that records are Unix ns.
+ * Kineto registers a clock of its own at each profiler start (the TSC's ticks, which its export
+ * converts): a torch.profiler run earlier in the process leaves records in ticks, not ns
+ * (seen on an H200, torch 2.11: kernels seconds off their launches). So every start sets it. */
+static uint64_t
+unix_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+}
+
+static int own_clock = 0;       /* unix_ns is CUPTI's clock (set by the latest start) */
 
 static PyObject *
 cupti_start(PyObject *self, PyObject *args)
@@ -79,6 +94,9 @@ cupti_start(PyObject *self, PyObject *args)
     if (cupti.enable == NULL)
         return PyErr_Format(PyExc_RuntimeError, "libcupti is not loaded");
     set_buffer_bytes(bytes > 0 ? (size_t)bytes : 0);
+    /* before any kind is enabled, as CUPTI asks; where it cannot be set, each drain pairs
+     * CUPTI's own clock with CLOCK_REALTIME instead (clock() below) */
+    own_clock = cupti.register_timestamp != NULL && cupti.register_timestamp(unix_ns) == CUPTI_OK;
     int r = cupti.register_callbacks(buffer_requested, buffer_completed);
     if (r != CUPTI_OK)
         return cupti_error("cuptiActivityRegisterCallbacks", r);
@@ -147,20 +165,31 @@ fail:
     return NULL;
 }
 
-/* (CUPTI's clock, CLOCK_REALTIME) read together, in ns */
+/* (CUPTI's clock, CLOCK_REALTIME) read together, in ns: one reading twice where CUPTI's clock
+ * is this module's own (see unix_ns) */
 static PyObject *
 cupti_clock(PyObject *self, PyObject *unused)
 {
     uint64_t t = 0;
-    struct timespec ts;
     if (cupti.timestamp == NULL)
         return PyErr_Format(PyExc_RuntimeError, "libcupti is not loaded");
+    if (own_clock) {
+        t = unix_ns();
+        return Py_BuildValue("(KK)", (unsigned long long)t, (unsigned long long)t);
+    }
     int r = cupti.timestamp(&t);
-    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t unix_t = unix_ns();
     if (r != CUPTI_OK)
         return cupti_error("cuptiGetTimestamp", r);
-    return Py_BuildValue("(KL)", (unsigned long long)t,
-                         (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec);
+    return Py_BuildValue("(KK)", (unsigned long long)t, (unsigned long long)unix_t);
+}
+
+/* whether CUPTI's clock is this module's CLOCK_REALTIME (False before the first start, or
+ * where CUPTI has no cuptiActivityRegisterTimestampCallback) */
+static PyObject *
+cupti_own_clock(PyObject *self, PyObject *unused)
+{
+    return PyBool_FromLong(own_clock);
 }
 
 /* Tests: one record's bytes, as CUPTI lays them out, through the completion path's take(). */
@@ -246,6 +275,7 @@ static PyMethodDef cupti_functions[] = {
     {"drain", cupti_drain, METH_NOARGS,
      "(rows bytes, new names, rows lost, records CUPTI dropped) since the last drain."},
     {"clock", cupti_clock, METH_NOARGS, "(cuptiGetTimestamp, CLOCK_REALTIME) in ns."},
+    {"own_clock", cupti_own_clock, METH_NOARGS, "Whether CUPTI's clock is CLOCK_REALTIME."},
     {"take_record", cupti_take_record, METH_O, "Tests: one record through the parse."},
     {"layout", cupti_layout, METH_NOARGS, "Tests: the record offsets and constants read."},
     {NULL},

@@ -58,6 +58,7 @@ typedef struct {
     int (*flush_all)(uint32_t);
     int (*flush_period)(uint32_t);        /* CUPTI 11.x on; NULL before */
     int (*timestamp)(uint64_t *);
+    int (*register_timestamp)(uint64_t (*)(void));   /* CUPTI 11.6 on; NULL before */
     int (*callback_name)(uint32_t, uint32_t, const char **);
     int (*result_string)(int, const char **);
 } CuptiCalls;
