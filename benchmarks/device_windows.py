@@ -18,6 +18,8 @@ second). Four ways of closing a window, run in turn on the same model, round aft
 - ``cupti-direct`` (CUDA only): no window at all. CUPTI's activity API driven directly
   (tracer/recorder/device_direct.py, ``PARATRACE_DEVICE_SOURCE=cupti``): CUPTI's own thread
   hands its buffers back, the flusher drains the rows; nothing is cut on the training thread.
+- ``host-only`` (a baseline): the recorder with device time off (``device_time=False``), so
+  that what device time adds shows apart from what the host recording costs.
 - ``untraced`` (a baseline): the same steps with no recorder.
 
 Without a GPU (``--device cpu``, the default) the profiler's CPU activity stands in for CUDA, as in
@@ -72,6 +74,7 @@ PATHS = {"torch.profiler": ("torch.profiler", "flusher", "cut"),
          "flusher-save": ("binding", "worker", "flusher"),
          "worker": ("binding", "worker", "cut"),
          "cupti-direct": ("binding", "worker", "cut"),
+         "host-only": ("binding", "worker", "cut"),
          "untraced": ("binding", "worker", "cut")}
 DEFAULT_PATHS = ("torch.profiler", "binding", "flusher-save", "worker")
 LABELS = {"torch.profiler": "torch.profiler, export at the cut, parse on the flusher (first)",
@@ -80,11 +83,12 @@ LABELS = {"torch.profiler": "torch.profiler, export at the cut, parse on the flu
                           "lost on CUDA)",
           "worker": "binding, export at the cut, parse in the worker (now)",
           "cupti-direct": "CUPTI directly: no window, the flusher drains CUPTI's rows",
+          "host-only": "the recorder without device time (its host cost alone)",
           "untraced": "untraced (no recorder)"}
 SHORT = {"torch.profiler": "torch.profiler (first)", "binding": "binding, parse here (second)",
          "flusher-save": "binding, save on the flusher (third)",
          "worker": "binding, save at the cut (now)", "cupti-direct": "CUPTI directly",
-         "untraced": "untraced"}
+         "host-only": "host only (no device time)", "untraced": "untraced"}
 
 
 class Probe:
@@ -148,7 +152,7 @@ def run_once(model: str, steps: int, path: str, out: str, probe: Probe) -> tuple
     probe.events = []
     os.environ[SOURCE_ENV] = "cupti" if path == "cupti-direct" else "kineto"
     recorder = contextlib.nullcontext if path == "untraced" else \
-        (lambda: tracer.trace(out, clock_sync=False))
+        (lambda: tracer.trace(out, clock_sync=False, device_time=path != "host-only"))
     closed = step_times(model, steps, recorder, mark)[2]
     shutil.rmtree(out, ignore_errors=True)
     return ([(a[0], b[0], b[1] - a[1]) for a, b in zip(marks, marks[1:])], list(probe.events),

@@ -79,7 +79,7 @@ for part in ${PARTS//,/ }; do
     case $part in
     install) ;;
     tests)
-        timeout 200 python3 -m pytest -m gpu tests -q -p no:cacheprovider > "$DIR/tests.log" 2>&1
+        timeout 200 python3 -m pytest -m gpu tests -q -rfEsp -p no:cacheprovider > "$DIR/tests.log" 2>&1
         status tests $? ;;
     trace)
         run=$(mktemp -d)/gpt1024
@@ -107,7 +107,7 @@ for part in ${PARTS//,/ }; do
         status devtime $? ;;
     windows)
         timeout 150 python3 benchmarks/device_windows.py --device cuda --model large \
-            --rounds 2 --steps 30 --paths untraced,worker,cupti-direct \
+            --rounds 2 --steps 30 --paths untraced,host-only,worker,cupti-direct \
             > "$DIR/windows.log" 2>&1
         status windows $? ;;
     overhead)
@@ -120,7 +120,7 @@ for part in ${PARTS//,/ }; do
             "profiler, profile_memory;paratrace;paratrace, memory" > "$DIR/memory.log" 2>&1
         status memory $? ;;
     direct)
-        PARATRACE_DEVICE_SOURCE=cupti timeout 200 python3 -m pytest -m gpu -q \
+        PARATRACE_DEVICE_SOURCE=cupti timeout 200 python3 -m pytest -m gpu -q -rfEsp \
             -p no:cacheprovider tests/integration/test_device_direct.py \
             tests/integration/test_device_gpu.py > "$DIR/direct.log" 2>&1
         status direct-tests $?
