@@ -10,23 +10,24 @@
 #
 # Parts (docs/gpu.md says what each measured, with versions):
 #   install   only the install above and versions.txt (every other part does it first)
-#   tests     pytest -m gpu: CUPTI windows attribute every kernel; trace-run on one GPU (NCCL)
+#   tests     pytest -m gpu: device time (CUPTI directly, and Kineto's windows) attributes every
+#             kernel; trace-run on one GPU (NCCL); memory against max_memory_allocated
 #   trace     trace-run of the reference GPT at hidden 1024 on one GPU, 4 steps, its summary
 #             (activities attributed, device compute a step), tarred (traces.tgz); and the
 #             one-line error of the 4-rank default on a machine with fewer GPUs than ranks
 #   hf        the Hugging Face Trainer in one process on the GPU under trace-run --no-launcher
 #   devtime   device compute a step, paratrace against a torch.profiler export of the same
 #             configuration (benchmarks/gpu_device_time.py)
-#   windows   what closing a CUPTI window costs the training thread, side by side with no
-#             recorder and with CUPTI driven directly (no window; PARATRACE_DEVICE_SOURCE=cupti)
-#             (benchmarks/device_windows.py: 330 ms closing steps against 141 on an H200)
+#   windows   what device time costs the training thread, side by side: no recorder, the
+#             recorder without device time, Kineto's windows (PARATRACE_DEVICE_SOURCE=kineto) and
+#             CUPTI driven directly (the default) (benchmarks/device_windows.py; on an H200 a step
+#             in which a window closed took 347-422 ms against 141; directly, no such step)
 #   overhead  the recorders side by side with each one's worst step (benchmarks/overhead.py)
 #   memory    what recording memory costs on the GPU: paratrace with and without --memory
 #             against torch.profiler(profile_memory) (benchmarks/memory_mechanisms.py); not in
 #             `all` (the six above fill one command's 10 minutes): name it
-#   direct    CUPTI driven directly (tracer/recorder/device_direct.py, not yet the default): the
-#             `gpu` tests of device time with PARATRACE_DEVICE_SOURCE=cupti (among them: the
-#             same steps give the same kernels on the same ops as Kineto's windows), and
+#   kineto    Kineto's windows, the fallback where the C extension or torch's libcupti is
+#             missing (PARATRACE_DEVICE_SOURCE=kineto): the device-time `gpu` tests and
 #             trace-run of the reference GPT at hidden 1024 with it, summarised; not in `all`
 # Results go under DIR: a log per part and summary.txt (each part's exit status).
 set -uo pipefail
@@ -35,9 +36,9 @@ PARTS=${1:-all}
 DIR=${2:-${OUT:?no DIR given and no \$OUT}}
 [ "$PARTS" = all ] && PARTS=tests,trace,hf,devtime,windows,overhead
 for part in ${PARTS//,/ }; do
-    case $part in install|tests|trace|hf|devtime|windows|overhead|memory|direct) ;;
+    case $part in install|tests|trace|hf|devtime|windows|overhead|memory|kineto) ;;
     *) echo "gpu_checks.sh: unknown part '$part' (install, tests, trace, hf, devtime," \
-            "windows, overhead, memory, direct, all)" >&2; exit 2 ;;
+            "windows, overhead, memory, kineto, all)" >&2; exit 2 ;;
     esac
 done
 mkdir -p "$DIR"
@@ -119,17 +120,17 @@ for part in ${PARTS//,/ }; do
             --rounds 3 --steps 4 --no-check --mechanisms \
             "profiler, profile_memory;paratrace;paratrace, memory" > "$DIR/memory.log" 2>&1
         status memory $? ;;
-    direct)
-        PARATRACE_DEVICE_SOURCE=cupti timeout 200 python3 -m pytest -m gpu -q -rfEsp \
-            -p no:cacheprovider tests/integration/test_device_direct.py \
-            tests/integration/test_device_gpu.py > "$DIR/direct.log" 2>&1
-        status direct-tests $?
-        run=$(mktemp -d)/direct1024
-        PARATRACE_DEVICE_SOURCE=cupti timeout 150 trace-run --nproc-per-node 1 --out "$run" \
+    kineto)
+        PARATRACE_DEVICE_SOURCE=kineto timeout 200 python3 -m pytest -m gpu -q -rfEsp \
+            -p no:cacheprovider tests/integration/test_device_gpu.py \
+            tests/integration/test_tracer_device.py > "$DIR/kineto.log" 2>&1
+        status kineto-tests $?
+        run=$(mktemp -d)/kineto1024
+        PARATRACE_DEVICE_SOURCE=kineto timeout 150 trace-run --nproc-per-node 1 --out "$run" \
             --no-report -m sample_runs.train "${LARGE[@]}" --device cuda --steps 4 \
-            >> "$DIR/direct.log" 2>&1
-        status direct-trace $?
-        timeout 60 python3 scripts/gpu_summary.py "$run" >> "$DIR/direct.log" 2>&1
-        status direct-summary $? ;;
+            >> "$DIR/kineto.log" 2>&1
+        status kineto-trace $?
+        timeout 60 python3 scripts/gpu_summary.py "$run" >> "$DIR/kineto.log" 2>&1
+        status kineto-summary $? ;;
     esac
 done

@@ -1,8 +1,9 @@
 """Device time recorded for real on a GPU (``gpu`` marker: skipped cleanly without CUDA).
 
-What the CPU suite cannot show: the recorder's CUPTI windows catch the CUDA kernels of a traced
-run, every kernel is attributed to the op that launched it, and trace-run records the reference
-GPT on one GPU with NCCL. Hardware timings (device time against torch.profiler's, the recorder's
+What the CPU suite cannot show: the recorder's device time (CUPTI driven directly, the default,
+and Kineto's windows, the fallback) catches the CUDA kernels of a traced run, every kernel is
+attributed to the op that launched it, and trace-run records the reference GPT on one GPU with
+NCCL. Hardware timings (device time against torch.profiler's, the recorder's
 cost) are benchmarks, not tests (docs/gpu.md).
 """
 from __future__ import annotations
@@ -25,11 +26,14 @@ from support.paths import REPO
 pytestmark = pytest.mark.gpu
 
 
-def test_the_recorder_attributes_every_kernel_of_a_traced_run(tmp_path, monkeypatch):
-    # Kineto's windows, a window a step: every window but the last is saved while the next one
-    # runs, where a save after the next window's start loses every CUPTI time
-    # (tracer/recorder/device.py). CUPTI driven directly (PARATRACE_DEVICE_SOURCE=cupti) has
+@pytest.mark.parametrize("source, written", [("cupti", "cupti-direct"), ("kineto", "cupti")])
+def test_the_recorder_attributes_every_kernel_of_a_traced_run(tmp_path, monkeypatch, source,
+                                                              written):
+    # CUPTI driven directly (the default) and Kineto's windows (the fallback), a window a step:
+    # every window but the last is saved while the next one runs, where a save after the next
+    # window's start loses every CUPTI time (tracer/recorder/device.py). The direct source has
     # no windows: its batches follow CUPTI's flush period, not the steps
+    monkeypatch.setenv("PARATRACE_DEVICE_SOURCE", source)
     monkeypatch.setattr("tracer.recorder.device.WINDOW_S", 0.0)
     steps = cuda_mlp_steps(warm_up=0)
     with tracer.trace(str(tmp_path)):
@@ -37,7 +41,8 @@ def test_the_recorder_attributes_every_kernel_of_a_traced_run(tmp_path, monkeypa
         torch.cuda.synchronize()
     trace = tracer.load(rundir.trace_file(str(tmp_path), 0))
     assert trace.meta["device_time"]["error"] is None
-    if trace.meta["device_time"]["source"] == "cupti":
+    assert trace.meta["device_time"]["source"] == written
+    if source == "kineto":
         assert trace.meta["device_time"]["windows"] >= 3
     records, _, problem = read_device(rundir.device_file(str(tmp_path), 0))
     assert problem is None and len(records) > 0

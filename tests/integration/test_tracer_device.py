@@ -213,6 +213,7 @@ def test_on_cuda_the_binding_records_the_kernels_torch_profiler_did(tmp_path, mo
     # the same steps recorded both ways on a GPU: three windows each, and in them the same
     # kernels, memcpys and memsets by name (written without a GPU: first run by a GPU session)
     from tracer.files.device_format import KINDS
+    monkeypatch.setenv("PARATRACE_DEVICE_SOURCE", "kineto")    # the windows, not the default
     monkeypatch.setattr(device_module, "WINDOW_S", 0.0)
     steps = cuda_mlp_steps()
     got = {}

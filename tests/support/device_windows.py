@@ -8,12 +8,17 @@ import torch
 import tracer
 from tracer.recorder import device as device_module, session as session_module
 from tracer.recorder.device import DeviceRecorder
+from tracer.recorder.device_direct import SOURCE_ENV
 
 from support.waiting import wait_until
 
 # The start of a script run apart (python -c) with device windows on the CPU stand-in, as
-# cpu_stands_in_for_cuda does in-process: a window per recorded step, a model and an optimizer
+# cpu_stands_in_for_cuda does in-process: Kineto's windows asked for by name (the default,
+# CUPTI driven directly, would find the libcupti of a CUDA build of torch and refuse to start
+# without a GPU), a window per recorded step, a model and an optimizer
 STAND_IN_SCRIPT = """
+import os
+os.environ["PARATRACE_DEVICE_SOURCE"] = "kineto"
 import tracer
 from tracer.recorder import device as device_module, session as session_module
 from tracer.recorder.device import DeviceRecorder
@@ -52,6 +57,7 @@ def cuda_mlp_steps(warm_up: int = 3):
 
 
 def cpu_stands_in_for_cuda(monkeypatch) -> None:
+    monkeypatch.setenv(SOURCE_ENV, "kineto")        # Kineto's windows (see STAND_IN_SCRIPT)
     monkeypatch.setattr(session_module, "cuda_in_use", lambda: True)
     monkeypatch.setattr(DeviceRecorder, "activity", "CPU")
     monkeypatch.setattr(device_module, "WINDOW_S", 0.0)     # a window per recorded step

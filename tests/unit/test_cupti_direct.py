@@ -124,6 +124,8 @@ def test_drained_rows_become_records_in_unix_ns_with_only_their_names():
 
 def test_the_source_is_named_by_its_variable(monkeypatch):
     monkeypatch.delenv(device_direct.SOURCE_ENV, raising=False)
+    assert device_direct.source() == "cupti"
+    monkeypatch.setenv(device_direct.SOURCE_ENV, "Kineto")
     assert device_direct.source() == "kineto"
     monkeypatch.setenv(device_direct.SOURCE_ENV, "CUPTI")
     assert device_direct.source() == "cupti"
@@ -216,7 +218,12 @@ def test_asking_for_cupti_without_it_falls_back_to_kinetos_windows(tmp_path, mon
     assert recorder.error == ("PARATRACE_DEVICE_SOURCE=cupti: torch loaded no libcupti; device "
                               "time comes from Kineto's windows")
     assert capfd.readouterr().err == f"paratrace: rank 3: {recorder.error}\n"
+    # the default (CUPTI, not asked for by name) falls back quietly
     monkeypatch.delenv(device_direct.SOURCE_ENV)
+    quiet = device_direct.device_recorder(str(tmp_path), 3, [])
+    assert type(quiet) is DeviceRecorder and quiet.error is None
+    assert capfd.readouterr().err == ""
+    monkeypatch.setenv(device_direct.SOURCE_ENV, "kineto")
     assert type(device_direct.device_recorder(str(tmp_path), 3, [])) is DeviceRecorder
     assert sys.modules["tracer.recorder._cupti"] is cupti
 
