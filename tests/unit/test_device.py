@@ -14,7 +14,8 @@ import pytest
 from support import attribution_oracle
 import tracer
 from tracer.files import rundir
-from tracer.files.device_format import DeviceRecords, DeviceWriter, KINDS, read_device
+from tracer.files.device_format import (DeviceRecords, DeviceWriter, KINDS, read_device,
+                                        warm_up)
 from tracer.kineto.chrome_trace import load_chrome_trace
 from support.constructed.synthetic import SyntheticRank
 from viz.analysis import analyse
@@ -261,3 +262,15 @@ def test_the_front_page_bar_shows_memory_apart_from_idle(merged):
     assert row["memory"]
 
 
+
+
+def test_the_writers_warm_up_is_a_device_stream_of_one_row_in_memory(tmp_path):
+    # what the direct recorder writes at its start, so that the flusher's first batch does not
+    # pay pyarrow's first-use costs: the same writer's path, into memory, no file
+    data = warm_up()
+    path = tmp_path / "warm.device.arrow"
+    path.write_bytes(data)
+    records, metas, problem = read_device(str(path))
+    assert problem is None and len(records) == 1 and metas == [{}]
+    assert records.names == ["warm-up"] and records.start.tolist() == [0]
+    assert list(tmp_path.iterdir()) == [path]
