@@ -2,7 +2,8 @@
 
 For a tiny-op and a mid-op model (4 transformer blocks, AdamW) prints the median step time of
 each recorder and its extra time over the untraced step, in wall time, the main thread's CPU
-time and the process's CPU time, then each recorder's worst step beside its median step:
+time and the process's CPU time, then each recorder's worst step beside its median step, and
+where it fell (round and counted step: a one-time cost falls in the same place in every run):
 
 - untraced;
 - a bare no-op TorchDispatchMode whose ``__torch_dispatch__`` only calls the op (the floor any
@@ -55,7 +56,8 @@ def measure(recorders: Recorders, models: list, rounds: int, steps: int) -> tupl
     process CPU) seconds a step, the finishing work included (spread over the run's steps).
     Process CPU is a mean, not a median: the flusher's work lands in some steps and not
     others. steps_seen: (model, recorder) -> every counted step's (wall, main thread's CPU)
-    seconds, over all rounds: its worst steps (a GPU window's close lands in one step)."""
+    seconds, round (from 1) and step (from 1, the counted ones), over all rounds: its worst
+    steps (a GPU window's close lands in one step), and where they fell."""
     times = {(m, name): [] for m in models for name in recorders.factories}
     seen = {(m, name): [] for m in models for name in recorders.factories}
     for round_ in range(rounds + 1):               # round 0 warms every path up, not counted
@@ -69,7 +71,8 @@ def measure(recorders: Recorders, models: list, rounds: int, steps: int) -> tupl
                         (statistics.median(walls) + finish_wall / steps,
                          statistics.median(mains) + finish_main / steps,
                          statistics.mean(cpus) + finish_cpu / steps))
-                    seen[model, name].extend(zip(walls, mains))
+                    seen[model, name].extend((wall, main, round_, k) for k, (wall, main)
+                                             in enumerate(zip(walls, mains), start=1))
     return times, seen
 
 
@@ -114,10 +117,11 @@ def report(times: dict, seen: dict, recorders: Recorders, models: list) -> None:
 def worst_lines(seen: dict, model: str) -> str:
     """Each recorder's worst step beside its median step, over every counted step of every
     round (no finishing work): a stall that lands in one step in a few (a GPU window's close,
-    a flush) shows here and hides in the medians above."""
+    a flush) shows here and hides in the medians above. ``at``: the round and counted step of
+    the worst wall step (a one-time cost lands in the same place every run; a stall anywhere)."""
     lines = [f"worst step of each recorder, over every counted step ({model}):",
              f"{'recorder':28s} {'wall median':>11s} {'worst':>9s} {'x median':>8s}"
-             f" {'main cpu median':>15s} {'worst':>9s} {'x median':>8s}"]
+             f" {'main cpu median':>15s} {'worst':>9s} {'x median':>8s} {'at':>11s}"]
     for (m, name), steps in seen.items():
         if m != model or not steps:
             continue
@@ -127,7 +131,8 @@ def worst_lines(seen: dict, model: str) -> str:
             median, worst = statistics.median(values), max(values)
             parts.append(f"{median * 1e3:{width - 2}.2f}ms {worst * 1e3:7.2f}ms "
                          f"{worst / median if median > 0 else float('nan'):8.2f}")
-        lines.append(f"{name:28s} {parts[0]} {parts[1]}")
+        at = max(steps, key=lambda s: s[0])
+        lines.append(f"{name:28s} {parts[0]} {parts[1]} {f'r{at[2]} step {at[3]}':>11s}")
     return "\n".join(lines)
 
 
