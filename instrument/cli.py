@@ -72,7 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="count these packages as the user's code, e.g. torch, or one of "
                      "--library site-packages")
     own.add_argument("--no-device-time", action="store_true",
-                     help="on CUDA, do not record GPU activity (CUPTI through torch.profiler); "
+                     help="on CUDA, do not record GPU activity (CUPTI, driven directly; "
+                     "PARATRACE_DEVICE_SOURCE=kineto takes it through torch's Kineto instead); "
                      "op times are then host launch times")
     own.add_argument("--memory", action="store_true",
                      help="record every storage's bytes, free and category (parameters, "
