@@ -262,8 +262,6 @@ def test_the_front_page_bar_shows_memory_apart_from_idle(merged):
     assert row["memory"]
 
 
-
-
 def test_the_writers_warm_up_is_a_device_stream_of_one_row_in_memory(tmp_path):
     # what the direct recorder writes at its start, so that the flusher's first batch does not
     # pay pyarrow's first-use costs: the same writer's path, into memory, no file

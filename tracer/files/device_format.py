@@ -9,6 +9,7 @@ clock (``clock_pairs``). A killed rank loses at most the window under way. Never
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 from dataclasses import dataclass, field
@@ -112,11 +113,12 @@ class DeviceWriter:
         self._sink.close()
 
 
+@functools.lru_cache(maxsize=1)
 def warm_up() -> bytes:
-    """A one-row stream written to memory, as :class:`DeviceWriter` writes a batch; returns its
-    bytes. pyarrow's first dictionary arrays and compressed IPC batch cost once what later
-    batches do not (on the CPU: 12.5 ms for a first batch of 8,000 rows, 0.9 ms for the next;
-    1.5 ms after this). A recorder whose flusher writes while the training thread runs calls it
+    """A one-row stream written to memory, as :class:`DeviceWriter` writes a batch, once per
+    process; returns its bytes. pyarrow's first dictionary arrays and compressed IPC batch cost
+    once what later batches do not (on the CPU: 12.5 ms for a first batch of 8,000 rows, 0.9 ms
+    for the next; 1.5 ms after this). A recorder whose flusher writes while the training thread runs calls it
     before the first step, so that the first write does not hold the GIL that long."""
     sink = pa.BufferOutputStream()
     writer = DeviceWriter("", {"warm_up": True}, sink=sink)
