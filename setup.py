@@ -22,6 +22,7 @@ if sys.version_info < (3, 11) or platform.python_implementation() != "CPython":
 # library is needed to build it (it loads the libcupti torch's CUDA build loaded). Optional,
 # Linux and CPython only; without it the recorder takes device time through Kineto.
 CUPTI = [Extension("tracer.recorder._cupti", ["tracer/recorder/csrc/cupti.c",
+                                              "tracer/recorder/csrc/cuptitests.c",
                                               "tracer/recorder/csrc/cuptirecords.c"],
                    depends=["tracer/recorder/csrc/cuptirecords.h"],
                    extra_compile_args=["-fvisibility=hidden"], libraries=["dl", "pthread"],

@@ -37,7 +37,6 @@ class StandInCupti:
         self.lock = threading.Lock()
         self.rows: list = []
         self.names: list = []
-        self.drained_names = 0
         self.on = False
         self.starts = self.stops = self.forced_flushes = 0
         self.launched = 0
@@ -76,13 +75,12 @@ class StandInCupti:
             self.rows.append((0, self._name(kernel), t + 2_000, t + 2_000 + KERNEL_NS, 0, 7,
                               self.launched, 0, 0))
 
-    def drain(self) -> tuple:
+    def drain(self, known: int) -> tuple:
         with self.lock:
             rows, self.rows = self.rows, []
-            fresh = self.names[self.drained_names:]
-            self.drained_names = len(self.names)
+            fresh = self.names[known:]
         data = np.array(rows, dtype=device_direct.ROW).tobytes() if rows else b""
-        return data, fresh, 0, 0
+        return data, fresh, 0, 0, 0
 
 
 CUPTI = StandInCupti()

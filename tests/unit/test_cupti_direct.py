@@ -1,8 +1,10 @@
 """CUPTI's activity API without Kineto (tracer/recorder/csrc/cupti.c, device_direct.py), without
-a GPU: each record kind through the completion path's parse into device-file rows, and the real
+a GPU: each record kind, laid out from NVIDIA's struct definitions (tests/support/
+cupti_records.py), through the completion path's parse into device-file rows, and the real
 libcupti of a CUDA build of torch loaded, naming the launches by NVIDIA's callback ids and
 refusing to start where no driver is. The record layouts against NVIDIA's headers:
-tests/integration/test_cupti_layout.py; the whole recorder on this path, with rows fed from
+tests/integration/test_cupti_layout.py; every path of the C module against a stand-in libcupti:
+tests/integration/test_cupti_standin.py; the whole recorder on this path, with rows fed from
 recorded ops: tests/integration/test_device_direct.py. On a GPU: scripts/gpu_checks.sh.
 
 The checks that need CUPTI's headers or library run in the compatibility venvs (CUDA builds of
@@ -12,12 +14,12 @@ from __future__ import annotations
 import ctypes
 import os
 import re
-import struct
 import sys
 
 import numpy as np
 import pytest
 
+from support import cupti_records as rec
 from support.cupti_headers import header_sets
 from tracer.files import rundir
 from tracer.files.device_format import KINDS, read_device
@@ -28,30 +30,17 @@ cupti = pytest.importorskip("tracer.recorder._cupti",
                             reason="the _cupti extension is not built (no compiler)")
 
 
-def record(fields: list) -> bytes:
-    """A record as CUPTI lays it out: (offset, struct format, value) of each field set, zeros
-    elsewhere (offsets from the module's layout, checked against the headers above)."""
-    out = bytearray(256)
-    for offset, fmt, value in fields:
-        struct.pack_into("<" + fmt, out, offset, value)
-    return bytes(out)
-
-
 def kernel(name: bytes, start: int, end: int, device: int, stream: int, corr: int):
-    at = cupti.layout()
+    """A kernel's record as NVIDIA lays it out, and the name it points at (kept alive)."""
     buf = ctypes.create_string_buffer(name)
-    raw = record([(0, "I", 10), (at["CUpti_ActivityKernel.start"], "Q", start),
-                  (at["CUpti_ActivityKernel.end"], "Q", end),
-                  (at["CUpti_ActivityKernel.deviceId"], "I", device),
-                  (at["CUpti_ActivityKernel.streamId"], "I", stream),
-                  (at["CUpti_ActivityKernel.correlationId"], "I", corr),
-                  (at["CUpti_ActivityKernel.name"], "Q", ctypes.addressof(buf))])
+    raw = rec.pack(rec.KERNEL4, kind=rec.KIND["kernel"], start=start, end=end, deviceId=device,
+                   streamId=stream, correlationId=corr, name=ctypes.addressof(buf))
     return raw, buf
 
 
 def drained() -> tuple:
     """(rows, every name the module has drained in this process, rows lost, records dropped)."""
-    data, names, lost, dropped = device_direct.drain(cupti)
+    data, names, lost, dropped, _ = device_direct.drain(cupti)
     return np.frombuffer(data, dtype=device_direct.ROW), names, lost, dropped
 
 
@@ -63,27 +52,17 @@ def empty_module():
 
 
 def test_each_record_kind_becomes_a_row_of_the_device_format():
-    at = cupti.layout()
     raw, buf = kernel(b"_ZN2at6native29vectorized_elementwise_kernelILi4ENS0_11FillFunctorIfEES"
                       b"t5arrayIPcLm1EEEEviT0_T1_", 1_000, 3_500, 0, 7, 41)
     cupti.take_record(raw)
     triton, tbuf = kernel(b"triton_poi_fused_gelu_0", 4_000, 4_200, 1, 9, 42)
     cupti.take_record(triton)
-    cupti.take_record(record([(0, "I", 1), (at["CUpti_ActivityMemcpy.copyKind"], "B", 2),
-                              (at["CUpti_ActivityMemcpy.srcKind"], "B", 3),
-                              (at["CUpti_ActivityMemcpy.dstKind"], "B", 2),
-                              (at["CUpti_ActivityMemcpy.bytes"], "Q", 4096),
-                              (at["CUpti_ActivityMemcpy.start"], "Q", 5_000),
-                              (at["CUpti_ActivityMemcpy.end"], "Q", 6_000),
-                              (at["CUpti_ActivityMemcpy.streamId"], "I", 7),
-                              (at["CUpti_ActivityMemcpy.correlationId"], "I", 43)]))
-    cupti.take_record(record([(0, "I", 2), (at["CUpti_ActivityMemset.bytes"], "Q", 512),
-                              (at["CUpti_ActivityMemset.start"], "Q", 7_000),
-                              (at["CUpti_ActivityMemset.end"], "Q", 7_100),
-                              (at["CUpti_ActivityMemset.streamId"], "I", 7),
-                              (at["CUpti_ActivityMemset.correlationId"], "I", 44),
-                              (at["CUpti_ActivityMemset.memoryKind"], "H", 3)]))
-    cupti.take_record(record([(0, "I", 6)]))      # a kind not enabled: left out
+    cupti.take_record(rec.pack(rec.MEMCPY, kind=rec.KIND["memcpy"], copyKind=2, srcKind=3,
+                               dstKind=2, bytes=4096, start=5_000, end=6_000, streamId=7,
+                               correlationId=43))
+    cupti.take_record(rec.pack(rec.MEMSET, kind=rec.KIND["memset"], bytes=512, start=7_000,
+                               end=7_100, streamId=7, correlationId=44, memoryKind=3))
+    cupti.take_record(rec.pack(rec.API, kind=6))   # a kind not enabled: left out
     rows, names, lost, dropped = drained()
     assert (lost, dropped) == (0, 0)
     # Kineto's names (tests/assets/gpu-h100/kineto.json.gz has each of these forms)
@@ -169,14 +148,10 @@ def cbid(header: str, name: str) -> int:
 def test_the_real_libcupti_names_the_launches_and_leaves_the_rest_out():
     module, version, path = real_cupti()
     assert module is cupti and version > 0 and "libcupti.so" in os.path.basename(path)
-    at = cupti.layout()
 
     def api(kind: int, callback: int, corr: int) -> bytes:
-        return record([(0, "I", kind), (at["CUpti_ActivityAPI.cbid"], "I", callback),
-                       (at["CUpti_ActivityAPI.start"], "Q", 100 + corr),
-                       (at["CUpti_ActivityAPI.end"], "Q", 200 + corr),
-                       (at["CUpti_ActivityAPI.threadId"], "I", 0xDEADBEEF),
-                       (at["CUpti_ActivityAPI.correlationId"], "I", corr)])
+        return rec.pack(rec.API, kind=kind, cbid=callback, start=100 + corr, end=200 + corr,
+                        threadId=0xDEADBEEF, correlationId=corr)
     runtime = "cupti_runtime_cbid.h"
     cupti.take_record(api(5, cbid(runtime, "CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000"), 1))
     cupti.take_record(api(5, cbid(runtime, "CUPTI_RUNTIME_TRACE_CBID_cudaGetDevice_v3020"), 2))
@@ -213,6 +188,7 @@ def test_where_cupti_cannot_start_the_recorder_keeps_to_host_time(tmp_path, capf
 def test_asking_for_cupti_without_it_falls_back_to_kinetos_windows(tmp_path, monkeypatch, capfd):
     monkeypatch.setenv(device_direct.SOURCE_ENV, "cupti")
     monkeypatch.setattr(device_direct, "native", lambda: (None, "torch loaded no libcupti"))
+    monkeypatch.setattr(device_direct, "libcupti_path", lambda: None)
     recorder = device_direct.device_recorder(str(tmp_path), 3, [])
     assert isinstance(recorder, DeviceRecorder)
     assert recorder.error == ("PARATRACE_DEVICE_SOURCE=cupti: torch loaded no libcupti; device "

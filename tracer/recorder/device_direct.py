@@ -32,8 +32,12 @@ The default since its first GPU runs (an H200, torch 2.11.0+cu130; docs/gpu.md):
 activity attributed, device time within 0.3% of a torch.profiler export's, and no step stalled
 by a window's close. ``PARATRACE_DEVICE_SOURCE=kineto`` asks for Kineto's windows instead.
 Without the extension or without a libcupti in the process, Kineto's windows record (said once
-where ``cupti`` was asked for by name); where CUPTI refuses to start, the recorder keeps to host
-time, said once.
+where ``cupti`` was asked for by name); so they do where the process's libcupti is one whose
+record layouts were not tested (``_cupti.TESTED_VERSIONS``), does not load, or the GIL is off
+(free-threaded Python: the C module's rows are not shared safely without it), said once. Where
+CUPTI refuses to start, the recorder keeps to host time, said once. Buffers CUPTI hands back that
+the C module did not hand out (another profiler's, which slipped past the patch) are left to
+their owner, unread, counted and said once.
 """
 from __future__ import annotations
 
@@ -49,6 +53,7 @@ import pyarrow as pa
 from tracer.files import rundir
 from tracer.files.device_format import DeviceRecords, DeviceWriter, warm_up
 
+from ._native import gil_enabled
 from .device import DeviceRecorder, clock_pair
 from .device_notes import DeviceNotes
 
@@ -57,6 +62,8 @@ SOURCES = ("kineto", "cupti")
 FLUSH_PERIOD_MS = 500       # CUPTI's own thread hands the buffers back this often
 BUFFER_BYTES = 4 << 20
 OFF_CLOCK_NS = 3600 * 10**9   # a drained record further than this from now: a clock gone wrong
+FOREIGN = ("CUPTI handed back buffers another profiler allocated (one that started without "
+           "torch.profiler's Python API: dynolog...): left to it, unread")
 ROW = np.dtype([(f, "<i8") for f in ("kind", "name", "start", "end", "device", "stream",
                                      "corr", "tid", "nbytes")])
 
@@ -87,6 +94,8 @@ def libcupti_path(maps: str = "/proc/self/maps") -> Optional[str]:
 def native() -> tuple:
     """((the _cupti module, cuptiGetVersion, libcupti's path), None) or (None, why not)."""
     import torch  # noqa: F401  (its CUDA build loads libcupti: imported before looking)
+    if not gil_enabled():       # before the import, which would turn the GIL back on
+        return None, "the GIL is disabled (free-threaded Python)"
     try:
         from . import _cupti
     except ImportError:
@@ -98,22 +107,27 @@ def native() -> tuple:
         version = _cupti.load(path)
     except (OSError, RuntimeError) as exc:
         return None, f"libcupti did not load ({exc})"
+    if version not in _cupti.TESTED_VERSIONS:
+        return None, (f"{path} is CUPTI {version}, whose record layouts are not tested (tested: "
+                      f"{', '.join(map(str, _cupti.TESTED_VERSIONS))})")
     return (_cupti, version, path), None
 
 
 def device_recorder(traces_dir: str, rank: int, pairs: list):
     """The session's device recorder: CUPTI directly (the default) where possible, else
-    Kineto's windows. Where the variable asked for CUPTI by name, why not is said once on
-    stderr and in the metadata's error; the default falls back quietly (the metadata's
-    ``source`` says which recorded)."""
+    Kineto's windows. Where the variable asked for CUPTI by name, or a libcupti is in the
+    process but not driven (an untested version...), why not is said once on stderr and in the
+    metadata's error; otherwise (no extension, no libcupti) the default falls back quietly (the
+    metadata's ``source`` says which recorded)."""
     wanted = source()
     if wanted == "cupti":
         found, why = native()
         if found is not None:
             return DirectDeviceRecorder(traces_dir, rank, pairs, *found)
         recorder = DeviceRecorder(traces_dir, rank, pairs)
-        if os.environ.get(SOURCE_ENV, "").strip():
-            recorder.say_once(f"{SOURCE_ENV}=cupti: {why}; "
+        by_name = bool(os.environ.get(SOURCE_ENV, "").strip())
+        if by_name or libcupti_path() is not None:
+            recorder.say_once(f"{f'{SOURCE_ENV}=cupti: ' if by_name else ''}{why}; "
                               "device time comes from Kineto's windows")
         return recorder
     return DeviceRecorder(traces_dir, rank, pairs)
@@ -125,14 +139,16 @@ _NAMES_LOCK = threading.Lock()
 
 def drain(module) -> tuple:
     """(the rows made since the last drain, as bytes; every name the module has drained in
-    this process, which the rows index; rows lost; records dropped). The C module's names are
-    the process's, not a session's: a later session's rows index names an earlier one drained."""
+    this process, which the rows index; rows lost; records dropped; buffers left to another
+    profiler). The C module's names are the process's, not a session's: a later session's rows
+    index names an earlier one drained. A drain that fails (no memory) takes nothing: the C
+    module keeps its rows, and the names are asked for from the count held here."""
     with _NAMES_LOCK:
-        data, fresh, lost, dropped = module.drain()
         # the names are the drain's owner's (the C module, also behind a wrapper)
         names = _NAMES.setdefault(getattr(module.drain, "__self__", module), [])
+        data, fresh, lost, dropped, foreign = module.drain(len(names))
         names.extend(fresh)
-        return data, names, lost, dropped
+        return data, names, lost, dropped, foreign
 
 
 def records_of(data: bytes, names: list, offset_ns: int) -> DeviceRecords:
@@ -161,7 +177,7 @@ class DirectDeviceRecorder(DeviceNotes):
         self._refused = False
         self._batches = 0
         self._offset_ns = 0             # Unix ns - CUPTI ns, at the latest drain
-        self._lost = self._dropped = 0
+        self._lost = self._dropped = self._foreign = 0
         self._writer: Optional[DeviceWriter] = None
         self._lock = threading.Lock()   # the drain and the file
         # the flusher's first batch would pay pyarrow's first-use costs holding the GIL, in a
@@ -186,8 +202,8 @@ class DirectDeviceRecorder(DeviceNotes):
     def start(self) -> bool:
         if self._refused or self.profiler_running(recorded_before=self._started):
             return False
-        self._take_clock()
         try:
+            self._take_clock()
             self._cupti.start(BUFFER_BYTES, FLUSH_PERIOD_MS)
         except RuntimeError as exc:
             self._refused = True
@@ -213,6 +229,7 @@ class DirectDeviceRecorder(DeviceNotes):
         return {"source": "cupti-direct", "windows": self._batches, "error": self.error,
                 "errors": self.errors, "cupti_version": self.version,
                 "rows_lost": self._lost, "records_dropped": self._dropped,
+                "foreign_buffers": self._foreign,
                 "clock": "unix" if self._cupti.own_clock() else "paired"}
 
     def _take_clock(self) -> None:
@@ -223,8 +240,15 @@ class DirectDeviceRecorder(DeviceNotes):
         """Drain the rows CUPTI's thread made and append them as a batch (the flusher's job;
         at close, the closing thread's)."""
         with self._lock:
-            data, names, lost, dropped = drain(self._cupti)
+            try:
+                data, names, lost, dropped, foreign = drain(self._cupti)
+            except MemoryError:       # the C module kept its rows: the next drain takes them
+                self._note("a drain of CUPTI's rows ran out of memory (retried at the next)")
+                return
             self._take_clock()
+            if foreign:
+                self._foreign += foreign
+                self.say_once(FOREIGN, topic="foreign")
             if lost or dropped:
                 self._lost += lost
                 self._dropped += dropped
