@@ -2,6 +2,7 @@
 import os
 import platform
 import sys
+import sysconfig
 
 from setuptools import Extension, find_packages, setup
 
@@ -29,6 +30,12 @@ CUPTI = [Extension("tracer.recorder._cupti", ["tracer/recorder/csrc/cupti.c",
                    optional=True)]
 if not sys.platform.startswith("linux") or platform.python_implementation() != "CPython":
     CUPTI = []
+# A free-threaded build (3.13t on) gets neither: both keep tables that assume the GIL, and
+# importing a module that does not declare otherwise turns the GIL back on for the process.
+# The recorder runs their Python twins there, and device time comes from Kineto's windows
+# (tracer/recorder/_native.py, docs/compat.md).
+if sysconfig.get_config_var("Py_GIL_DISABLED"):
+    HOT_PATH, CUPTI = [], []
 FRAMEWORKS = ["transformers==5.24.0", "accelerate==1.15.0", "lightning==2.6.6"]
 
 setup(

@@ -528,8 +528,11 @@ standin = StandIn({path!r})      # mapped, as torch's CUDA build maps its libcup
 standin.reset()
 import torch
 import tracer
-from tracer.recorder import session as session_module
+from tracer.recorder import device_direct, session as session_module
 session_module.cuda_in_use = lambda: True
+if device_direct.libcupti_path() != {path!r}:
+    # a CUDA build of torch mapped its own libcupti too (the compatibility venvs): this one
+    device_direct.libcupti_path = lambda: {path!r}
 launches = []
 
 
