@@ -30,6 +30,7 @@ from tracer.vocab.labels import PHASE_BACKWARD, PHASE_FORWARD
 from tracer.vocab.ops import P2P_KINDS
 
 from . import rows
+from .passthrough import recorder_failed
 
 COMM_ROW = rows.COMM_ROW
 _future_is_done = torch._C.Future.done       # unbound: one call less than the wrapper's
@@ -387,40 +388,47 @@ def special_op(session, special, func, args, kwargs, op_id):
     operators (hops.py)."""
     if special == ops.HOP:
         return session._hops(func, args, kwargs)
-    if special == ops.WAIT:
-        t0 = _now()
-        out = func(*args, **kwargs)
-        t1 = _now()
-        tracker = session._comm
-        pending = tracker.funcol_take(args[0] if args else kwargs.get("tensor"))
-        cid = None
-        if pending is not None:
-            cid = pending.cid
-            tracker.complete(pending, t1)
-        # the frame that dispatched the op (special_op <- on_op <- __torch_dispatch__ <- it)
-        try:
-            frame = sys._getframe(3)
-        except ValueError:   # no Python frame called it (autograd's device threads)
-            frame = None
-        stack = None if not session._record_stacks else \
-            session._capture(frame) if frame is not None else session._stacks.empty()
-        hint = session._annotations.phase_hint
-        phase = pending.phase if pending is not None else PHASE_BACKWARD \
-            if _current_node() is not None else (hint if hint is not None else PHASE_FORWARD)
-        session._push(rows.record(
-            t0=t0, t1=t1, op=op_id, phase=phase, module=session._modules.current, stack=stack,
-            annotation=session._annotations.current, step=session.step_index,
-            thread=session._thread(), cid=cid))
-        return out
+    t0 = _now()
     out = func(*args, **kwargs)
-    if special == ops.RF_ENTER:
-        session._open_ranges += 1
-        name = args[0] if args else kwargs.get("name", "?")
-        entry = session._annotations.push(str(name), {"source": "record_function"})
-        session._annotations.open_record_function(entry, _now())
-    elif special == ops.RF_EXIT:
-        session._open_ranges = max(0, session._open_ranges - 1)
-        opened = session._annotations.close_record_function()
-        if opened is not None:
-            session.close_range(*opened)
+    try:     # the recorder's own work: a failure puts the rank into passthrough (passthrough.py)
+        if special == ops.WAIT:
+            _waited(session, args, kwargs, op_id, t0, _now())
+        elif special == ops.RF_ENTER:
+            session._open_ranges += 1
+            name = args[0] if args else kwargs.get("name", "?")
+            entry = session._annotations.push(str(name), {"source": "record_function"})
+            session._annotations.open_record_function(entry, _now())
+        elif special == ops.RF_EXIT:
+            session._open_ranges = max(0, session._open_ranges - 1)
+            opened = session._annotations.close_record_function()
+            if opened is not None:
+                session.close_range(*opened)
+    except Exception as exc:
+        recorder_failed(session, exc)
     return out
+
+
+def _waited(session, args, kwargs, op_id: int, t0: int, t1: int) -> None:
+    """The wait of a functional collective ran: it completes its collective, and takes its
+    phase."""
+    tracker = session._comm
+    pending = tracker.funcol_take(args[0] if args else kwargs.get("tensor"))
+    cid = None
+    if pending is not None:
+        cid = pending.cid
+        tracker.complete(pending, t1)
+    # the frame that dispatched the op (_waited <- special_op <- on_op <- __torch_dispatch__ <-
+    # it)
+    try:
+        frame = sys._getframe(4)
+    except ValueError:   # no Python frame called it (autograd's device threads)
+        frame = None
+    stack = None if not session._record_stacks else \
+        session._capture(frame) if frame is not None else session._stacks.empty()
+    hint = session._annotations.phase_hint
+    phase = pending.phase if pending is not None else PHASE_BACKWARD \
+        if _current_node() is not None else (hint if hint is not None else PHASE_FORWARD)
+    session._push(rows.record(
+        t0=t0, t1=t1, op=op_id, phase=phase, module=session._modules.current, stack=stack,
+        annotation=session._annotations.current, step=session.step_index,
+        thread=session._thread(), cid=cid))

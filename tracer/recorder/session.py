@@ -25,7 +25,7 @@ from tracer.vocab.labels import (PHASE_BACKWARD, PHASE_FORWARD, PHASE_GRAD_SYNC,
                                  PHASE_OTHER, PHASE_RECOMPUTE)
 from tracer.vocab.library import META_KEY as LIBRARY_META
 
-from . import _active, compiled, exits, hops, memory, patches, rows
+from . import _active, compiled, exits, hops, memory, patches, process_group, rows
 from ._mode import RecordingMode, op_entry
 from ._native import native_hot_path
 from .annotations import AnnotationStack, Range
@@ -37,6 +37,7 @@ from .dtensor import SubclassOps, function_phase
 from .flusher import Flusher
 from .modules import ModuleTracker
 from .options import TraceOptions
+from .passthrough import recorder_failed
 from .phases import PhaseRules
 from .process_info import rank_and_world, start_meta
 from .shapes import ShapeSignatures
@@ -113,6 +114,7 @@ class Session(_SessionState):
         self._pairs = [clock_pair()]       # clock pairs; the device adds its window edges
         self._patches: Optional[patches.Patches] = None    # every patch into torch and os
         self._last_event_ns, self.status, self.error = 0, "running", None
+        self._recorder_error: Optional[str] = None   # the recorder failed: passthrough.py
 
     # ------------------------------------------------------------------ lifecycle
     @property
@@ -160,7 +162,7 @@ class Session(_SessionState):
             self._device = device_recorder(self.out_dir, self.rank, self._pairs)
             self._device_step()
         if dist.is_available() and dist.is_initialized():
-            self._on_pg_init()
+            process_group.arrived(self)
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -174,7 +176,7 @@ class Session(_SessionState):
         if exc_type is None or (exc_type is SystemExit and exc.code in (0, None)):
             self.status = "ok"
             if dist.is_available() and dist.is_initialized():
-                self._flusher.add_meta(self._clock.at_end(self._paused_call))
+                process_group.aligned_at_end(self)
         elif self.status != "running":   # said already by what ended the run (bootstrap)
             pass
         elif issubclass(exc_type, KeyboardInterrupt):
@@ -210,41 +212,6 @@ class Session(_SessionState):
         self._flusher.close()
         self._open = False
 
-    def _on_pg_init(self, t0: Optional[int] = None) -> None:
-        if self._pg_seen or not (dist.is_available() and dist.is_initialized()):
-            return
-        self._pg_seen = True
-        rank, world = dist.get_rank(), dist.get_world_size()
-        with self._flusher.lock:
-            if rank != self.rank and self._open:
-                old_status = self.status_path
-                self.rank = rank
-                self._flusher.rename(self.path)
-                if os.path.exists(old_status):
-                    os.remove(old_status)
-            self.rank, self.world_size = rank, world
-        self._flusher.add_meta({"rank": rank, "world_size": world,
-                                "backend": str(dist.get_backend())})
-        self._flusher.add_meta(self._clock.at_start(self._paused_call))
-        if self._device is not None:
-            self._device.follow_rank(rank)
-        if t0 is not None and self._recording:   # the setup's GPU work (NCCL) lands on it
-            self._push(rows.record(t0=t0, t1=_now(), op=self._op_ids(ops.OP_PG_INIT),
-                                   phase=PHASE_OTHER, step=self.step_index, thread=self._thread()))
-
-    def _on_pg_destroy(self) -> None:
-        if self._open and dist.is_initialized():
-            self._flusher.add_meta(self._clock.at_end(self._paused_call))
-
-    def _paused_call(self, fn, *args):
-        self._paused += 1
-        self._passthrough = True
-        try:
-            return fn(*args)
-        finally:
-            self._paused -= 1
-            self._passthrough = not self._recording or self._paused > 0
-
     # ------------------------------------------------------------------ hot path
     def on_op(self, func, args, kwargs):
         """Run one dispatched op and queue its row (OP_ROW, then COMM_ROW for collectives).
@@ -255,95 +222,112 @@ class Session(_SessionState):
         is built, csrc/onop.c does the same for plain ops, step for step, without
         this frame (the mode's __torch_dispatch__ is C, _mode.py); this method is its twin, and
         takes the rest: collectives, special ops, an op's first call, tensor subclasses.
+        A failure of the recorder's own work puts the rank into passthrough (passthrough.py):
+        the op runs, or has run, and returns its result.
         """
         entry = self._specs.get(id(func))
         if entry is None:
-            entry = op_entry(self._specs, self._op_ids, func)
+            try:
+                entry = op_entry(self._specs, self._op_ids, func)
+            except Exception as exc:
+                recorder_failed(self, exc)
+                return func(*args, **kwargs)
         if self._passthrough:
             return entry[3](*args, **kwargs)
         op_id, comm, special, call, _ = entry
-        if self._device_wanted and not self._open_ranges:
-            self._start_device()
+        try:
+            if self._device_wanted and not self._open_ranges:
+                self._start_device()
+            if special is None and comm is not None and not self._pg_seen:
+                process_group.arrived(self)
+            if special is None and (self._funcol or self._futures):
+                self._comm.before_op(args)
+        except Exception as exc:
+            recorder_failed(self, exc)
+            return call(*args, **kwargs)
         if special is not None:
             return special_op(self, special, func, args, kwargs, op_id)
-        if comm is not None and not self._pg_seen:
-            self._on_pg_init()
-        if self._funcol or self._futures:
-            self._comm.before_op(args)
         t0 = _now()
         out = call(*args, **kwargs)
         t1 = _now()
-        node = _current_node()
-        hint = self._annotations.phase_hint
-        # the frame that dispatched the op (on_op <- __torch_dispatch__ <- it); None where the
-        # dispatch is the outermost frame (CUDA backward ops: autograd's device threads)
-        try:
-            frame = _getframe(2)
-        except ValueError:
-            frame = None
-        if node is None or self._recompute:
-            module = self._modules.current
-            stack = -1 if not self._record_stacks else \
-                self._capture(frame) if frame is not None else self._stacks.empty()
-            fwd_stack = -1
-            seq = _sequence_nr()
-            made = seq != self._last_seq  # autograd recorded the op (or nodes came before it)
-            if made:                      # autograd nodes were created: remember their origin
-                # NOTE: nodes made since the last recorded op go to this op (after a Function
-                # that runs no aten op: the next one); grad off: in a Function's forward (phases)
-                fwd = stack if _grad_enabled() else self._rules.applied_at(frame, stack)
-                origin = (fwd + 1) << 32 | (module + 1)
-                if 1 < seq - self._last_seq <= 8:
-                    for n in range(self._last_seq, seq):
-                        self._fwd_of_node[n] = origin
-                else:                     # usually the one node this op made
-                    self._fwd_of_node[seq - 1] = origin
-                self._last_seq = seq
-                if len(self._fwd_of_node) > MAX_NODES:   # a run that never steps stays bounded
-                    self._fwd_prev, self._fwd_of_node = self._fwd_of_node, {}
-            if node is not None:      # checkpointing replays it: recompute, unless annotated
-                phase = PHASE_RECOMPUTE if hint is None or hint <= PHASE_BACKWARD else hint
-            elif hint is not None:
-                phase = hint
-            elif self._in_optimizer:
-                phase = PHASE_OPTIMIZER
-            elif module >= 0 or made:   # outside modules: what autograd records (the loss)
-                phase = PHASE_FORWARD
-            elif _graph_task() >= 0:    # the autograd engine's final callbacks: DDP's finalize
-                phase = PHASE_GRAD_SYNC
-            else:
-                phase = PHASE_OTHER
-        else:   # annotations naming a phase past backward (grad_sync...) win
-            phase = hint if hint is not None and hint > PHASE_BACKWARD else PHASE_BACKWARD
-            nseq = node._sequence_nr()
-            origin = self._fwd_of_node.get(nseq)
-            if origin is None:
-                origin = self._fwd_prev.get(nseq, 0)
-            fwd_stack = (origin >> 32) - 1
-            module = (origin & 0xFFFFFFFF) - 1
-            stack = -1 if not self._record_stacks else \
-                self._capture(frame) if frame is not None else self._stacks.empty()
-        thread = self._threads.get(_get_ident())
-        if thread is None:
-            thread = self._thread()
-        shapes = self._shapes(args) if self._record_shapes else -1
-        cid = -1     # a collective's end (t1: -1 for now) comes with its completion (comm.py)
-        if comm is not None:
-            if hint is None:
-                phase = self._rules.collective(phase, node, module, args, comm)
-                if phase == PHASE_OTHER and node is None:     # in an autograd Function?
-                    phase = function_phase(frame, phase)
-                elif module < 0 and node is not None and phase == PHASE_GRAD_SYNC:
-                    module = self._rules.owner_module(node)     # DDP's bucket all-reduce
-            cid = self._comm.launch(comm, args, out, t0, t1, phase, self.step_index, thread)
-        self._push(_pack(t0, t1 if cid < 0 else -1, op_id, phase, module, stack, fwd_stack,
-                         self._annotations.current, self.step_index, thread, shapes, cid))
-        self._last_event_ns = t1
-        if self._memory is not None:     # the storages it made (memory.py)
-            self._memory.outputs(out, t0, thread, comm is not None)
-        if len(self._queue) > MAX_QUEUE:
-            self._flusher.flush()
+        try:   # NOTE: one frame on purpose: a method call more would cost on every op
+            node = _current_node()
+            hint = self._annotations.phase_hint
+            # the frame that dispatched the op (on_op <- __torch_dispatch__ <- it); None where
+            # the dispatch is the outermost frame (CUDA backward ops: autograd's device threads)
+            try:
+                frame = _getframe(2)
+            except ValueError:
+                frame = None
+            if node is None or self._recompute:
+                module = self._modules.current
+                stack = -1 if not self._record_stacks else \
+                    self._capture(frame) if frame is not None else self._stacks.empty()
+                fwd_stack = -1
+                seq = _sequence_nr()
+                made = seq != self._last_seq  # autograd recorded the op (or nodes came before it)
+                if made:                  # autograd nodes were created: remember their origin
+                    # NOTE: nodes made since the last recorded op go to this op (after a
+                    # Function that runs no aten op: the next one); grad off: in a Function's
+                    # forward (phases.py)
+                    fwd = stack if _grad_enabled() else self._rules.applied_at(frame, stack)
+                    origin = (fwd + 1) << 32 | (module + 1)
+                    if 1 < seq - self._last_seq <= 8:
+                        for n in range(self._last_seq, seq):
+                            self._fwd_of_node[n] = origin
+                    else:                     # usually the one node this op made
+                        self._fwd_of_node[seq - 1] = origin
+                    self._last_seq = seq
+                    if len(self._fwd_of_node) > MAX_NODES:   # a run that never steps stays bounded
+                        self._fwd_prev, self._fwd_of_node = self._fwd_of_node, {}
+                if node is not None:      # checkpointing replays it: recompute, unless annotated
+                    phase = PHASE_RECOMPUTE if hint is None or hint <= PHASE_BACKWARD else hint
+                elif hint is not None:
+                    phase = hint
+                elif self._in_optimizer:
+                    phase = PHASE_OPTIMIZER
+                elif module >= 0 or made:   # outside modules: what autograd records (the loss)
+                    phase = PHASE_FORWARD
+                elif _graph_task() >= 0:    # the autograd engine's final callbacks: DDP's finalize
+                    phase = PHASE_GRAD_SYNC
+                else:
+                    phase = PHASE_OTHER
+            else:   # annotations naming a phase past backward (grad_sync...) win
+                phase = hint if hint is not None and hint > PHASE_BACKWARD else PHASE_BACKWARD
+                nseq = node._sequence_nr()
+                origin = self._fwd_of_node.get(nseq)
+                if origin is None:
+                    origin = self._fwd_prev.get(nseq, 0)
+                fwd_stack = (origin >> 32) - 1
+                module = (origin & 0xFFFFFFFF) - 1
+                stack = -1 if not self._record_stacks else \
+                    self._capture(frame) if frame is not None else self._stacks.empty()
+            thread = self._threads.get(_get_ident())
+            if thread is None:
+                thread = self._thread()
+            shapes = self._shapes(args) if self._record_shapes else -1
+            cid = -1     # a collective's end (t1: -1 for now) comes with its completion (comm.py)
+            if comm is not None:
+                if hint is None:
+                    phase = self._rules.collective(phase, node, module, args, comm)
+                    if phase == PHASE_OTHER and node is None:     # in an autograd Function?
+                        phase = function_phase(frame, phase)
+                    elif module < 0 and node is not None and phase == PHASE_GRAD_SYNC:
+                        module = self._rules.owner_module(node)     # DDP's bucket all-reduce
+                cid = self._comm.launch(comm, args, out, t0, t1, phase, self.step_index, thread)
+            self._push(_pack(t0, t1 if cid < 0 else -1, op_id, phase, module, stack, fwd_stack,
+                             self._annotations.current, self.step_index, thread, shapes, cid))
+            self._last_event_ns = t1
+            if self._memory is not None:     # the storages it made (memory.py)
+                self._memory.outputs(out, t0, thread, comm is not None)
+            if len(self._queue) > MAX_QUEUE:
+                self._flusher.flush()
+        except Exception as exc:
+            recorder_failed(self, exc)
         return out
+
+    def _recorder_failed(self, exc: BaseException) -> None:
+        recorder_failed(self, exc)      # the C on_op's way in (csrc/onop.c)
 
     def _thread(self) -> int:
         ident = _get_ident()

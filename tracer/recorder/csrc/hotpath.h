@@ -32,7 +32,7 @@
 /* Attribute and method names, interned once (module.c). */
 extern PyObject *str_classify, *str_new_node, *str_sid, *str_root, *str_dtype, *str_shape,
     *str_id_of_new, *str_applied_at, *str_phase_hint, *str_current,
-    *str_sequence_nr, *str_thread, *str_flusher, *str_flush;
+    *str_sequence_nr, *str_thread, *str_flusher, *str_flush, *str_recorder_failed;
 
 /* A small open-addressing table from (pointer, integer) to a value, holding a reference to one
    object per entry so that its key cannot be freed and its address reused while it is there. It
@@ -126,6 +126,7 @@ typedef struct {
 } SessionState;
 
 int session_is_ready(SessionState *s);   /* on_op can take the C path */
+int session_failed(SessionState *s);     /* the recorder failed: passthrough (sessiontypes.c) */
 PyObject *session_on_op(SessionState *s, PyObject *func, PyObject *args, PyObject *kwargs,
                         int *handled);
 long long now_ns(void);

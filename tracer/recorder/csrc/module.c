@@ -3,7 +3,7 @@
 
 PyObject *str_classify, *str_new_node, *str_sid, *str_root, *str_dtype, *str_shape,
     *str_id_of_new, *str_applied_at, *str_phase_hint, *str_current,
-    *str_sequence_nr, *str_thread, *str_flusher, *str_flush;
+    *str_sequence_nr, *str_thread, *str_flusher, *str_flush, *str_recorder_failed;
 
 static PyMethodDef hotpath_functions[] = {
     {"now", hot_now, METH_NOARGS, "The C path's clock: time.perf_counter_ns's, in ns."},
@@ -34,7 +34,8 @@ PyInit__hotpath(void)
         intern(&str_id_of_new, "_id_of_new") < 0 || intern(&str_applied_at, "applied_at") < 0 ||
         intern(&str_phase_hint, "phase_hint") < 0 || intern(&str_current, "current") < 0 ||
         intern(&str_sequence_nr, "_sequence_nr") < 0 || intern(&str_thread, "_thread") < 0 ||
-        intern(&str_flusher, "_flusher") < 0 || intern(&str_flush, "flush") < 0)
+        intern(&str_flusher, "_flusher") < 0 || intern(&str_flush, "flush") < 0 ||
+        intern(&str_recorder_failed, "_recorder_failed") < 0)
         return NULL;
     if (PyType_Ready(&StackWalkType) < 0 || PyType_Ready(&ShapeKeysType) < 0 ||
         PyType_Ready(&SessionStateType) < 0 || PyType_Ready(&OpDispatchType) < 0)

@@ -15,6 +15,9 @@ everything
  * classified yet, collectives, a dispatch with no Python frame to attribute it to) goes to the
  * mode's Python __torch_dispatch__, which hands it to on_op. The choice is made before the op
  * runs, so an op runs once, on one path; tests/integration/test_hotpath.py holds the two to the same rows.
+ * A failure of the recorder's own work (an exception from a callback: a new stack node, a
+ * storage's first sight...) puts the session into passthrough (tracer/recorder/passthrough.py)
+ * and never reaches the user's step: the op's result stands.
  */
 #include "hotpath.h"
 
@@ -377,8 +380,8 @@ session_on_op(SessionState *s, PyObject *func, PyObject *args, PyObject *kwargs,
     if (!session_is_ready(s))
         return NULL;
     PyObject *entry = entry_of(s, func);
-    if (entry == NULL) {
-        *handled = PyErr_Occurred() != NULL;
+    if (entry == NULL) {      /* not classified yet, or failed: the twin takes it */
+        *handled = PyErr_Occurred() != NULL && session_failed(s) < 0;
         return NULL;
     }
     PyObject *call = PyTuple_GET_ITEM(entry, 3);
@@ -389,6 +392,10 @@ session_on_op(SessionState *s, PyObject *func, PyObject *args, PyObject *kwargs,
     /* pending functional collectives and c10d futures: the Python twin settles them first */
     int funcol = PyDict_GET_SIZE(s->futures) > 0 ? 1
         : PyDict_Check(s->funcol) ? PyDict_GET_SIZE(s->funcol) > 0 : PyObject_IsTrue(s->funcol);
+    if (funcol < 0 && session_failed(s) == 0) {
+        *handled = 1;
+        return PyObject_Call(call, args, kwargs);
+    }
     if (funcol != 0 || PyTuple_GET_ITEM(entry, 1) != Py_None ||
         PyTuple_GET_ITEM(entry, 2) != Py_None || (s->device_wanted && !s->open_ranges)) {
         *handled = funcol < 0;
@@ -402,7 +409,7 @@ session_on_op(SessionState *s, PyObject *func, PyObject *args, PyObject *kwargs,
     long long t0 = now_ns();
     PyObject *out = PyObject_Call(call, args, kwargs);
     long long t1 = now_ns();
-    if (out != NULL && record(s, entry, args, out, frame, t0, t1) < 0)
+    if (out != NULL && record(s, entry, args, out, frame, t0, t1) < 0 && session_failed(s) < 0)
         Py_CLEAR(out);
     Py_DECREF(frame);
     return out;

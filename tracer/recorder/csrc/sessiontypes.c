@@ -123,6 +123,35 @@ PyTypeObject SessionStateType = {
     .tp_getset = state_getset,
 };
 
+/* The error set came from the recorder's own work: the session records nothing more (its
+   Python side says why, once: Session._recorder_failed), and the error is cleared; 0. An error
+   that is not an Exception (KeyboardInterrupt...) is the user's: it stays set; -1. */
+int
+session_failed(SessionState *s)
+{
+    if (!PyErr_ExceptionMatches(PyExc_Exception))
+        return -1;
+    s->passthrough = 1;
+#if PY_VERSION_HEX >= 0x030C0000
+    PyObject *exc = PyErr_GetRaisedException();
+#else
+    PyObject *type, *exc, *tb;
+    PyErr_Fetch(&type, &exc, &tb);
+    PyErr_NormalizeException(&type, &exc, &tb);
+    if (exc != NULL && tb != NULL)
+        PyException_SetTraceback(exc, tb);
+    Py_XDECREF(type);
+    Py_XDECREF(tb);
+#endif
+    PyObject *said = PyObject_CallMethodOneArg((PyObject *)s, str_recorder_failed,
+                                               exc != NULL ? exc : Py_None);
+    Py_XDECREF(exc);
+    if (said == NULL)
+        PyErr_Clear();          /* passthrough already: nothing more to lose */
+    Py_XDECREF(said);
+    return 0;
+}
+
 /* ------------------------------------------------------------------ OpDispatch */
 typedef struct {
     PyObject_HEAD

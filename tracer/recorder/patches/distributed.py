@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
-from tracer.recorder import pipelining
+from tracer.recorder import pipelining, process_group
 from tracer.recorder.comm import wait_hook
 from tracer.vocab.labels import SCHEDULE_LABEL
 
@@ -28,7 +28,8 @@ def install(patches: "Patches", session) -> None:
     _pipelining_when_imported(patches, session)
     if dist.is_available():
         _work_wait(patches, wait_hook(session))
-        _process_group(patches, session._on_pg_init, session._on_pg_destroy)
+        _process_group(patches, functools.partial(process_group.arrived, session),
+                       functools.partial(process_group.departing, session))
 
 
 def _ddp(patches: "Patches", rules) -> None:
