@@ -57,7 +57,8 @@ def gather_full_grads(params: list[nn.Parameter], groups: ParallelGroups,
 def held_elements(params: list[nn.Parameter], optimizer: torch.optim.Optimizer) -> dict:
     """Elements this rank holds now: model parameters (storage actually allocated: ZeRO-3 frees
     it outside forward and backward), their gradients, the optimizer's parameters when they are
-    separate shards (ZeRO), the shards' gradients, and the optimizer state."""
+    separate shards (ZeRO), the shards' gradients, the optimizer state and, apart, the
+    optimizer's step counters (a one-element tensor per parameter it updates)."""
     model_ids = {id(p) for p in params}
     storages = {p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() // p.element_size()
                 for p in params}
@@ -65,11 +66,13 @@ def held_elements(params: list[nn.Parameter], optimizer: torch.optim.Optimizer) 
                   if id(p) not in model_ids]
     state = sum(t.numel() for s in optimizer.state.values() for k, t in s.items()
                 if k != "step" and isinstance(t, torch.Tensor))
+    steps = sum(s["step"].numel() for s in optimizer.state.values()
+                if isinstance(s.get("step"), torch.Tensor))
     return {"model_params": sum(n for ptr, n in storages.items() if ptr),
             "model_grads": sum(p.grad.numel() for p in params if p.grad is not None),
             "param_shards": sum(p.numel() for p in opt_params),
             "grad_shards": sum(p.grad.numel() for p in opt_params if p.grad is not None),
-            "optimizer_state": state}
+            "optimizer_state": state, "optimizer_steps": steps}
 
 
 def write_dump(path: str, config: dict, losses: list[float], grads: Optional[dict],

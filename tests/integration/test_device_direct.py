@@ -137,6 +137,7 @@ def test_kernels_land_on_the_ops_that_launched_them(tmp_path, monkeypatch):
     dev = attribute(trace, records)
     summary = device_json(dev.summary(trace.dictionary("op"), trace.col("op")))
     assert summary["activities"] == summary["attributed"] == 4
+    assert json.loads(json.dumps(summary)) == summary      # plain JSON, as summary.json's
     assert summary["attributed_by"]["inside_an_event"] == 4
     (op,) = [name for name in summary["by_op"] if "gpu_like" in name]
     # each kernel's 5 us, exact in the file's Unix ns; on the rank's clock (the clock pairs'

@@ -1,9 +1,12 @@
 """Parallel dimensions on real runs (4 gloo ranks): groups named by a torchtitan-style
 DeviceMesh and by ``new_group(group_desc=...)``, and the reference GPT's own named groups;
-each rank's calls per dimension against counts made apart from the analysis."""
+each rank's calls per dimension against the calls the script made, counted by the script
+itself (dimension_groups.py's fixed counts; counted_collectives.py around the GPT), never read
+from the trace."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -57,10 +60,12 @@ def test_mesh_and_group_desc_names_give_each_group_its_dimension(tmp_path):
 
 
 def test_the_reference_gpt_names_its_groups_and_counts_per_dimension(tmp_path):
-    out = tmp_path / "run"
-    proc = trace_run("--nproc-per-node", "4", "--out", out, "-m", "sample_runs.train",
-                     "--tp", "2", "--no-sp", "--dp", "2", "--pp", "1", "--steps", "3",
-                     timeout=300)
+    # each rank counts its own collective calls, per step and group name, apart from the
+    # recorder (tests/scripts/counted_collectives.py runs the GPT)
+    out, counts = tmp_path / "run", tmp_path / "calls"
+    proc = trace_run("--nproc-per-node", "4", "--out", out, SCRIPTS / "counted_collectives.py",
+                     counts, "sample_runs.train", "--tp", "2", "--no-sp", "--dp", "2", "--pp",
+                     "1", "--steps", "3", timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     summary = _summary(out)
     named = {tuple(g["group"]): (g["desc"], g["dimension"]) for g in summary["process_groups"]}
@@ -68,19 +73,17 @@ def test_the_reference_gpt_names_its_groups_and_counts_per_dimension(tmp_path):
     assert named[(0, 2)] == named[(1, 3)] == ("dp", "dp")
     for rank in range(4):
         entry = summary["ranks"][str(rank)]
-        counted = set(entry["time"]["counted_steps"])
-        # apart from the analysis: the trace's own rows, by the group each names
-        trace = tracer.load(rundir.trace_file(str(out / "traces"), rank))
-        desc = {text: d["desc"] for text, d in trace.meta["process_groups"].items()}
-        kinds, groups = trace.dictionary("kind"), trace.dictionary("group")
+        counted = entry["time"]["counted_steps"]
+        assert counted == [1, 2]                   # step 0 and the unfinished tail left out
+        calls = json.loads(Path(f"{counts}.rank-{rank}.json").read_text())
         want: dict = {}
-        for kind, group, step in zip(trace.col("kind"), trace.col("group"), trace.col("step")):
-            if kind < 0 or int(step) not in counted:
-                continue
-            name = desc.get(groups[group])
-            want[name] = want.get(name, 0) + 1
-        tp = group_text((rank - rank % 2, rank - rank % 2 + 1))
-        assert desc[tp] == "tp"
+        for step in counted:
+            for desc, n in calls[str(step)].items():
+                name = json.loads(desc) or "world"
+                want[name] = want.get(name, 0) + n
         got = {d: v["count"] for d, v in entry["dimensions"].items()}
-        assert got == {("world" if name is None else name): n for name, n in want.items()}
-        assert got["tp"] > 0 and got["dp"] > 0
+        assert got == want and got["tp"] > 0 and got["dp"] > 0, (rank, calls)
+        # the trace itself names the groups this rank used
+        meta = tracer.load(rundir.trace_file(str(out / "traces"), rank)).meta
+        tp = group_text((rank - rank % 2, rank - rank % 2 + 1))
+        assert meta["process_groups"][tp]["desc"] == "tp"

@@ -52,12 +52,20 @@ def runs(tmp_path_factory):
         traced={name: (2, flags) for name, flags in TRACED.items()})
 
 
-def model_numel(layers: int = LAYERS) -> int:
-    """Parameters of the single-process model (tiny sizes), counted without any ZeRO code."""
+def _single_chunk(layers: int) -> GPTChunk:
     cfg = GPTConfig(layers=layers, hidden=32, heads=4, seq_len=16, vocab=256)
     tp = TensorParallel(group=single_process_groups().tp)
-    chunk = GPTChunk(cfg, layers=range(layers), first=True, last=True, tp=tp, seed=0)
-    return sum(p.numel() for p in chunk.parameters())
+    return GPTChunk(cfg, layers=range(layers), first=True, last=True, tp=tp, seed=0)
+
+
+def model_numel(layers: int = LAYERS) -> int:
+    """Parameters of the single-process model (tiny sizes), counted without any ZeRO code."""
+    return sum(p.numel() for p in _single_chunk(layers).parameters())
+
+
+def model_tensors(layers: int = LAYERS) -> int:
+    """Parameter tensors of the single-process model: AdamW keeps a step counter for each."""
+    return len(list(_single_chunk(layers).parameters()))
 
 
 @pytest.mark.parametrize("name,ranks,flags", LAYOUTS, ids=[layout[0] for layout in LAYOUTS])
@@ -72,12 +80,15 @@ def test_traced_step_matches_single_process(name, runs):
 
 def test_memory_each_stage_keeps(runs):
     """Elements held by the reporting rank after step 1's optimizer step (d = 2)."""
-    P = model_numel()
+    P, tensors = model_numel(), model_tensors()
     single = runs["single-m2"].result()["memory"]
     assert single == {"model_params": P, "model_grads": P, "param_shards": 0, "grad_shards": 0,
-                      "optimizer_state": 2 * P}
+                      "optimizer_state": 2 * P, "optimizer_steps": tensors}
     assert runs["dp"].result()["dump"]["memory"] == single
-    zero1, zero2, zero3 = (runs[f"zero{i}"].result()["dump"]["memory"] for i in (1, 2, 3))
+    zero1, zero2, zero3 = (dict(runs[f"zero{i}"].result()["dump"]["memory"]) for i in (1, 2, 3))
+    # ZeRO: a step counter per flat shard the optimizer updates (a shard per bucket), fewer
+    # than the model's tensors
+    assert all(1 <= zero.pop("optimizer_steps") < tensors for zero in (zero1, zero2, zero3))
     # ZeRO-1: optimizer state / d; the full local gradients stay (Megatron's gradient buffer)
     assert zero1 == {"model_params": P, "model_grads": P, "param_shards": P // 2,
                      "grad_shards": P // 2, "optimizer_state": P}

@@ -5,7 +5,7 @@ activations per micro-batch (Korthikanti et al.'s count) and the parameters tens
 leaves a rank (Megatron's rules), the block passes a pipeline's stages hold at their peak under
 GPipe, 1F1B, ZB-H1 and interleaved 1F1B (docs/oracles.md, "Memory per rank"), and
 trace-whatif's peaks for those schedules predicted from the 1F1B run against the real runs
-(within 10 %)."""
+(within 2 %)."""
 from __future__ import annotations
 
 import json
@@ -51,11 +51,10 @@ def test_each_zero_stage_keeps_what_the_gpt_counts_it_holds(tmp_path, zero):
     # ZeRO-3 frees the model's parameters with resize_(0): only the shards stay
     assert live["parameters"] == held["model_params"] + held["param_shards"]
     assert live["gradients"] == held["model_grads"] + held["grad_shards"]
-    # AdamW's exp_avg and exp_avg_sq, plus a 4-byte step tensor per parameter it updates
-    assert held["optimizer_state"] <= live["optimizer_state"] <= 1.01 * held["optimizer_state"]
-    if zero == "0":
-        assert held["param_shards"] == 0 and live["optimizer_state"] < 1.01 * 2 * live[
-            "parameters"]
+    # AdamW's exp_avg and exp_avg_sq, and its 4-byte step tensor per parameter it updates
+    assert live["optimizer_state"] == held["optimizer_state"] + held["optimizer_steps"]
+    if zero == "0":       # the moments of every parameter, the same dtype
+        assert held["param_shards"] == 0 and held["optimizer_state"] == 2 * live["parameters"]
 
 
 SIZES = {"layers": 4, "hidden": 32, "heads": 4, "seq_len": 16, "micro_batch_size": 2,
@@ -140,17 +139,24 @@ def test_pipeline_stages_hold_the_micro_batches_each_schedule_keeps(tmp_path):
             profile = _profile(out, rank)
             activations = profile.categories.index("activations")
             peaks[(schedule, rank)] = int(profile.live[profile.steps == 1, activations].max())
+    # GPipe holds m micro-batches, 1F1B min(m, p - stage): their peaks in that ratio, to the
+    # byte, once the first stage's token ids are set apart (it splits the step's batch into m
+    # micro-batches of b rows of s + 1 int64 tokens at the step's start, whatever the schedule)
+    tokens = m * SIZES["micro_batch_size"] * (SIZES["seq_len"] + 1) * 8
     for stage in range(p):
-        ratio = peaks[("gpipe", stage)] / peaks[("1f1b", stage)]
-        assert ratio == pytest.approx(m / min(m, p - stage), rel=0.01), (stage, peaks)
+        once = tokens if stage == 0 else 0
+        assert (peaks[("gpipe", stage)] - once) * min(m, p - stage) == \
+            (peaks[("1f1b", stage)] - once) * m, (stage, peaks)
     # what-if: each schedule's peak per rank predicted from the 1F1B run, against its real run
+    # (the bytes are deterministic: the worst error measured, 2026-11-28, was 1.5%: ZB-H1 and
+    # interleaved 1F1B, whose W passes and chunks the prediction models apart)
     targets = [{"schedule": "gpipe"}, {"schedule": "zb-h1"},
                {"schedule": "interleaved", "virtual_stages": v}]
     predictions = what_if(analyse(open_run(str(tmp_path / "1f1b"))), targets).targets
     for target, prediction in zip(targets, predictions):
         for rank in range(p):
             real = _profile(tmp_path / target["schedule"], rank).peak_bytes
-            assert prediction.memory[str(rank)]["peak_bytes"] == pytest.approx(real, rel=0.10), \
+            assert prediction.memory[str(rank)]["peak_bytes"] == pytest.approx(real, rel=0.02), \
                 (target, rank)
     # the report: summary.json's memory per rank, the front page's peaks, the rank's page
     out = tmp_path / "1f1b"
