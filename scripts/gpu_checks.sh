@@ -13,7 +13,9 @@
 #   tests     pytest -m gpu: device time (CUPTI directly, and Kineto's windows) attributes every
 #             kernel; trace-run on one GPU (NCCL); memory against max_memory_allocated
 #   trace     trace-run of the reference GPT at hidden 1024 on one GPU, 4 steps, its summary
-#             (activities attributed, device compute a step), tarred (traces.tgz); and the
+#             (activities attributed, device compute a step; each trace's device_time: the CUPTI
+#             version the C module accepted, rows lost, records dropped, foreign buffers),
+#             tarred (traces.tgz); and the
 #             one-line error of the 4-rank default on a machine with fewer GPUs than ranks
 #   hf        the Hugging Face Trainer in one process on the GPU under trace-run --no-launcher
 #   devtime   device compute a step, paratrace against a torch.profiler export of the same
@@ -21,7 +23,9 @@
 #   windows   what device time costs the training thread, side by side: no recorder, the
 #             recorder without device time, Kineto's windows (PARATRACE_DEVICE_SOURCE=kineto) and
 #             CUPTI driven directly (the default) (benchmarks/device_windows.py; on an H200 a step
-#             in which a window closed took 347-422 ms against 141; directly, no such step)
+#             in which a window closed took 347-422 ms against 141; directly, no such step, the
+#             worst 1.19x its median beside a 29.9 ms drain: not run yet since the drain waits
+#             without the GIL, 2026-11-28)
 #   overhead  the recorders side by side with each one's worst step (benchmarks/overhead.py)
 #   memory    what recording memory costs on the GPU: paratrace with and without --memory
 #             against torch.profiler(profile_memory) (benchmarks/memory_mechanisms.py); not in

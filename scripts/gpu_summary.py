@@ -1,5 +1,7 @@
 """summary.json of a run, without the report: for a GPU machine with no graphviz (gpu_checks.sh).
-Prints per rank the device activities attributed (and how) and the device time a counted step.
+Prints per rank the device activities attributed (and how) and the device time a counted step,
+and its trace's ``device_time`` (the source, the CUPTI version driven, rows lost, records dropped,
+buffers left to another profiler, the first error) and ``recorder_error`` if any.
 
     python3 scripts/gpu_summary.py RUN_DIR
 """
@@ -10,6 +12,8 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import tracer  # noqa: E402
+from tracer.files import rundir  # noqa: E402
 from viz.analysis import analyse  # noqa: E402
 from viz.engine import Engine  # noqa: E402
 from viz.render.report import ReportInput, summary_json  # noqa: E402
@@ -39,6 +43,13 @@ def main(run_dir: str) -> int:
               f"over {steps} counted steps: compute {time.get('compute_s', 0) * 1e3 / steps:.1f} "
               f"ms, wall {time.get('wall_s', 0) * 1e3 / steps:.1f} ms a step; "
               f"device busy {device['busy_s'] * 1e3:.1f} ms in all")
+    for rank in sorted(int(r) for r in summary["ranks"]):
+        path = rundir.trace_file(os.path.join(run_dir, "traces"), rank)
+        if os.path.exists(path):
+            meta = tracer.load(path).meta
+            print(f"rank {rank}: device_time {json.dumps(meta.get('device_time'))}"
+                  + (f"; recorder_error {json.dumps(meta['recorder_error'])}"
+                     if meta.get("recorder_error") else ""))
     return 0
 
 
