@@ -433,6 +433,24 @@ def test_an_untested_cupti_falls_back_to_kinetos_windows_and_says_so(standin, tm
     assert capfd.readouterr().err == f"paratrace: rank 2: {recorder.error}\n"
 
 
+def test_the_recorder_retries_a_drain_that_ran_out_of_memory(standin, tmp_path):
+    recorder = device_direct.DirectDeviceRecorder(str(tmp_path), 0, [], cupti, 130001,
+                                                  standin.path)
+    assert recorder.start()
+    t = now(standin)
+    standin.kernel(b"drained_on_the_second_try", t, t + 1)
+    standin.deliver()
+    cupti.fail_allocations(0)           # the drain's copy of the new names' pointers
+    recorder.write_pending()            # the flusher's call: no exception
+    cupti.fail_allocations(-1)
+    assert recorder.windows == 0
+    recorder.close()
+    records, _, problem = read_device(rundir.device_file(str(tmp_path), 0))
+    assert problem is None and [records.names[i] for i in records.name] == \
+        ["drained_on_the_second_try"]
+    assert recorder.error == "a drain of CUPTI's rows ran out of memory (retried at the next)"
+
+
 def test_without_memory_on_cuptis_thread_rows_are_lost_and_counted_never_misnamed(standin):
     # each allocation of the records half fails in turn while new names come: a buffer not
     # handed out (CUPTI drops its records), a name or a row not made (the row is lost); every
