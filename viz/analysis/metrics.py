@@ -9,7 +9,7 @@ whole analysis is O(n log n) in the events of a step, however many steps and pas
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Optional
 
 import numpy as np
@@ -301,6 +301,15 @@ def _totals(m: RankMetrics, use: list) -> None:
             p.theoretical_bubble_fraction is not None for p in pipes):
         # no run-wide schedule in the config: the steps' own, weighted as the measurement is
         m.theoretical_bubble_fraction = m.pipeline.theoretical_bubble_fraction
+
+
+def over_steps(m: RankMetrics, steps: frozenset) -> RankMetrics:
+    """``m`` with its totals over ``steps`` (those of them it recorded) in place of its counted
+    steps: two runs compared over the same steps (trace-diff)."""
+    use = [s for s in m.steps if s.step in steps]
+    out = replace(m, counted_steps=tuple(s.step for s in use), pipeline=None)
+    _totals(out, use)
+    return out
 
 
 def _weighted(pipes: list, key: str) -> Optional[float]:
