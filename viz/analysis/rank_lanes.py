@@ -22,6 +22,7 @@ from tracer.vocab.ops import P2P_KINDS
 from .intervals import intervals, union
 from .lanes import CommSpan, P2PEnd, RankLanes
 from .passes import annotation_spans, infer_passes
+from .phase_time import phase_seconds, phase_spans
 
 # A gap between two ops of one thread longer than this is idle, not host overhead: Python,
 # autograd and the tracer take microseconds to a few ms between ops, even on a loaded machine.
@@ -90,6 +91,7 @@ def rank_lanes(rows: RankRows, send_ends: dict, op_budget: int = DRAWN_OPS) -> R
         if c.kind in P2P_KINDS and c.group and not c.group.startswith("?"):
             group.update(group_ranks(c.group))
     drawn = _drawn_ops(rows, steps, closed, op_budget)
+    phases = phase_spans(rows, comm, IDLE_GAP_NS)
     return RankLanes(
         rank=rows.rank, compute=_compute_spans(rows, comm), comm=comm,
         comm_union=union(intervals([c.start for c in comm], [c.end for c in comm])),
@@ -100,7 +102,8 @@ def rank_lanes(rows: RankRows, send_ends: dict, op_budget: int = DRAWN_OPS) -> R
         clock_error_ns=rows.trace.clock_error_ns,
         inferred_passes=[] if passes else infer_passes(rows, comm),
         recorded_until=int(max(rows.t0.max(initial=0), rows.t1.max(initial=0))),
-        closed=rows.trace.status != "running", stopped=rows.trace.status != "ok")
+        closed=rows.trace.status != "running", stopped=rows.trace.status != "ok",
+        phase_s={s: phase_seconds(phases, lo, hi) for s, (lo, hi) in steps.items()})
 
 
 def _drawn_ops(rows: RankRows, steps: dict, closed: frozenset, budget: int) -> np.ndarray:

@@ -1,6 +1,6 @@
 """index.html: the run at a glance: problems first (hung / failed / missing ranks), the
-timeline picture, a line per rank (step time, compute, exposed communication, overlap,
-bubble), communication by parallel dimension, memory peaks (where recorded), the top ops and collectives, then the run's facts and links to everything: the
+timeline picture, a line per rank (step time and its time per phase, compute, exposed
+communication, overlap, bubble), communication by parallel dimension, memory peaks (where recorded), the top ops and collectives, then the run's facts and links to everything: the
 call graphs, the module view, the source pages, the timeline's files and ``summary.json``."""
 from __future__ import annotations
 
@@ -31,6 +31,7 @@ def render(report: ReportInput, out_dir: str) -> list:
         problems=problems(analysis), run=pages.run_facts(analysis),
         lede=pages.lede(analysis), split=views.split,
         headline=headline, bubble=pages.bubble_column(headline), ranks=pages.rank_rows(analysis),
+        phases=pages.phase_columns(headline),
         across=crossrank_page.headline(analysis), dimensions=dimension_table(analysis),
         memory=memory_table(analysis),
         top_ops=_top(report, comm=False), top_comm=_top(report, comm=True),
