@@ -1,6 +1,6 @@
 """trace-diff between DDP and FSDP2 of the same model (tests/scripts/tiny_gpt_train.py, 2 ranks,
 gloo, --memory), each run from a script of its own (two copies: ``ddp_train.py`` and
-``fsdp2_train.py``), as a new user compares them: modules matched through the wrappers, every
+``fsdp2_train.py``; the session's ``wrapped_runs``), as a new user compares them: modules matched through the wrappers, every
 communication kind that changed named, the cost per step, one step range, the call graph
 matched across the two scripts. Expected numbers come from the model itself (its parameters,
 counted by torch) and FSDP2's and DDP's rules, never from the diff."""
@@ -9,23 +9,18 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
-import shutil
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from support import cli
-from support.gpt_helpers import free_port
-from support.paths import SCRIPTS
+from support.wrapped_runs import RANKS, SCRIPT, STEPS
 from viz import diff
 from viz.analysis import analyse
 from viz.diff.graph import ADDED, CHANGED, REMOVED, UNCHANGED
 from viz.analysis.module_tree import NO_MODULE
 from viz.run import open_run
 
-SCRIPT = SCRIPTS / "tiny_gpt_train.py"
-STEPS = 3                  # steps 1 and 2 are compared: 0 is setup, 3 is not closed
-COMPARED, RANKS = (1, 2), 2
+COMPARED = tuple(range(1, STEPS))      # 0 is setup, the last is not closed
 MODEL_ROOT = "(model)"     # the unwrapped model's root, as the diff names it
 MATH = re.compile(r"aten\.(addmm|mm|gelu|native_layer_norm|embedding|_scaled_dot_product)")
 
@@ -39,21 +34,8 @@ def tiny_gpt():
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("wrapped")
-    for name in ("ddp", "fsdp2"):             # two scripts running the same model code
-        shutil.copy(SCRIPT, root / f"{name}_train.py")
-
-    def record(name):
-        proc = cli.trace_run("--nproc-per-node", RANKS, "--master-port", free_port(),
-                             "--memory", "--no-report", "--out", root / name,
-                             root / f"{name}_train.py", "--wrap", name, "--steps", STEPS,
-                             timeout=300)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        return str(root / name)
-    with ThreadPoolExecutor(2) as pool:
-        a, b = pool.map(record, ("ddp", "fsdp2"))
-    return a, b
+def runs(wrapped_runs):
+    return wrapped_runs["ddp"], wrapped_runs["fsdp2"]
 
 
 @pytest.fixture(scope="module")
