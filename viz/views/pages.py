@@ -220,20 +220,20 @@ def top_ops(groups: list, *, comm: bool, paths: dict, href, n: int = 5) -> list:
 
 
 def op_rows(groups: list) -> list:
-    """(op, phase) -> what they account for, most calls first."""
+    """(op, phase) -> what they account for, most time first (then most calls)."""
     counts = defaultdict(Weights)
     for g in groups:
         counts[(g.op, g.phase)].add(g.weights())
-    return sorted(counts.items(), key=lambda kv: (-kv[1].ops, kv[0]))
+    return sorted(counts.items(), key=lambda kv: (-kv[1].time_ns, -kv[1].ops, kv[0]))
 
 
 def comm_rows(groups: list) -> list:
-    """(kind, phase) -> what the collectives of that kind account for."""
+    """(kind, phase) -> what the collectives of that kind account for, most time first."""
     rows = defaultdict(Weights)
     for g in groups:
         if g.kind:
             rows[(g.kind, g.phase)].add(g.weights())
-    return sorted(rows.items())
+    return sorted(rows.items(), key=lambda kv: (-kv[1].time_ns, kv[0]))
 
 
 _META_KEYS = ("host", "pid", "local_rank", "node_rank", "backend", "torch", "python", "status",

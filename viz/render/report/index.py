@@ -4,6 +4,7 @@ communication, overlap, bubble), communication by parallel dimension, memory pea
 call graphs, the module view, the source pages, the timeline's files and ``summary.json``."""
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 from tracer.files import rundir
@@ -40,7 +41,16 @@ def render(report: ReportInput, out_dir: str) -> list:
         module_zooms=list(views.module_zooms.values()),
         sources=sorted((views.paths.get(f, f), rel) for f, rel in views.source_pages.items()),
         summary_json=rundir.SUMMARY, timeline=inline_svg(report.timeline_svg),
+        traces=_traces_path(analysis.run.traces_dir, out_dir),
         timeline_files=report.TIMELINE_FILES)]
+
+
+def _traces_path(traces_dir: str, out_dir: str) -> str:
+    """Where the rank traces are, from the report's directory: ``traces/rank-R.arrow`` for a
+    trace-run directory, ``rank-R.arrow`` for a ``tracer.trace`` one (its files at its top),
+    a longer relative path for a report written elsewhere (``trace-report --out``)."""
+    where = os.path.relpath(os.path.abspath(traces_dir), os.path.abspath(out_dir))
+    return os.path.normpath(os.path.join(where, f"rank-R.{rundir.TRACE_EXT}"))
 
 
 def _top(report: ReportInput, *, comm: bool) -> list:
