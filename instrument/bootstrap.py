@@ -180,8 +180,9 @@ def main(argv: Optional[list] = None) -> None:
 
 def print_error(exc: BaseException, argv: list) -> None:
     """The script's error on stderr as Python (or torch's hook) prints it, its frames the
-    user's and the call into the library (tracer.vocab.user_frames, as the recorded stacks are): no runpy, no
-    bootstrap, no recorder wrapper (comm.py) to make it look as if paratrace failed."""
+    user's and the call into the library (tracer.vocab.user_frames, as the recorded stacks
+    are): no runpy, no bootstrap, no recorder wrapper (comm.py) to make it look as if
+    paratrace failed."""
     try:
         specs = parse(argv).library
     except SystemExit:

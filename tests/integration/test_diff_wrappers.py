@@ -1,8 +1,8 @@
 """trace-diff between DDP and FSDP2 of the same model (tests/scripts/tiny_gpt_train.py, 2 ranks,
 gloo, --memory), each run from a script of its own (two copies: ``ddp_train.py`` and
-``fsdp2_train.py``; the session's ``wrapped_runs``), as a new user compares them: modules matched through the wrappers, every
-communication kind that changed named, the cost per step, one step range, the call graph
-matched across the two scripts. Expected numbers come from the model itself (its parameters,
+``fsdp2_train.py``; the session's ``wrapped_runs``), as a new user compares them: modules
+matched through the wrappers, every communication kind that changed named, the cost per step,
+one step range, the call graph matched across the two scripts. Expected numbers come from the model itself (its parameters,
 counted by torch) and FSDP2's and DDP's rules, never from the diff."""
 from __future__ import annotations
 

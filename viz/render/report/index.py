@@ -1,7 +1,9 @@
 """index.html: the run at a glance: problems first (hung / failed / missing ranks), the
 timeline picture, a line per rank (step time and its time per phase, compute, exposed
-communication, overlap, bubble), communication by parallel dimension, memory peaks (where recorded), the top ops and collectives, then the run's facts and links to everything: the
-call graphs, the module view, the source pages, the timeline's files and ``summary.json``."""
+communication, overlap, bubble), communication by parallel dimension, memory peaks (where
+recorded), the top ops and collectives, then the run's facts and links to everything: the
+call graphs, the module view, the source pages, the timeline's files, ``summary.json`` and
+where the traces are."""
 from __future__ import annotations
 
 import os
