@@ -13,8 +13,9 @@ once per rank. Before the user's code runs this module:
 - ends when trace-run dies, and then ends what its script forked too (orphans.py);
 
 then runs the script as ``__main__`` with its own argv inside ``tracer.trace(...)``. A raised
-exception still propagates after the tracer recorded it: the process exits non-zero and torch's
-error file (read by the agent) names the error.
+exception still propagates after the tracer recorded it: torch's error file (read by the agent)
+names the error, the traceback on stderr keeps the user's frames and the call into the library
+(:func:`print_error`), and the process exits 1, as Python's would.
 """
 from __future__ import annotations
 
@@ -31,6 +32,8 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 import tracer
 from tracer.files import rundir
+from tracer.vocab.library import ROOT, LibraryRule
+from tracer.vocab.user_frames import trim_traceback
 
 from . import gather, orphans
 
@@ -175,8 +178,24 @@ def main(argv: Optional[list] = None) -> None:
             orphans.end_own_group()
 
 
+def print_error(exc: BaseException, argv: list) -> None:
+    """The script's error on stderr as Python (or torch's hook) prints it, its frames the
+    user's and the call into the library (tracer.vocab.user_frames, as the recorded stacks
+    are): no runpy, no bootstrap, no recorder wrapper (comm.py) to make it look as if
+    paratrace failed."""
+    try:
+        specs = parse(argv).library
+    except SystemExit:
+        specs = []
+    rule = LibraryRule.build(specs, always_user=(os.path.join(ROOT, "sample_runs"),))
+    sys.excepthook(type(exc), exc, trim_traceback(exc, rule).__traceback__)
+
+
 if __name__ == "__main__":
     try:
         main()
     except Terminated:
         sys.exit(128 + signal.SIGTERM)   # what a shell reports for a SIGTERMed process
+    except Exception as error:           # torch's error file has it already (@record)
+        print_error(error, sys.argv[1:])
+        sys.exit(1)                      # what Python exits with on an uncaught exception

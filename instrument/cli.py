@@ -22,6 +22,9 @@ from torch.distributed import run as torchrun
 from tracer.files import rundir
 
 DEFAULT_MODULE = "sample_runs.train"
+# what memory recording costs, as docs/overhead.md measured it (its "In short" line): times a bare
+# dispatch mode's extra time; tracer.trace's docstring quotes it too (a unit test keeps them equal)
+MEMORY_COST = 2.2
 EXIT_USAGE = 2
 USAGE = "trace-run [torchrun options] [trace-run options] [SCRIPT | -m MODULE] [ARGS...]"
 
@@ -78,7 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
     own.add_argument("--memory", action="store_true",
                      help="record every storage's bytes, free and category (parameters, "
                      "gradients, optimizer state, activations, temporaries, comm): the report's "
-                     "memory peaks; costs about 3x the recorder's extra time (docs/overhead.md)")
+                     f"memory peaks; costs about {MEMORY_COST:g} times a bare dispatch mode's "
+                     "extra time (docs/overhead.md)")
     own.add_argument("--compile-eagerly", action="store_true",
                      help="run torch.compile'd code eagerly, op by op, for full op detail "
                      "(default: compiled code runs compiled, one range per compiled graph)")
@@ -114,7 +118,22 @@ def build_parser() -> argparse.ArgumentParser:
         sys.exit(EXIT_USAGE)
 
     parser.error = error
+    _one_option_one_match(parser)
     return parser
+
+
+def _one_option_one_match(parser: argparse.ArgumentParser) -> None:
+    """An abbreviation that matches two spellings of one option (``--nproc``: torchrun's
+    ``--nproc-per-node`` and ``--nproc_per_node``) means that option, where argparse calls it
+    ambiguous; one that matches different options stays ambiguous."""
+    matches = parser._get_option_tuples
+
+    def by_option(option_string: str) -> list:
+        found: dict = {}
+        for match in matches(option_string):       # (action, option string, ...), any Python
+            found.setdefault(id(match[0]), match)
+        return list(found.values())
+    parser._get_option_tuples = by_option
 
 
 def resolve_target(args: argparse.Namespace) -> Target:

@@ -36,6 +36,14 @@ def pytest_collection_modifyitems(config, items):
 # Traced runs several test files read: each runs once per session, into a directory of its
 # own, and is read-only afterwards (a test that needs to change one copies it first).
 @pytest.fixture(scope="session")
+def wrapped_runs(tmp_path_factory):
+    """The tiny GPT under DDP and under FSDP2, each from its own script (support.wrapped_runs):
+    wrap ("ddp", "fsdp2") -> run dir."""
+    from support.wrapped_runs import record_wrapped
+    return record_wrapped(tmp_path_factory.mktemp("wrapped"))
+
+
+@pytest.fixture(scope="session")
 def callgraph_run(tmp_path_factory):
     """The reference GPT, TP=2 without SP x PP=2 on 4 ranks, one step, traced, with the call
     edges Python's profiling hook saw (traced_runs.ARGS): run dir with ``traces/``."""

@@ -58,7 +58,8 @@ def build(run_dir: str, out_dir: Optional[str] = None, *,
     warn = warn or _stderr("trace-report")
     left_out = []
     if kineto and _exports_are_the_run(run_dir):
-        left_out = _import(run_dir, kineto, jobs, dask, progress, warn, kineto_limit)
+        left_out = _import(os.path.abspath(run_dir), kineto, jobs, dask, progress, warn,
+                           kineto_limit)
         kineto = ()
     run = open_run(run_dir)
     out_dir = out_dir or run_dir
@@ -143,7 +144,9 @@ class _Counted:
 def kineto_ranks(entries, run) -> dict:
     """rank -> exports to merge into a recording (tracer.kineto.inputs.merge_ranks)."""
     from tracer.kineto.inputs import merge_ranks
-    return merge_ranks(list(entries), run) if entries else {}
+    # absolute: the workers that merge them may run elsewhere (--dask)
+    return {rank: [os.path.abspath(p) for p in paths]
+            for rank, paths in merge_ranks(list(entries), run).items()} if entries else {}
 
 
 def exit_status(analysis) -> int:

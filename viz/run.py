@@ -137,4 +137,6 @@ def open_run(path: str) -> Run:
             raise RunError(f"{info_path}: unreadable run record ({wrong})")
     if not files:
         raise RunError(f"{path}: no trace files (rank-<R>.arrow) found")
-    return Run(os.path.abspath(path), traces_dir, dict(sorted(files.items())), info)
+    # absolute: worker processes and Dask workers open the files from directories of their own
+    return Run(os.path.abspath(path), os.path.abspath(traces_dir),
+               {rank: os.path.abspath(file) for rank, file in sorted(files.items())}, info)

@@ -36,6 +36,7 @@ from support.paths import REPO
 TINY = ["--layers", "2", "--hidden", "32", "--heads", "4", "--seq-len", "16",
         "--micro-batch-size", "2", "--microbatches", "2", "--steps", "2"]
 STEPS, M, LAYERS = 2, 2, 2
+COMPARED = 1        # of the 2 steps, step 1 is compared: step 0 carries the setup
 PIPE = ["--tp", "1", "--pp", "2", "--layers", "4", "--hidden", "32", "--seq-len", "16",
         "--micro-batch-size", "2", "--microbatches", "4", "--steps", "4"]
 PIPE_M, PIPE_RECORDED = 4, 3        # steps 1-3 recorded (step 0 is setup)
@@ -131,7 +132,7 @@ def test_tp1_vs_tp2_tp_all_reduces_appear_and_matmul_flops_halve(runs, tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "Structural change: world size 1 -> 2" in proc.stdout
     assert re.search(r"tp 0 · dp 0\s+comm: all_reduce forward \(tp group of 2\)\s+0\s+"
-                     rf"{(2 * LAYERS + 4) * M * STEPS}\s+new", proc.stdout), proc.stdout
+                     rf"{(2 * LAYERS + 4) * M * COMPARED}\s+new", proc.stdout), proc.stdout
     assert proc.stdout.strip().splitlines()[-1] == str(tmp_path / "diff.html")
     data = json.loads((tmp_path / "diff.json").read_text())
     assert data["schema"] == "paratrace.diff/1" and data["structural_change"]
@@ -142,15 +143,15 @@ def test_tp1_vs_tp2_tp_all_reduces_appear_and_matmul_flops_halve(runs, tmp_path)
             for c in tp0["comm"]}
     # docs/oracles.md: TP per micro-batch, forward 2L+4 all-reduces, backward 2L+1.
     tp = "tp group of 2"
-    assert comm == {("all_reduce", "forward", tp): (0, (2 * LAYERS + 4) * M * STEPS),
-                    ("all_reduce", "backward", tp): (0, (2 * LAYERS + 1) * M * STEPS)}
+    assert comm == {("all_reduce", "forward", tp): (0, (2 * LAYERS + 4) * M * COMPARED),
+                    ("all_reduce", "backward", tp): (0, (2 * LAYERS + 1) * M * COMPARED)}
     # Which layers they appear in: g after attn.proj and mlp.fc2, f before qkv and fc1.
     per_module = {(c["module"], c["kind"], c["phase"]): c["b"] for c in tp0["module_comm"]}
     for i in range(LAYERS):
         for module, phase in (("attn.proj", "forward"), ("mlp.fc2", "forward"),
                               ("attn.qkv", "backward"), ("mlp.fc1", "backward")):
-            assert per_module[(f"GPTChunk.blocks.{i}.{module}", "all_reduce", phase)] == \
-                M * STEPS
+            assert per_module[(f"blocks.{i}.{module}", "all_reduce", phase)] == \
+                M * COMPARED
 
     result = diffed(runs["tp1"], runs["tp2"])
     flops = {d.name: d for d in role(result, "tp 0 · dp 0").deltas if d.category == "flops"}
@@ -167,12 +168,12 @@ def test_tp2_vs_sp_all_reduce_becomes_all_gather_and_reduce_scatter_in_each_laye
     for scope in result.roles:
         layer = {}
         for (module, kind, phase), a, b in scope.module_comm:
-            match = re.match(r"GPTChunk\.blocks\.(\d+)\.", module)
+            match = re.match(r"blocks\.(\d+)\.", module)
             if match:
                 entry = layer.setdefault(int(match.group(1)), {})
                 before, after = entry.get(kind, (0, 0))
                 entry[kind] = (before + a, after + b)
-        per_mb = M * STEPS
+        per_mb = M * COMPARED
         # reference-gpt.md: per layer and micro-batch, no SP: 4 all-reduces; SP: forward
         # 2 AG + 2 RS, backward 2 RS + 4 AG (2 re-gathers for the weight gradients).
         assert layer == {i: {"all_reduce": (4 * per_mb, 0), "all_gather": (0, 6 * per_mb),
@@ -182,12 +183,12 @@ def test_tp2_vs_sp_all_reduce_becomes_all_gather_and_reduce_scatter_in_each_laye
     # in plain words, over both ranks: without SP (2L+4)M forward and (2L+1)M backward
     # all-reduces per step; with SP the embedding's and the cross entropy's 4M stay, plus one
     # grad-sync all-reduce of the sequence-parallel parameters a step
-    total = 2 * ((2 * LAYERS + 4) + (2 * LAYERS + 1)) * M * STEPS
-    kept = 2 * (4 * M + 1) * STEPS
+    total = 2 * ((2 * LAYERS + 4) + (2 * LAYERS + 1)) * M * COMPARED
+    kept = 2 * (4 * M + 1) * COMPARED
     (sentence,) = result.in_words
     assert sentence.startswith(f"{total - kept} of the {total} all-reduces over the tp group "
                                "of 2 became all-gather + reduce-scatter (")
-    assert "GPTChunk.blocks.*.attn.proj" in sentence
+    assert "blocks.*.attn.proj" in sentence and "GPTChunk" not in sentence
 
 
 def p2p(scope: diff.ScopeDiff) -> dict:
@@ -254,8 +255,8 @@ def test_an_edit_that_moves_every_line_is_no_structural_change(runs):
     assert all(n.status == UNCHANGED for g in result.graphs for n in g.nodes())
 
 
-def test_runs_that_recorded_different_steps_are_compared_on_the_steps_both_have(runs,
-                                                                                tmp_path):
+def test_runs_that_recorded_different_steps_are_compared_on_the_steps_both_count(runs,
+                                                                             tmp_path):
     full = open_run(runs["tp2"])
     recorded = analyse(full).recorded_steps
     assert {0, 1} <= recorded      # two iterations (and what ran after the last optimizer step)
@@ -263,11 +264,13 @@ def test_runs_that_recorded_different_steps_are_compared_on_the_steps_both_have(
     later = open_run(keep_steps(runs["tp2"], tmp_path / "later", recorded - {0}))
     assert analyse(later).recorded_steps == recorded - {0}
     result = diff.diff_runs(full, later)
-    assert result.compared_steps == tuple(sorted(recorded - {0}))
-    assert any(f"compared over the steps both recorded, {sorted(recorded - {0})}" in w
-               for w in result.warnings), result.warnings
+    # both count step 1 alone (step 0 is setup, the last step is not closed): one range for
+    # every figure, said once
+    assert result.compared_steps == (1,) and not result.warnings
+    assert "Compared over step 1 of both runs (step 0, the setup, left out" in \
+        format_table(result, 15)
     assert not result.structural_change, result.verdict()
-    # One iteration left: M micro-batches of (2L+4) forward TP all-reduces.
+    # One iteration: M micro-batches of (2L+4) forward TP all-reduces.
     assert result.roles[0].a.comm[("all_reduce", "forward", "tp group of 2")] == \
         (2 * LAYERS + 4) * M
 

@@ -26,11 +26,11 @@ def run(tmp_path_factory) -> str:
     return str(root)
 
 
-def report(run: str, out, *options: str) -> dict:
+def report(run: str, out, *options: str, cwd=None) -> dict:
     command = os.path.join(os.path.dirname(sys.executable), "trace-report")
     proc = subprocess.run([command if os.path.exists(command) else shutil.which("trace-report"),
                            run, "--out", str(out), *options], capture_output=True, text=True,
-                          timeout=300)
+                          timeout=300, cwd=cwd)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == str(out / "index.html")
     return json.loads((out / "summary.json").read_text())
@@ -66,6 +66,20 @@ def test_a_dask_cluster_finds_what_one_process_finds(run, tmp_path):
         on_dask = report(run, tmp_path / "dask", "--dask", cluster.scheduler_address)
         with Engine(dask=cluster.scheduler_address) as engine:
             assert engine.map(len, [("ab",), ("abc",)]) == [2, 3]   # ran on the cluster
+    assert on_dask == report(run, tmp_path / "local", "--jobs", "1")
+
+
+def test_a_relative_run_directory_reaches_the_dask_workers(run, tmp_path):
+    """trace-report RUN --dask with RUN relative to where trace-report runs: the workers run
+    in a directory of their own (this process's, not trace-report's), so the trace files
+    they are handed must not be relative to trace-report's."""
+    from dask.distributed import LocalCluster
+    parent, name = os.path.split(run)
+    assert os.path.realpath(os.getcwd()) != os.path.realpath(parent)
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
+                      dashboard_address=None) as cluster:
+        on_dask = report(name, tmp_path / "dask", "--dask", cluster.scheduler_address,
+                         cwd=parent)
     assert on_dask == report(run, tmp_path / "local", "--jobs", "1")
 
 

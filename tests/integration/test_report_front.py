@@ -102,23 +102,31 @@ def test_front_page_answers_what_happened(report, browser, tmp_path):
     assert [f"rank {r}" for r in range(4)] == [t for t in texts if t.startswith("rank ")]
     assert browser.js("document.querySelector('a.preview svg').getBoundingClientRect().width")\
         > 900                                           # drawn across the page, not a thumbnail
-    # one line per rank with summary.json's numbers, per counted step
+    # one line per rank with summary.json's numbers, per counted step, the time per phase
+    # beside the step (an annotated run: the phases its ops carry)
     rows = rows_of(browser, "table.headline")
+    headings = browser.js("[...document.querySelectorAll('table.headline th')]"
+                          ".map(th => th.textContent.trim())")
+    col = {h: i for i, h in enumerate(headings)}
+    phases = headings[3:col["where the step went"]]
+    assert headings[:3] == ["rank", "status", "step time"]
+    assert phases[:2] == ["forward", "backward"] and "optimizer" in phases, headings
     assert [r[0] for r in rows] == ["0", "1", "2", "3"]
     for row in rows:
         time = summary["ranks"][row[0]]["time"]
         n = len(time["counted_steps"])
         assert row[1] == "ok"
         assert row[2] == fmt_time(time["wall_s"] / n * 1e9)
-        assert row[4] == fmt_time(time["compute_s"] / n * 1e9)
-        assert row[5] == fmt_time(time["exposed_comm_s"] / n * 1e9)
-        assert row[6] == f"{100 * time['overlap_fraction']:.0f} %"
-        assert row[7] == (f"{100 * time['pipeline']['bubble_fraction']:.0f} % "
-                          f"({100 * time['theoretical_bubble_fraction']:.0f} %)")
-        assert row[8] == "host"
-    headings = browser.js("[...document.querySelectorAll('table.headline th')]"
-                          ".map(th => th.textContent.trim())")
-    assert headings[7] == "bubble (theory)", headings
+        for phase in phases:
+            seconds = time["phase_s"][phase]
+            assert row[col[phase]] == (fmt_time(seconds / n * 1e9) if seconds else "")
+        assert row[col["compute"]] == fmt_time(time["compute_s"] / n * 1e9)
+        assert row[col["exposed comm"]] == fmt_time(time["exposed_comm_s"] / n * 1e9)
+        assert row[col["overlap"]] == f"{100 * time['overlap_fraction']:.0f} %"
+        assert row[col["bubble (theory)"]] == (
+            f"{100 * time['pipeline']['bubble_fraction']:.0f} % "
+            f"({100 * time['theoretical_bubble_fraction']:.0f} %)")
+        assert row[col["clock"]] == "host"
     # the legend keys the passes drawn: F and B (1F1B has no W pass)
     legend = browser.js("[...document.querySelectorAll('a.preview svg > text')]"
                         ".map(t => t.textContent)")
@@ -337,9 +345,15 @@ def test_a_run_without_a_pipeline_shows_no_passes_nor_bubble(tmp_path, browser):
     assert browser.console == [], browser.console
     headings = browser.js("[...document.querySelectorAll('table.headline th')]"
                           ".map(th => th.textContent.trim())")
-    assert headings[7] == "no compute" and not any("bubble" in h for h in headings), headings
+    col = {h: i for i, h in enumerate(headings)}
+    assert "no compute" in col and not any("bubble" in h for h in headings), headings
     rows = rows_of(browser, "table.headline")
-    assert [row[7] for row in rows] == [f"{100 * 60 / 140:.0f} %"] * 2 == ["43 %"] * 2
+    assert [row[col["no compute"]] for row in rows] == [f"{100 * 60 / 140:.0f} %"] * 2 == \
+        ["43 %"] * 2
+    # time per phase beside the step, no annotation needed: the ops' forward 40 + 40, the
+    # all-reduce's grad_sync from its launch to its completion 60 (docs/metrics.md)
+    assert headings[2:5] == ["step time", "forward", "grad_sync"], headings
+    assert [row[3:5] for row in rows] == [["80.0 us", "60.0 us"]] * 2
     note = browser.js("document.querySelector('table.headline').nextElementSibling"
                       ".textContent")
     assert "no compute: the share of the step without compute" in note

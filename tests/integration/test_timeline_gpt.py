@@ -15,7 +15,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from support.chrome_trace_checks import check_chrome_trace
+from support.chrome_trace_checks import check_chrome_trace, check_op_args
 from support.cli import CPU_ONLY
 from support.gpt_helpers import free_port
 from viz.analysis import analyse
@@ -102,4 +102,7 @@ def test_write_timeline_of_a_real_run(gpipe, tmp_path):
     titles = [t.text for t in root.iter("{http://www.w3.org/2000/svg}title")]
     assert any(t.startswith(f"rank 1 B micro-batch {M - 1}") for t in titles)
     events = json.loads((tmp_path / files["chrome_trace"]).read_text())["traceEvents"]
-    check_chrome_trace(events, expected_flows=len(gpipe.timeline.links))
+    # a flow per P2P link and per collective matched across ranks; args on every op
+    collectives = [m for m in gpipe.cross.matched if len(m.spans) > 1]
+    check_chrome_trace(events, expected_flows=len(gpipe.timeline.links) + len(collectives))
+    check_op_args(events)

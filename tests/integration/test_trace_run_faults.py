@@ -18,6 +18,7 @@ per problem, no traceback of its own), the exit status, run.json and the traces 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import signal
 import subprocess
@@ -30,7 +31,10 @@ from support.cli import (C10D, ENV, assert_no_traceback, comm_counts, own_lines,
                          run_json, trace_run)
 from support.paths import line_of
 from support.waiting import wait_until
+from viz.analysis import analyse
+from viz.run import open_run
 from viz.views.failures import reported_error
+from viz.views.problems import problems as report_problems
 
 
 def last_stdout_line(proc) -> str:
@@ -72,6 +76,22 @@ def test_a_rank_that_raises_is_marked_failed_and_the_others_stay_readable(tmp_pa
     assert failed.status == "failed" and "boom on rank 1" in failed.meta["error"]
     other = tracer.load(str(out / "traces" / "rank-0.arrow"))
     assert other.complete and comm_counts(other)["all_reduce"] >= 4
+    # the worker's traceback: the user's frame, none of runpy's, trace-run's or the recorder's
+    trace = [line for line in proc.stderr.splitlines() if line.startswith("[rank1]:")]
+    assert trace[0] == "[rank1]: Traceback (most recent call last):", proc.stderr
+    assert trace[-1] == "[rank1]: ValueError: boom on rank 1"
+    files = [line for line in trace
+             if line.removeprefix("[rank1]:").strip().startswith("File ")]
+    assert files == [f'[rank1]:   File "{C10D}", line {line_of(C10D, "raise ValueError")}, '
+                     "in <module>"], trace
+    assert not any(word in proc.stderr for word in ("<frozen runpy>", "bootstrap.py",
+                                                    "tracer/recorder"))
+    # the report leads with the cause, then the rank that failed after it
+    page = (out / "index.html").read_text()
+    titles = re.findall(r'<div class="banner (\w+)"><strong>([^<]*)</strong>', page)
+    assert [level for level, _ in titles] == ["failed", "followed"], titles
+    assert titles[0][1] == "rank 1 failed first: ValueError: boom on rank 1"
+    assert titles[1][1].startswith("then rank 0 failed (after rank 1): ")
 
 
 def test_a_rank_killed_with_sigkill_mid_step(tmp_path):
@@ -134,6 +154,14 @@ def test_a_hang_under_timeout_names_the_rank_that_never_arrived(tmp_path):
         in waiting["stack"]
     assert f'trace_run_c10d.py", line {line_of(C10D, "time.sleep(3600)")}' \
         in hang["ranks"]["1"]["stack"]
+    # the report shows them as the recorded stacks are: the user's frames and the call into
+    # torch, not the recorder's wrapper it waits in, trace-run's bootstrap nor runpy
+    (banner,) = [p for p in report_problems(analyse(open_run(str(out)))) if p["level"] == "hang"]
+    shown = {d["rank"]: d["stack"] for d in banner["details"]}
+    assert f'trace_run_c10d.py", line {line_of(C10D, "dist.all_reduce(p.grad)")}' in shown["0"]
+    assert "distributed_c10d.py" in shown["0"] and "tracer/recorder" in waiting["stack"]
+    for stack in shown.values():
+        assert not any(w in stack for w in ("tracer/recorder", "bootstrap.py", "runpy")), stack
     # rank 0 was ended while waiting: its trace keeps the all-reduce in flight (never completed)
     waiter = tracer.load(str(out / "traces" / "rank-0.arrow"))
     stuck = [r for r in waiter.records() if r["seq"] == waiting["inflight"][0]["seq"]

@@ -132,6 +132,30 @@ def test_a_raising_block_is_recorded_as_failed(tmp_path):
     assert trace.status == "failed" and trace.meta["error"] == "ValueError: boom"
 
 
+def test_a_directory_of_an_earlier_runs_trace_is_refused_in_one_line(tmp_path):
+    """tracer.trace(DIR) never writes over an earlier run's trace, as trace-run refuses such an
+    --out: not this process's own earlier trace, nor one a process before this one wrote."""
+    out = tmp_path / "run"
+    train(1, out)
+    kept = (out / "rank-0.arrow").read_bytes()
+    with pytest.raises(FileExistsError) as again:
+        train(1, out)
+    message = str(again.value)
+    assert message == (f"tracer.trace: {out} already holds an earlier run's trace "
+                       "(rank-0.arrow); give a new directory or remove the rank-<R> files of "
+                       "the old run (trace-run refuses so too)")
+    assert (out / "rank-0.arrow").read_bytes() == kept        # nothing written over
+    hour_ago = os.stat(out / "rank-0.arrow").st_mtime - 3600  # a run an hour before this one
+    os.utime(out / "rank-0.arrow", (hour_ago, hour_ago))
+    later = subprocess.run(
+        [sys.executable, "-c", "import sys, torch, tracer\n"
+         "with tracer.trace(sys.argv[1]):\n    torch.ones(2) + 1", str(out)],
+        capture_output=True, text=True, timeout=120)
+    assert later.returncode == 1 and later.stderr.strip().splitlines()[-1].endswith(message)
+    assert (out / "rank-0.arrow").read_bytes() == kept
+    train(1, tmp_path / "new")                                # a new directory is fine
+
+
 def test_bad_step_selection_is_a_clear_error(tmp_path):
     with pytest.raises(ValueError, match="bad step selection"):
         tracer.trace(tmp_path, steps="3-1")

@@ -232,3 +232,20 @@ def test_summary_cross_rank_object(tmp_path):
     assert row["busbw_GBps"] == pytest.approx(row["algbw_GBps"] / 2)
 
 
+
+
+def test_the_page_says_bandwidths_in_human_units(tmp_path):
+    """A slow collective (1,000 bytes, transferred in 31.6 ms: 31.6 kB/s algbw) and a fast one
+    (1 MiB in 10 us: 105 GB/s): each rate in the unit that reads, never 3.16e-05 GB/s."""
+    from viz.views.crossrank_page import bandwidth
+    from viz.views.formatters import fmt_rate
+    rs = ranks(2)
+    for r in rs:
+        r.comm("all_reduce", 0, 1, 31_646, group=(0, 1), nbytes=1000)
+        r.comm("broadcast", 40_000, 40_001, 40_010, group=(0, 1), nbytes=MB)
+    rows = {row["kind"]: row for row in bandwidth(analysed(tmp_path, rs), {}, lambda f, l: None)}
+    # algbw = S / transfer; all_reduce busbw = 2(n-1)/n x algbw = algbw at n = 2
+    assert (rows["all_reduce"]["algbw"], rows["all_reduce"]["busbw"]) == ("31.6 kB/s",) * 2
+    assert rows["broadcast"]["algbw"] == f"{MB / 10e-6 / 1e9:.3g} GB/s" == "105 GB/s"
+    assert [fmt_rate(v) for v in (0, 999, 999.6, 12_345_678, 2.5e13, None)] == [
+        "0 B/s", "999 B/s", "1 kB/s", "12.3 MB/s", "25 TB/s", ""]

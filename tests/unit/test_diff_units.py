@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from collections import Counter
 
+from viz.analysis.op_groups import Frame
+from viz.diff.files import FileMatch, match_files
 from viz.diff.graph import ADDED, CHANGED, REMOVED, UNCHANGED, build_diff_graph, prune_diff
-from viz.diff.profile import Profile, merge
+from viz.diff.profile import Profile, merge, rank_profile
 from viz.diff.result import ALL_RANKS, Delta, compare
 from viz.diff.roles import assign_roles, grid_role, group_label, match_roles
 from viz.diff.words import describe
@@ -166,3 +168,70 @@ def test_communication_changes_in_plain_words():
         "all-to-alls appear over the dp group of 4 in GPTChunk.blocks.*.mlp.experts (8)",
         "2 of the 6 all-reduces over the dp group of 4 disappear"]
     assert describe(compare(ALL_RANKS, plain, plain)) == []
+
+
+def test_modules_are_compared_through_every_wrapper():
+    # One model's recorded paths under each wrapper (the names torch gives: see
+    # tests/unit/test_model_paths.py), the same ops below each.
+    recorded = {
+        "bare": ("TinyGPT", "TinyGPT.blocks.0.mlp"),
+        "ddp": ("DistributedDataParallel", "DistributedDataParallel.module.blocks.0.mlp"),
+        "fsdp2": ("FSDPTinyGPT", "FSDPTinyGPT.blocks.0.mlp"),
+        "fsdp2+checkpoint": ("FSDPTinyGPT",
+                             "FSDPTinyGPT.blocks.0._checkpoint_wrapped_module.mlp"),
+        "compile": ("OptimizedModule", "OptimizedModule._orig_mod.blocks.0.mlp"),
+        "fsdp1": ("FullyShardedDataParallel",
+                  "FullyShardedDataParallel._fsdp_wrapped_module.blocks.0.mlp"),
+        "accelerate+deepspeed": ("DeepSpeedEngine", "DeepSpeedEngine.module.blocks.0.mlp"),
+    }
+    fs = frames("/r", ("main", 1))
+    profiles = {how: rank_profile(0, [group(0, fs, module=root, count=1),
+                                      group(0, fs, module=mlp, count=3),
+                                      group(0, fs, module="", count=2)],
+                                  [], {}, None, (1,), str)
+                for how, (root, mlp) in recorded.items()}
+    bare = profiles.pop("bare")
+    assert dict(bare.ops) == {("(model)", "aten.mm.default", "forward"): 1,
+                              ("blocks.0.mlp", "aten.mm.default", "forward"): 3,
+                              ("(no module)", "aten.mm.default", "forward"): 2}
+    for how, p in profiles.items():
+        assert not compare("rank 0", bare, p).ops, how
+
+
+def test_every_kind_that_changed_is_said():
+    g = "group of 2"
+    # DDP: one bucket's all-reduce, a broadcast, one all-gather at setup; FSDP2 (3 groups):
+    # all-gathers forward and backward (each the local half of the parameters) and
+    # reduce-scatters of the same gradients: an all-reduce moves 2(n-1)/n of its bytes, the
+    # others (n-1)/n of the whole, so 3 halves of the traffic
+    ddp = comm_profile(0, {("all_reduce", "grad_sync", g): (2, 2 * 4096),
+                           ("broadcast", "other", g): (2, 64), ("all_gather", "other", g): (1, 8)})
+    fsdp = comm_profile(0, {("reduce_scatter", "grad_sync", g): (6, 2 * 4096),
+                            ("all_gather", "forward", g): (6, 4096),
+                            ("all_gather", "backward", g): (4, 4096)})
+    assert describe(compare(ALL_RANKS, ddp, fsdp)) == [
+        "the all-reduce over the group of 2 became all-gather + reduce-scatter (1.5x the "
+        "traffic)", "broadcasts over the group of 2 disappear (2)"]
+    more = comm_profile(0, {("all_reduce", "grad_sync", g): (3, 3 * 4096),
+                            ("broadcast", "other", g): (2, 128),
+                            ("all_gather", "forward", g): (1, 8)})
+    assert describe(compare(ALL_RANKS, ddp, more)) == [
+        "all-gathers over the group of 2 change phase (forward 0 -> 1, other 1 -> 0)",
+        "all-reduces over the group of 2 rise from 2 to 3",
+        "broadcasts over the group of 2 carry 2x the bytes (2 calls in each run)"]
+
+
+def test_a_renamed_script_is_matched_an_unrelated_file_is_not():
+    def script(name, *qualnames):
+        return [group(0, [Frame(f"/r/{name}", 1, "<module>", "<module>"),
+                          Frame(f"/r/{name}", i + 2, q.split(".")[-1], q)])
+                for i, q in enumerate(qualnames)]
+    a = script("ddp_train.py", "main", "Block.forward") + script("data.py", "load", "batch")
+    b = script("fsdp2_train.py", "main", "Block.forward", "wrap") + \
+        script("tokens.py", "read", "split", "pad")
+    paths_a = {f"/r/{n}": n for n in ("ddp_train.py", "data.py")}
+    paths_b = {f"/r/{n}": n for n in ("fsdp2_train.py", "tokens.py")}
+    shown, found = match_files(a, paths_a, b, paths_b)
+    assert found == [FileMatch("ddp_train.py", "fsdp2_train.py", 3)]
+    # tokens.py shares only "<module>" with data.py: less than half of either
+    assert shown == {"/r/fsdp2_train.py": "ddp_train.py", "/r/tokens.py": "tokens.py"}

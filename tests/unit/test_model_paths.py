@@ -75,6 +75,9 @@ def test_the_model_class_is_kept_where_the_path_says_it():
     # the wrapper's own ops (outside the model) are the root's
     assert unwrap("DistributedDataParallel") == ModelPath("", None, ("DDP",))
     assert unwrap("(no module)") == ModelPath("(no module)", None, ())
+    # accelerate with DeepSpeed (not installed here: the name as DeepSpeedEngine records it)
+    assert unwrap("DeepSpeedEngine.module.blocks.0") == ModelPath("blocks.0", None,
+                                                                  ("DeepSpeed",))
     # a class that merely starts with FSDP, in lower case after it, is not FSDP2's rename
     assert unwrap("FSDPolicy.a").wrappers == ()
 

@@ -21,7 +21,7 @@ def test_trace_diff_compares_runs_with_the_new_phases(tmp_path):
     result = json.loads((tmp_path / "diff.json").read_text())
     assert result["structural_change"]
     assert [o for o in result["totals"]["ops"] if o["phase"] == "recompute"] == [
-        {"module": "Net.a", "op": "aten.mm.default", "phase": "recompute", "a": 2, "b": 4}]
+        {"module": "a", "op": "aten.mm.default", "phase": "recompute", "a": 2, "b": 4}]
 
 
 def test_format_1_traces_with_the_old_phases_still_read(tmp_path):

@@ -369,3 +369,28 @@ def test_an_error_after_trace_run_died_leaves_the_trace_interrupted(tmp_path, mo
     alive = tracer.load(str(tmp_path / "alive" / "rank-0.arrow"))
     assert (alive.status, alive.meta["error"]) == ("failed",
                                                    "RuntimeError: Connection closed by peer")
+
+
+def test_an_abbreviation_of_one_option_in_two_spellings_is_that_option(capsys):
+    parser = build_parser()
+    for argv in (["--nproc", "2"], ["--nproc=2"], ["--nproc_per", "2"]):
+        assert parser.parse_args([*argv, "train.py"]).nproc_per_node == "2", argv
+    # different options stay ambiguous, each named once
+    with pytest.raises(SystemExit) as exit_:
+        parser.parse_args(["--rdzv", "x", "train.py"])
+    assert exit_.value.code == 2
+    line = capsys.readouterr().err
+    assert "ambiguous option: --rdzv could match" in line and line.count("--rdzv-id") == 1
+
+
+def test_help_quotes_the_memory_cost_docs_overhead_measured():
+    from instrument.cli import MEMORY_COST
+    import tracer
+    from support.paths import REPO
+    said = f"{MEMORY_COST:g} times"
+    help_text = " ".join(build_parser().format_help().split())
+    assert "--memory" in help_text and f"costs about {said} a bare dispatch mode's" in help_text
+    assert said in " ".join(tracer.trace.__doc__.split())
+    overhead = " ".join((REPO / "docs" / "overhead.md").read_text().split())
+    assert f"memory recording costs about **{said}** a bare dispatch mode's extra time" \
+        in overhead

@@ -20,6 +20,7 @@ import fcntl
 import os
 import re
 import stat
+import time
 from typing import Optional
 
 TRACES = "traces"
@@ -78,6 +79,45 @@ def rank_files(directory: str, ext: str = TRACE_EXT) -> dict:
         if rank is not None:
             out[rank] = os.path.join(directory, name)
     return out
+
+
+class EarlierTraces(FileExistsError):
+    """``tracer.trace`` given a directory holding an earlier run's trace of this rank."""
+
+
+_OPENED: set = set()          # trace files this process opened (a second trace would overwrite)
+
+
+def open_new_trace(path: str) -> None:
+    """Create ``path``'s directory for a new trace, refusing (:class:`EarlierTraces`, one line)
+    to write over an earlier run's: the file exists and was written before this process
+    started, or by this process's own earlier trace. A file of this run's other processes that
+    started as the same rank (no RANK yet) is newer than this process: it is not refused, the
+    process group renames them apart."""
+    directory = os.path.dirname(path)
+    try:
+        written = os.stat(path).st_mtime
+    except OSError:
+        written = None
+    started = process_started()
+    if written is not None and (path in _OPENED or (started is not None and written < started)):
+        raise EarlierTraces(f"tracer.trace: {directory} already holds an earlier run's trace "
+                            f"({os.path.basename(path)}); give a new directory or remove the "
+                            "rank-<R> files of the old run (trace-run refuses so too)")
+    os.makedirs(directory, exist_ok=True)
+    _OPENED.add(path)
+
+
+def process_started() -> Optional[float]:
+    """When this process started, in Unix seconds to a clock tick (10 ms; Linux's /proc: its
+    start since boot, against the boot clock now), None where unknown."""
+    try:
+        with open("/proc/self/stat") as fh:
+            ticks = int(fh.read().rsplit(")", 1)[1].split()[19])     # field 22, starttime
+        since_boot = time.clock_gettime(time.CLOCK_BOOTTIME)
+        return time.time() - since_boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
 
 
 _KINDS = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),

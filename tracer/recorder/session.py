@@ -128,7 +128,7 @@ class Session(_SessionState):
     def __enter__(self) -> "Session":
         if _active.ACTIVE is not None:
             raise RuntimeError("a paratrace trace is already active in this process")
-        os.makedirs(self.out_dir, exist_ok=True)
+        rundir.open_new_trace(self.path)      # never over an earlier run's (EarlierTraces)
         meta = start_meta(self.rank, self.world_size, self.options.meta(), self._pairs,
                           self._stacks.HOT_PATH)
         meta[LIBRARY_META] = self._stacks.rule.meta()      # the report classifies frames so

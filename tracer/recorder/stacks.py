@@ -22,32 +22,21 @@ import json
 import os
 
 from tracer.vocab.library import ROOT as _ROOT, LibraryRule
+from tracer.vocab.user_frames import (DISPATCH_FILES as _DISPATCH_FILES, FX_NODE, INTERNAL,
+                                      LIBRARY, USER, kept)
 
 from ._native import native_hot_path
 from . import qualnames
 from .fxframes import FxFrames, enclosing_strip
 
-USER, LIBRARY, INTERNAL = 2, 1, 0
-# torch.fx.Interpreter.run_node: one code for every graph node it runs, so the walk keys its
+# The frame kinds (tracer.vocab.user_frames: USER, LIBRARY, INTERNAL). FX_NODE:
+# torch.fx.Interpreter.run_node, one code for every graph node it runs, so the walk keys its
 # frames by that node too (_fx_siblings); a node of this kind drops the interpreter's frames
 # inward of it. NOTE: tracer/recorder/csrc/stackwalk.c's FX_NODE
-FX_NODE = 3
 
 _INTERNAL_DIRS = tuple(os.path.join(_ROOT, d) + os.sep for d in ("tracer", "instrument"))
 _SAMPLE_RUNS = os.path.join(_ROOT, "sample_runs") + os.sep
 
-
-# torch's own dispatch and module-call machinery between a call site and the mode: never a
-# useful frame (the boundary of a module call is then its forward, e.g. Linear.forward).
-_DISPATCH_FILES = ("_compile.py", os.path.join("_dynamo", "eval_frame.py"),
-                   os.path.join("utils", "_python_dispatch.py"), "_ops.py",
-                   os.path.join("nn", "modules", "module.py"))
-
-
-# Decorator wrappers: a boundary frame named like this says nothing; the function it wraps
-# (the next frame inward) is kept as the boundary instead.
-_WRAPPER_NAMES = frozenset({"wrapper", "inner", "_fn", "decorate_context", "wrapped", "_wrapper",
-                            "wrapper_fn", "_inner"})
 
 # inspect.CO_GENERATOR | CO_COROUTINE | CO_ASYNC_GENERATOR (inspect is slow to import, and
 # readers of traces import this module)
@@ -318,29 +307,13 @@ class _Interning:
 
     def _kept_frames(self, node: int) -> list:
         """The frames a stack keeps, innermost first: the user's (library ones too with
-        library_frames), up to ``depth``, and the boundary call into a library."""
-        kept = []
-        boundary = None
-        users = 0
+        library_frames), up to ``depth``, and the boundary call into a library
+        (tracer.vocab.user_frames.kept)."""
+        chain = []
         while node >= 0:
-            kind, entry = self._node_frame[node]
-            if kind == USER or (self.library_frames and kind == LIBRARY):
-                if boundary is not None:
-                    kept.append(boundary)
-                    boundary = None
-                kept.append(entry)
-                users += 1
-                if users >= self.depth:
-                    break
-            elif kind == LIBRARY and not kept and (boundary is None
-                                                   or entry[2] not in _WRAPPER_NAMES):
-                boundary = entry
-            elif kind == FX_NODE and not kept:
-                boundary = None       # the interpreter's call_function...: its machinery
+            chain.append(self._node_frame[node])
             node = self._node_parent[node]
-        if boundary is not None:   # only library frames: keep the outermost one
-            kept.append(boundary)
-        return kept
+        return kept(chain, self.depth, self.library_frames)
 
     def _intern(self, frames: list) -> int:
         text = json.dumps(frames, separators=(",", ":"))

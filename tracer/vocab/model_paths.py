@@ -5,7 +5,8 @@ The recorder names a module by its root's class and the attribute path to it
 tracer/recorder/modules.py). The same model wrapped another way gets another name: DDP adds a
 root class and ``.module``, FSDP2's ``fully_shard`` renames the root's class ``FSDP<Class>``,
 ``checkpoint_wrapper`` adds ``_checkpoint_wrapped_module``, FSDP1 ``_fsdp_wrapped_module``,
-torch.compile ``_orig_mod`` (the recorder drops that one already). trace-diff matches modules
+torch.compile ``_orig_mod`` (the recorder drops that one already), accelerate's DeepSpeed
+``DeepSpeedEngine.module`` (its other wrappers are these). trace-diff matches modules
 across runs, and trace-whatif's PATTERNs match modules, on the path as ``named_modules()``
 names it on the unwrapped model: no root class, no wrapper (``blocks.0.mlp``; the model's root
 is ``""``). Torch-free: viz reads traces without torch.
@@ -29,6 +30,9 @@ WRAPPER_ROOTS: dict[str, tuple[str, str]] = {
     "DataParallel": ("module", "DataParallel"),
     "FullyShardedDataParallel": ("_fsdp_wrapped_module", "FSDP1"),
     "OptimizedModule": ("_orig_mod", "torch.compile"),
+    # what accelerate's prepare() wraps in besides DDP and FSDP (accelerate.utils.other.
+    # extract_model_from_parallel takes off the same ones)
+    "DeepSpeedEngine": ("module", "DeepSpeed"),
 }
 # attributes that wrap the module below them, anywhere in a path
 WRAPPER_ATTRIBUTES: dict[str, str] = {

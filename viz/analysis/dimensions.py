@@ -99,16 +99,18 @@ def name_groups(texts: Iterable[str], descs: dict, grid: Optional[Grid],
     return out
 
 
-def dimension_costs(timeline: Timeline, names: dict) -> dict:
-    """rank -> [DimensionCost], most exposed first, for every rank of the timeline."""
-    return {rank: _rank_costs(lane, names) for rank, lane in timeline.ranks.items()}
+def dimension_costs(timeline: Timeline, names: dict, steps: Optional[frozenset] = None
+                    ) -> dict:
+    """rank -> [DimensionCost], most exposed first, for every rank of the timeline; over
+    ``steps`` where given (trace-diff's compared steps), else each rank's counted steps."""
+    return {rank: _rank_costs(lane, names, steps) for rank, lane in timeline.ranks.items()}
 
 
-def _rank_costs(lane: RankLanes, names: dict) -> list:
+def _rank_costs(lane: RankLanes, names: dict, steps: Optional[frozenset] = None) -> list:
     comm = lane.comm
     if not len(comm):
         return []
-    counted = set(counted_steps(lane))
+    counted = set(counted_steps(lane)) if steps is None else set(steps) & set(lane.steps)
     step, start, end = comm.column("step"), comm.column("start"), comm.column("end")
     nbytes = comm.column("nbytes")
     groups = comm.tables.get("group", [])        # a text field: codes into its table

@@ -110,6 +110,12 @@ class RankLanes:
     memory: np.ndarray = field(default_factory=lambda: np.zeros((0, 2), dtype=np.int64))
     # live bytes over time by category (trace-run --memory; viz.analysis.memory.LiveMemory)
     live_memory: Optional["LiveMemory"] = None
+    # step -> phase -> seconds of its host step window (viz.analysis.phase_time), every clock
+    phase_s: dict = field(default_factory=dict)
+    # per drawn op, a code into op_arg_texts: its module, phase, source line, shapes and step
+    # as the JSON object of its Chrome-trace args (each distinct one once)
+    op_args: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int32))
+    op_arg_texts: list = field(default_factory=list)
 
     def __post_init__(self):
         # Held as columns (viz.analysis.columns): a 64-rank run has half a million spans and passes.

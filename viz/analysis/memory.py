@@ -56,6 +56,17 @@ class MemoryProfile:
         return self.times, self.live[:, self.categories.index(category)]
 
 
+def peak_in(profile: MemoryProfile, steps: frozenset) -> tuple:
+    """(the most bytes live at once after an event of ``steps``, category -> bytes live then):
+    a profile's peak over some steps only (trace-diff compares runs over the same steps)."""
+    at = np.flatnonzero(np.isin(profile.steps, sorted(steps)))
+    if not len(at):
+        return 0, dict.fromkeys(profile.categories, 0)
+    peak = int(at[np.argmax(profile.total[at])])
+    return int(profile.total[peak]), {name: int(profile.live[peak, c])
+                                      for c, name in enumerate(profile.categories)}
+
+
 @dataclass(frozen=True)
 class LiveMemory:
     """A rank's live bytes over time, to draw (the timeline's memory lane): at most

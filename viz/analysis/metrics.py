@@ -9,7 +9,7 @@ whole analysis is O(n log n) in the events of a step, however many steps and pas
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Optional
 
 import numpy as np
@@ -50,6 +50,7 @@ class StepMetrics:
     bubble_fraction: Optional[float]
     pipeline: Optional[PipelineBubble]
     memory_s: float = 0.0            # device clock: memcpys and memsets, never compute
+    phase_s: dict = field(default_factory=dict)   # phase -> seconds (host; .phase_time)
 
 
 @dataclass
@@ -72,6 +73,7 @@ class RankMetrics:
     clock_error_s: Optional[float] = None
     memory_s: float = 0.0
     passes: dict = field(default_factory=dict)   # kind -> mean compute seconds per pass
+    phase_s: dict = field(default_factory=dict)  # phase -> seconds over the counted steps
 
 
 # ---------------------------------------------------------------------------- theory
@@ -261,7 +263,7 @@ def _step_metrics(index: _Index, lane: RankLanes, step: int, replayed: dict,
                        _seconds(overlapped), _seconds(comm_ns - overlapped), _seconds(idle),
                        _ratio(overlapped, comm_ns), _ratio(wall - busy, wall),
                        _pipeline_bubble(index, lane, step, replayed, theory),
-                       _seconds(length(memory)))
+                       _seconds(length(memory)), dict(lane.phase_s.get(step, {})))
 
 
 def _pass_compute(index: _Index, counted: dict) -> dict:
@@ -284,6 +286,8 @@ def _totals(m: RankMetrics, use: list) -> None:
     for key in ("wall_s", "compute_s", "comm_s", "overlapped_comm_s", "exposed_comm_s",
                 "idle_s", "memory_s"):
         setattr(m, key, sum(getattr(s, key) for s in use))
+    m.phase_s = {p: sum(s.phase_s.get(p, 0.0) for s in use)
+                 for p in dict.fromkeys(p for s in use for p in s.phase_s)}
     m.overlap_fraction = m.overlapped_comm_s / m.comm_s if m.comm_s > 0 else None
     m.bubble_fraction = (m.wall_s - m.compute_s) / m.wall_s if m.wall_s > 0 else None
     pipes = [s.pipeline for s in use if s.pipeline is not None]
@@ -301,6 +305,15 @@ def _totals(m: RankMetrics, use: list) -> None:
             p.theoretical_bubble_fraction is not None for p in pipes):
         # no run-wide schedule in the config: the steps' own, weighted as the measurement is
         m.theoretical_bubble_fraction = m.pipeline.theoretical_bubble_fraction
+
+
+def over_steps(m: RankMetrics, steps: frozenset) -> RankMetrics:
+    """``m`` with its totals over ``steps`` (those of them it recorded) in place of its counted
+    steps: two runs compared over the same steps (trace-diff)."""
+    use = [s for s in m.steps if s.step in steps]
+    out = replace(m, counted_steps=tuple(s.step for s in use), pipeline=None)
+    _totals(out, use)
+    return out
 
 
 def _weighted(pipes: list, key: str) -> Optional[float]:

@@ -13,15 +13,19 @@ docs/metrics.md. All times are integer nanoseconds on rank 0's clock (``Trace.gl
 """
 from __future__ import annotations
 
+import json
+
 import numpy as np
 
 from tracer.vocab import ops as _ops
 from tracer.vocab.groups import group_ranks
+from tracer.vocab.labels import PHASES
 from tracer.vocab.ops import P2P_KINDS
 
 from .intervals import intervals, union
 from .lanes import CommSpan, P2PEnd, RankLanes
 from .passes import annotation_spans, infer_passes
+from .phase_time import phase_seconds, phase_spans
 
 # A gap between two ops of one thread longer than this is idle, not host overhead: Python,
 # autograd and the tracer take microseconds to a few ms between ops, even on a loaded machine.
@@ -90,6 +94,8 @@ def rank_lanes(rows: RankRows, send_ends: dict, op_budget: int = DRAWN_OPS) -> R
         if c.kind in P2P_KINDS and c.group and not c.group.startswith("?"):
             group.update(group_ranks(c.group))
     drawn = _drawn_ops(rows, steps, closed, op_budget)
+    phases = phase_spans(rows, comm, IDLE_GAP_NS)
+    op_args, op_arg_texts = _op_args(rows, drawn)
     return RankLanes(
         rank=rows.rank, compute=_compute_spans(rows, comm), comm=comm,
         comm_union=union(intervals([c.start for c in comm], [c.end for c in comm])),
@@ -100,7 +106,9 @@ def rank_lanes(rows: RankRows, send_ends: dict, op_budget: int = DRAWN_OPS) -> R
         clock_error_ns=rows.trace.clock_error_ns,
         inferred_passes=[] if passes else infer_passes(rows, comm),
         recorded_until=int(max(rows.t0.max(initial=0), rows.t1.max(initial=0))),
-        closed=rows.trace.status != "running", stopped=rows.trace.status != "ok")
+        closed=rows.trace.status != "running", stopped=rows.trace.status != "ok",
+        phase_s={s: phase_seconds(phases, lo, hi) for s, (lo, hi) in steps.items()},
+        op_args=op_args, op_arg_texts=op_arg_texts)
 
 
 def _drawn_ops(rows: RankRows, steps: dict, closed: frozenset, budget: int) -> np.ndarray:
@@ -124,6 +132,33 @@ def _drawn_ops(rows: RankRows, steps: dict, closed: frozenset, budget: int) -> n
         drawn = sel & (rows.step == order[0])
         drawn[np.nonzero(drawn)[0][budget:]] = False
     return drawn
+
+
+def _op_args(rows: RankRows, drawn: np.ndarray) -> tuple:
+    """(a code per drawn op, the JSON texts they index): each op's module, phase, source line
+    (the innermost user frame; a backward op's forward's) and input shapes, and its step, as
+    the Chrome trace's ``args``; a combination many ops share is made into text once."""
+    from .op_groups import site_of
+
+    trace = rows.trace
+    at = np.nonzero(drawn)[0]
+    if not len(at):
+        return np.zeros(0, dtype=np.int32), []
+    cols = np.stack([trace.col(c)[at].astype(np.int64) for c in
+                     ("module", "phase", "stack", "fwd_stack", "shapes", "step")], axis=1)
+    keys, inverse = np.unique(cols, axis=0, return_inverse=True)
+    modules, shapes = trace.dictionary("module"), trace.dictionary("shapes")
+    texts = []
+    for module, phase, stack, fwd, shape, step in keys.tolist():
+        frame = site_of(trace, stack, fwd)
+        texts.append(json.dumps({
+            "module": modules[module] if module >= 0 else None,
+            "phase": PHASES[phase] if 0 <= phase < len(PHASES) else None,
+            "source": f"{frame.file}:{frame.line}" if frame is not None else None,
+            "function": frame.qualname if frame is not None else None,
+            "shapes": shapes[shape] if shape >= 0 else None, "step": step},
+            separators=(",", ":")))
+    return inverse.reshape(-1).astype(np.int32), texts
 
 
 def _step_windows(rows: RankRows):

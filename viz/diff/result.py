@@ -11,6 +11,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Optional
 
+from .cost import Cost, cost_of
 from .profile import TIME_METRICS, Profile
 
 ALL_RANKS = "all ranks"    # the scope of the totals over every rank
@@ -74,7 +75,8 @@ class RunSide:
     world_size: int
     ranks: tuple
     config: dict
-    steps: tuple
+    steps: tuple                # every step it recorded
+    wrappers: tuple = ()        # wrappers taken off its module paths (tracer.vocab.model_paths)
 
 
 @dataclass
@@ -91,8 +93,14 @@ class DiffResult:
     totals: ScopeDiff          # all ranks
     graphs: list               # DiffGraph: all ranks, then roles (at most MAX_GRAPHS)
     warnings: list = field(default_factory=list)
-    compared_steps: tuple = ()  # the steps whose ops, FLOPs and communication are compared
+    compared_steps: tuple = ()  # the steps every figure covers; () for each run's own
     in_words: list = field(default_factory=list)     # communication changes, as sentences
+    matched_files: list = field(default_factory=list)  # viz.diff.files.FileMatch
+
+    @property
+    def cost(self) -> tuple[Cost, Cost]:
+        """(A's, B's) cost per step over all ranks (:mod:`.cost`)."""
+        return cost_of(self.totals.a), cost_of(self.totals.b)
 
     @property
     def structural_change(self) -> bool:
@@ -121,9 +129,11 @@ class DiffResult:
         if changed:
             parts.append(f"{len(changed)} of {len(self.roles)} matched roles differ")
         t = self.totals
-        parts.append(f"over all ranks {len(t.ops)} (module, op, phase) keys, "
-                     f"{len(t.functions)} call-graph functions and "
-                     f"{sum(1 for c in t.comm if c[1] != c[2])} communication kinds differ")
+        kinds = sorted({key[0] for key, ca, cb, _, _ in t.comm if ca != cb})
+        parts.append(f"over all ranks {len(t.ops)} (module, op, phase) keys and "
+                     f"{len(t.functions)} call-graph functions differ")
+        if kinds:
+            parts.append("calls differ in " + ", ".join(k.replace("_", "-") for k in kinds))
         return "Structural change: " + "; ".join(parts) + "."
 
 

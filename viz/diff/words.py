@@ -12,7 +12,10 @@ the group named by its grid axes) and the modules that issue them, and tells:
   layer indices folded: ``GPTChunk.blocks.*.mlp``);
 - P2P that came over a group that is not the pipeline: "a ring of P2P";
 - kinds that went or fell otherwise: "disappear"; that came to another group as often:
-  "moved".
+  "moved";
+- any other kind that changed: "rise" (more calls), "carry" (other bytes) or "change phase"
+  (the same calls elsewhere in the step), so every kind that differs is named (FSDP's
+  all-gathers beside DDP's one at setup, too).
 """
 from __future__ import annotations
 
@@ -86,39 +89,25 @@ def _moved_between_groups(by_group: dict) -> list:
 
 
 def describe(scope: ScopeDiff) -> list:
-    """Plain sentences for the communication changes of ``scope`` (A -> B)."""
+    """Plain sentences for the communication changes of ``scope`` (A -> B): every kind that
+    appears, disappears or changes on a group gets one (or shares one)."""
     by_group = defaultdict(lambda: defaultdict(lambda: [0, 0, 0, 0]))  # group -> kind -> figs
-    for (kind, _, group), ca, cb, ba, bb in scope.comm:
+    phases = defaultdict(dict)           # (group, kind) -> phase -> (A calls, B calls)
+    for (kind, phase, group), ca, cb, ba, bb in scope.comm:
         figs = by_group[group][kind]
         figs[0] += ca
         figs[1] += cb
         figs[2] += ba
         figs[3] += bb
+        phases[(group, kind)][phase] = (ca, cb)
     sentences = _moved_between_groups(by_group)
     for group in sorted(by_group):
         kinds = by_group[group]
+        told, said = _replaced(scope, group, kinds)
+        sentences += said
         gone = {k for k, f in kinds.items() if f[0] > 0 and f[1] == 0}
-        fell = {k for k, f in kinds.items() if f[1] < f[0]}
-        came = {k for k, f in kinds.items() if f[0] == 0 and f[1] > 0}
-        new = sorted(came - set(_P2P))
-        n = _size(group)
-        before = sum(_moved(k, kinds[k][2] - kinds[k][3], n) for k in fell)
-        after = sum(_moved(k, kinds[k][3], n) for k in new)
-        # one kind of traffic replaced by another: an all-reduce split into its two halves
-        # (ZeRO, sequence parallelism), or as many bytes moved (within a tenth)
-        split = "all_reduce" in fell and {"reduce_scatter", "all_gather"} <= set(new)
-        if fell and new and before and (split or abs(after / before - 1) <= 0.1):
-            bytes_text = "the same traffic" if abs(after / before - 1) < 0.01 else \
-                f"{after / before:.2g}x the traffic"
-            what = "the " + " + ".join(_name(k) for k in sorted(fell))
-            if fell - gone:
-                what = " + ".join(f"{kinds[k][0] - kinds[k][1]} of the {kinds[k][0]} "
-                                  f"{_PLURAL.get(k, k)}" for k in sorted(fell))
-            sentences.append(f"{what} over the {group} became "
-                             f"{' + '.join(_name(k) for k in new)} "
-                             f"({bytes_text}){_where(scope, set(new), 'b')}")
-            came -= set(new)
-            fell = set()
+        fell = {k for k, f in kinds.items() if f[1] < f[0]} - told
+        came = {k for k, f in kinds.items() if f[0] == 0 and f[1] > 0} - told
         p2p = came & set(_P2P)
         if p2p and not group.startswith("pp"):
             sends = kinds.get("send", [0, 0])[1]
@@ -134,4 +123,46 @@ def describe(scope: ScopeDiff) -> list:
                 f"{f[0] - f[1]} of the {f[0]} {_PLURAL.get(kind, kind)}"
             sentences.append(f"{what} over the {group} disappear{_where(scope, {kind}, 'a')}"
                              + (f" ({f[0]})" if kind in gone else ""))
+        for kind in sorted(set(kinds) - told - came - fell - p2p):
+            sentences.append(_changed(kind, group, kinds[kind], phases[(group, kind)], scope))
     return sentences
+
+
+def _replaced(scope: ScopeDiff, group: str, kinds: dict) -> tuple:
+    """(kinds told, [the sentence]) when kinds that fell on ``group`` were replaced by kinds
+    that rose there: an all-reduce split into its two halves (ZeRO, FSDP, sequence
+    parallelism), or as many bytes moved (within a tenth)."""
+    fell = {k for k, f in kinds.items() if f[1] < f[0]}
+    rose = sorted(k for k, f in kinds.items() if f[1] > f[0] and k not in _P2P)
+    split = "all_reduce" in fell and {"reduce_scatter", "all_gather"} <= set(rose)
+    if split:
+        fell = {"all_reduce"}       # the others that fell are said apart
+    n = _size(group)
+    before = sum(_moved(k, kinds[k][2] - kinds[k][3], n) for k in fell)
+    after = sum(_moved(k, kinds[k][3] - kinds[k][2], n) for k in rose)
+    if not (fell and rose and before and (split or abs(after / before - 1) <= 0.1)):
+        return set(), []
+    bytes_text = "the same traffic" if abs(after / before - 1) < 0.01 else \
+        f"{after / before:.2g}x the traffic"
+    what = "the " + " + ".join(_name(k) for k in sorted(fell))
+    if any(kinds[k][1] for k in fell):
+        what = " + ".join(f"{kinds[k][0] - kinds[k][1]} of the {kinds[k][0]} "
+                          f"{_PLURAL.get(k, k)}" for k in sorted(fell))
+    return fell | set(rose), [f"{what} over the {group} became "
+                              f"{' + '.join(_name(k) for k in rose)} "
+                              f"({bytes_text}){_where(scope, set(rose), 'b')}"]
+
+
+def _changed(kind: str, group: str, figs: list, phases: dict, scope: ScopeDiff) -> str:
+    """A kind on ``group`` that neither appeared nor disappeared: more calls, other bytes, or
+    the same calls in other phases."""
+    name = _PLURAL.get(kind, kind)
+    a, b, bytes_a, bytes_b = figs
+    if b > a:
+        return f"{name} over the {group} rise from {a} to {b}{_where(scope, {kind}, 'b')}"
+    if bytes_a != bytes_b:
+        ratio = f"{bytes_b / bytes_a:.2g}x" if bytes_a else "more"
+        return f"{name} over the {group} carry {ratio} the bytes ({a} calls in each run)"
+    moves = ", ".join(f"{phase} {ca} -> {cb}" for phase, (ca, cb) in sorted(phases.items())
+                      if ca != cb)
+    return f"{name} over the {group} change phase ({moves})"

@@ -1,16 +1,22 @@
 """Chrome trace JSON of a timeline: opens in Perfetto (ui.perfetto.dev) and chrome://tracing.
 
 Ranks are processes; each process has a "passes & annotations" thread (F/B/W passes and the
-other annotation ranges, nested), one thread per recording thread with its aten ops, and as
-many "comm" threads as it takes to lay out overlapping communications without overlap. Every
-pipeline send is joined to the recv that consumed it by a flow arrow. Times are microseconds
-from the first event of the run, on rank 0's clock. Only draws what viz.analysis.timeline computed.
+other annotation ranges, nested), one thread per recording thread with its aten ops (each with
+its ``args``: module, phase, source line and function, input shapes, step), as many "comm"
+threads as it takes to lay out overlapping communications without overlap, and, where memory
+was recorded, a "memory" counter track (live bytes by category). Every pipeline send is joined
+to the recv that consumed it by a flow arrow, and every collective matched across ranks
+(viz.analysis.crossrank) by one flow through its members' slices, lowest rank to highest, each
+at the member's completion. Times are microseconds from the first event of the run, on rank
+0's clock. Only draws what viz.analysis computed.
 """
 from __future__ import annotations
 
 import bisect
 import io
 import json
+
+from typing import Sequence
 
 import numpy as np
 
@@ -40,10 +46,11 @@ def _lane_of(spans: list) -> list:
     return lanes
 
 
-def render(timeline: Timeline) -> str:
-    """The Chrome trace JSON text."""
+def render(timeline: Timeline, matched: Sequence = ()) -> str:
+    """The Chrome trace JSON text; ``matched``: the collectives matched across ranks
+    (viz.analysis.crossrank.CrossRank.matched), each drawn as a flow."""
     out = io.StringIO()
-    write(timeline, out)
+    write(timeline, out, matched)
     return out.getvalue()
 
 
@@ -64,35 +71,45 @@ class _Events:
         self.text(",".join(json.dumps(e, separators=(",", ":")) for e in events))
 
 
-def write(timeline: Timeline, fh) -> None:
+def write(timeline: Timeline, fh, matched: Sequence = ()) -> None:
     """Write the Chrome trace JSON to ``fh``, rank by rank: a run can have hundreds of
-    thousands of op slices (viz.analysis.rank_lanes.DRAWN_OPS caps how many)."""
+    thousands of op slices (viz.analysis.rank_lanes.DRAWN_OPS caps how many); ``matched``:
+    the collectives matched across ranks, each a flow."""
     firsts = [int(lane.op_start.min()) for lane in timeline.ranks.values() if len(lane.op_start)]
     firsts += [c.start for lane in timeline.ranks.values() for c in lane.comm[:1]]
     firsts += [p.start for lane in timeline.ranks.values() for p in lane.passes[:1]]
+    firsts += [int(lane.live_memory.times[0]) for lane in timeline.ranks.values()
+               if lane.live_memory is not None and len(lane.live_memory.times)]
     base = min(firsts, default=0)
 
     def us(t: int) -> float:
         return (t - base) / 1e3
 
     links = _Links(timeline)
+    collectives = _collective_flows(matched, len(timeline.links))
     fh.write('{"traceEvents":[')
     events = _Events(fh)
     for rank, lane in sorted(timeline.ranks.items()):
         where: dict = {}     # this rank's comm rows -> (tid, start, end) of their slices
         events.dicts(_process(rank, lane, us, where))
         events.dicts(links.flows(rank, where, us))
+        events.dicts(_members(collectives.get(rank, ()), rank, where, us))
+        events.dicts(_memory(rank, lane, us))
         names = [json.dumps(n) for n in lane.op_names]
+        args = lane.op_arg_texts or ["{}"]
+        codes = lane.op_args if len(lane.op_args) == len(lane.op_start) else \
+            np.zeros(len(lane.op_start), dtype=np.int32)
         for a in range(0, len(lane.op_start), _CHUNK):
             b = a + _CHUNK
             events.text(",".join(
                 f'{{"ph":"X","name":{names[code]},"cat":"compute","pid":{rank},'
                 f'"tid":{_OPS_TID + thread},"ts":{(start - base) / 1e3:.3f},'
-                f'"dur":{(end - start) / 1e3:.3f}}}'
-                for start, end, code, thread in zip(
+                f'"dur":{(end - start) / 1e3:.3f},"args":{args[arg]}}}'
+                for start, end, code, thread, arg in zip(
                     lane.op_start[a:b].tolist(), lane.op_end[a:b].tolist(),
-                    lane.op_name[a:b].tolist(), lane.op_thread[a:b].tolist())))
-    flow_id = len(timeline.links)
+                    lane.op_name[a:b].tolist(), lane.op_thread[a:b].tolist(),
+                    codes[a:b].tolist())))
+    flow_id = len(timeline.links) + len(matched)
     for rank, lane in sorted(timeline.ranks.items()):
         if lane.device is not None:
             flow_id = _gpu(rank, lane, us, events, base, flow_id)
@@ -136,6 +153,46 @@ class _Links:
             out.append({"ph": "f", "bp": "e", "id": n, "name": "p2p", "cat": "p2p",
                         "pid": rank, "tid": tid, "ts": us(max(start, end - 1))})
         return out
+
+
+def _collective_flows(matched: Sequence, first_id: int) -> dict:
+    """rank -> [(flow id, "s" | "t" | "f", its comm row)]: each matched collective of two
+    members or more is one flow, from its lowest rank through the others to its highest."""
+    out: dict = {}
+    for n, m in enumerate(matched):
+        members = sorted(m.spans)
+        if len(members) < 2:
+            continue
+        for i, rank in enumerate(members):
+            phase = "s" if i == 0 else "f" if i == len(members) - 1 else "t"
+            out.setdefault(rank, []).append((first_id + n, phase, m.spans[rank].index,
+                                             f"{m.kind} #{m.seq}"))
+    return out
+
+
+def _members(ends: Sequence, rank: int, where: dict, us) -> list:
+    """One rank's ends of the collectives' flows, each on its comm slice at its completion."""
+    out = []
+    for flow, phase, row, name in ends:
+        tid, start, end = where[row]
+        event = {"ph": phase, "id": flow, "name": name, "cat": "collective", "pid": rank,
+                 "tid": tid, "ts": us(max(start, end - 1))}
+        if phase != "s":
+            event["bp"] = "e"
+        out.append(event)
+    return out
+
+
+def _memory(rank: int, lane, us) -> list:
+    """The rank's "memory" counter track: live bytes by category at each corner of the step
+    function (viz.analysis.memory.LiveMemory), where memory was recorded."""
+    live = lane.live_memory
+    if live is None:
+        return []
+    names = [str(c) for c in live.categories]
+    return [{"ph": "C", "name": "memory", "cat": "memory", "pid": rank, "ts": us(t),
+             "args": dict(zip(names, row))}
+            for t, row in zip(live.times.tolist(), live.live.tolist())]
 
 
 def _gpu(rank: int, lane, us, events: _Events, base: int, flow_id: int) -> int:

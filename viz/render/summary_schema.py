@@ -92,6 +92,7 @@ def time_json(m: RankMetrics) -> dict:
         "pipeline": pipeline_json(m.pipeline),
         "theoretical_bubble_fraction": m.theoretical_bubble_fraction,
         "pass_compute_s": m.passes,
+        "phase_s": m.phase_s,
         "clock_error_s": m.clock_error_s,
         "per_step": [step_json(s) for s in m.steps],
         **_why_null(m),
@@ -114,7 +115,8 @@ def step_json(s: StepMetrics) -> dict:
             "overlapped_comm_s": s.overlapped_comm_s, "exposed_comm_s": s.exposed_comm_s,
             "idle_s": s.idle_s, "overlap_fraction": s.overlap_fraction,
             "bubble_fraction": s.bubble_fraction, "pipeline": pipeline_json(s.pipeline),
-            "memory_s": s.memory_s, "start_ns": s.start, "end_ns": s.end}
+            "memory_s": s.memory_s, "phase_s": s.phase_s, "start_ns": s.start,
+            "end_ns": s.end}
 
 
 def pipeline_json(p: Optional[PipelineBubble]) -> Optional[dict]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from tracer.vocab.groups import group_ranks, process_group_name
 
 from ..analysis.run_analysis import RunAnalysis
-from .formatters import fmt_bytes, fmt_time
+from .formatters import fmt_bytes, fmt_rate, fmt_time
 from .problems import mismatch_text
 
 
@@ -58,11 +58,16 @@ def bandwidth(analysis: RunAnalysis, paths: dict, href) -> list:
         file, line = (c.site.file, c.site.line) if c.site is not None else ("", 0)
         out.append(dict(kind=c.kind, group=list(group_ranks(c.group)),
                         process_group=process_group_name(c.group), count=c.count,
-                        algbw_GBps=c.algbw_GBps, busbw_GBps=c.busbw_GBps,
+                        algbw=fmt_rate(_bytes_per_s(c.algbw_GBps)),
+                        busbw=fmt_rate(_bytes_per_s(c.busbw_GBps)),
                         bytes_text=fmt_bytes(c.bytes), median_text=fmt_time(c.median_s * 1e9),
                         where=f"{paths.get(file, file)}:{line}" if file else "",
                         href=href(file, line) if file and line >= 0 else None))
     return out
+
+
+def _bytes_per_s(gbps):
+    return None if gbps is None else gbps * 1e9
 
 
 def mismatches(analysis: RunAnalysis, most: int = 100) -> list:

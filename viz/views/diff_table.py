@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Optional
 
+from ..diff.cost import Cost
 from ..diff.result import ALL_RANKS, Delta, DiffResult
-from .formatters import fmt_bytes, fmt_count, fmt_flops, fmt_time
+from .formatters import fmt_bytes, fmt_count, fmt_flops, fmt_time, runs_text
 
 
 def largest_changes(result: DiffResult) -> list:
@@ -65,6 +66,84 @@ def fmt_rel(d: Delta) -> str:
     return f"{rel * 100:+.1f}%"
 
 
+def step_range(result: DiffResult) -> str:
+    """The one sentence saying which steps every figure of the diff covers."""
+    steps = result.compared_steps
+    if not steps:
+        return (f"Each run over its own steps (A recorded {runs_text(result.a.steps)}, B "
+                f"{runs_text(result.b.steps)}): no step in common.")
+    word = "step" if len(steps) == 1 else "steps"
+    setup = " (step 0, the setup, left out: docs/metrics.md)" if 0 not in steps and \
+        0 in set(result.a.steps) | set(result.b.steps) else ""
+    return (f"Compared over {word} {runs_text(steps)} of both runs{setup}: every count, time "
+            "and memory figure below.")
+
+
+def context_lines(result: DiffResult) -> list:
+    """What was matched through what: wrappers taken off module paths, files matched by name."""
+    lines = []
+    if result.a.wrappers or result.b.wrappers:
+        lines.append("module paths matched through wrappers: A " +
+                     (" + ".join(result.a.wrappers) or "none") + ", B " +
+                     (" + ".join(result.b.wrappers) or "none"))
+    lines += [f"B's {m.b} is compared as A's {m.a} ({m.shared} functions alike)"
+              for m in result.matched_files]
+    return lines
+
+
+def _pair(a: Optional[float], b: Optional[float], fmt, change: bool = True) -> str:
+    """``A -> B``, with the relative change where ``change``."""
+    if a is None and b is None:
+        return "-"
+    text = f"{fmt(a) if a is not None else '-'} -> {fmt(b) if b is not None else '-'}"
+    if change and a and b is not None:
+        text += " (=)" if a == b else f" ({(b - a) / a * 100:+.0f}%)"
+    return text
+
+
+def _seconds(value: float) -> str:
+    return fmt_time(value * 1e9)
+
+
+def cost_rows(result: DiffResult) -> list:
+    """(what, A -> B) of the cost per step: step, compute, exposed communication over all and
+    per dimension, memory peak and each category's bytes at it."""
+    a, b = result.cost
+    rows = [("step", _pair(a.step_s, b.step_s, _seconds)),
+            ("compute", _pair(a.compute_s, b.compute_s, _seconds)),
+            ("exposed comm", _pair(a.exposed_comm_s, b.exposed_comm_s, _seconds))]
+    for dim in sorted(set(a.exposed_by_dimension) | set(b.exposed_by_dimension)):
+        rows.append((f"exposed comm, {dim}", _pair(a.exposed_by_dimension.get(dim, 0.0),
+                                                   b.exposed_by_dimension.get(dim, 0.0),
+                                                   _seconds, change=False)))
+    return rows + _memory_rows(a, b)
+
+
+def _memory_rows(a: Cost, b: Cost) -> list:
+    if a.memory is None or b.memory is None:
+        which = "A" if a.memory is not None else "B" if b.memory is not None else ""
+        return [("memory peak", f"recorded in {which} only (trace-run --memory on both "
+                                "compares it)" if which else "not recorded (trace-run --memory)")]
+    rows = [("memory peak", _pair(a.memory.peak_bytes, b.memory.peak_bytes, fmt_bytes))]
+    for category in reversed(list(a.memory.by_category)):     # parameters first
+        va, vb = a.memory.by_category.get(category, 0), b.memory.by_category.get(category, 0)
+        if va or vb:
+            rows.append((f"memory, {category}", _pair(va, vb, fmt_bytes, change=False)))
+    return rows
+
+
+def cost_lines(result: DiffResult) -> list:
+    """The cost per step, A -> B, in two lines: step, compute and exposed communication per
+    dimension; the memory peak by category."""
+    rows = cost_rows(result)
+    time = [f"{what} {pair}" for what, pair in rows if not what.startswith("memory")]
+    memory = [f"{what.removeprefix('memory, ')} {pair}" for what, pair in rows
+              if what.startswith("memory")]
+    return ["Cost per step, A -> B (mean over ranks; memory: the largest rank's peak):",
+            "  " + " · ".join(time), "  " + ": ".join([memory[0], ", ".join(memory[1:])]
+                                                      if len(memory) > 1 else memory)]
+
+
 def _table(rows: list, header: tuple) -> list:
     widths = [max(len(str(r[i])) for r in [header] + rows) for i in range(len(header))]
     lines = []
@@ -84,8 +163,9 @@ def format_table(result: DiffResult, top: int) -> str:
     lines.append(f"roles matched by {result.role_method.split(':')[0]}: {len(result.roles)}"
                  + (f", only in A: {len(result.only_a)}" if result.only_a else "")
                  + (f", only in B: {len(result.only_b)}" if result.only_b else ""))
+    lines += context_lines(result)
     lines += [f"warning: {w}" for w in result.warnings]
-    lines += ["", result.verdict(), ""]
+    lines += [step_range(result), "", result.verdict(), ""] + cost_lines(result) + [""]
     if result.in_words:
         lines += ["In words:"] + [f"  - {sentence}" for sentence in result.in_words] + [""]
     every = largest_changes(result)
@@ -100,7 +180,8 @@ def format_table(result: DiffResult, top: int) -> str:
         lines.append(f"{len(every)} op count, FLOP or communication figures differ (--top 0).")
     else:
         lines.append("No op count, FLOP or communication figure differs.")
-    lines += ["", "Time (mean over ranks; measured times differ on every run, never structure):"]
+    lines += ["", "Time (mean over ranks, summed over the compared steps; measured times differ "
+              "on every run, never structure):"]
     lines += _table([(ALL_RANKS, d.name, fmt_value(d.a, d.unit), fmt_value(d.b, d.unit),
                       fmt_rel(d)) for d in result.totals.deltas if d.category == "time"],
                     ("scope", "metric", "A", "B", "change"))

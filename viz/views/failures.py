@@ -1,6 +1,7 @@
 """How a run ended, in words, from the facts trace-run wrote into run.json (their vocabulary:
 tracer.vocab.outcomes): a rank's failure (:func:`failure_text`, :func:`reported_error`), the
-first failure (:func:`first_failure_line`), a hang (:func:`watchdog_line`, :func:`banner`).
+first failure (:func:`first_failure_line`; :func:`by_cause` orders failed ranks so: the first
+failure, then the ranks that failed after it), a hang (:func:`watchdog_line`, :func:`banner`).
 One home for these words, beside :mod:`.problems`, which words what the analysis found and
 takes these from here: trace-run's lines on the terminal, the report's banners and
 summary.json's rank errors say the same thing. A run.json written before run.json held facts
@@ -83,6 +84,22 @@ def rank_failed(rank, error: Optional[str]) -> str:
     return f"rank {rank} failed: {error or 'no error recorded'}"
 
 
+def by_cause(record: dict, failed: list, ended_unix: Optional[dict] = None) -> list:
+    """``failed`` ranks in the order of cause: the first failure first (run.json's
+    ``first_failure``, the one trace-run names; without run.json, the rank whose trace ended
+    first by ``ended_unix``, rank -> its trace's ``end_unix``, as trace-run decides across
+    nodes), then the ranks that failed after it, in rank order."""
+    ranks = sorted(failed, key=int)
+    named = record.get("first_failure")
+    first = next((r for r in ranks if named is not None and str(r) == str(named)), None)
+    if first is None and ended_unix:
+        known = [r for r in ranks if isinstance(ended_unix.get(r), (int, float))]
+        first = min(known, key=lambda r: (ended_unix[r], int(r))) if known else None
+    if first is None:
+        return ranks
+    return [first] + [r for r in ranks if r != first]
+
+
 def first_failure_line(record: dict, local: set) -> Optional[str]:
     """trace-run's one line for the ranks that failed on their own (not ended by the launcher
     or the watchdog): the first failure, and which ranks failed after it (their errors are in
@@ -94,11 +111,10 @@ def first_failure_line(record: dict, local: set) -> Optional[str]:
               if info["status"] == "failed" and not info.get("terminated")]
     if not failed:
         return None
-    first = str(record["first_failure"]) if str(record["first_failure"]) in failed else failed[0]
+    first, *after = by_cause(record, failed)
     error = reported_error(record, first)
     line = rank_failed(first, error) if first in local else \
         f"first failure, on another node: rank {first}: {error}"
-    after = [r for r in failed if r != first]
     if after:
         line += f"; then rank(s) {', '.join(after)} failed too (errors in run.json)"
     return line

@@ -2,7 +2,7 @@
 count or a range of ranks reads the same in an SVG tooltip, an HTML table and on stderr."""
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, Optional
 
 
 def fmt_time(ns: float) -> str:
@@ -24,6 +24,18 @@ def fmt_bytes(n: float) -> str:
         n /= 1024
         i += 1
     return f"{n:.0f} B" if i == 0 else f"{n:.1f} {units[i]}"
+
+
+def fmt_rate(bytes_per_s: Optional[float]) -> str:
+    """A bandwidth in decimal units, as nccl-tests and NICs say them: ``31.6 kB/s``,
+    ``12.3 MB/s``, ``4.56 GB/s``; empty when unknown."""
+    if bytes_per_s is None:
+        return ""
+    value, units, i = float(bytes_per_s), ("B/s", "kB/s", "MB/s", "GB/s", "TB/s"), 0
+    while value >= 999.5 and i < len(units) - 1:
+        value /= 1000
+        i += 1
+    return f"{value:.3g} {units[i]}"
 
 
 def fmt_count(n: float) -> str:

@@ -4,7 +4,8 @@ peak by category, module, phase and source line. From each rank's
 viz.analysis.memory.MemoryProfile (``trace-run --memory``); no I/O."""
 from __future__ import annotations
 
-from typing import Optional
+import re
+from typing import Callable, Optional
 
 from ..analysis.run_analysis import RunAnalysis
 from .formatters import fmt_bytes
@@ -13,6 +14,8 @@ from .formatters import fmt_bytes
 COLOURS = {"parameters": "#4c72b0", "gradients": "#dd8452", "optimizer_state": "#55a868",
            "activations": "#c44e52", "temporaries": "#8c8c8c", "comm": "#937860"}
 LISTED = 10              # modules and source lines listed on a rank's page
+# a source site as viz.analysis.memory names it: "file:line function"
+SITE = re.compile(r"^(?P<file>.+):(?P<line>\d+) (?P<function>\S+)$")
 
 
 def memory_table(analysis: RunAnalysis) -> dict:
@@ -33,23 +36,34 @@ def memory_table(analysis: RunAnalysis) -> dict:
     return dict(rows=rows, colours=list(COLOURS.items()))
 
 
-def rank_memory(profile) -> Optional[dict]:
-    """A rank's memory peak for its page: ``peak``, ``step``, and (name, bytes, share) rows of
-    what was live by category, module, phase and source line (the largest first, LISTED of
-    each); None without memory."""
+def rank_memory(profile, href: Optional[Callable[[str, int], Optional[str]]] = None,
+                paths: Optional[dict] = None) -> Optional[dict]:
+    """A rank's memory peak for its page: ``peak``, ``step``, and (name, bytes, share, link)
+    rows of what was live by category, module, phase and source line (the largest first,
+    LISTED of each; a source line named by its display path (``paths``) and linked to its
+    source page by ``href(file, line)``, where it has one); None without memory."""
     if profile is None:
         return None
     peak = profile.peak_bytes or 1
     at = profile.at_peak
 
-    def rows(pairs, none: str) -> list:
-        return [(none if name is None else name, fmt_bytes(b), f"{100 * b / peak:.0f} %")
+    def rows(pairs, none: str, link=lambda name: (name, None)) -> list:
+        return [(*link(name), fmt_bytes(b), f"{100 * b / peak:.0f} %") if name is not None
+                else (none, None, fmt_bytes(b), f"{100 * b / peak:.0f} %")
                 for name, b in list(pairs)[:LISTED] if b > 0]
+
+    def site(name: str) -> tuple:
+        found = SITE.match(name)
+        if found is None:
+            return name, None
+        file, line = found["file"], int(found["line"])
+        shown = f"{(paths or {}).get(file, file)}:{line} {found['function']}"
+        return shown, href(file, line) if href is not None else None
     return dict(peak=fmt_bytes(profile.peak_bytes),
                 step="" if profile.peak_step is None else str(profile.peak_step),
                 categories=rows(at["category"].items(), ""),
                 modules=rows(at["module"].items(), "(no module)"),
                 phases=rows(at["phase"].items(), "(no op)"),
-                sites=rows(at["site"], "(no op: found on a module or optimizer)"),
+                sites=rows(at["site"], "(no op: found on a module or optimizer)", site),
                 own_peaks=[(c.replace("_", " "), fmt_bytes(b))
                            for c, b in profile.category_peaks.items() if b > 0])

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Optional
 
+from tracer.vocab.labels import PHASES
+
 from ..analysis.op_groups import NO_STACK, Weights, total_of
 from ..analysis.run_analysis import RunAnalysis
 from .formatters import fmt_bytes, fmt_count, fmt_time, range_text, short_op
@@ -133,7 +135,7 @@ def headline_rows(analysis: RunAnalysis) -> list:
         row = dict(rank=rank, status=analysis.status(rank),
                    clock=mine.lanes.clock if mine is not None else "host", step="",
                    compute="", exposed="", memory="", overlap="", bubble="",
-                   bubble_kind="no compute", theory="", bar=[])
+                   bubble_kind="no compute", theory="", bar=[], phases={})
         metrics = _metrics(analysis, rank)
         if metrics is not None:
             row.update(_headline(metrics))
@@ -152,7 +154,8 @@ def _headline(m) -> dict:
                bubble_kind="pipeline" if pipeline is not None else "no compute",
                # the schedule's theory is about a pipeline bubble: none without one
                theory=_percent(m.theoretical_bubble_fraction) if pipeline is not None else "",
-               bar=[])
+               bar=[], phases={phase: _seconds(s, steps) for phase, s in m.phase_s.items()
+                               if s > 0})
     if wall:
         c = min(compute, wall) / wall
         e = min(exposed / wall, 1 - c)
@@ -167,6 +170,13 @@ def _headline(m) -> dict:
             rest = idle
         out["bar"].append(("idle", 100 * rest))
     return out
+
+
+def phase_columns(headline: list) -> list:
+    """The phases the headline shows a column of, beside the step: those with time on some
+    rank, in a step's order (forward, backward, recompute, grad_sync, optimizer, other)."""
+    seen = {phase for row in headline for phase in row["phases"]}
+    return [phase for phase in PHASES[1:] + PHASES[:1] if phase in seen]
 
 
 def _seconds(value: Optional[float], steps: int) -> str:
@@ -210,20 +220,20 @@ def top_ops(groups: list, *, comm: bool, paths: dict, href, n: int = 5) -> list:
 
 
 def op_rows(groups: list) -> list:
-    """(op, phase) -> what they account for, most calls first."""
+    """(op, phase) -> what they account for, most time first (then most calls)."""
     counts = defaultdict(Weights)
     for g in groups:
         counts[(g.op, g.phase)].add(g.weights())
-    return sorted(counts.items(), key=lambda kv: (-kv[1].ops, kv[0]))
+    return sorted(counts.items(), key=lambda kv: (-kv[1].time_ns, -kv[1].ops, kv[0]))
 
 
 def comm_rows(groups: list) -> list:
-    """(kind, phase) -> what the collectives of that kind account for."""
+    """(kind, phase) -> what the collectives of that kind account for, most time first."""
     rows = defaultdict(Weights)
     for g in groups:
         if g.kind:
             rows[(g.kind, g.phase)].add(g.weights())
-    return sorted(rows.items())
+    return sorted(rows.items(), key=lambda kv: (-kv[1].time_ns, kv[0]))
 
 
 _META_KEYS = ("host", "pid", "local_rank", "node_rank", "backend", "torch", "python", "status",

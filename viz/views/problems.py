@@ -2,7 +2,8 @@
 (:func:`problem_lines`: trace-report's and trace-run's lines on stderr; :func:`damage_lines`:
 trace-diff's), the report's front page (:func:`problems`), and summary.json's ``error`` of a rank
 (:func:`rank_error`). Ranks that disagree about a collective come first (the usual cause of a
-hang), then the hang, failed ranks, ranks without a readable trace, damaged traces. Facts come
+hang), then the hang, failed ranks by cause (the first failure, then the ranks that failed
+after it), ranks without a readable trace, damaged traces. Facts come
 from the :class:`viz.analysis.RunAnalysis` (which ranks are where) and from run.json, whose
 facts :mod:`.failures` words (a rank's failure, the hang); this module only words them.
 """
@@ -13,10 +14,12 @@ from typing import Optional
 
 from tracer.files import rundir
 from tracer.vocab.groups import group_label
+from tracer.vocab.library import LibraryRule
+from tracer.vocab.user_frames import trim_dump
 
 from ..analysis.crossrank import Mismatch
 from ..analysis.run_analysis import RunAnalysis
-from .failures import banner, rank_failed, reported_error
+from .failures import banner, by_cause, rank_failed, reported_error
 from .formatters import rank_list, rank_run_text, site_text
 
 MOST_MISMATCHES = 5           # on the terminal; summary.json lists more
@@ -135,8 +138,8 @@ def problem_lines(analysis: RunAnalysis, most: int = MOST_MISMATCHES,
 def problems(analysis: RunAnalysis) -> list:
     """The front page's banners, most important first (``level``, ``title``, ``details``):
     ranks that disagree about a collective, a hang (who never arrived, each rank's state),
-    failed ranks, ranks without a readable trace, the world's note, damaged traces, and what a
-    run imported from exports cannot tell."""
+    failed ranks (the first failure, then those after it), ranks without a readable trace, the
+    world's note, damaged traces, and what a run imported from exports cannot tell."""
     out = [dict(level="mismatch", title=f"Mismatch: {mismatch_text(m)}", details=[])
            for m in analysis.cross.mismatches if m.what != "unknown"][:MOST_BANNERS]
     hang = analysis.run.info.get("hang")
@@ -145,14 +148,12 @@ def problems(analysis: RunAnalysis) -> list:
         for rank, info in sorted((hang.get("ranks") or {}).items(), key=lambda kv: int(kv[0])):
             details.append(dict(rank=rank, status=info.get("status"), step=info.get("step"),
                                 last=info.get("last_collective"),
-                                inflight=info.get("inflight"), stack=info.get("stack")))
+                                inflight=info.get("inflight"),
+                                stack=_user_stack(analysis, rank, info.get("stack"))))
         out.append(dict(level="hang", title=banner(hang), details=details))
+    out += failed_banners(analysis)
     for rank in analysis.with_files():
-        status = analysis.status(rank)
-        if status == "failed":
-            out.append(dict(level="failed", title=rank_failed(rank, rank_error(analysis, rank)),
-                            details=[]))
-        elif status == "missing":
+        if analysis.status(rank) == "missing":
             out.append(dict(level="missing", title=f"rank {rank}: no trace "
                             f"({analysis.unreadable[rank]})", details=[]))
     note = world_note(analysis)
@@ -168,6 +169,35 @@ def problems(analysis: RunAnalysis) -> list:
     notice = not_derivable(analysis)
     if notice:
         out.append(dict(level="notice", title=notice, details=[]))
+    return out
+
+
+def _user_stack(analysis: RunAnalysis, rank, dump: Optional[str]) -> Optional[str]:
+    """A rank's Python stacks at the hang (faulthandler's dump) cut to the user's frames and
+    the call into the library, by the rank's own library rule (tracer.vocab.user_frames)."""
+    mine = analysis.ranks.get(int(rank))
+    rule = LibraryRule.from_meta(mine.meta) if mine is not None else None
+    return trim_dump(dump, rule) if dump else dump
+
+
+def failed_banners(analysis: RunAnalysis) -> list:
+    """The failed ranks' banners by cause, not by rank number: the first failure (trace-run's
+    run.json says which), then the ranks that failed after it (a peer's "Connection closed by
+    peer", the launcher ending it), each as a consequence."""
+    failed = [r for r in analysis.with_files() if analysis.status(r) == "failed"]
+    ended = {r: analysis.ranks[r].meta.get("end_unix") for r in failed if r in analysis.ranks}
+    order = by_cause(analysis.run.info, failed, ended)
+    out = []
+    for i, rank in enumerate(order):
+        error = rank_error(analysis, rank)
+        if i == 0 and len(order) > 1:
+            out.append(dict(level="failed", title=f"rank {rank} failed first: "
+                            f"{error or 'no error recorded'}", details=[]))
+        elif i == 0:
+            out.append(dict(level="failed", title=rank_failed(rank, error), details=[]))
+        else:
+            out.append(dict(level="followed", title=f"then rank {rank} failed (after rank "
+                            f"{order[0]}): {error or 'no error recorded'}", details=[]))
     return out
 
 

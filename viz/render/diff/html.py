@@ -1,6 +1,7 @@
 """diff.html: the page of a :class:`viz.diff.DiffResult` (jinja2, autoescaped, offline).
 
-Only arranges what viz.diff computed: the verdict, the largest changes, the time metrics of
+Only arranges what viz.diff computed: the step range, what was matched through wrappers and
+renamed files, the verdict, the cost per step, the largest changes, the time metrics of
 both runs side by side per rank role, the structural differences, the diff call graphs (inline,
 as :mod:`.svg` writes them), links to each run's own report.
 """
@@ -10,7 +11,8 @@ import os
 from typing import TYPE_CHECKING
 
 from ...diff.result import ALL_RANKS
-from ...views.diff_table import fmt_rel, fmt_value, largest_changes
+from ...views.diff_table import (context_lines, cost_rows, fmt_rel, fmt_value,
+                                  largest_changes, step_range)
 from .. import inline_svg
 from ..html import PageWriter
 
@@ -39,4 +41,5 @@ def render(diff: DiffInput, out_dir: str) -> list:
         "diff.html", "diff.html", title="trace-diff", result=result, config=config,
         changes=largest_changes(result)[:TOP_CHANGES], times=times, scopes=scopes,
         graphs=graphs, reports=reports, max_rows=MAX_ROWS, all_ranks=ALL_RANKS,
-        value=fmt_value, rel=fmt_rel)]
+        value=fmt_value, rel=fmt_rel, step_range=step_range(result),
+        context=context_lines(result), cost=cost_rows(result))]

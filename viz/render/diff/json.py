@@ -8,6 +8,7 @@ import math
 import os
 from typing import TYPE_CHECKING
 
+from ...diff.cost import Cost
 from ...diff.result import Delta, DiffResult, RunSide, ScopeDiff
 
 if TYPE_CHECKING:
@@ -23,11 +24,21 @@ def _delta(d: Delta) -> dict:
             "unit": d.unit, "rel": d.rel}
 
 
+def _cost(c: Cost) -> dict:
+    """One run's ``cost``: per step over the compared steps."""
+    memory = None if c.memory is None else {"rank": c.memory.rank,
+                                            "peak_bytes": c.memory.peak_bytes,
+                                            "by_category": c.memory.by_category}
+    return {"steps": c.steps, "step_s": c.step_s, "compute_s": c.compute_s,
+            "exposed_comm_s": c.exposed_comm_s,
+            "exposed_comm_s_by_dimension": c.exposed_by_dimension, "memory": memory}
+
+
 def _document(result: DiffResult, svgs: dict) -> dict:
     """diff.json's object; ``svgs``: scope -> its SVG file."""
     def side(s: RunSide) -> dict:
         return {"dir": s.dir, "world_size": s.world_size, "ranks": list(s.ranks),
-                "config": s.config, "steps": list(s.steps)}
+                "config": s.config, "steps": list(s.steps), "wrappers": list(s.wrappers)}
 
     def scope(s: ScopeDiff) -> dict:
         return {
@@ -48,6 +59,9 @@ def _document(result: DiffResult, svgs: dict) -> dict:
         "structural_change": result.structural_change, "verdict": result.verdict(),
         "in_words": result.in_words,
         "role_method": result.role_method, "compared_steps": list(result.compared_steps),
+        "cost": dict(zip("ab", map(_cost, result.cost))),
+        "matched_files": [{"a": m.a, "b": m.b, "shared": m.shared}
+                          for m in result.matched_files],
         "config_changes": [{"key": k, "a": va, "b": vb} for k, va, vb in result.config_changes],
         "only_a": [{"role": label, "rank": r} for label, r in result.only_a],
         "only_b": [{"role": label, "rank": r} for label, r in result.only_b],

@@ -25,7 +25,7 @@ def render(report: ReportInput, out_dir: str) -> list:
     with open(written[0], "w") as fh:
         fh.write(report.timeline_svg)
     with open(written[1], "w") as fh:
-        chrome_trace.write(report.analysis.timeline, fh)
+        chrome_trace.write(report.analysis.timeline, fh, report.analysis.cross.matched)
     written.append(PageWriter(out_dir).write("timeline.html", "timeline.html", title="Timeline",
                                              svg=inline_svg(report.timeline_svg), files=files))
     report.progress.advance()
