@@ -6,7 +6,7 @@ import pytest
 
 from support.constructed.synthetic import SyntheticRank, write_run
 from viz.analysis import analyse
-from viz.analysis.crossrank import bus_factor, collective_size
+from viz.analysis.crossrank import bus_factor, collective_size, matched_size
 from viz.run import open_run
 from viz.render.summary_schema import build_summary, collectives_json, mismatch_json
 from viz.views.problems import mismatch_text
@@ -68,12 +68,14 @@ def test_late_is_measured_against_the_next_latest_rank(tmp_path):
 
 
 def test_bandwidth_sizes_and_factors_follow_nccl_tests():
+    assert collective_size("all_gather", 1000, 4) == 4000          # the gathered output
+    assert collective_size("reduce_scatter", 4000, 4) == 4000      # the full input
     every = {r: 1000 for r in range(4)}
-    assert collective_size("all_gather", every, 4) == 4000         # the gathered output
-    assert collective_size("reduce_scatter", every, 4) == 1000     # the full input
-    assert collective_size("gather", every, 4) == 4000             # what the root receives
-    assert collective_size("scatter", {0: 0, 1: 4000, 2: 0, 3: 0}, 4, root=1) == 4000
-    assert collective_size("all_to_all", {0: 1000, 1: 3000}, 2) == 2000
+    assert matched_size("all_gather", every, 4) == 4000
+    assert matched_size("reduce_scatter", every, 4) == 1000
+    assert matched_size("gather", every, 4) == 4000                # what the root receives
+    assert matched_size("scatter", {0: 0, 1: 4000, 2: 0, 3: 0}, 4, root=1) == 4000
+    assert matched_size("all_to_all", {0: 1000, 1: 3000}, 2) == 2000
     assert bus_factor("all_reduce", 4) == pytest.approx(1.5)
     assert bus_factor("all_gather", 4) == pytest.approx(0.75)
     assert bus_factor("reduce_scatter", 4) == pytest.approx(0.75)

@@ -8,7 +8,7 @@ per-group sequence number), which every member numbers alike. For each matched c
 - each member's wait: from its own launch to the last arrival (it could not finish earlier);
 - transfer: from the last arrival to the earliest completion among the members;
 - bandwidth as nccl-tests defines it: algbw = S / transfer, busbw = algbw x factor, with S the
-  collective's size (:func:`collective_size`: one rule per kind, read from every member's bytes,
+  collective's size (:func:`matched_size`: one rule per kind, read from every member's bytes,
   so whoever arrived last, the same) and factor 2(n-1)/n for all_reduce, (n-1)/n for
   all_gather, reduce_scatter, all_to_all, gather and scatter, 1 for broadcast and reduce.
 
@@ -53,9 +53,15 @@ def bus_factor(kind: str, n: int) -> float:
     return (n - 1) / n
 
 
-def collective_size(kind: str, handed: dict[int, int], n: int, root: Optional[int] = None) -> int:
-    """S, the collective's size for bandwidth, as nccl-tests sizes it, from ``handed`` (member
-    rank -> the bytes it handed in; whoever arrived last, the same S):
+def collective_size(kind: str, nbytes: int, n: int) -> int:
+    """S from what one rank hands in: all_gather's output, else that rank's input (the same on
+    every member but for rooted kinds and all_to_all: :func:`matched_size`)."""
+    return nbytes * n if kind == "all_gather" else nbytes
+
+
+def matched_size(kind: str, handed: dict[int, int], n: int, root: Optional[int] = None) -> int:
+    """S, the size of a matched collective for bandwidth, as nccl-tests sizes it, from
+    ``handed`` (member rank -> the bytes it handed in; whoever arrived last, the same S):
 
     - all_gather and gather: the gathered output, n x what a member hands in (gather's root
       receives it);
@@ -234,7 +240,7 @@ def _match(group: str, seq: int, spans: dict) -> Matched:
     any_span = spans[last_rank]
     n = len(group_ranks(group))
     roots = {c.peer for c in spans.values()}
-    size = collective_size(any_span.kind, {r: c.nbytes for r, c in spans.items()}, n,
+    size = matched_size(any_span.kind, {r: c.nbytes for r, c in spans.items()}, n,
                            roots.pop() if len(roots) == 1 else None)
     return Matched(group, seq, any_span.kind, any_span.step, dict(sorted(spans.items())),
                    last_rank, min(c.start for c in spans.values()), last, max(end, last),
