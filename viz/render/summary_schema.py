@@ -166,14 +166,17 @@ def dimensions_json(costs: list) -> dict:
     """A rank's ``dimensions``: per parallel dimension (viz.analysis.dimensions.DimensionCost,
     most exposed first), its communication over the counted steps."""
     return {c.dimension: {"count": c.count, "bytes": c.bytes, "comm_s": c.comm_s,
-                          "overlapped_s": c.overlapped_s, "exposed_s": c.exposed_s}
+                          "overlapped_s": c.overlapped_s, "exposed_s": c.exposed_s,
+                          "names": list(c.names)}
             for c in costs}
 
 
 def process_groups_json(names: dict) -> list:
-    """``process_groups``: every recorded group with its dimension and where that was read."""
+    """``process_groups``: every recorded group with its dimension, where that was read and
+    the user's own names of it."""
     return [{"group": list(group_ranks(text)), "process_group": process_group_name(text),
-             "desc": g.desc, "dimension": g.dimension, "from": g.source}
+             "desc": g.desc, "dimension": g.dimension, "from": g.source,
+             "names": list(g.names)}
             for text, g in sorted(names.items(), key=lambda kv: (group_ranks(kv[0]), kv[0]))]
 
 
