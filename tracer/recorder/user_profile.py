@@ -172,7 +172,8 @@ def _chrome_event(raw: dict) -> Optional[Event]:
         return None
     args = raw.get("args") or {}
     start = float(raw["ts"])
-    return Event((str(raw.get("pid")), str(raw.get("tid"))), start, start + float(raw.get("dur", 0)),
+    lane = (str(raw.get("pid")), str(raw.get("tid")))
+    return Event(lane, start, start + float(raw.get("dur", 0)),
                  str(raw.get("name", "")), raw.get("cat") == "python_function",
                  args.get("External id", 0) if isinstance(args, dict) else 0, 0)
 
