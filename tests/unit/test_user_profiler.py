@@ -16,7 +16,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import tracer
 from tracer.recorder import compat
-from tracer.recorder.user_profile import MARK, PYTHON_DISPATCH, Event, own_events
+from tracer.recorder.user_profile import MARK, PASSED, PYTHON_DISPATCH, Event, own_events
 
 MM_CALLS = 5     # the script's own torch.mm calls a step
 
@@ -103,6 +103,35 @@ def test_a_users_profile_under_the_recorder_is_the_profile_without_it(tmp_path, 
         assert plain["trace"][("user.step", "aten::mm")] == MM_CALLS
 
 
+def test_dtensor_ops_keep_their_python_subclass_ranges(tmp_path):
+    """DTensor ops on a world of one (gloo, in this process): the recorder hands each to
+    DTensor's own dispatch by answering NotImplemented, inside torch's PythonDispatchMode
+    range; without a mode torch records that dispatch as a PythonSubclass range."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
+                            world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        w = distribute_tensor(torch.randn(16, 16), mesh, [Shard(0)])
+        x = distribute_tensor(torch.randn(4, 16), mesh, [Replicate()])
+
+        def profiled(path) -> tuple:
+            torch.mm(x, w.t()).relu().sum().full_tensor()          # warm
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                torch.mm(x, w.t()).relu().sum().full_tensor()
+            prof.export_chrome_trace(str(path))
+            return {k.key: k.count for k in prof.key_averages()}, _shape(_spans(path))[0]
+        plain = profiled(tmp_path / "plain.json")
+        with tracer.trace(tmp_path / "traced", clock_sync=False):
+            traced = profiled(tmp_path / "traced.json")
+    finally:
+        dist.destroy_process_group()
+    assert plain[0]["PythonSubclass"] == 4 and plain[1][("aten::mm", "PythonSubclass")] == 1
+    assert traced == plain
+
+
 def test_the_recording_is_the_same_with_and_without_a_users_profiler(tmp_path):
     for name, profiled in (("with", True), ("without", False)):
         model, opt, x = _model()
@@ -160,3 +189,11 @@ def test_a_range_that_crosses_the_mark_is_the_users():
     events = [_ev(PYTHON_DISPATCH, 0, 10), _ev(MARK, 1, 9), _ev("user.step", 5, 500),
               _ev("aten::mm", 100, 200, corr=7)]
     assert own_events(events).dropped == {0, 1}
+
+
+def test_a_subclass_the_mode_passed_on_keeps_its_range_under_its_name():
+    # Y > P > mark (empty: NotImplemented) + passed > the subclass's local ops
+    events = [_ev("aten::mm", 0, 100, corr=1), _ev(PYTHON_DISPATCH, 5, 95), _ev(MARK, 10, 12),
+              _ev(PASSED, 13, 13.5), _ev("aten::mm", 20, 80, corr=2)]
+    own = own_events(events)
+    assert own.dropped == {2, 3} and own.renamed == {1: "PythonSubclass"} and own.relink == {}

@@ -29,7 +29,7 @@ from typing import Callable, Optional
 
 import torch
 
-from .user_profile import MARK, Event, filter_chrome_trace, own_events, python_name
+from .user_profile import MARK, PASSED, Event, filter_chrome_trace, own_events, python_name
 
 _apply = torch.autograd.Function.__dict__.get("apply")
 # the code of Function.apply where it is Python (a classmethod), else None (C: torch >= 2.14)
@@ -110,17 +110,22 @@ _RecordFunctionFast = getattr(getattr(torch._C, "_profiler", None), "_RecordFunc
 # without dispatching an op (torch.profiler.record_function dispatches: every mode would see it)
 PROFILER_MARK: Optional[Callable] = \
     functools.partial(_RecordFunctionFast, MARK) if _RecordFunctionFast is not None else None
+PROFILER_PASSED: Optional[Callable] = \
+    functools.partial(_RecordFunctionFast, PASSED) if _RecordFunctionFast is not None else None
 
 
-class _Relinked:
-    """A KinetoEvent or trace activity linked to another op's correlation id."""
-    __slots__ = ("_event", "_linked")
+class _Amended:
+    """A KinetoEvent or trace activity linked to another op's correlation id, or renamed."""
+    __slots__ = ("_event", "_linked", "_name")
 
-    def __init__(self, event, linked: int):
-        self._event, self._linked = event, linked
+    def __init__(self, event, linked: Optional[int], name: Optional[str]):
+        self._event, self._linked, self._name = event, linked, name
 
     def linked_correlation_id(self) -> int:
-        return self._linked
+        return self._event.linked_correlation_id() if self._linked is None else self._linked
+
+    def name(self) -> str:
+        return self._event.name() if self._name is None else self._name
 
     def __getattr__(self, name):
         return getattr(self._event, name)
@@ -128,10 +133,15 @@ class _Relinked:
 
 def _without_own(items: list, views: list[Event]) -> list:
     own = own_events(views)
-    if not own.dropped:
+    if not own.dropped and not own.renamed:
         return items
-    return [_Relinked(item, own.relink[view.linked]) if view.linked in own.relink else item
-            for i, (item, view) in enumerate(zip(items, views)) if i not in own.dropped]
+    out = []
+    for i, (item, view) in enumerate(zip(items, views)):
+        if i in own.dropped:
+            continue
+        linked, name = own.relink.get(view.linked), own.renamed.get(i)
+        out.append(item if linked is None and name is None else _Amended(item, linked, name))
+    return out
 
 
 def _event_view(event) -> Event:

@@ -12,8 +12,11 @@ of its dispatches (``_mode.RecordingMode.mark_dispatch``), so its own events are
 of any other mode: per mark, the ``P`` right around it, the mark, the first op inside it named as
 the op around ``P`` (``X``; whatever ``X`` launched is linked to ``Y`` instead) and the Python
 frames of the dispatch (inside ``P``, outside ``X``) are left out. What the op did inside ``X``
-stays, under ``Y``, as it is without the mode. A mark with no ``P`` around it is a call torch
-made to the mode itself: a plain tensor's shallow copy under any mode dispatches
+stays, under ``Y``, as it is without the mode. Where the mode answered NotImplemented (it hands
+a DTensor op to DTensor's own dispatch, under the mode: dtensor.py), a range named
+:data:`PASSED` follows its mark, and the subclass's dispatch runs on inside ``P``: that ``P`` is
+torch's ``PythonSubclass`` range without the mode, and is renamed so. A mark with no ``P``
+around it is a call torch made to the mode itself: a plain tensor's shallow copy under any mode dispatches
 ``aten::detach`` (C++ alone without one: the whole mark goes), or a higher-order operator (the
 ops it runs stay).
 
@@ -28,7 +31,9 @@ from bisect import bisect_left
 from typing import NamedTuple, Optional
 
 MARK = "paratrace::dispatch"           # the recording mode's range around each of its dispatches
+PASSED = "paratrace::passed"           # after a mark where the mode answered NotImplemented
 PYTHON_DISPATCH = "PythonDispatchMode"  # torch's range around a mode's __torch_dispatch__
+PYTHON_SUBCLASS = "PythonSubclass"      # torch's range around a subclass's __torch_dispatch__
 DETACH = "aten::detach"
 # a Python tracer event's name: "file.py(12): function" or "<built-in method ...>"
 _PYTHON_NAME = re.compile(r"^(<built-in |.*\(\d+\): )")
@@ -47,10 +52,12 @@ class Event(NamedTuple):
 
 
 class Own(NamedTuple):
-    """The events the recording mode made (indices into the list given) and, for each op
-    record left out, the correlation id its launches are linked to instead."""
+    """The events the recording mode made (indices into the list given), for each op record
+    left out the correlation id its launches are linked to instead, and the events that are
+    another's (index -> their name without the mode)."""
     dropped: set[int]
     relink: dict[int, int]
+    renamed: dict[int, str]
 
 
 def python_name(name: str) -> bool:
@@ -112,14 +119,22 @@ def own_events(events: list[Event]) -> Own:
     """The events of ``events`` that the recording mode's dispatches made (module docstring)."""
     marks = [i for i, e in enumerate(events) if e.name == MARK and not e.python]
     if not marks:
-        return Own(set(), {})
+        return Own(set(), {}, {})
     parent, children = _nesting(events, lambda e: not e.python)
-    dropped: set[int] = set()
+    passed = [i for i, e in enumerate(events) if e.name == PASSED and not e.python]
+    dropped: set[int] = set(passed)
+    # the mode answered NotImplemented: the subclass's dispatch ran on in the same fallback
+    # call, which torch records as PythonSubclass without a mode
+    renamed = {parent[q]: PYTHON_SUBCLASS for q in passed
+               if q in parent and events[parent[q]].name == PYTHON_DISPATCH}
     relink: dict[int, int] = {}
     spans: list[tuple[int, Optional[int]]] = []      # (outermost dropped range, kept inside)
     for m in marks:
         dropped.add(m)
         p = parent.get(m)
+        if p in renamed:
+            spans.append((m, None))
+            continue
         if p is None or events[p].name != PYTHON_DISPATCH:
             # torch called the mode itself: a plain tensor's shallow copy under a mode is
             # aten::detach dispatched to it (C++ alone without one); or a higher-order operator
@@ -135,7 +150,7 @@ def own_events(events: list[Event]) -> Own:
             relink[events[found[0]].corr] = events[found[1]].corr
         spans.append((p, found[0] if found is not None else None))
     dropped |= _dispatch_frames(events, spans)
-    return Own(dropped, relink)
+    return Own(dropped, relink, renamed)
 
 
 def _dispatch_frames(events: list[Event], spans: list[tuple[int, Optional[int]]]) -> set[int]:
@@ -194,9 +209,11 @@ def filter_chrome_trace(path: str) -> int:
     present = [(i, _chrome_event(e)) for i, e in enumerate(trace) if isinstance(e, dict)]
     present = [(i, v) for i, v in present if v is not None]
     own = own_events([v for _, v in present])
-    if not own.dropped:
+    if not own.dropped and not own.renamed:
         return 0
     dropped = {present[k][0] for k in own.dropped}
+    for k, name in own.renamed.items():
+        trace[present[k][0]]["name"] = name
     for i, e in enumerate(trace):
         args = e.get("args") if isinstance(e, dict) and i not in dropped else None
         if isinstance(args, dict) and args.get("External id") in own.relink:

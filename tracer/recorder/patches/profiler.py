@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..compat import PROFILER_MARK, UserProfileResult
+from ..compat import PROFILER_MARK, PROFILER_PASSED, UserProfileResult
 
 if TYPE_CHECKING:
     from . import Patches
@@ -26,7 +26,7 @@ def _mark(session) -> bool:
     mode, device = session._mode, session._device
     if mode is None or PROFILER_MARK is None or getattr(device, "_own_call", False):
         return False
-    mode.mark_dispatch(PROFILER_MARK)
+    mode.mark_dispatch(PROFILER_MARK, PROFILER_PASSED)
     return True
 
 
