@@ -16,7 +16,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import tracer
 from tracer.recorder import compat
-from tracer.recorder.user_profile import MARK, PASSED, PYTHON_DISPATCH, Event, own_events
+from tracer.recorder.user_profile import (MARK, PASSED, PYTHON_DISPATCH, Event,
+                                          filter_chrome_trace, own_events)
 
 MM_CALLS = 5     # the script's own torch.mm calls a step
 
@@ -197,3 +198,27 @@ def test_a_subclass_the_mode_passed_on_keeps_its_range_under_its_name():
               _ev(PASSED, 13, 13.5), _ev("aten::mm", 20, 80, corr=2)]
     own = own_events(events)
     assert own.dropped == {2, 3} and own.renamed == {1: "PythonSubclass"} and own.relink == {}
+
+
+def test_an_exported_trace_links_launches_to_the_op_the_user_called(tmp_path):
+    """On CUDA a kernel's launch carries the External id of the op around it: the repeated op
+    the mode made, left out; it is linked to the op the user called instead."""
+    def x(name, ts, dur, cat="cpu_op", tid=1, **args):
+        return {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": tid, "ts": ts,
+                "dur": dur, "args": args}
+    events = [x("aten::mm", 0, 100, **{"External id": 7}), x(PYTHON_DISPATCH, 5, 90),
+              x(MARK, 10, 80), x("aten::mm", 20, 60, **{"External id": 8}),
+              x("cudaLaunchKernel", 30, 5, cat="cuda_runtime", correlation=99,
+                **{"External id": 8}),
+              x("gemm", 200, 50, cat="kernel", tid=7, correlation=99, **{"External id": 8}),
+              x("helper.py(3): f", 40, 1, cat="python_function")]
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"traceEvents": events, "schemaVersion": 1}))
+    assert filter_chrome_trace(str(path)) == 3
+    kept = json.loads(path.read_text())["traceEvents"]
+    assert [(e["name"], e["args"].get("External id")) for e in kept] == [
+        ("aten::mm", 7), ("cudaLaunchKernel", 7), ("gemm", 7), ("helper.py(3): f", None)]
+    untouched = tmp_path / "u.json"
+    untouched.write_text(json.dumps({"traceEvents": events[:1]}))
+    before = untouched.read_bytes()
+    assert filter_chrome_trace(str(untouched)) == 0 and untouched.read_bytes() == before
