@@ -24,6 +24,9 @@ class GroupNames:
         self._entries: dict[str, dict] = {}
         self._renamed: set[str] = set()
         self._lock = threading.Lock()
+        # (torch's group name, dimension) already named: DTensor asks for a mesh dimension's
+        # group at every redistribution, and naming it scans every group
+        self._meshed: set[tuple] = set()
 
     def desc(self, text: str, pg) -> None:
         """The ``group_desc`` of ``pg``, recorded as ``text``, if it has one."""
@@ -34,6 +37,10 @@ class GroupNames:
     def mesh_group(self, pg, dim: str) -> None:
         """``pg`` is the group of DeviceMesh dimension ``dim`` on this rank, whatever torch
         named it."""
+        key = (getattr(pg, "group_name", id(pg)), dim)
+        if key in self._meshed:
+            return
+        self._meshed.add(key)
         try:
             ranks = tuple(dist.get_process_group_ranks(pg))
         except Exception:          # not a process group this rank belongs to

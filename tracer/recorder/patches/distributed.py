@@ -1,7 +1,7 @@
 """The patches into torch.distributed: the process group's arrival and end (the session), where a
 rank waits for a collective (comm.py), DDP's setup (phases.py), torch.distributed.pipelining's
 stages and schedules (pipelining.py) and DeviceMesh's groups, named by their dimensions
-(comm.py)."""
+(group_names.py)."""
 from __future__ import annotations
 
 import functools
