@@ -42,7 +42,7 @@ def dimension_table(analysis: RunAnalysis) -> dict:
                          if cell is not None)
         rows.append(dict(rank=rank, cells=cells, text=text))
     return dict(dims=dims, heads=[dimension_label(d, names[d]) for d in dims], rows=rows,
-                named=_named(analysis))
+                named=_named(analysis, dims))
 
 
 def _ordered(dims) -> list:
@@ -58,15 +58,18 @@ def _cell(cost, steps: int):
                 bytes=fmt_bytes(cost.bytes))
 
 
-def _named(analysis: RunAnalysis) -> list:
-    """Per dimension, a text of its groups and how each was named: ``tp: [0,1], [2,3] (named
-    tp)``; groups of one rank apart, ``dp: [0], [1]: groups of one rank, no traffic (named
-    dp_shard)``, whether or not the dimension had traffic elsewhere."""
+def _named(analysis: RunAnalysis, dims: list) -> list:
+    """Per dimension of ``dims`` (those with traffic), a text of its groups and how each was
+    named: ``tp: [0,1], [2,3] (named tp)``; groups of one rank apart, of any dimension, ``dp:
+    [0], [1]: groups of one rank, no traffic (named dp_shard)``."""
     by: dict = defaultdict(list)
     for text, g in sorted(analysis.group_dimensions.items()):
+        alone = g.size == 1
+        if not alone and g.dimension not in dims:
+            continue
         how = f"named {', '.join(g.names or (g.desc,))}" if g.source == FROM_NAME else \
             SOURCES.get(g.source, "by its ranks")
-        by[(g.dimension, g.size == 1, how)].append(f"[{group_label(text)}]")
+        by[(g.dimension, alone, how)].append(f"[{group_label(text)}]")
     out = []
     for d in _ordered({dim for dim, _, _ in by}):
         parts = []
