@@ -272,7 +272,7 @@ def _one_public(path: str, tmp: str, run_hta: bool, python: str, rounds: int) ->
                         "peak_mib": round(a["peak"] / 2**20),
                         "report_wall_s": round(r["wall"], 2), "report_cpu_s": round(r["cpu"], 2),
                         "report_peak_mib": round(r["peak"] / 2**20),
-                        "exit": r["code"], "error": r["err"].strip()[-200:] if r["code"] == 2
+                        "exit": r["code"], "error": r["err"].strip()[-200:] if r["code"]
                         else None,
                         "whole": (ranks[0].get("device") or {}).get("whole") if ranks else None}
     if run_hta:
@@ -292,6 +292,8 @@ def _public_text(row: dict) -> str:
     whole = p["whole"]
     same = "no GPU activity" if whole is None and not o.get("kernels") else \
         "equal" if whole and all(_close(whole[k], o[k]) for k in WHOLE) else "DIFFERENT"
+    if p["exit"]:      # summary.json comes first: a report that failed after it is no pass
+        same += f"; the report FAILED: {p['error']}"
     text = (f"{row['export'][:44]:44s} {row['json_mb']:6.2f} MB  paratrace {p['wall_s']:5.2f} s "
             f"(cpu {p['cpu_s']:5.2f}) {p['peak_mib']:4d} MiB; with report {p['report_wall_s']:5.2f}"
             f" s {p['report_peak_mib']:4d} MiB; exit {p['exit']}  whole vs oracle: {same}")
@@ -316,7 +318,7 @@ def markdown(rows: list) -> str:
         if not o.get("kernels") and not o.get("memcpys") and not o.get("memsets"):
             continue
         whole = p["whole"] or {}
-        same = all(_close(whole.get(k), o[k]) for k in WHOLE)
+        same = all(_close(whole.get(k), o[k]) for k in WHOLE) and not p["exit"]
         rank = next((v for k, v in h.items() if not k.startswith("_") and k != "error"), {})
         temporal = (h.get("_temporal") or [{}])[0] if isinstance(h.get("_temporal"), list) \
             else {}
@@ -334,7 +336,7 @@ def markdown(rows: list) -> str:
             f"HTA {kinds.get('COMMUNICATION', 0) / 1e3:.3f} | {ms('memory_s')}; HTA "
             f"{kinds.get('MEMORY', 0) / 1e3:.3f} | "
             f"{_pct(o['overlap_fraction'])}; HTA {overlap.get('comp_comm_overlap_pctg', '-')} | "
-            f"{p['cpu_s']:.2f}{'' if same else ' (DIFFERENT)'} | "
+            f"{p['cpu_s']:.2f}{'' if same else ' (DIFFERENT or FAILED)'} | "
             f"{(row.get('hta') or {}).get('cpu_s', '-')} |")
     return "\n".join(out)
 

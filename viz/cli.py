@@ -79,7 +79,10 @@ def build(run_dir: str, out_dir: Optional[str] = None, *,
         with reading(recorded):
             with progress.phase("building the call graphs"):
                 views = report_views(analysis, training=training)
-            render_all(RENDERERS, ReportInput(analysis, views, recorded, progress), out_dir)
+            report = ReportInput(analysis, views, recorded, progress)
+            render_all(RENDERERS, report, out_dir)
+    for line in report.problems:
+        warn(line)
     return os.path.join(out_dir, PAGE), analysis
 
 

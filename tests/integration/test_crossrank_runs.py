@@ -6,6 +6,7 @@ import re
 import subprocess
 from pathlib import Path
 
+import pytest
 from support import cli
 from support.gpt_helpers import free_port
 from support.paths import SCRIPTS, line_of
@@ -74,3 +75,22 @@ def test_p2p_and_twin_process_groups_in_other_orders_are_no_mismatch(tmp_path):
     assert [r["seq"] for r in records if r["kind"] == "send"] == [0, 1]
     html = (tmp_path / "crossrank.html").read_text()
     assert f"(process group {a})" in html and f"(process group {b})" in html
+
+
+@pytest.mark.parametrize("nproc", [2, 4])
+def test_rooted_collectives_carry_the_roots_payload(tmp_path, nproc):
+    """parallelize_module's scatters and broadcast, and a gather and a reduce with the root last
+    to arrive and then first: cross_rank's bytes are what the script's own tensors say (the
+    sizes nccl-tests gives), not what the last rank to arrive handed in (a scatter's receivers
+    hand none: it read 0 B on 2 ranks)."""
+    expected_file = tmp_path / "expected.json"
+    proc = cli.trace_run("--nproc-per-node", nproc, "--master-port", free_port(), "--out",
+                         tmp_path / "run", SCRIPTS / "crossrank_rooted.py", expected_file,
+                         timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    expected = json.loads(expected_file.read_text())
+    cross = json.loads((tmp_path / "run" / "summary.json").read_text())["cross_rank"]
+    assert cross["mismatch_count"] == 0 and cross["unmatched"] == 0
+    world = list(range(nproc))
+    got = {row["kind"]: row["bytes"] for row in cross["collectives"] if row["group"] == world}
+    assert {kind: got.get(kind) for kind in expected} == expected, cross["collectives"]

@@ -56,7 +56,7 @@ def test_mesh_and_group_desc_names_give_each_group_its_dimension(tmp_path):
             "mesh_tp", "mesh_dp_shard", "cp"}
     page = (out / "index.html").read_text()
     assert "Communication by parallel dimension" in page
-    assert "tp: 0,1, 2,3 (named mesh_tp)" in page and "world: " in page
+    assert "tp: [0,1], [2,3] (named tp)" in page and "world: " in page
 
 
 def test_the_reference_gpt_names_its_groups_and_counts_per_dimension(tmp_path):
@@ -87,3 +87,36 @@ def test_the_reference_gpt_names_its_groups_and_counts_per_dimension(tmp_path):
         meta = tracer.load(rundir.trace_file(str(out / "traces"), rank)).meta
         tp = group_text((rank - rank % 2, rank - rank % 2 + 1))
         assert meta["process_groups"][tp]["desc"] == "tp"
+
+
+def test_devicemesh_names_stay_where_torch_reuses_groups(tmp_path):
+    """init_device_mesh("cpu", (1, 2), mesh_dim_names=("dp_shard", "tp")): tp is torch's default
+    group and dp_shard a group of one rank per rank. Before, tp's traffic was labelled world and
+    the two groups of one rank read "dp: 0, 1", as one group of both."""
+    out, expected_file = tmp_path / "run", tmp_path / "expected.json"
+    proc = trace_run("--nproc-per-node", "2", "--out", out, SCRIPTS / "mesh_reused_groups.py",
+                     expected_file, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    expected = json.loads(expected_file.read_text())
+    assert expected["tp"] == [0, 1] and expected["dp_shard"] == [0]
+    summary = _summary(out)
+    groups = {(tuple(g["group"]), g["process_group"] is None): (g["dimension"], g["from"],
+                                                                g["names"])
+              for g in summary["process_groups"]}
+    assert groups == {((0, 1), True): ("tp", "name", ["tp"]),
+                      ((0,), True): ("dp", "name", ["dp_shard"]),
+                      ((1,), True): ("dp", "name", ["dp_shard"]),
+                      ((0, 1), False): ("dp", "name", ["my_data_parallel"])}
+    calls = expected["calls"]
+    for rank in range(2):
+        entry = summary["ranks"][str(rank)]
+        counted = len(entry["time"]["counted_steps"])
+        assert counted == expected["steps"] - 1          # step 0 left out
+        # a group of one rank moves nothing: dp is the user's group's alone
+        assert {d: (v["count"], v["names"]) for d, v in entry["dimensions"].items()} == {
+            "tp": (calls["tp"] * counted, ["tp"]),
+            "dp": (calls["my_data_parallel"] * counted, ["my_data_parallel"])}
+    page = (out / "index.html").read_text()
+    assert "<th>dp (my_data_parallel)</th>" in page and "<th>tp</th>" in page
+    assert "[0], [1]: groups of one rank, no traffic (named dp_shard)" in page
+    assert "world:" not in page

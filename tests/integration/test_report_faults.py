@@ -366,3 +366,32 @@ def test_a_bug_in_trace_report_is_one_line_and_exit_70(tmp_path):
     assert proc.returncode == 70, proc.stderr
     assert proc.stderr.startswith("trace-report: internal error: RuntimeError: boom (at ")
     assert proc.stderr.count("\n") == 1
+
+
+# graphviz 2.43's own words for the label it refused on HTA's trace_diff export (issue 50)
+DOT_REFUSAL = ("Error: <stdin>: syntax error in line 10 scanning a quoted string (missing "
+               "endquote? longer than 16384?)")
+
+
+def test_a_picture_dot_fails_on_is_one_line_naming_its_page(run, tmp_path):
+    """graphviz's dot failing (a stand-in on PATH that fails as dot 2.43 did): one line per
+    call-graph page naming it, that page saying so, the rest of the report written, exit 0;
+    before, an internal error (str has no decode) and no report."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "dot").write_text(f"#!/bin/sh\ncat >/dev/null\necho '{DOT_REFUSAL}' >&2\nexit 1\n")
+    (fake / "dot").chmod(0o755)
+    script = os.path.join(os.path.dirname(sys.executable), "trace-report")
+    command = script if os.path.exists(script) else shutil.which("trace-report")
+    proc = subprocess.run([command, str(run)], capture_output=True, text=True, timeout=240,
+                          env={**os.environ, "PATH": f"{fake}{os.pathsep}{os.environ['PATH']}"})
+    assert proc.returncode == 0, proc.stderr
+    pages = sorted(p.relative_to(run).as_posix() for p in (run / "callgraphs").glob("*.html"))
+    assert pages and sorted(lines(proc)) == [
+        f"trace-report: {page}: its picture was not drawn: graphviz dot failed: {DOT_REFUSAL}"
+        for page in pages]
+    assert not list((run / "callgraphs").glob("*.svg"))
+    assert "picture was not drawn" in (run / "callgraphs" / "all.html").read_text()
+    for name in ("index.html", "summary.json", "modules.html", "timeline.svg"):
+        assert (run / name).stat().st_size > 0
+    assert "callgraphs/all.html: its picture was not drawn" in (run / "index.html").read_text()

@@ -35,6 +35,10 @@ CORE = [
     ["torch.distributed.fsdp._fully_shard._fsdp_param_group.FSDPParamGroup",
      "_prefetch_unshard"],
     ["torch.distributed.fsdp._fully_shard._fsdp_state.FSDPState", "_pre_backward"],
+    # DeviceMesh's groups named by their dimensions (patches/distributed.py): imported with
+    # FSDP2, so there from the trace's start
+    ["torch.distributed.device_mesh.DeviceMesh", "__init__"],
+    ["torch.distributed.device_mesh.DeviceMesh", "get_group"],
 ]
 
 

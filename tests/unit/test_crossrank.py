@@ -6,7 +6,7 @@ import pytest
 
 from support.constructed.synthetic import SyntheticRank, write_run
 from viz.analysis import analyse
-from viz.analysis.crossrank import bus_factor, collective_size
+from viz.analysis.crossrank import bus_factor, collective_size, matched_size
 from viz.run import open_run
 from viz.render.summary_schema import build_summary, collectives_json, mismatch_json
 from viz.views.problems import mismatch_text
@@ -70,6 +70,12 @@ def test_late_is_measured_against_the_next_latest_rank(tmp_path):
 def test_bandwidth_sizes_and_factors_follow_nccl_tests():
     assert collective_size("all_gather", 1000, 4) == 4000          # the gathered output
     assert collective_size("reduce_scatter", 4000, 4) == 4000      # the full input
+    every = {r: 1000 for r in range(4)}
+    assert matched_size("all_gather", every, 4) == 4000
+    assert matched_size("reduce_scatter", every, 4) == 1000
+    assert matched_size("gather", every, 4) == 4000                # what the root receives
+    assert matched_size("scatter", {0: 0, 1: 4000, 2: 0, 3: 0}, 4, root=1) == 4000
+    assert matched_size("all_to_all", {0: 1000, 1: 3000}, 2) == 2000
     assert bus_factor("all_reduce", 4) == pytest.approx(1.5)
     assert bus_factor("all_gather", 4) == pytest.approx(0.75)
     assert bus_factor("reduce_scatter", 4) == pytest.approx(0.75)
@@ -249,3 +255,44 @@ def test_the_page_says_bandwidths_in_human_units(tmp_path):
     assert rows["broadcast"]["algbw"] == f"{MB / 10e-6 / 1e9:.3g} GB/s" == "105 GB/s"
     assert [fmt_rate(v) for v in (0, 999, 999.6, 12_345_678, 2.5e13, None)] == [
         "0 B/s", "999 B/s", "1 kB/s", "12.3 MB/s", "25 TB/s", ""]
+
+
+CHUNK = 4096
+
+
+@pytest.mark.parametrize("kind, handed, size, factor", [
+    ("scatter", lambda r: 3 * CHUNK if r == 1 else 0, 3 * CHUNK, 2 / 3),   # the root's chunks
+    ("gather", lambda r: CHUNK, 3 * CHUNK, 2 / 3),                          # what the root gets
+    ("broadcast", lambda r: CHUNK, CHUNK, 1.0),
+    ("reduce", lambda r: CHUNK, CHUNK, 1.0)])
+@pytest.mark.parametrize("root_arrives", ["last", "first"])
+def test_a_rooted_collectives_size_is_the_same_whoever_arrives_last(tmp_path, kind, handed, size,
+                                                                    factor, root_arrives):
+    """Rank 1 is the root of every call; it arrives 30 units after the others, or 30 before:
+    the bytes and bandwidths are the root's payload's either way (nccl-tests' sizes)."""
+    rs = ranks(3)
+    for i in range(4):
+        t = 1000 * i
+        for r in rs:
+            late = (r.rank == 1) == (root_arrives == "last")
+            arrive = t + (30 if late else 0)
+            r.comm(kind, arrive, arrive + 1, t + 130, group=(0, 1, 2), peer=1,
+                   nbytes=handed(r.rank))
+    cross = analysed(tmp_path, rs).cross
+    assert cross.mismatches == [] and len(cross.matched) == 4
+    assert {m.last_rank for m in cross.matched} == ({1} if root_arrives == "last" else {2})
+    (row,) = collectives_json(cross)
+    assert (row["kind"], row["count"], row["bytes"]) == (kind, 4, 4 * size)
+    assert row["algbw_GBps"] == pytest.approx(size / (100 * U / 1e9) / 1e9)
+    assert row["busbw_GBps"] == pytest.approx(row["algbw_GBps"] * factor)
+
+
+@pytest.mark.parametrize("late", [0, 1])
+def test_an_uneven_all_to_all_is_sized_by_its_members_mean(tmp_path, late):
+    rs = ranks(2)
+    for r in rs:
+        arrive = 30 if r.rank == late else 0
+        r.comm("all_to_all", arrive, arrive + 1, 130, group=(0, 1),
+               nbytes=CHUNK if r.rank == 0 else 3 * CHUNK)
+    (row,) = collectives_json(analysed(tmp_path, rs).cross)
+    assert row["bytes"] == 2 * CHUNK

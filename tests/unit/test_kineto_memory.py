@@ -12,7 +12,7 @@ from support.kineto_exports import BASE, export, json_memory_peak, write
 from tracer.files.format import MEMORY_CATEGORIES
 from tracer.files.reader import load
 from tracer.kineto.convert import import_export
-from viz.analysis.memory import memory_profile
+from viz.analysis.memory import memory_profile, peak_scope
 
 
 def _mem(ts: float, addr: int, nbytes: int, device_type: int = 0, tid: int = 1) -> dict:
@@ -140,3 +140,22 @@ def test_an_export_that_ends_before_the_next_phase_keeps_what_outlives_it(tmp_pa
     assert named == ({0: "gradients", 1: "temporaries", 2: "optimizer_state",
                       3: "temporaries"} if last == "optimizer"
                      else {0: "gradients", 1: "temporaries"})
+
+
+def test_the_allocators_own_peak_is_kept_beside_for_the_device_imported(tmp_path):
+    """torch's "Total Allocated" holds what was allocated before the export began: the largest
+    of the kept device's is written beside the rows (the CPU's is not the CUDA peak)."""
+    events = [_mem(15, 0xA0, 400), _mem(16, 0xD0, 4096, device_type=1),
+              _mem(17, 0xD0, -4096, device_type=1)]
+    for e, total in zip(events, (9_000_000, 700_000, 695_904)):
+        e["args"]["Total Allocated"] = total
+    trace, _ = _imported(tmp_path, events)
+    assert trace.meta["imported"]["memory_allocated_peak"] == 700_000
+    scope = peak_scope(trace.meta)
+    assert (scope.scope, scope.allocated_peak) == ("export", 700_000)
+    assert memory_profile(trace).peak_bytes == 4096       # made within the export
+    assert peak_scope({}).scope == "recording" and peak_scope({}).allocated_peak is None
+    del events[1]["args"]["Total Allocated"], events[2]["args"]["Total Allocated"]
+    (tmp_path / "without").mkdir()
+    trace, _ = _imported(tmp_path / "without", events)
+    assert trace.meta["imported"]["memory_allocated_peak"] is None

@@ -101,3 +101,27 @@ def test_report_views_keep_the_merged_graphs_pruned_and_their_functions():
     assert [(f.id, f.file, f.name, f.line, f.total) for f in views.functions] == \
         [(d.id, d.file, d.name, d.line, d.total) for d in full.nodes(FUNCTION)]
     assert {f.name for f in views.functions} == {"main", "step"}
+
+
+def test_labels_and_tooltips_are_bounded_for_graphviz():
+    """A site of 3,000 op kinds, one named like a templated CUDA kernel of 2,000 characters
+    (HTA's trace_diff export: 30 kinds, up to 1,000 characters each): before, its tooltip
+    listed every one, past graphviz's 16,384-character quoted string (issue 50)."""
+    import re
+
+    from viz.analysis.callgraph import build_callgraph
+    from viz.render.callgraph_svg import to_dot
+    from viz.views.formatters import bounded_lines, first_of
+    groups = [group(0, op=f"aten.op_number_{i}.default", count=3000 - i) for i in range(3000)]
+    groups.append(group(0, op="void kernel<" + "float, " * 285 + ">", count=5000))
+    dot = to_dot(build_callgraph(groups, world=[0]), title="many ops", paths={},
+                 href=lambda file, line: None)
+    quoted = re.findall(r'"((?:[^"\\]|\\.)*)"', dot)
+    assert max(len(q.encode()) for q in quoted) < 4_000
+    assert "ops: void kernel<float, float" in dot and "more characters)" in dot
+    assert "op_number_0 x3000, op_number_1 x2999" in dot and "and 2,989 more op kinds" in dot
+    assert first_of(["a", "b", "c"], 2, "ops") == ["a", "b", "and 1 more ops"]
+    assert first_of(["a", "b"], 2) == ["a", "b"]
+    assert bounded_lines(["x" * 10], line_most=4) == ["xxxx... (6 more characters)"]
+    assert bounded_lines([str(i) for i in range(5)], lines_most=3) == \
+        ["0", "1", "2", "and 2 more lines"]

@@ -30,7 +30,7 @@ from tracer.vocab.ops import P2P_KINDS
 from .chrome_trace import damage_line, device_records, rank_of, time_base
 from .comm import ProcessGroups, kind_of_kernel
 from .events import ExportEvents, collect
-from .memory import memory_columns, memory_device
+from .memory import allocated_peak, memory_columns, memory_device
 from .host import (ANN, OP, RPC, STEP, annotation_text, comm_rows, flow_links, frame_of, order_of,
                    phases, role_of, stack_text, unfold, walk)
 from .stream import ExportStream
@@ -87,6 +87,7 @@ def import_export(path: str, out_dir: str, name: str, rank: Optional[int] = None
     meta = _meta(path, rank, world, info, rows, events, activities, missing)
     meta["imported"]["damage"] = [line] if line else []
     meta["imported"]["memory_device"] = memory_device(events.memory)
+    meta["imported"]["memory_allocated_peak"] = allocated_peak(events.memory)
     trace_path = os.path.join(out_dir, f"{name}.arrow")
     writer = TraceWriter(trace_path, meta, memory=memory is not None)
     writer.write_columns(rows["columns"], rows["dictionaries"])

@@ -217,7 +217,9 @@ def collect(stream: ExportStream, host: bool = True) -> ExportEvents:
                         stream.problem, stream.items, stream.bytes_read, mem)
 
 
-MEMORY_FIELDS = ("t", "addr", "bytes", "device_type", "device_id", "tid")
+# "total": the allocator's "Total Allocated" after the event (-1 where the export has none):
+# torch's own count, which holds what was allocated before the export began
+MEMORY_FIELDS = ("t", "addr", "bytes", "device_type", "device_id", "tid", "total")
 
 
 def _memory_point(e: dict, memory: dict) -> None:
@@ -229,7 +231,7 @@ def _memory_point(e: dict, memory: dict) -> None:
         return
     values = (t, int64(args.get("Addr"), None), int64(args.get("Bytes"), None),
               int64(args.get("Device Type"), -1), int64(args.get("Device Id"), -1),
-              int64(e.get("tid"), -1))
+              int64(e.get("tid"), -1), int64(args.get("Total Allocated"), -1))
     if values[1] is None or values[2] is None:
         return
     for name, value in zip(MEMORY_FIELDS, values):

@@ -25,6 +25,12 @@ analyses as a recorded one.
 
   Parameters are never seen (made before any profile starts), nor is optimizer state the first
   step made before the export's steps. The front page says so.
+
+The peak of these rows is memory made within the export. torch's own count, the allocator's
+"Total Allocated" after each event, holds what was allocated before the export began too (on
+CUDA, the caching allocator's; on the CPU, what the profiler's reporter saw allocated while
+memory was profiled in this process); its largest value is kept beside
+(:func:`allocated_peak`, the trace's ``imported.memory_allocated_peak``).
 """
 from __future__ import annotations
 
@@ -50,6 +56,19 @@ def memory_device(mem: dict) -> Optional[str]:
     if not len(mem.get("t", ())):
         return None
     return "cuda" if (mem["device_type"] == CUDA).any() else "cpu"
+
+
+def allocated_peak(mem: dict) -> Optional[int]:
+    """The largest "Total Allocated" among the events of the device an import keeps (torch's
+    own count of the device's allocated bytes, before the export included); None where the
+    export says none."""
+    device = memory_device(mem)
+    if device is None or "total" not in mem:
+        return None
+    keep = (mem["device_type"] == CUDA) if device == "cuda" else (mem["device_type"] != CUDA)
+    totals = mem["total"][keep]
+    totals = totals[totals >= 0]
+    return int(totals.max()) if len(totals) else None
 
 
 def memory_columns(mem: dict, base: int, rows: dict, thread_of_tid: dict) -> Optional[dict]:

@@ -72,11 +72,43 @@ class RecordingMode(TorchDispatchMode):
         """Undo dispatch_in_c (and the reference cycle it makes through the mode)."""
         self.__dict__.pop("__torch_dispatch__", None)
 
+    def mark_dispatch(self, mark, passed) -> None:
+        """While a user's torch.profiler runs: each dispatch inside ``mark()``, a profiler range
+        that tells the user's profile which of its events this mode made, and ``passed()`` after
+        it where the mode answered NotImplemented (a DTensor op handed to DTensor's own
+        dispatch: user_profile.py), on the Python path (the C path has no frame to open a range
+        in)."""
+        if "_unmarked" not in self.__dict__:
+            self._unmarked = self.__dict__.get("__torch_dispatch__")
+            self._mark, self._passed = mark, passed
+            self.__torch_dispatch__ = self._dispatch_marked
+
+    def unmark_dispatch(self) -> None:
+        """Undo mark_dispatch: back to the path the mode took before."""
+        if "_unmarked" in self.__dict__:
+            before = self.__dict__.pop("_unmarked")
+            if before is None:
+                self.__dict__.pop("__torch_dispatch__", None)
+            else:
+                self.__torch_dispatch__ = before
+
+    def _dispatch_marked(self, func, types, args=(), kwargs=None):
+        # one frame, as __torch_dispatch__: on_op's caller is two frames up either way
+        with self._mark():
+            if not types:
+                return self._on_op(func, args, kwargs or _NO_KWARGS)
+            out = self._on_subclass(func, types, args, kwargs or _NO_KWARGS)
+        if out is NotImplemented:
+            with self._passed():
+                pass
+        return out
+
     @classmethod
     def skip_dynamo(cls) -> None:
         """Dynamo runs __torch_dispatch__, and everything it calls, without tracing it (what
         torch._dynamo.disable(recursive=True) does)."""
         skip_dynamo(cls.__torch_dispatch__.__code__)
+        skip_dynamo(cls._dispatch_marked.__code__)
 
     # NOTE: suspending and resuming move only torch's C++ stack entry, not the Python flags
     # that __enter__ set (torch.compile keeps skipping frames, as while recording); __enter__

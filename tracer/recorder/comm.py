@@ -25,11 +25,11 @@ import torch
 import torch.distributed as dist
 
 from tracer.vocab import ops
-from tracer.vocab.groups import group_text
 from tracer.vocab.labels import PHASE_BACKWARD, PHASE_FORWARD
 from tracer.vocab.ops import P2P_KINDS
 
 from . import rows
+from .group_names import GroupNames, group_text_of
 from .passthrough import recorder_failed
 
 COMM_ROW = rows.COMM_ROW
@@ -56,9 +56,8 @@ class CommTracker:
         self._dicts = dictionaries
         self._emit = emit                  # appends a finished row to the session's queue
         self._groups: dict = {}            # group key -> (group id, ranks)
-        # group text -> what the user or DeviceMesh called the group (its ``group_desc``), in
-        # the order seen; only added to (the flusher writes the new ones: ``process_groups``)
-        self.group_descs: dict = {}
+        # what the user or DeviceMesh called each group (the flusher writes it into the trace)
+        self.names = GroupNames()
         self._group_seq: dict = {}
         self._next_cid = 0
         self.pending: dict = {}            # cid -> CommRecord, launched but not completed
@@ -147,12 +146,10 @@ class CommTracker:
                     ranks = tuple(dist.get_process_group_ranks(pg))
             except Exception:
                 ranks = ()
-            text = _group_text(pg, ranks) if ranks else f"?{key}"
+            text = group_text_of(pg, ranks) if ranks else f"?{key}"
             gid = self._dicts.group(text)
             cached = self._groups[key] = (gid, ranks)
-            desc = _group_desc(pg)
-            if desc is not None:
-                self.group_descs[text] = desc
+            self.names.desc(text, pg)
         return cached
 
     # ------------------------------------------------------------------ c10d works
@@ -308,32 +305,6 @@ class CommTracker:
 
     def inflight(self) -> list:
         return [self.describe(r) for r in list(self.pending.values())]
-
-
-def _group_text(pg, ranks) -> str:
-    """How a trace names a process group (:func:`tracer.vocab.groups.group_text`): its global ranks,
-    ``0,1,2,3``; for a process group over the same ranks as one created before it (Megatron's
-    tensor-parallel group spanning the world, say), the ranks and torch's name for it, ``0,1@2``,
-    so that its collectives are matched apart from the other's. Which process group over a set
-    of ranks came first is the same on every member (process groups are created in the same
-    order everywhere), so every member names it alike."""
-    try:
-        from torch.distributed.distributed_c10d import _world
-        members = set(ranks)
-        for other, mapping in list(_world.pg_group_ranks.items()):
-            if set(mapping) == members:
-                return group_text(ranks, name=None if other.group_name == pg.group_name
-                                      else pg.group_name)
-    except Exception:          # a torch without these internals: the ranks alone
-        pass
-    return group_text(ranks)
-
-
-def _group_desc(pg) -> Optional[str]:
-    """The ``group_desc`` a process group was given (``new_group(group_desc=...)``;
-    DeviceMesh gives ``mesh_<dim name>``), or None: none given, or a torch without it."""
-    desc = getattr(pg, "group_desc", None) if pg is not None else None
-    return desc if isinstance(desc, str) and desc and desc != "undefined" else None
 
 
 def _tensor_bytes(value):

@@ -15,12 +15,21 @@ how it is bridged here:
   a DTensor's local shard (``_local_tensor``): :func:`storage_of`.
 - torchrun's ``--shutdown-timeout`` (not in 2.10 or 2.11) and ``--signals-to-handle`` (not in
   2.9): :func:`launcher_option` reads an option the running torch's launcher may not define.
+- a user's torch.profiler under the recording mode (user_profile.py): a range recorded without
+  dispatching an op (``torch._C._profiler._RecordFunctionFast``, 2.10 to 2.14) marks the mode's
+  dispatches (:data:`PROFILER_MARK`); the ``_ProfilerResult`` that ``_disable_profiler`` returns is
+  read through :class:`UserProfileResult`: its ``events()`` (KinetoEvents: ``is_python_function``
+  from 2.13 only), ``save()`` (the Chrome trace) and ``trace_activities()`` (the Python export,
+  2.13 on) without the mode's events.
 """
 from __future__ import annotations
 
-from typing import Optional
+import functools
+from typing import Callable, Optional
 
 import torch
+
+from .user_profile import MARK, PASSED, Event, filter_chrome_trace, own_events, python_name
 
 _apply = torch.autograd.Function.__dict__.get("apply")
 # the code of Function.apply where it is Python (a classmethod), else None (C: torch >= 2.14)
@@ -94,3 +103,86 @@ def storage_of(tensor):
         return tensor.untyped_storage()
     except (RuntimeError, NotImplementedError, TypeError, AttributeError):
         return None
+
+
+_RecordFunctionFast = getattr(getattr(torch._C, "_profiler", None), "_RecordFunctionFast", None)
+# a new profiler range named MARK (a context manager), or None where this torch cannot record one
+# without dispatching an op (torch.profiler.record_function dispatches: every mode would see it)
+PROFILER_MARK: Optional[Callable] = \
+    functools.partial(_RecordFunctionFast, MARK) if _RecordFunctionFast is not None else None
+PROFILER_PASSED: Optional[Callable] = \
+    functools.partial(_RecordFunctionFast, PASSED) if _RecordFunctionFast is not None else None
+
+
+class _Amended:
+    """A KinetoEvent or trace activity linked to another op's correlation id, or renamed."""
+    __slots__ = ("_event", "_linked", "_name")
+
+    def __init__(self, event, linked: Optional[int], name: Optional[str]):
+        self._event, self._linked, self._name = event, linked, name
+
+    def linked_correlation_id(self) -> int:
+        return self._event.linked_correlation_id() if self._linked is None else self._linked
+
+    def name(self) -> str:
+        return self._event.name() if self._name is None else self._name
+
+    def __getattr__(self, name):
+        return getattr(self._event, name)
+
+
+def _without_own(items: list, views: list[Event]) -> list:
+    own = own_events(views)
+    if not own.dropped and not own.renamed:
+        return items
+    out = []
+    for i, (item, view) in enumerate(zip(items, views)):
+        if i in own.dropped:
+            continue
+        linked, name = own.relink.get(view.linked), own.renamed.get(i)
+        out.append(item if linked is None and name is None else _Amended(item, linked, name))
+    return out
+
+
+def _event_view(event) -> Event:
+    name = event.name()
+    python = event.is_python_function() if hasattr(event, "is_python_function") else \
+        python_name(name)
+    return Event((int(event.device_type()), event.device_index(), event.start_thread_id()),
+                 event.start_ns(), event.end_ns(), name, python, event.correlation_id(),
+                 event.linked_correlation_id())
+
+
+def _activity_view(act) -> Event:
+    start = act.timestamp()
+    return Event((act.device_id(), act.resource_id()), start, start + max(act.duration(), 0),
+                 act.name(), act.type() == "python_function", act.correlation_id(),
+                 act.linked_correlation_id())
+
+
+class UserProfileResult:
+    """The ``_ProfilerResult`` of a user's profiler that ran beside the recording mode, read as
+    it would be without the mode (user_profile.py): ``events()`` (key_averages, the event
+    tree), ``save()`` (export_chrome_trace) and ``trace_activities()`` (the Python export)
+    leave the mode's events out; everything else is torch's own."""
+
+    def __init__(self, result):
+        self._result = result
+        self._events: Optional[list] = None
+
+    def events(self) -> list:
+        if self._events is None:
+            events = self._result.events()
+            self._events = _without_own(events, [_event_view(e) for e in events])
+        return self._events
+
+    def trace_activities(self) -> list:
+        acts = self._result.trace_activities()
+        return _without_own(acts, [_activity_view(a) for a in acts])
+
+    def save(self, path: str) -> None:
+        self._result.save(path)
+        filter_chrome_trace(path)
+
+    def __getattr__(self, name):
+        return getattr(self._result, name)

@@ -37,7 +37,6 @@ class Flusher:
         self.writer: Optional[TraceWriter] = None
         self._dicts, self._step_op = dictionaries, step_op
         self.comm = None                   # the session's CommTracker: launches' columns
-        self._descs_written = 0            # its group_descs already in the metadata
         self._interval = interval
         self._after_flush, self._on_error = after_flush, on_error
         self._meta: dict = {}
@@ -121,12 +120,10 @@ class Flusher:
             sources = self._sources.fresh(self._dicts.stacks.values)
             if sources:               # the reader merges this key batch by batch
                 self._meta["sources"] = {**self._meta.get("sources", {}), **sources}
-            descs = self.comm.group_descs if self.comm is not None else {}
-            if len(descs) > self._descs_written:              # and this one
-                descs = list(descs.items())
-                self._meta["process_groups"] = {**self._meta.get("process_groups", {}), **{
-                    text: {"desc": desc} for text, desc in descs[self._descs_written:]}}
-                self._descs_written = len(descs)
+            renamed = self.comm.names.take_renamed() if self.comm is not None else {}
+            if renamed:                                       # and this one, group by group
+                self._meta["process_groups"] = {**self._meta.get("process_groups", {}),
+                                                **renamed}
             meta, self._meta = self._meta, {}
             if not records and not meta:
                 return

@@ -8,9 +8,9 @@ per-group sequence number), which every member numbers alike. For each matched c
 - each member's wait: from its own launch to the last arrival (it could not finish earlier);
 - transfer: from the last arrival to the earliest completion among the members;
 - bandwidth as nccl-tests defines it: algbw = S / transfer, busbw = algbw x factor, with S the
-  collective's size (all_gather: the gathered output, n x what a rank hands in; otherwise what
-  a rank hands in) and factor 2(n-1)/n for all_reduce, (n-1)/n for all_gather, reduce_scatter,
-  all_to_all, gather and scatter, 1 for broadcast and reduce.
+  collective's size (:func:`matched_size`: one rule per kind, read from every member's bytes,
+  so whoever arrived last, the same) and factor 2(n-1)/n for all_reduce, (n-1)/n for
+  all_gather, reduce_scatter, all_to_all, gather and scatter, 1 for broadcast and reduce.
 
 Mismatches (Flight Recorder's classes): members that issued a different kind, size or dtype at
 the same (group, seq), and members that never issued it (missing ranks: the usual hang). Ranks
@@ -54,8 +54,31 @@ def bus_factor(kind: str, n: int) -> float:
 
 
 def collective_size(kind: str, nbytes: int, n: int) -> int:
-    """S, the collective's size for bandwidth: all_gather's output, else a rank's input."""
+    """S from what one rank hands in: all_gather's output, else that rank's input (the same on
+    every member but for rooted kinds and all_to_all: :func:`matched_size`)."""
     return nbytes * n if kind == "all_gather" else nbytes
+
+
+def matched_size(kind: str, handed: dict[int, int], n: int, root: Optional[int] = None) -> int:
+    """S, the size of a matched collective for bandwidth, as nccl-tests sizes it, from
+    ``handed`` (member rank -> the bytes it handed in; whoever arrived last, the same S):
+
+    - all_gather and gather: the gathered output, n x what a member hands in (gather's root
+      receives it);
+    - scatter: what the root hands in, its n chunks (its receivers hand none; the member that
+      handed most where the root is unknown);
+    - all_to_all: the members' mean (splits may be uneven);
+    - all_reduce, reduce_scatter (its full input), broadcast and reduce: what a member hands
+      in (every member alike, else the members disagree on the size and nothing is matched).
+    """
+    if not handed:
+        return 0
+    if kind == "scatter":
+        return handed[root] if root in handed else max(handed.values())
+    if kind == "all_to_all":
+        return sum(handed.values()) // len(handed)
+    most = max(handed.values())
+    return most * n if kind in ("all_gather", "gather") else most
 
 
 @dataclass(frozen=True, **SLOTS)
@@ -216,9 +239,12 @@ def _match(group: str, seq: int, spans: dict) -> Matched:
     end = min(ends) if ends else max(c.end for c in spans.values())
     any_span = spans[last_rank]
     n = len(group_ranks(group))
+    roots = {c.peer for c in spans.values()}
+    size = matched_size(any_span.kind, {r: c.nbytes for r, c in spans.items()}, n,
+                           roots.pop() if len(roots) == 1 else None)
     return Matched(group, seq, any_span.kind, any_span.step, dict(sorted(spans.items())),
                    last_rank, min(c.start for c in spans.values()), last, max(end, last),
-                   collective_size(any_span.kind, any_span.nbytes, n), n)
+                   size, n)
 
 
 def _disagreement(group: str, seq: int, spans: dict, readable: dict,

@@ -3,16 +3,21 @@ each dimension's communication costs each rank.
 
 A group's dimension comes from, in order:
 
-1. its name: the ``group_desc`` the user gave ``new_group`` or DeviceMesh gave the groups of
-   a named mesh dimension (``mesh_tp``, torchtitan's ``mesh_dp_shard``), which the recorder
-   writes into the trace's ``process_groups`` metadata
-   (:func:`tracer.vocab.groups.dimension_of_desc` reads it);
+1. its names, which the recorder writes into the trace's ``process_groups`` metadata: the
+   DeviceMesh dimensions it is the group of (``mesh_dims``: what DeviceMesh says even of a
+   group torch reuses, the world's default group for a dimension that spans the world), then
+   the ``group_desc`` the user gave ``new_group`` or DeviceMesh gave the groups it made
+   (``mesh_tp``, torchtitan's ``mesh_dp_shard``); the first that names a dimension
+   (:func:`tracer.vocab.groups.dimension_of_desc`) gives it. The user's own names are kept
+   beside it (:func:`user_names`);
 2. the run's rank grid (``tracer.record_config`` of tp, cp, dp, pp; :mod:`.grid`): the one
    axis along which the group's ranks differ;
 3. its ranks alone: ``world`` for a group of every rank, else ``other``.
 
 Sequence parallelism's collectives run on tensor parallelism's group: a group named ``sp`` is
-sp, but SP traffic on the TP group counts under tp. A rank's cost per dimension is taken over
+sp, but SP traffic on the TP group counts under tp. A group of one rank (a DeviceMesh dimension
+of size 1) carries no traffic: its collectives are no cost of any dimension. A rank's cost per
+dimension is taken over
 its counted steps (:func:`.lanes.counted_steps`), each step's window as the time metrics take
 it (:mod:`.metrics`, docs/metrics.md): the union of the dimension's communication spans, the
 part of it overlapped by compute, and the rest, exposed. Spans of different dimensions may
@@ -20,6 +25,7 @@ overlap each other, so the dimensions' exposed times can add up to more than the
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
@@ -33,16 +39,21 @@ from .lanes import RankLanes, Timeline, counted_steps
 
 WORLD, OTHER = "world", "other"
 FROM_NAME, FROM_GRID, FROM_RANKS = "name", "grid", "ranks"
+# the group_desc torch gives groups of its own: the default group, a mesh's copy of it, the
+# groups of a DeviceMesh's unnamed dimensions
+_TORCH_DESCS = re.compile(r"^(default_pg|mesh_default|mesh_dim_\d+)$")
 
 
 @dataclass(frozen=True)
 class GroupDimension:
     """The dimension a process group carries and where that was read (FROM_NAME, FROM_GRID,
-    FROM_RANKS)."""
+    FROM_RANKS), with the user's own names of the group and its size (1: no traffic)."""
 
     dimension: str
     source: str
-    desc: Optional[str] = None           # the group's own name, where it has one
+    desc: Optional[str] = None           # the group's group_desc, where it has one
+    names: tuple[str, ...] = ()          # the user's names: mesh dimensions, their group_desc
+    size: int = 0                        # its ranks; 0 where they were not resolved
 
 
 @dataclass(frozen=True)
@@ -55,17 +66,36 @@ class DimensionCost:
     comm_s: float
     overlapped_s: float
     exposed_s: float
+    names: tuple[str, ...] = ()          # the user's names of the groups it was counted on
 
 
-def group_descs(metas: Iterable[dict]) -> dict:
-    """group text -> its name, from the ``process_groups`` metadata of every rank's trace."""
-    out: dict = {}
+def group_names(metas: Iterable[dict]) -> dict[str, dict]:
+    """group text -> ``{"desc", "mesh_dims"}``, from the ``process_groups`` metadata of every
+    rank's trace (the mesh dimensions of every rank that named the group)."""
+    out: dict[str, dict] = {}
     for meta in metas:
         for text, entry in (meta.get("process_groups") or {}).items():
-            desc = entry.get("desc") if isinstance(entry, dict) else None
-            if isinstance(desc, str):
-                out.setdefault(text, desc)
+            if not isinstance(entry, dict):
+                continue
+            mine = out.setdefault(text, {"desc": None, "mesh_dims": []})
+            desc = entry.get("desc")
+            if isinstance(desc, str) and mine["desc"] is None:
+                mine["desc"] = desc
+            for dim in entry.get("mesh_dims") or ():
+                if isinstance(dim, str) and dim not in mine["mesh_dims"]:
+                    mine["mesh_dims"].append(dim)
     return out
+
+
+def user_names(desc: Optional[str], mesh_dims: Iterable[str] = ()) -> tuple[str, ...]:
+    """What the user called a group: its DeviceMesh dimensions, then its ``group_desc`` unless
+    torch made that one (``default_pg``...) or it is DeviceMesh's ``mesh_<dimension>``."""
+    names = list(dict.fromkeys(mesh_dims))
+    if isinstance(desc, str) and desc and not _TORCH_DESCS.match(desc):
+        name = desc[5:] if desc.startswith("mesh_") else desc
+        if name not in names:
+            names.append(name)
+    return tuple(names)
 
 
 def grid_axis(grid: Grid, ranks: tuple) -> Optional[str]:
@@ -78,24 +108,34 @@ def grid_axis(grid: Grid, ranks: tuple) -> Optional[str]:
     return varying[0] if len(varying) == 1 else None
 
 
-def name_groups(texts: Iterable[str], descs: dict, grid: Optional[Grid],
-                world: int) -> dict:
-    """group text -> :class:`GroupDimension`, for every recorded group text."""
+def dimension_label(dimension: str, names: Iterable[str]) -> str:
+    """A dimension with the user's own names of its groups beside it, ``dp (dp_shard,
+    my_data_parallel)``; the dimension alone where the user's name is the dimension's."""
+    own = [n for n in dict.fromkeys(names) if n != dimension]
+    return f"{dimension} ({', '.join(own)})" if own else dimension
+
+
+def name_groups(texts: Iterable[str], names: dict[str, dict], grid: Optional[Grid],
+                world: int) -> dict[str, GroupDimension]:
+    """group text -> :class:`GroupDimension`, for every recorded group text; ``names``: text ->
+    ``{"desc", "mesh_dims"}`` (:func:`group_names`)."""
     out = {}
     for text in texts:
-        desc = descs.get(text)
-        named = dimension_of_desc(desc)
+        entry = names.get(text) or {}
+        desc, mesh_dims = entry.get("desc"), tuple(entry.get("mesh_dims") or ())
+        mine = user_names(desc, mesh_dims)
         ranks = group_ranks(text)
+        named = next((d for d in map(dimension_of_desc, mesh_dims + (desc,)) if d), None)
+        axis = grid_axis(grid, ranks) if grid is not None and named is None else None
         if named is not None:
-            out[text] = GroupDimension(named, FROM_NAME, desc)
-            continue
-        axis = grid_axis(grid, ranks) if grid is not None else None
-        if axis is not None:
-            out[text] = GroupDimension(axis, FROM_GRID, desc)
+            dimension, source = named, FROM_NAME
+        elif axis is not None:
+            dimension, source = axis, FROM_GRID
         elif ranks and world and sorted(ranks) == list(range(world)):
-            out[text] = GroupDimension(WORLD, FROM_RANKS, desc)
+            dimension, source = WORLD, FROM_RANKS
         else:
-            out[text] = GroupDimension(OTHER, FROM_RANKS, desc)
+            dimension, source = OTHER, FROM_RANKS
+        out[text] = GroupDimension(dimension, source, desc, mine, len(ranks))
     return out
 
 
@@ -116,7 +156,11 @@ def _rank_costs(lane: RankLanes, names: dict, steps: Optional[frozenset] = None)
     groups = comm.tables.get("group", [])        # a text field: codes into its table
     dims = np.array([names[g].dimension if g in names else OTHER for g in groups] or [OTHER])
     dim_of = dims[comm.columns["group"]] if groups else np.full(len(comm), OTHER)
+    # a group of one rank moves nothing: no dimension's traffic
+    alone = np.array([g in names and names[g].size == 1 for g in groups] or [False])
     in_steps = np.isin(step, list(counted))
+    if groups:
+        in_steps &= ~alone[comm.columns["group"]]
     # on the device clock a span that launched no GPU work is host time only: no
     # communication on the device (as the rank's comm_union leaves it out)
     host_only = np.array([v is False for v in comm.values("on_gpu")], dtype=bool)
@@ -134,7 +178,10 @@ def _rank_costs(lane: RankLanes, names: dict, steps: Optional[frozenset] = None)
             comm_ns += length(part)
             overlapped += length(intersect(part, window(lane.compute, lo, hi)))
         counted_mine = mine & in_steps
+        used = sorted(set(comm.columns["group"][counted_mine].tolist())) if groups else []
+        mine_names = tuple(dict.fromkeys(n for g in used if groups[g] in names
+                                         for n in names[groups[g]].names))
         costs.append(DimensionCost(dim, int(counted_mine.sum()),
                                    int(nbytes[counted_mine].sum()), comm_ns / 1e9,
-                                   overlapped / 1e9, (comm_ns - overlapped) / 1e9))
+                                   overlapped / 1e9, (comm_ns - overlapped) / 1e9, mine_names))
     return sorted(costs, key=lambda c: (-c.exposed_s, c.dimension))

@@ -25,7 +25,7 @@ from ..run import Run, RunError
 from .columns import Records
 from .critical_path import critical_paths, path_intervals
 from .crossrank import cross_rank
-from .dimensions import dimension_costs, group_descs, name_groups
+from .dimensions import dimension_costs, group_names, name_groups
 from .grid import grid_of
 from .lanes import P2PLink
 from .metrics import metrics_of
@@ -107,7 +107,7 @@ def _reduce(run: Run, ranks: dict, unreadable: dict, links: list) -> RunAnalysis
     cross = cross_rank(timeline)
     texts = {t for lane in timeline.ranks.values() for t in lane.comm.tables.get("group", [])}
     texts |= {group_text(c.group, name=c.process_group) for r in ranks.values() for c in r.comm}
-    names = name_groups(sorted(texts), group_descs(r.meta for r in ranks.values()),
+    names = name_groups(sorted(texts), group_names(r.meta for r in ranks.values()),
                         grid_of(config, world), world)
     return RunAnalysis(run, world, ranks, unreadable, timeline, metrics_of(timeline), cross,
                        critical_paths(timeline, cross), config=config,

@@ -29,6 +29,30 @@ from tracer.vocab.labels import PHASES
 from .op_groups import site_of
 
 ALLOC, FREE, RECLASS = 0, 1, 2
+RECORDING, EXPORT = "recording", "export"     # what a peak covers (PeakScope.scope)
+
+
+@dataclass(frozen=True)
+class PeakScope:
+    """What a rank's memory peak covers: ``recording``, paratrace's (storages made before it
+    began found by a walk: parameters...), or ``export``, memory made within a torch.profiler
+    export (what was allocated before the export began is not in its events).
+    ``allocated_peak``: an export's own largest "Total Allocated" (torch's count of the
+    device's allocated bytes, what came before the export included); None elsewhere."""
+
+    scope: str
+    allocated_peak: Optional[int] = None
+
+
+def peak_scope(meta: dict) -> PeakScope:
+    """The :class:`PeakScope` of a rank's trace from its metadata (tracer.kineto.convert
+    writes ``imported.memory_allocated_peak``)."""
+    imported = meta.get("imported")
+    if not isinstance(imported, dict):
+        return PeakScope(RECORDING)
+    peak = imported.get("memory_allocated_peak")
+    ok = type(peak) is int and peak >= 0
+    return PeakScope(EXPORT, peak if ok else None)
 
 
 @dataclass(frozen=True)

@@ -96,7 +96,7 @@ class Profile:
     dim_time: dict = field(default_factory=dict)  # (dimension, "exposed_s" | ...) -> seconds
     time_steps: int = 0                   # how many steps ``time`` and ``dim_time`` sum
     memory: Optional[Memory] = None       # None: memory not recorded (on some rank)
-
+    dim_names: Counter = field(default_factory=Counter)   # (dimension, user's name) -> ranks
 
 
 def rank_profile(rank: int, groups: Iterable[OpGroup], comm_rows: Iterable,
@@ -115,6 +115,7 @@ def rank_profile(rank: int, groups: Iterable[OpGroup], comm_rows: Iterable,
         out.dim_bytes[cost.dimension] += cost.bytes
         out.dim_time[(cost.dimension, "exposed_s")] = cost.exposed_s
         out.dim_time[(cost.dimension, "overlapped_s")] = cost.overlapped_s
+        out.dim_names.update((cost.dimension, name) for name in cost.names)
     for row in comm_rows:
         key = (row.kind, row.phase, group_name(row.group))
         out.comm[key] += row.count
@@ -151,7 +152,7 @@ def merge(profiles: Sequence[Profile]) -> Profile:
     out = Profile(tuple(sorted(r for p in profiles for r in p.ranks)))
     for p in profiles:
         for name in ("ops", "functions", "comm", "comm_bytes", "module_comm", "op_counts",
-                     "flops", "dim_calls", "dim_bytes"):
+                     "flops", "dim_calls", "dim_bytes", "dim_names"):
             getattr(out, name).update(getattr(p, name))
     # a dimension's seconds: the mean over the ranks, 0 for a rank without it
     for key in {k for p in profiles for k in p.dim_time}:

@@ -11,6 +11,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Optional
 
+from ..analysis.dimensions import dimension_label
 from .cost import Cost, cost_of
 from .profile import TIME_METRICS, Profile
 
@@ -173,16 +174,20 @@ def compare(label: str, a: Profile, b: Profile) -> ScopeDiff:
         d.append(Delta(label, "comm", name, a.comm.get(key, 0), b.comm.get(key, 0), "count"))
         d.append(Delta(label, "comm bytes", name, a.comm_bytes.get(key, 0),
                        b.comm_bytes.get(key, 0), "bytes"))
+    # a dimension is named with the user's names of its groups in either run beside it
+    named = {dim: dimension_label(dim, sorted(n for d, n in a.dim_names | b.dim_names if d == dim))
+             for dim in set(a.dim_calls) | set(b.dim_calls) | {d for d, _ in a.dim_time}
+             | {d for d, _ in b.dim_time}}
     for dim in sorted(set(a.dim_calls) | set(b.dim_calls)):
-        d.append(Delta(label, "dimension", dim, a.dim_calls.get(dim, 0),
+        d.append(Delta(label, "dimension", named[dim], a.dim_calls.get(dim, 0),
                        b.dim_calls.get(dim, 0), "count"))
-        d.append(Delta(label, "dimension bytes", dim, a.dim_bytes.get(dim, 0),
+        d.append(Delta(label, "dimension bytes", named[dim], a.dim_bytes.get(dim, 0),
                        b.dim_bytes.get(dim, 0), "bytes"))
     for metric in TIME_METRICS:
         d.append(Delta(label, "time", metric, a.time.get(metric), b.time.get(metric),
                        "s" if metric.endswith("_s") else "fraction"))
     for dim, what in sorted(set(a.dim_time) | set(b.dim_time)):
-        d.append(Delta(label, "time", f"{what[:-2]} comm, {dim}",
+        d.append(Delta(label, "time", f"{what[:-2]} comm, {named[dim]}",
                        a.dim_time.get((dim, what), 0.0), b.dim_time.get((dim, what), 0.0), "s"))
     return out
 

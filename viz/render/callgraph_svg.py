@@ -25,7 +25,8 @@ from tracer.vocab.labels import PHASES
 
 from ..analysis.callgraph import COMM, CallGraph, EdgeData, FUNCTION, HIDDEN, NodeData, OPS
 from ..analysis.op_groups import Weights
-from ..views.formatters import fmt_bytes, fmt_count, fmt_flops, fmt_ranks, fmt_time, short_op
+from ..views.formatters import (ITEM_MOST, bounded_lines, cut, first_of, fmt_bytes,
+                                fmt_count, fmt_flops, fmt_ranks, fmt_time, short_op)
 
 COMM_COLOUR = "#1565c0"
 COMM_FILL = "#e3eefc"
@@ -35,7 +36,7 @@ HIDDEN_COLOUR = "#9e9e9e"
 DASHED_PHASES = frozenset(("backward", "recompute"))
 PHASE_FILL = {"forward": "#fafafa", "backward": "#fafafa", "recompute": "#f3e5f5",
               "grad_sync": "#e8f5e9", "optimizer": "#fff3e0", "other": "#eeeeee"}
-TOP_OPS = 3          # ops listed in a leaf's label (the tooltip lists all)
+TOP_OPS = 3          # ops listed in a leaf's label (the tooltip lists 12: views.formatters)
 TOP_SHAPES = 8       # shape signatures in a leaf's tooltip
 TOP_RANKS = 16       # per-rank lines in a merged graph's tooltips
 
@@ -46,6 +47,10 @@ class RenderError(Exception):
     """Rendering failed (graphviz missing or broken); the message is one line. The commands
     take it as bad input (graphviz is the user's to install): one line on stderr, no
     traceback."""
+
+
+class DotFailed(RenderError):
+    """graphviz's ``dot`` ran and failed on one picture: the others can still be drawn."""
 
 
 def need_graphviz() -> None:
@@ -59,8 +64,13 @@ def _esc(text: str) -> str:
     return str(text).replace("\\", "\\\\")
 
 
-def _lines(*lines: str) -> graphviz.quoting.NoHtml:
-    return graphviz.nohtml("\\n".join(_esc(line) for line in lines if line is not None))
+def dot_text(*lines: Optional[str]) -> graphviz.quoting.NoHtml:
+    """Lines for a DOT label or tooltip, bounded (views.formatters.bounded_lines): graphviz
+    refuses a string over 16,384 bytes, and a Kineto export's op site can hold thousands of
+    op kinds."""
+    kept = bounded_lines(line for line in lines if line is not None)
+    return graphviz.nohtml("\\n".join(_esc(line) for line in kept))
+
 
 
 def _weights_text(w: Weights) -> str:
@@ -123,18 +133,18 @@ class _Drawer:
             for rank in data.ranks[:TOP_RANKS]:
                 lines.append(f"  rank {rank}: {_weights_text(data.per_rank[rank])}")
         if data.ops:
-            lines.append("ops: " + ", ".join(f"{short_op(op)} x{n}"
-                                             for op, n in sorted(data.ops.items(),
-                                                                 key=lambda kv: (-kv[1], kv[0]))))
+            ops = sorted(data.ops.items(), key=lambda kv: (-kv[1], kv[0]))
+            lines.append("ops: " + ", ".join(first_of(
+                [f"{cut(short_op(op), ITEM_MOST)} x{n}" for op, n in ops], what="op kinds")))
         for (op, shapes), n in sorted(data.shapes.items(),
                                       key=lambda kv: (-kv[1], kv[0][0], kv[0][1] or ""))[
                                           :TOP_SHAPES]:
-            lines.append(f"  {short_op(op)} {shapes or '(no tensors)'} x{n}")
+            lines.append(f"  {cut(short_op(op), ITEM_MOST)} {shapes or '(no tensors)'} x{n}")
         for frame, n in sorted(data.boundaries.items(), key=lambda kv: -kv[1])[:3]:
             lines.append(f"calls {frame.qualname} ({self.paths.get(frame.file, frame.file)})")
         for frames, n in sorted(data.via.items(), key=lambda kv: -kv[1])[:3]:
             lines.append("run by " + " -> ".join(f"{f.qualname}:{f.line}" for f in frames))
-        return _lines(*lines)
+        return dot_text(*lines)
 
     def node(self, dot: graphviz.Digraph, data: NodeData, link_to: NodeData) -> None:
         attrs = {"tooltip": self.tooltip(data), "target": "_top"}
@@ -148,29 +158,29 @@ class _Drawer:
             heat = self.heat(w)
             attrs.update(shape="box", style="rounded,filled", fillcolor=f"/oranges9/{heat}",
                          fontcolor="white" if heat >= 7 else "black",
-                         label=_lines(data.name, self.where(data.file, data.line),
+                         label=dot_text(data.name, self.where(data.file, data.line),
                                       _weights_text(w), partial))
         elif data.type == COMM:
             attrs.update(shape="box", style="filled,bold" + (",dashed" if data.direction in
                                                            DASHED_PHASES else ""),
                          color=COMM_COLOUR, fillcolor=COMM_FILL, fontcolor=COMM_COLOUR,
-                         label=_lines(f"{data.kind} x{fmt_count(w.comms)} ({data.direction})",
+                         label=dot_text(f"{data.kind} x{fmt_count(w.comms)} ({data.direction})",
                                       f"{fmt_bytes(w.bytes)} · {fmt_time(w.time_ns)}",
                                       f"at {self.where(data.file, data.line)}", partial))
         elif data.type == OPS:
             top = sorted(data.ops.items(), key=lambda kv: (-kv[1], kv[0]))
-            names = [f"{short_op(op)} x{fmt_count(n)}" for op, n in top[:TOP_OPS]]
+            names = [f"{cut(short_op(op), ITEM_MOST)} x{fmt_count(n)}" for op, n in top[:TOP_OPS]]
             if len(top) > TOP_OPS:
                 names.append(f"+{len(top) - TOP_OPS} more op kinds")
             attrs.update(shape="note", style="filled" + (",dashed" if data.direction in
                                                         DASHED_PHASES else ""),
                          fillcolor=PHASE_FILL.get(data.direction, "#fafafa"),
-                         label=_lines(f"{data.direction} ops at line {data.line}", *names,
+                         label=dot_text(f"{data.direction} ops at line {data.line}", *names,
                                       _weights_text(w), partial))
         else:
             attrs.update(shape="box", style="dotted", color=HIDDEN_COLOUR,
                          fontcolor=HIDDEN_COLOUR,
-                         label=_lines(f"+{data.hidden} hidden", _weights_text(w)))
+                         label=dot_text(f"+{data.hidden} hidden", _weights_text(w)))
         if partial and data.type != HIDDEN:
             attrs.update(color=PARTIAL_COLOUR, penwidth="2")
         dot.node(self.ids[data.id], **attrs)
@@ -182,7 +192,7 @@ class _Drawer:
         label = fmt_count(w.ops) + (f"\\n{fmt_bytes(w.bytes)}" if w.bytes else "")
         lines = ", ".join(str(n) for n in sorted(e.lines)[:8])
         attrs = {"label": graphviz.nohtml(label), "penwidth": f"{1 + 4 * share:.1f}",
-                 "tooltip": _lines(f"{self.cg.node(a).name} -> {target.name}",
+                 "tooltip": dot_text(f"{self.cg.node(a).name} -> {target.name}",
                                    f"call lines {lines}" if lines else None, _weights_text(w))}
         if target.type == COMM:
             attrs["color"] = COMM_COLOUR
@@ -199,23 +209,23 @@ def _legend(dot: graphviz.Digraph) -> None:
         leg.attr("node", fontsize="9")
         items = [
             ("legend_fn", dict(shape="box", style="rounded,filled", fillcolor="/oranges9/3",
-                               label=_lines("function", "file:line of its def",
+                               label=dot_text("function", "file:line of its def",
                                             "ops · time · bytes below it",
                                             "darker: more of the time"))),
             ("legend_ops", dict(shape="note", style="filled", fillcolor="#fafafa",
-                                label=_lines("aten ops of one call site"))),
+                                label=dot_text("aten ops of one call site"))),
             ("legend_comm", dict(shape="box", style="filled,bold", color=COMM_COLOUR,
                                  fillcolor=COMM_FILL, fontcolor=COMM_COLOUR,
-                                 label=_lines("collective / P2P", "bytes · time"))),
+                                 label=dot_text("collective / P2P", "bytes · time"))),
             ("legend_bwd", dict(shape="note", style="filled,dashed", fillcolor="#fafafa",
-                                label=_lines("backward (dashed): under the", "forward source "
+                                label=dot_text("backward (dashed): under the", "forward source "
                                              "that created it; recompute", "(lilac, dashed), "
                                              "grad_sync (green),", "optimizer (amber)"))),
             ("legend_partial", dict(shape="box", style="rounded", color=PARTIAL_COLOUR,
-                                    penwidth="2", label=_lines("reached by some ranks only"))),
+                                    penwidth="2", label=dot_text("reached by some ranks only"))),
             ("legend_hidden", dict(shape="box", style="dotted", color=HIDDEN_COLOUR,
                                    fontcolor=HIDDEN_COLOUR,
-                                   label=_lines("pruned below a node"))),
+                                   label=dot_text("pruned below a node"))),
         ]
         for name, attrs in items:
             leg.node(name, **attrs)
@@ -241,7 +251,7 @@ def to_dot(cg: CallGraph, *, title: str, paths: Mapping[str, str], href: Href,
                      f"of time, {pct(h.bytes, cg.total.bytes)} of bytes)")
     need_graphviz()
     dot = graphviz.Digraph("callgraph")
-    dot.attr(label=_lines(*notes), labelloc="t", fontsize="14", rankdir="TB", nodesep="0.25",
+    dot.attr(label=dot_text(*notes), labelloc="t", fontsize="14", rankdir="TB", nodesep="0.25",
              ranksep="0.35", fontname="Helvetica")
     dot.attr("node", fontname="Helvetica", fontsize="10")
     dot.attr("edge", fontname="Helvetica", fontsize="9", color="#555555", arrowsize="0.6")
@@ -263,10 +273,15 @@ def render_svg(dot_source: str) -> str:
     """Lay out DOT with graphviz ``dot`` and return the SVG text."""
     need_graphviz()
     try:
-        return graphviz.Source(dot_source).pipe(format="svg", encoding="utf-8")
+        # quiet: dot's own stderr would be lines of its own; its first line is in the error
+        return graphviz.Source(dot_source).pipe(format="svg", encoding="utf-8", quiet=True)
     except graphviz.ExecutableNotFound:
         raise RenderError("graphviz's 'dot' program was not found: install graphviz "
                           "(apt-get install graphviz)") from None
     except graphviz.CalledProcessError as exc:
-        detail = (exc.stderr or b"").decode(errors="replace").strip().splitlines()
-        raise RenderError(f"graphviz dot failed: {detail[0] if detail else exc}") from None
+        # NOTE: with an encoding given, pipe's error carries stderr as text, not bytes
+        stderr = exc.stderr or ""
+        if isinstance(stderr, bytes):
+            stderr = stderr.decode(errors="replace")
+        detail = stderr.strip().splitlines()
+        raise DotFailed(f"graphviz dot failed: {detail[0] if detail else exc}") from None

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from ..analysis.callgraph import COMM, FUNCTION
 from ..diff.graph import ADDED, CHANGED, REMOVED, UNCHANGED, DiffGraph, DiffNode, Side
 from ..views.formatters import fmt_bytes, fmt_count, fmt_flops, fmt_time
-from .callgraph_svg import graphviz, need_graphviz, render_svg
+from .callgraph_svg import dot_text, graphviz, need_graphviz, render_svg
 
 # status -> (border / text colour, fill)
 COLOURS = {
@@ -24,11 +24,6 @@ COLOURS = {
     CHANGED: ("#e65100", "#fff3e0"),
     UNCHANGED: ("#757575", "#ffffff"),
 }
-
-
-def _lines(*lines) -> graphviz.quoting.NoHtml:
-    return graphviz.nohtml("\\n".join(str(x).replace("\\", "\\\\") for x in lines
-                                      if x is not None))
 
 
 def _pair(a: float, b: float, fmt) -> str:
@@ -65,7 +60,7 @@ def _side_text(name: str, s: Side) -> str:
 
 def _tooltip(data: DiffNode) -> graphviz.quoting.NoHtml:
     head = data.name if data.type == FUNCTION else f"{data.direction} {data.name} issued by"
-    return _lines(f"{data.status.upper()}: {head}",
+    return dot_text(f"{data.status.upper()}: {head}",
                   data.file if data.type == FUNCTION else data.caller,
                   _side_text("A", data.a), _side_text("B", data.b),
                   "time differences alone do not count as a change")
@@ -79,13 +74,13 @@ def _node(dot: graphviz.Digraph, node_id: str, data: DiffNode) -> None:
     dashed = ",dashed" if data.direction in ("backward", "recompute") else ""
     if data.type == FUNCTION:
         attrs.update(shape="box", style="rounded,filled",
-                     label=_lines(data.name, data.file, *_figures(data)))
+                     label=dot_text(data.name, data.file, *_figures(data)))
     elif data.type == COMM:
         attrs.update(shape="box", style="filled,bold" + dashed,
-                     label=_lines(f"{data.name} ({data.direction})", *_figures(data)))
+                     label=dot_text(f"{data.name} ({data.direction})", *_figures(data)))
     else:   # OPS
         attrs.update(shape="note", style="filled" + dashed,
-                     label=_lines(f"{data.direction} ops", *_figures(data)))
+                     label=dot_text(f"{data.direction} ops", *_figures(data)))
     dot.node(node_id, **attrs)
 
 
@@ -102,7 +97,7 @@ def _legend(dot: graphviz.Digraph) -> None:
             leg.node(names[-1], label=texts[status], color=colour, fillcolor=fill,
                      fontcolor=colour)
         names.append("legend_bwd")
-        leg.node(names[-1], label=_lines("backward ops (dashed)", "collectives bold"),
+        leg.node(names[-1], label=dot_text("backward ops (dashed)", "collectives bold"),
                  shape="note", style="filled,dashed", fillcolor="#ffffff", penwidth="1")
         for x, y in zip(names, names[1:]):
             leg.edge(x, y, style="invis")
@@ -118,7 +113,7 @@ def to_dot(dg: DiffGraph, *, a_name: str, b_name: str) -> str:
                      ", ".join(f"{n} {s}" for s, n in sorted(dg.hidden.items())))
     need_graphviz()
     dot = graphviz.Digraph("diff")
-    dot.attr(label=_lines(*notes), labelloc="t", fontsize="14", rankdir="TB", nodesep="0.25",
+    dot.attr(label=dot_text(*notes), labelloc="t", fontsize="14", rankdir="TB", nodesep="0.25",
              ranksep="0.35", fontname="Helvetica")
     dot.attr("node", fontname="Helvetica", fontsize="10")
     dot.attr("edge", fontname="Helvetica", fontsize="9", color="#555555", arrowsize="0.6")
@@ -131,7 +126,7 @@ def to_dot(dg: DiffGraph, *, a_name: str, b_name: str) -> str:
         dot.edge(ids[x], ids[y], label=graphviz.nohtml(_pair(a.ops, b.ops, fmt_count)),
                  color=COLOURS[status][0],
                  style="dashed" if dg.node(y).direction in ("backward", "recompute") else "solid",
-                 tooltip=_lines(f"{dg.node(x).name} -> {dg.node(y).name}",
+                 tooltip=dot_text(f"{dg.node(x).name} -> {dg.node(y).name}",
                                 f"ops A {fmt_count(a.ops)}, B {fmt_count(b.ops)}"))
     _legend(dot)
     return dot.source

@@ -21,7 +21,7 @@ from ..analysis.critical_path import Path
 from ..analysis.crossrank import CrossRank, Mismatch
 from ..analysis.dimensions import OTHER
 from ..analysis.gpu_attribution import DeviceSummary, DeviceWhole
-from ..analysis.memory import MemoryProfile
+from ..analysis.memory import RECORDING, MemoryProfile, PeakScope, peak_scope
 from ..analysis.metrics import PipelineBubble, RankMetrics, StepMetrics
 from ..analysis.rank import LastOp
 from ..analysis.run_analysis import RunAnalysis
@@ -57,7 +57,7 @@ def build_summary(analysis: RunAnalysis) -> dict:
             if mine.device is not None:
                 entry["device"] = device_json(mine.device)
             if mine.memory is not None:
-                entry["memory"] = memory_json(mine.memory)
+                entry["memory"] = memory_json(mine.memory, peak_scope(mine.meta))
             if mine.warnings:
                 entry["warnings"] = mine.warnings
         else:
@@ -144,11 +144,14 @@ def _dimension(names: Optional[dict], text: str) -> str:
     return found.dimension if found is not None else OTHER
 
 
-def memory_json(m: MemoryProfile) -> dict:
+def memory_json(m: MemoryProfile, scope: PeakScope = PeakScope(RECORDING)) -> dict:
     """A rank's ``memory`` (viz.analysis.memory.MemoryProfile; present only where memory was
-    recorded): the peak, when, what was live at it by category, module and phase, its top
-    source sites, each category's own peak and each step's peak."""
-    return {"peak_bytes": m.peak_bytes, "peak_step": m.peak_step, "peak_ns": m.peak_time,
+    recorded): the peak, what it covers (the recording, or memory made within an export, with
+    the export's own total-allocated peak), when, what was live at it by category, module and
+    phase, its top source sites, each category's own peak and each step's peak."""
+    return {"peak_bytes": m.peak_bytes, "scope": scope.scope,
+            "allocated_peak_bytes": scope.allocated_peak,
+            "peak_step": m.peak_step, "peak_ns": m.peak_time,
             "by_category": m.at_peak["category"],
             "by_module": _named(m.at_peak["module"], NO_MODULE, MAX_MEMORY_MODULES),
             "by_phase": _named(m.at_peak["phase"], NO_OP, None),
@@ -168,14 +171,17 @@ def dimensions_json(costs: list) -> dict:
     """A rank's ``dimensions``: per parallel dimension (viz.analysis.dimensions.DimensionCost,
     most exposed first), its communication over the counted steps."""
     return {c.dimension: {"count": c.count, "bytes": c.bytes, "comm_s": c.comm_s,
-                          "overlapped_s": c.overlapped_s, "exposed_s": c.exposed_s}
+                          "overlapped_s": c.overlapped_s, "exposed_s": c.exposed_s,
+                          "names": list(c.names)}
             for c in costs}
 
 
 def process_groups_json(names: dict) -> list:
-    """``process_groups``: every recorded group with its dimension and where that was read."""
+    """``process_groups``: every recorded group with its dimension, where that was read and
+    the user's own names of it."""
     return [{"group": list(group_ranks(text)), "process_group": process_group_name(text),
-             "desc": g.desc, "dimension": g.dimension, "from": g.source}
+             "desc": g.desc, "dimension": g.dimension, "from": g.source,
+             "names": list(g.names)}
             for text, g in sorted(names.items(), key=lambda kv: (group_ranks(kv[0]), kv[0]))]
 
 

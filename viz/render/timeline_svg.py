@@ -16,7 +16,7 @@ import numpy as np
 
 from ..analysis.intervals import gaps, intervals, length, union, window
 from ..analysis.lanes import Timeline
-from ..views.formatters import fmt_bytes, fmt_time, steps_text
+from ..views.formatters import bounded_lines, fmt_bytes, fmt_time, steps_text
 from ..views.memory_rows import COLOURS as MEMORY_COLOURS
 
 COLOURS = {"F": "#4c9f70", "B": "#d1495b", "W": "#8d6cab", "compute": "#3b6ea8",
@@ -54,6 +54,7 @@ class _Canvas:
             return
         x0, x1 = self.x(start), self.x(end)
         w = max(x1 - x0, 0.4)
+        tip = "\n".join(bounded_lines(tip.split("\n")))
         self.parts.append(f'<rect class={quoteattr(cls)} x="{x0:.2f}" y="{y:.1f}" '
                           f'width="{w:.2f}" height="{h}" fill="{fill}"><title>{escape(tip)}'
                           f'</title></rect>')

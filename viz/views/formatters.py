@@ -2,7 +2,40 @@
 count or a range of ranks reads the same in an SVG tooltip, an HTML table and on stderr."""
 from __future__ import annotations
 
-from typing import Iterable, Optional
+from typing import Iterable, Optional, Sequence
+
+# The most a picture's label or tooltip says: graphviz refuses a quoted string longer than
+# 16,384 bytes (2.43: "syntax error ... longer than 16384?"), and no reader wants thousands of
+# op names in a tooltip. Lists are cut with "and N more"; a single line with a count of what was
+# left out.
+LIST_MOST = 12          # items of a list in a label or tooltip
+LINE_MOST = 400         # characters of one line
+LINES_MOST = 40         # lines of one label or tooltip
+ITEM_MOST = 80          # characters of one item of a list (a templated CUDA kernel's name)
+
+
+def cut(text: str, most: int) -> str:
+    """``text`` cut to ``most`` characters, saying how many more there were."""
+    text = str(text)
+    return text if len(text) <= most else \
+        f"{text[:most]}... ({len(text) - most:,} more characters)"
+
+
+def first_of(items: Sequence[str], most: int = LIST_MOST, what: str = "") -> list[str]:
+    """The first ``most`` of ``items`` and, where there are more, ``and N more`` (``what``:
+    what they are, ``op kinds``)."""
+    items = list(items)
+    if len(items) <= most:
+        return items
+    rest = len(items) - most
+    return items[:most] + [f"and {rest:,} more" + (f" {what}" if what else "")]
+
+
+def bounded_lines(lines: Iterable[str], line_most: int = LINE_MOST,
+                  lines_most: int = LINES_MOST) -> list[str]:
+    """``lines`` for a label or tooltip: each cut to ``line_most`` characters (``... (N more
+    characters)``), at most ``lines_most`` of them (``and N more lines``)."""
+    return first_of([cut(line, line_most) for line in lines], lines_most, "lines")
 
 
 def fmt_time(ns: float) -> str:

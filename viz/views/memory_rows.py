@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from typing import Callable, Optional
 
+from ..analysis.memory import EXPORT, peak_scope
 from ..analysis.run_analysis import RunAnalysis
 from .formatters import fmt_bytes
 
@@ -18,10 +19,23 @@ LISTED = 10              # modules and source lines listed on a rank's page
 SITE = re.compile(r"^(?P<file>.+):(?P<line>\d+) (?P<function>\S+)$")
 
 
+def peak_label(meta: dict) -> str:
+    """What a rank's peak is, for people: empty for a recording's; for an export's, "made
+    within the export", with torch's own total-allocated peak where the export carries it."""
+    scope = peak_scope(meta)
+    if scope.scope != EXPORT:
+        return ""
+    label = "made within the export (what was allocated before it began is not in it)"
+    if scope.allocated_peak is not None:
+        label += f"; torch's total allocated peaked at {fmt_bytes(scope.allocated_peak)}"
+    return label
+
+
 def memory_table(analysis: RunAnalysis) -> dict:
-    """``rows``: a row per rank with memory recorded, ``{rank, peak, step, bar, text}``
-    (``bar``: (category, percent of the largest peak of any rank, colour)); ``colours``: the
-    categories with their colours; empty rows where no rank recorded memory."""
+    """``rows``: a row per rank with memory recorded, ``{rank, peak, scope, step, bar, text}``
+    (``scope``: :func:`peak_label`; ``bar``: (category, percent of the largest peak of any
+    rank, colour)); ``colours``: the categories with their colours; empty rows where no rank
+    recorded memory."""
     profiles = {r: a.memory for r, a in sorted(analysis.ranks.items()) if a.memory is not None}
     top = max((p.peak_bytes for p in profiles.values()), default=0) or 1
     rows = []
@@ -31,17 +45,20 @@ def memory_table(analysis: RunAnalysis) -> dict:
                if at.get(c, 0) > 0]
         text = ", ".join(f"{c.replace('_', ' ')} {fmt_bytes(b)}" for c, b in at.items() if b > 0)
         rows.append(dict(rank=rank, peak=fmt_bytes(p.peak_bytes),
+                         scope=peak_label(analysis.ranks[rank].meta),
                          step="" if p.peak_step is None else str(p.peak_step), bar=bar,
                          text=text))
     return dict(rows=rows, colours=list(COLOURS.items()))
 
 
-def rank_memory(profile, href: Optional[Callable[[str, int], Optional[str]]] = None,
+def rank_memory(profile, meta: Optional[dict] = None,
+                href: Optional[Callable[[str, int], Optional[str]]] = None,
                 paths: Optional[dict] = None) -> Optional[dict]:
-    """A rank's memory peak for its page: ``peak``, ``step``, and (name, bytes, share, link)
-    rows of what was live by category, module, phase and source line (the largest first,
-    LISTED of each; a source line named by its display path (``paths``) and linked to its
-    source page by ``href(file, line)``, where it has one); None without memory."""
+    """A rank's memory peak for its page: ``peak``, ``scope`` (:func:`peak_label` of the
+    trace's ``meta``), ``step``, and (name, link, bytes, share) rows of what was live by
+    category, module, phase and source line (the largest first, LISTED of each; a source line
+    named by its display path (``paths``) and linked to its source page by ``href(file,
+    line)``, where it has one); None without memory."""
     if profile is None:
         return None
     peak = profile.peak_bytes or 1
@@ -59,7 +76,7 @@ def rank_memory(profile, href: Optional[Callable[[str, int], Optional[str]]] = N
         file, line = found["file"], int(found["line"])
         shown = f"{(paths or {}).get(file, file)}:{line} {found['function']}"
         return shown, href(file, line) if href is not None else None
-    return dict(peak=fmt_bytes(profile.peak_bytes),
+    return dict(peak=fmt_bytes(profile.peak_bytes), scope=peak_label(meta or {}),
                 step="" if profile.peak_step is None else str(profile.peak_step),
                 categories=rows(at["category"].items(), ""),
                 modules=rows(at["module"].items(), "(no module)"),

@@ -1,6 +1,7 @@
 """The patches into torch.distributed: the process group's arrival and end (the session), where a
-rank waits for a collective (comm.py), DDP's setup (phases.py) and torch.distributed.pipelining's
-stages and schedules (pipelining.py)."""
+rank waits for a collective (comm.py), DDP's setup (phases.py), torch.distributed.pipelining's
+stages and schedules (pipelining.py) and DeviceMesh's groups, named by their dimensions
+(group_names.py)."""
 from __future__ import annotations
 
 import functools
@@ -21,11 +22,13 @@ if TYPE_CHECKING:
     from . import Patches
 
 _SCHEDULES = "torch.distributed.pipelining.schedules"
+_DEVICE_MESH = "torch.distributed.device_mesh"
 
 
 def install(patches: "Patches", session) -> None:
     _ddp(patches, session._rules)
-    _pipelining_when_imported(patches, session)
+    _when_imported(patches, _SCHEDULES, lambda: _pipelining(patches, session))
+    _when_imported(patches, _DEVICE_MESH, lambda: _device_mesh(patches, session._comm.names))
     if dist.is_available():
         _work_wait(patches, wait_hook(session))
         _process_group(patches, functools.partial(process_group.arrived, session),
@@ -94,20 +97,63 @@ def _process_group(patches: "Patches", on_init, on_destroy) -> None:
             patches.wrap(dist, name, lambda _, r=replacement: r)
 
 
-# ---------------------------------------------------------------------------- pipelining
-def _pipelining_when_imported(patches: "Patches", session) -> None:
-    """torch.distributed.pipelining now if it is imported, else as soon as it is (the
-    recorder does not import it: that costs seconds)."""
-    if _SCHEDULES in sys.modules:
-        _pipelining(patches, session)
+def _when_imported(patches: "Patches", module: str, then) -> None:
+    """``then()`` now if ``module`` is imported, else as soon as it is (the recorder imports
+    neither pipelining nor DeviceMesh: that costs seconds)."""
+    if module in sys.modules:
+        then()
         return
-    finder = _OnImport(_SCHEDULES, lambda: _pipelining(patches, session))
+    finder = _OnImport(module, then)
     sys.meta_path.insert(0, finder)
 
     def forget() -> None:
         if finder in sys.meta_path:
             sys.meta_path.remove(finder)
     patches.on_undo(forget)
+
+
+# ---------------------------------------------------------------------------- DeviceMesh
+def _device_mesh(patches: "Patches", names) -> None:
+    """Each group a DeviceMesh hands out (``get_group``: the user's, DTensor's and FSDP's way to
+    a mesh dimension's group) and each dimension of a mesh made with its groups is named by the
+    dimension: torch gives a dimension that spans the world the default group, whose
+    ``group_desc`` is ``default_pg``, and the name would be lost."""
+    mesh_type = getattr(sys.modules.get(_DEVICE_MESH), "DeviceMesh", None)
+    if mesh_type is None:
+        return
+
+    def named(mesh, dim, group) -> None:
+        dims = getattr(mesh, "mesh_dim_names", None)
+        if not dims:
+            return
+        index = dims.index(dim) if isinstance(dim, str) and dim in dims else \
+            dim if isinstance(dim, int) else 0 if dim is None and len(dims) == 1 else None
+        if index is not None and 0 <= index < len(dims):
+            names.mesh_group(group, dims[index])
+
+    def make_get_group(original):
+        @functools.wraps(original)
+        def get_group(mesh, mesh_dim=None):
+            group = original(mesh, mesh_dim)
+            named(mesh, mesh_dim, group)
+            return group
+        return get_group
+
+    def make_init(original):
+        @functools.wraps(original)
+        def init(mesh, *args, **kwargs):
+            original(mesh, *args, **kwargs)
+            try:
+                for index in range(len(getattr(mesh, "mesh_dim_names", None) or ())):
+                    mesh.get_group(index)
+            except RuntimeError:       # a slice of a mesh: its groups come after (named then)
+                pass
+        return init
+    patches.wrap(mesh_type, "get_group", make_get_group)
+    patches.wrap(mesh_type, "__init__", make_init)
+
+
+# ---------------------------------------------------------------------------- pipelining
 
 
 def _pipelining(patches: "Patches", session) -> None:

@@ -52,6 +52,9 @@ class ReportInput:
     # (--no-source)
     sources: Optional[RecordedSources] = None
     progress: Progress = field(default_factory=Progress)
+    # what could not be written, one line each naming the page (a picture graphviz's dot failed
+    # on); the command says them, and the rest of the report is written
+    problems: list = field(default_factory=list)
 
     TIMELINE_FILES: ClassVar[dict] = {"svg": "timeline.svg", "chrome_trace": "timeline.json"}
 

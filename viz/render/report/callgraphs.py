@@ -2,7 +2,8 @@
 ``<name>.svg``): all ranks merged over the training steps, the other steps (setup), one per
 distinct rank work, the zoomed functions and modules. Drawn through graphviz
 (:mod:`viz.render.callgraph_svg`) in parallel; each page is written as soon as it is drawn, so a
-report of many graphs holds few SVGs in memory at once."""
+report of many graphs holds few SVGs in memory at once. A picture ``dot`` fails on leaves its
+page saying so, and a line naming the page in the report's problems; the rest is drawn."""
 from __future__ import annotations
 
 import os
@@ -11,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from ...views.callgraph_pages import GraphPage, ReportViews
 from .. import inline_svg
-from ..callgraph_svg import render_svg, to_dot
+from ..callgraph_svg import DotFailed, render_svg, to_dot
 from ..html import PageWriter
 
 if TYPE_CHECKING:
@@ -31,16 +32,21 @@ def render(report: ReportInput, out_dir: str) -> list:
     href = report.source_href("../")
 
     def draw(page: GraphPage) -> list:
-        svg = render_svg(to_dot(page.graph, title=page.title, paths=views.paths, href=href))
         name = os.path.splitext(os.path.basename(page.rel))[0]
-        written = [writer.write_text(f"callgraphs/{name}.svg", svg)]
+        try:
+            svg = render_svg(to_dot(page.graph, title=page.title, paths=views.paths, href=href))
+        except DotFailed as exc:
+            svg, failed = None, f"its picture was not drawn: {exc}"
+            report.problems.append(f"{page.rel}: {failed}")
+        written = [writer.write_text(f"callgraphs/{name}.svg", svg)] if svg else []
         zoom_rows = [] if page is views.setup else [
             dict(name=zoomed[fid].name, where=views.paths.get(zoomed[fid].file, ""),
                  href=zoom_links[fid], w=zoomed[fid].total)
             for fid in views.zooms if fid in page.graph.graph
             and views.zooms[fid].rel != page.rel]
         written.append(writer.write(page.rel, "callgraph.html", title=page.title,
-                                    note=page.note, svg=inline_svg(svg), svg_file=f"{name}.svg",
+                                    note=page.note, svg=inline_svg(svg) if svg else None,
+                                    failed=None if svg else failed, svg_file=f"{name}.svg",
                                     zooms=zoom_rows, graph=page.graph,
                                     steps=_steps_note(views, page)))
         report.progress.advance()

@@ -31,7 +31,7 @@ def render(report: ReportInput, out_dir: str) -> list:
     headline = pages.headline_rows(analysis)
     return [PageWriter(out_dir).write(
         "index.html", "index.html", title="paratrace report",
-        problems=problems(analysis), run=pages.run_facts(analysis),
+        problems=problems(analysis), undrawn=report.problems, run=pages.run_facts(analysis),
         lede=pages.lede(analysis), split=views.split,
         headline=headline, bubble=pages.bubble_column(headline), ranks=pages.rank_rows(analysis),
         phases=pages.phase_columns(headline),

@@ -29,7 +29,8 @@ def render(report: ReportInput, out_dir: str) -> list:
                 row=row, meta=pages.meta_rows(mine.meta), warnings=mine.warnings,
                 ops=pages.op_rows(mine.op_groups), comm=pages.comm_rows(mine.op_groups),
                 modules=views.rank_trees[row["rank"]], world=world,
-                memory=rank_memory(mine.memory, report.source_href("../"), views.paths),
+                memory=rank_memory(mine.memory, mine.meta, report.source_href("../"),
+                                   views.paths),
                 graph=views.rank_graphs[row["rank"]]))
             report.progress.advance()
     return written
