@@ -10,11 +10,16 @@ benchmark (benchmarks/whatif_models.py)."""
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
+import tracer
 from support.cli import run
+from support.paths import SCRIPTS
 from support.whatif_models import memory_misses, predicted_rows, real_step, record
+from tracer.files import rundir
+from viz.whatif.layout import Layout
 
 pytestmark = pytest.mark.integration
 
@@ -52,21 +57,30 @@ def whatif(run_dir, out, targets: list) -> dict:
     return {t["title"]: t for t in doc["targets"]} | {"": doc["base"]}
 
 
+def record_model(model: str, root) -> dict:
+    """A model's DDP recording, its predictions of every target, and every target run."""
+    targets = MODELS[model][1]
+    record(root / "ddp", ["--model", model])
+    predicted = whatif(root / "ddp", root / "whatif", [t[0] for t in targets.values()])
+    real = {}
+    for name, (_, args, ranks) in targets.items():
+        record(root / name, ["--model", model, *args], ranks=ranks)
+        real[name] = real_step(root / name)
+    return {"root": root, "predicted": predicted, "real": real, "base": real_step(root / "ddp")}
+
+
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    """Per model: its DDP recording's predictions of every target, and every target run."""
-    out = {}
-    for model, (_, targets) in MODELS.items():
-        root = tmp_path_factory.mktemp(model)
-        record(root / "ddp", ["--model", model])
-        predicted = whatif(root / "ddp", root / "whatif", [t[0] for t in targets.values()])
-        real = {}
-        for name, (_, args, ranks) in targets.items():
-            record(root / name, ["--model", model, *args], ranks=ranks)
-            real[name] = real_step(root / name)
-        out[model] = {"root": root, "predicted": predicted, "real": real,
-                      "base": real_step(root / "ddp")}
-    return out
+    """model -> its runs and predictions, recorded the first time a test asks for them (each
+    model's in the first test that uses it: well inside the per-test timeout)."""
+    found: dict = {}
+
+    class Runs:
+        def __getitem__(self, model: str) -> dict:
+            if model not in found:
+                found[model] = record_model(model, tmp_path_factory.mktemp(model))
+            return found[model]
+    return Runs()
 
 
 @pytest.mark.parametrize("model,target", CASES)
@@ -90,6 +104,12 @@ def test_predicted_memory_is_within_5_percent_by_category(models, model, target)
 
 @pytest.mark.parametrize("model", list(MODELS))
 def test_the_recorded_setup_is_read_from_the_recording(models, model):
+    sys.path.insert(0, str(SCRIPTS))
+    from whatif_models import build
+    meta = tracer.load(rundir.trace_file(str(models[model]["root"] / "ddp" / "traces"), 0)).meta
+    layout = Layout.from_meta(meta["parameters"])      # what the recorder wrote of DDP's root
+    assert [(p.name, p.shape) for p in layout.params] == \
+        [(n, tuple(p.shape)) for n, p in build(model).named_parameters()]
     base = models[model]["predicted"][""]
     assert base["setup"].startswith("world 2, dp 2, DDP, micro-batch size 4")
     replayed = base["memory_replayed"]
