@@ -3,7 +3,7 @@
     trace-whatif RUN [--out DIR] [--tp N] [--sp | --no-sp] [--pp N] [--dp N]
                  [--schedule S] [--virtual-stages V] [--microbatches M]
                  [--shard S] [--shard-units P] [--param-dtype D] [--checkpoint P]
-                 [--no-checkpoint] [--microbatch-size N] [--grad-accum N]
+                 [--no-checkpoint] [--microbatch-size N] [--grad-accum N] [--tp-plan FILE]
                  [--target "OPTIONS"]...
 
 The options given directly are one target; each ``--target "OPTIONS"`` (the same option names)
@@ -18,6 +18,7 @@ Bad options and targets that cannot be predicted are one line on stderr and exit
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import sys
@@ -31,7 +32,7 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
 SHARDINGS = ("replicate", "optimizer", "gradients", "full")
 KEYS = ("tp", "sp", "pp", "dp", "schedule", "virtual_stages", "microbatches", "shard",
         "shard_units", "param_dtype", "checkpoint", "no_checkpoint", "microbatch_size",
-        "grad_accum")
+        "grad_accum", "tp_plan")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -81,6 +82,24 @@ def _target_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--microbatch-size", type=_whole, help="samples per micro-batch")
     parser.add_argument("--grad-accum", type=_whole,
                         help="micro-batches per optimizer step (gradient accumulation)")
+    parser.add_argument("--tp-plan", type=_plan, metavar="FILE", help="with --tp, on any model: "
+                        "a JSON object of module PATTERN -> colwise | rowwise")
+
+
+def _plan(path: str) -> dict:
+    """A TP plan file: a JSON object of module PATTERN -> colwise | rowwise."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            plan = json.load(fh)
+    except OSError as exc:
+        raise argparse.ArgumentTypeError(f"{path}: {exc.strerror}") from None
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{path}: not JSON ({exc})") from None
+    if not isinstance(plan, dict) or not plan or \
+            not all(isinstance(v, str) for v in plan.values()):
+        raise argparse.ArgumentTypeError(f"{path}: not a JSON object of module PATTERN -> "
+                                         "colwise | rowwise")
+    return plan
 
 
 def _changes(args: argparse.Namespace) -> dict:

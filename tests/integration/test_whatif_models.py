@@ -2,7 +2,9 @@
 whatif_models.py: a torchtitan-style Llama, transformers' GPT-2 from a GPT2Config, a CNN in
 stages), each recorded once under DDP with memory (2 gloo ranks), its other configurations
 predicted from that one recording and run for real: ZeRO-1, ZeRO-2, FSDP2, checkpointing,
-gradient accumulation, another micro-batch size, another data-parallel degree. What cannot
+gradient accumulation, another micro-batch size, another data-parallel degree, and for the
+Llama tensor parallelism (DTensor's ColwiseParallel and RowwiseParallel on gloo; GPT-2's
+Conv1D and the CNN's convolutions are not layers those styles shard). What cannot
 depend on the machine's load is asserted: each rank's communications of a step (kind, phase,
 group, dimension, count, bytes; FSDP2's padding included) equal the real run's, and its memory
 peak is within 5 % of the real one, every category within 5 % of that peak. Step times are a
@@ -24,6 +26,7 @@ from viz.whatif.layout import Layout
 pytestmark = pytest.mark.integration
 
 WITHIN = 0.05
+TP_PLAN = str(SCRIPTS / "llama_tp_plan.json")   # torchtitan's plan for llama, without SP
 # model -> (its checkpointed modules, {target: (trace-whatif options, whatif_train.py
 # arguments, ranks)})
 MODELS = {
@@ -34,7 +37,8 @@ MODELS = {
         "ckpt": ("--checkpoint layers.*", ["--checkpoint", "layers.*"], 2),
         "accum": ("--grad-accum 2", ["--grad-accum", "2"], 2),
         "batch": ("--microbatch-size 8", ["--microbatch-size", "8"], 2),
-        "dp1": ("--dp 1", [], 1)}),
+        "dp1": ("--dp 1", [], 1),
+        "tp": (f"--tp 2 --tp-plan {TP_PLAN}", ["--tp", "2", "--tp-plan", TP_PLAN], 2)}),
     "gpt2": ("transformer.h.*", {
         "fsdp": ("--shard full", ["--shard", "full"], 2),
         "ckpt": ("--checkpoint transformer.h.*", ["--checkpoint", "transformer.h.*"], 2),
@@ -54,7 +58,7 @@ def whatif(run_dir, out, targets: list) -> dict:
     proc = run("trace-whatif", run_dir, "--out", out, *args, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads((out / "whatif.json").read_text())
-    return {t["title"]: t for t in doc["targets"]} | {"": doc["base"]}
+    return dict(zip(targets, doc["targets"])) | {"": doc["base"]}
 
 
 def record_model(model: str, root) -> dict:

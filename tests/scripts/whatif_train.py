@@ -11,6 +11,9 @@ benchmarks/whatif_models.py).
                       or ModuleDict); --param-dtype bf16: MixedPrecisionPolicy(param_dtype)
   --checkpoint P      checkpoint_wrapper (non-reentrant) on every module matching P
   --microbatch-size N, --grad-accum N (DDP: no_sync but on the last micro-batch)
+  --tp N --tp-plan FILE  tensor parallelism over a (dp, tp) DeviceMesh: parallelize_module
+                      with ColwiseParallel / RowwiseParallel for each PATTERN of the JSON plan;
+                      the data-parallel wrapper only where dp > 1, over the mesh's dp groups
 AdamW, zero_grad(set_to_none=True) after each step.
 Usage: trace-run --nproc-per-node 2 whatif_train.py --model llama --shard full [...]"""
 import argparse
@@ -70,11 +73,30 @@ def checkpoint(model: nn.Module, patterns: str) -> None:
             parent[int(child)] = wrapped
 
 
-def shard(model: nn.Module, args) -> tuple:
+def tensor_parallel(model: nn.Module, tp: int, plan_file: str):
+    """parallelize_module over the mesh's tp dimension; the mesh."""
+    import json
+
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                   parallelize_module)
+    mesh = init_device_mesh("cpu", (dist.get_world_size() // tp, tp),
+                            mesh_dim_names=("dp", "tp"))
+    with open(plan_file) as fh:
+        plan = json.load(fh)
+    styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+    parallelize_module(model, mesh["tp"], {k: styles[v]() for k, v in plan.items()})
+    return mesh
+
+
+def shard(model: nn.Module, args, mesh=None) -> tuple:
     """(the model to call, the optimizer)."""
+    group = mesh["dp"].get_group() if mesh is not None else None
+    if mesh is not None and mesh["dp"].size() == 1:
+        return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
     if args.shard in ("replicate", "optimizer"):
         from torch.nn.parallel import DistributedDataParallel as DDP
-        wrapped = DDP(model)
+        wrapped = DDP(model, process_group=group)
         if args.shard == "optimizer":
             from torch.distributed.optim import ZeroRedundancyOptimizer
             opt = ZeroRedundancyOptimizer(wrapped.parameters(),
@@ -106,14 +128,17 @@ def main(argv=None) -> None:
     parser.add_argument("--microbatch-size", type=int, default=4)
     parser.add_argument("--grad-accum", type=int, default=1)
     parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--tp", type=int, default=1)
+    parser.add_argument("--tp-plan")
     args = parser.parse_args(argv)
     dist.init_process_group("gloo")
-    rank = dist.get_rank()
+    rank = dist.get_rank() // args.tp          # the data-parallel rank: TP ranks share data
     model = build(args.model)
+    mesh = tensor_parallel(model, args.tp, args.tp_plan) if args.tp > 1 else None
     if args.checkpoint:
         checkpoint(model, args.checkpoint)
-    model, opt = shard(model, args)
-    ddp = args.shard in ("replicate", "optimizer")
+    model, opt = shard(model, args, mesh)
+    ddp = args.shard in ("replicate", "optimizer") and hasattr(model, "no_sync")
     for step in range(args.steps):
         for micro in range(args.grad_accum):
             last = micro == args.grad_accum - 1

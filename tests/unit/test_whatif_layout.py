@@ -127,3 +127,37 @@ def test_a_target_names_only_what_it_changes(llama):
     assert tgt.shard == "replicate" and tgt.microbatch_size == 4
     assert math.isclose(model_target(SETUP, {"dp": 4}, layout, layout.modules(),
                                      False).world, 4)
+
+
+PLAN = {"layers.*.attention.wq": "colwise", "layers.*.attention.wo": "rowwise"}
+
+
+@pytest.mark.parametrize("plan,tp,message", [
+    ({"layers.*.attn.qkv": "colwise"}, 2, "--tp-plan: 'layers.*.attn.qkv' matches no module"),
+    ({"layers.*.attention_norm": "colwise"}, 2,
+     "--tp-plan: layers.0.attention_norm is not a linear layer"),
+    ({"layers.*.attention.wq": "sequence"}, 2, "the styles are colwise and rowwise"),
+    (PLAN, 3, "--tp 3 does not divide layers.0.attention.wq's output features (128)"),
+])
+def test_tp_plans_the_model_cannot_take_are_refused(llama, plan, tp, message):
+    layout = layout_of(llama)
+    with pytest.raises(TargetError) as found:
+        model_target(SETUP, {"tp": tp, "tp_plan": plan}, layout, layout.modules(), True)
+    assert message in str(found.value) and "\n" not in str(found.value)
+
+
+def test_a_tp_plan_shards_what_torch_shards(llama):
+    """The parameters one TP rank holds are the local shards of torch's ColwiseParallel
+    and RowwiseParallel: a column-parallel weight's dim 0, a row-parallel weight's dim 1, cut
+    as torch.chunk cuts them."""
+    from viz.whatif.tp_plan import local_layout
+    layout = layout_of(llama)
+    tgt = model_target(SETUP, {"tp": 2, "tp_plan": PLAN}, layout, layout.modules(), True)
+    assert (tgt.world, tgt.dp, tgt.tp, tgt.shard) == (2, 1, 2, None)
+    local = {p.name: p.shape for p in local_layout(layout, tgt.tp_plan).params}
+    for name, param in llama.named_parameters():
+        dim = {"attention.wq": 0, "attention.wo": 1}.get(name.split(".", 2)[-1][:-7])
+        expected = list(param.shape)
+        if dim is not None:
+            expected[dim] = torch.chunk(param, 2, dim=dim)[0].shape[dim]
+        assert list(local[name]) == expected, name

@@ -54,19 +54,19 @@ def _checkpoint(works: list, module: str, windows: StepWindows) -> list:
             out.append(w)
             continue
         again = replace(w, category="temporaries", start=after[0],
-                        born_order=_replayed(w.start, fwd))
+                        born_order=replayed(w.start, fwd))
         if _inside(w.end, after):        # saved for M's backward: made again before it
             out.append(replace(w, category="temporaries", end=fwd[1]))
             out.append(again)
         elif w.end is not None and w.end <= fwd[1]:
             out.append(w)                # a transient of the forward, and of the replay
-            out.append(replace(again, end=after[0], freed_order=_replayed(w.end, fwd)))
+            out.append(replace(again, end=after[0], freed_order=replayed(w.end, fwd)))
         else:
             out.append(w)
     return out
 
 
-def _replayed(t: int, forward: tuple) -> float:
+def replayed(t: int, forward: tuple) -> float:
     """The order, among what happens at the start of M's backward, of what the replay does
     at recorded time ``t`` of M's forward: the forward's own order, before the backward's."""
     return RECOMPUTED + (t - forward[0]) / (forward[1] - forward[0] + 1)

@@ -62,10 +62,11 @@ def is_dp_comm(comm, rec: Setup) -> bool:
 def plan_dp(rec: Setup, tgt: Setup, layout: Layout, windows: StepWindows, axis: Axis,
             comms: list, rank: int) -> list:
     """The data-parallel communications of one predicted rank's step (``comms``: the source
-    rank's recorded ones of the step)."""
+    rank's recorded ones of the step; ``layout``: the parameters one rank holds, a TP
+    target's local ones)."""
     if tgt.shard is None:
         return []
-    group = tuple(range(tgt.dp))
+    group = dp_group(tgt, rank)
     out: list = []
     if tgt.shard in ("replicate", "optimizer"):
         out += _ddp(rec, tgt, layout, windows, axis, comms, group)
@@ -74,6 +75,11 @@ def plan_dp(rec: Setup, tgt: Setup, layout: Layout, windows: StepWindows, axis: 
     else:
         out += _fsdp(tgt, layout, windows, axis, group)
     return out
+
+
+def dp_group(tgt: Setup, rank: int) -> tuple:
+    """The data-parallel group of ``rank`` in a (dp, tp) grid: the ranks with its TP index."""
+    return tuple(rank % tgt.tp + i * tgt.tp for i in range(tgt.dp))
 
 
 def _end(axis: Axis, segment: int) -> tuple:
@@ -87,7 +93,7 @@ def _ddp(rec: Setup, tgt: Setup, layout: Layout, windows: StepWindows, axis: Axi
          comms: list, group: tuple) -> list:
     last = axis.last_micro()
     out = []
-    if rec.shard in ("replicate", "optimizer"):
+    if rec.shard in ("replicate", "optimizer") and tgt.tp == rec.tp:
         for index, c in enumerate(comms):
             if not is_dp_comm(c, rec) or c.phase == "optimizer":
                 continue

@@ -22,6 +22,7 @@ from .compose import Call, Programs
 from .dp_plan import is_dp_comm
 from .graph import COMPUTE, IDLE, LAUNCH, STEP, WAIT
 from .models import work_of
+from .tp_plan import work_factor
 from .windows import BACKWARD, FORWARD, RECOMPUTE, StepWindows
 
 
@@ -185,28 +186,32 @@ def checkpoint_edits(edit: StepEdit, nodes: list, recorded: tuple, target: tuple
             edit.drops += windows.of(RECOMPUTE, module)
 
 
-def batch_scale(ops, windows: StepWindows, nodes: list, cost, ratio: float,
+def micro_scale(ops, windows: StepWindows, nodes: list, cost, ratio: float, plan,
                 step: int) -> list:
-    """(lo, hi, factor) of each recorded micro-batch whose compute takes ``ratio`` times
-    the micro-batch size: each forward, backward and recompute op's time by the op-cost
-    model at its work times ``ratio``, spread over the micro-batch's compute (host time
-    between ops stays)."""
-    if ratio == 1.0:
+    """(lo, hi, factor) of each recorded micro-batch whose compute takes ``ratio`` times the
+    micro-batch size and the TP ``plan`` (None: none): each forward, backward and recompute
+    op's time by the op-cost model at its work times ``ratio``, and by the share of it a TP
+    rank keeps (viz.whatif.tp_plan.work_factor); spread over the micro-batch's compute (host
+    time between ops stays)."""
+    if ratio == 1.0 and plan is None:
         return []
     out = []
     mine = ops.step == step
+    phases = {FORWARD: "forward", BACKWARD: "backward", RECOMPUTE: "recompute"}
     for micro in windows.micro:
         lo, hi = micro.forward[0], micro.backward[1]
         inside = mine & (ops.t0 >= lo) & (ops.t0 <= hi)
         extra = 0.0
         for i in inside.nonzero()[0].tolist():
-            if ops.phase[i] not in (FORWARD, BACKWARD, RECOMPUTE):
+            phase = phases.get(int(ops.phase[i]))
+            if phase is None:
                 continue
             name = ops.names[ops.op[i]]
             shapes = ops.shape_texts[ops.shapes[i]] if ops.shapes[i] >= 0 else None
             work = work_of(name, shapes)
-            dur = float(ops.t1[i] - ops.t0[i])
-            extra += dur * (cost.ratio(name, work, work * ratio) - 1.0)
+            module = ops.modules[ops.module[i]] if ops.module[i] >= 0 else None
+            new = cost.ratio(name, work, work * ratio) * work_factor(plan, module, phase)
+            extra += float(ops.t1[i] - ops.t0[i]) * (new - 1.0)
         total = compute_in(nodes, lo, hi)
         out.append((lo, hi + 1, max(1.0 + extra / total, 0.0) if total > 0 else 1.0))
     return out

@@ -20,7 +20,7 @@ from ..analysis.metrics import metrics_of
 from .axis import Axis
 from .compose import Programs
 from .dp_plan import is_dp_comm, plan_dp
-from .edit import StepEdit, batch_scale, checkpoint_edits, dp_owned, emit, timed_nodes
+from .edit import StepEdit, checkpoint_edits, dp_owned, emit, micro_scale, timed_nodes
 from .layout import Layout
 from .memory_replay import held_elements
 from .measures import measures
@@ -28,6 +28,7 @@ from .setup import Setup, one_step, recorded_setup
 from .simulate import SimulationError, as_timeline, simulate
 from .step_memory import step_memory
 from .targets import TargetError
+from .tp_plan import local_layout, plan_tp
 from .windows import step_windows
 
 
@@ -104,8 +105,7 @@ def predict_model(rec, model: ModelRecording, tgt: Setup) -> ModelPrediction:
         last = steps[-1]
         windows = model.windows_of(src, last)
         axis = Axis(windows, tgt.microbatches)
-        planned = plan_dp(model.setup, tgt, model.layout, windows, axis,
-                          one_step(detail.comms, last), rank)
+        planned = planned_comms(model, tgt, detail, windows, axis, last, rank)
         collectives[str(rank)] = _rows(model, tgt, detail, axis, planned, last)
         if detail.memory_step == last:
             memory[str(rank)] = step_memory(model.setup, tgt, model.layout, detail, windows,
@@ -146,23 +146,37 @@ def _step(rec, model: ModelRecording, tgt: Setup, rank: int, src: int, step: int
     nodes = model.nodes[src].get(step, [])
     comms = one_step(detail.comms, step)
     axis = Axis(windows, tgt.microbatches)
-    planned = plan_dp(model.setup, tgt, model.layout, windows, axis, comms, rank)
+    planned = planned_comms(model, tgt, detail, windows, axis, step, rank)
 
     def transfer(kind: str, group: tuple, nbytes: int) -> float:
         return rec.collectives.time(kind, len(group), nbytes, "dp")[0]
     edit = StepEdit(axis, windows, dp_owned(nodes, comms, model.setup), planned, transfer,
                     src, lambda g: _regroup(g, rank, rec.world, tgt.world))
     checkpoint_edits(edit, nodes, model.setup.checkpointed, tgt.checkpointed)
-    if tgt.microbatch_size and model.setup.microbatch_size and \
-            tgt.microbatch_size != model.setup.microbatch_size:
-        edit.scaled += batch_scale(detail.ops, windows, nodes, rec.ops,
-                                   tgt.microbatch_size / model.setup.microbatch_size, step)
+    edit.scaled += micro_scale(detail.ops, windows, nodes, rec.ops, _batch(model, tgt),
+                               tgt.tp_plan, step)
     held = held_elements(model.setup, model.layout, src)
     if windows.optimizer is not None and held:
         # the optimizer steps the elements the rank holds (ZeRO-1's partition, FSDP2's shards)
         edit.scaled.append((windows.optimizer[0], windows.optimizer[1] + 1,
-                            held_elements(tgt, model.layout, rank) / held))
+                            held_elements(tgt, local_layout(model.layout, tgt.tp_plan), rank)
+                            / held))
     return edit.items(nodes, rec.graph)
+
+
+def _batch(model: ModelRecording, tgt: Setup) -> float:
+    """The micro-batch size's ratio, target over recorded."""
+    rec = model.setup.microbatch_size
+    return tgt.microbatch_size / rec if tgt.microbatch_size and rec else 1.0
+
+
+def planned_comms(model: ModelRecording, tgt: Setup, detail, windows, axis, step: int,
+                  rank: int) -> list:
+    """The target's data-parallel and tensor-parallel communications of one step."""
+    local = local_layout(model.layout, tgt.tp_plan)
+    return plan_dp(model.setup, tgt, local, windows, axis, one_step(detail.comms, step),
+                   rank) + plan_tp(tgt, model.layout, windows, axis, detail.ops, step, rank,
+                                   _batch(model, tgt))
 
 
 def _regroup(group: tuple, rank: int, recorded: int, world: int) -> tuple:
@@ -180,10 +194,12 @@ def _rows(model: ModelRecording, tgt: Setup, detail, axis: Axis, planned: list,
     count, bytes."""
     counts: Counter = Counter()
     sizes: Counter = Counter()
+    roles: dict = {}
     for p in planned:
         key = (p.kind, p.phase, tuple(p.group))
         counts[key] += 1
         sizes[key] += p.nbytes
+        roles[tuple(p.group)] = p.role
     for c in one_step(detail.comms, step):
         if is_dp_comm(c, model.setup):
             continue
@@ -194,19 +210,23 @@ def _rows(model: ModelRecording, tgt: Setup, detail, axis: Axis, planned: list,
             counts[key] += 1
             sizes[key] += c.nbytes
     return [{"kind": kind, "phase": phase, "group": list(group),
-             "dimension": _dimension(model, group, tgt.world),
+             "dimension": _dimension(model, group, tgt.world, roles.get(group, "dp")),
              "count": counts[(kind, phase, group)], "bytes": sizes[(kind, phase, group)]}
             for kind, phase, group in sorted(counts)]
 
 
-def _dimension(model: ModelRecording, group: tuple, world: int) -> str:
-    """The dimension summary.json would give the group: the recorded one where the world
-    keeps its size, else ``world`` for a group of every rank (viz.analysis.dimensions)."""
+def _dimension(model: ModelRecording, group: tuple, world: int, role: str) -> str:
+    """The dimension summary.json would give the group (viz.analysis.dimensions): a group
+    of every rank is ``world`` (the default process group, as DDP and a mesh of one
+    dimension use it, names none), the recorded one's where the world keeps its size, else
+    its role (a DeviceMesh names the groups of its dimensions)."""
+    if tuple(sorted(group)) == tuple(range(world)):
+        return WORLD
     if world == model.setup.world:
         found = model.dimensions.get(group_text(group))
         if found:
             return found
-    return WORLD if tuple(sorted(group)) == tuple(range(world)) else "dp"
+    return role
 
 
 def assumptions(rec: Setup, tgt: Setup) -> list:

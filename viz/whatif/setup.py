@@ -45,6 +45,8 @@ class Setup:
     microbatches: int = 1                # forward passes per step
     microbatch_size: Optional[int] = None
     dp_group: tuple = ()
+    tp: int = 1
+    tp_plan: Optional[object] = None     # viz.whatif.tp_plan.TPPlan
     notes: list = field(default_factory=list)
 
     def config(self) -> dict:
@@ -52,13 +54,17 @@ class Setup:
         return {"world": self.world, "dp": self.dp, "shard": self.shard,
                 "shard_units": list(self.units), "param_dtype": self.param_dtype,
                 "checkpoint": list(self.checkpointed), "grad_accum": self.microbatches,
-                "microbatch_size": self.microbatch_size}
+                "microbatch_size": self.microbatch_size, "tp": self.tp,
+                "tp_plan": dict(self.tp_plan.styles) if self.tp_plan is not None else None}
 
     def describe(self) -> str:
         shard = {"replicate": "DDP", "optimizer": "ZeRO-1 (DDP + ZeroRedundancyOptimizer)",
                  "gradients": "ZeRO-2 (FSDP2 without resharding after forward)",
                  "full": "FSDP2", None: "no data parallelism"}[self.shard]
         out = f"world {self.world}, dp {self.dp}, {shard}"
+        if self.tp > 1:
+            out += f", tp {self.tp}" + (f" ({len(self.tp_plan.styles)} linears sharded)"
+                                        if self.tp_plan is not None else "")
         if self.shard in ("gradients", "full"):
             out += f" ({len(self.units)} units" + (f", {self.param_dtype} parameters"
                                                   if self.param_dtype else "") + ")"
@@ -102,11 +108,24 @@ def recorded_setup(detail, world: int, layout: Layout, config: dict) -> Setup:
         out.shard = "optimizer" if broadcasts and len(broadcasts) >= len(layout.trainable) \
             else "replicate"
     out.dp = len(out.dp_group) if out.dp_group else 1
+    out.tp = recorded_tp(layout)
     mine = detail.ops.step == step
     out.checkpointed = checkpointed_modules(detail.ops, mine)
     out.microbatches = forward_passes(detail.ops.phase[mine])
     out.microbatch_size = _int(config.get("micro_batch_size")) or leading_dim(detail.ops, mine)
     return out
+
+
+def recorded_tp(layout: Layout) -> int:
+    """The tensor-parallel degree of a recording: the size of the mesh dimension named
+    ``tp`` its DTensor parameters are sharded over (FSDP2's own mesh has no such name)."""
+    for p in layout.params:
+        if p.placements and p.mesh:
+            names, sizes = p.mesh
+            for placement, name, size in zip(p.placements, names, sizes):
+                if name == "tp" and placement.startswith("S("):
+                    return int(size)
+    return 1
 
 
 def _int(value) -> Optional[int]:

@@ -11,8 +11,10 @@ from .dp_plan import fsdp_units
 from .layout import Layout
 from .memory_replay import StatesModel, peak, states
 from .setup import Setup
+from .tp_plan import local_layout
 from .windows import BACKWARD, StepWindows
-from .working_memory import dtype_ratio, gradient_storages, on_axis, scaled, working
+from .working_memory import (dtensor_saved, dtype_ratio, gradient_storages, on_axis, scaled,
+                             working)
 
 
 def step_memory(rec: Setup, tgt: Setup, layout: Layout, detail, windows: StepWindows,
@@ -25,18 +27,20 @@ def step_memory(rec: Setup, tgt: Setup, layout: Layout, detail, windows: StepWin
     grads = gradient_storages(detail.storages, rec, layout)
     works = working(detail.storages, rec, grads)
     works = recheckpoint(works, rec.checkpointed, tgt.checkpointed, windows, detail.ops)
+    works = dtensor_saved(works, tgt.tp_plan, windows)
     batch = (tgt.microbatch_size / rec.microbatch_size) \
         if tgt.microbatch_size and rec.microbatch_size else 1.0
-    lives = on_axis(scaled(works, batch, dtype_ratio(rec, tgt, layout)), axis)
+    lives = on_axis(scaled(works, batch, dtype_ratio(rec, tgt, layout), tgt.tp_plan), axis)
     model = StatesModel(detail.storages, rec, layout, detail.rank)
-    ready = {seg: _ready(layout, windows, axis, seg, grads) for seg in axis.micro_segments}
+    local = local_layout(layout, tgt.tp_plan)          # what one TP rank holds
+    ready = {seg: _ready(local, windows, axis, seg, grads) for seg in axis.micro_segments}
     units = {}
     if tgt.shard in ("gradients", "full"):
         for seg in axis.micro_segments:
             micro = windows.micro[axis.source(seg)]
             units[seg] = {u: (params, fwd, bwd)
-                          for u, params, fwd, bwd in fsdp_units(tgt, layout, windows, micro)}
-    lives += states(tgt, layout, axis, model, rank, ready, units, planned)
+                          for u, params, fwd, bwd in fsdp_units(tgt, local, windows, micro)}
+    lives += states(tgt, local, axis, model, rank, ready, units, planned)
     return peak(lives)
 
 

@@ -16,6 +16,8 @@ from .axis import Axis
 from .layout import Layout, itemsize
 from .memory_replay import Life
 from .setup import Setup
+from .tp_plan import work_factor
+from .windows import BACKWARD
 
 BATCH_PHASES = ("forward", "backward", "recompute", "other")
 DTYPE_PHASES = ("forward", "backward", "recompute")
@@ -70,17 +72,34 @@ def working(storages: list, rec: Setup, grads: dict) -> list:
     return out
 
 
-def scaled(works: list, batch: float, dtype: float) -> list:
+def scaled(works: list, batch: float, dtype: float, plan=None) -> list:
     """Each work's bytes times the micro-batch ratio and the dtype ratio, where they apply
-    (storages made before the step: the previous step's loss and outputs, batch-sized)."""
+    (storages made before the step: the previous step's loss and outputs, batch-sized), and
+    the share a TP rank keeps of it (viz.whatif.tp_plan.work_factor)."""
     out = []
     for w in works:
-        factor = 1.0
+        factor = work_factor(plan, w.module, w.phase)
         if w.phase in BATCH_PHASES or w.start is None:
             factor *= batch
         if w.phase in DTYPE_PHASES:
             factor *= dtype
         out.append(replace(w, nbytes=round(w.nbytes * factor)) if factor != 1.0 else w)
+    return out
+
+
+def dtensor_saved(works: list, plan, windows) -> list:
+    """Under a TP plan, what a sharded linear alone saved for backward is saved as a DTensor,
+    and the recorder's saved-tensor hook takes plain tensors only: such a storage (an
+    activation freed inside the backward of a planned linear) stays a temporary."""
+    if plan is None:
+        return works
+    runs = [r for module in plan.styles for r in windows.of(BACKWARD, module)]
+    out = []
+    for w in works:
+        if w.category == "activations" and w.end is not None and \
+                any(a <= w.end <= b for a, b in runs):
+            w = replace(w, category="temporaries")
+        out.append(w)
     return out
 
 
