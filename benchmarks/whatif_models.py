@@ -7,8 +7,8 @@
 Each repeat records, per model (tests/scripts/whatif_models.py: a torchtitan-style Llama,
 transformers' GPT-2 from a GPT2Config, a CNN in stages), its DDP configuration with trace-run
 (tests/scripts/whatif_train.py, 2 gloo ranks on the CPU, OMP_NUM_THREADS=1, steps 2.. recorded
-and counted), runs every target configuration for real, traced the same way (without memory:
-its recording costs time), predicts each target from the DDP recording (trace-whatif's rules
+and counted, with memory: sharding and checkpointing targets are memory questions, refused on a
+recording without it), runs every target configuration for real, traced the same way, predicts each target from the DDP recording (trace-whatif's rules
 for any model, docs/whatif.md) and prints the step error (predicted / real - 1 of the slowest
 rank's mean counted step, viz.whatif.measures): the median over repeats per target, and the
 worst repeat. Goal: the median within 10 % on every target, the worst within 20 %. The runs
@@ -58,7 +58,7 @@ def trace(out: str, model: str, args: list, ranks: int, steps: int) -> str:
     env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", PYTHONPATH=REPO)
     proc = subprocess.run(
         [sys.executable, "-m", "instrument.launch", "--nproc-per-node", str(ranks), "--out",
-         out, "--steps", "2-", "--no-report", TRAIN, "--model", model, "--steps", str(steps),
+         out, "--steps", "2-", "--no-report", "--memory", TRAIN, "--model", model, "--steps", str(steps),
          *args], env=env, cwd=REPO, capture_output=True, text=True)
     if proc.returncode:
         raise SystemExit(f"trace-run failed for {model} {args}: {proc.stderr[-2000:]}")
