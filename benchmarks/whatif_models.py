@@ -83,11 +83,35 @@ def evaluate(model: str, runs: dict, found: dict) -> None:
         details = step_details(base, engine)
     changes = [{k: resolved(model, [v])[0] for k, v in t[1].items()} for t in TARGETS]
     result = what_if(base, changes, details, runs["DDP"])
-    found.setdefault((model, "replayed"), []).append((result.replayed, result.measured))
+    found.setdefault((model, "replayed"), []).append(
+        (dict(result.replayed, memory=result.memory_replayed, comm=None),
+         dict(result.measured, memory=real_peaks(base), comm=None)))
     for (name, *_), prediction in zip(TARGETS, result.targets):
         real = analyse(open_run(runs[name]))
         found.setdefault((model, name), []).append(
-            (prediction.measures, measures(real.metrics)))
+            (dict(prediction.measures, memory=prediction.memory,
+                  comm=same_comm(prediction.collectives, real)),
+             dict(measures(real.metrics), memory=real_peaks(real))))
+
+
+def real_peaks(analysis) -> dict:
+    """rank -> its peak (viz.analysis.memory), of a run recorded with memory."""
+    return {str(r): mine.memory.peak_bytes for r, mine in analysis.ranks.items()
+            if mine.memory is not None}
+
+
+def same_comm(predicted: dict, real) -> bool:
+    """Whether a prediction's communications of a step, times the recorded steps, are the
+    real run's over them (kind, phase, group, count, bytes; every recorded step alike)."""
+    for rank, mine in real.ranks.items():
+        steps = len(mine.counted_steps)
+        got = sorted((r["kind"], r["phase"], tuple(r["group"]), r["count"] * steps,
+                      r["bytes"] * steps) for r in predicted[str(rank)])
+        want = sorted((c.kind, c.phase, tuple(c.group), c.count, c.bytes) for c in mine.comm
+                      if c.phase != "other" or c.kind not in ("send", "recv"))
+        if got != want:
+            return False
+    return True
 
 
 def reused(root: str) -> list:
@@ -111,17 +135,34 @@ def table(found: dict, repeats: int, loads) -> str:
     lines = [f"trace-whatif on any model against real runs, {datetime.date.today()}, "
              f"{repeats} repeat(s), 2 ranks ({where})",
              f"{'model':<7}{'target':<15}{'pred step':>10}{'real step':>10}{'median err':>11}"
-             f"{'worst err':>10}  goals met"]
+             f"{'worst err':>10}  goals met  {'peak err':>8}  same comm"]
     for (model, name), pairs in found.items():
         errors = [p["step_s"] / r["step_s"] - 1 for p, r in pairs]
         middle, worst = statistics.median(errors), max(errors, key=abs)
         goal = MEDIAN_GOAL if name != "replayed" else 0.03
         ok = "yes" if abs(middle) <= goal and abs(worst) <= max(WORST_GOAL, goal) else "NO"
+        peak = _peak_error(pairs)
+        comm = {True: "yes", False: "NO", None: ""}[_all([p.get("comm") for p, _ in pairs])]
         lines.append(f"{model:<7}{name:<15}"
                      f"{1e3 * statistics.median(p['step_s'] for p, _ in pairs):9.1f}m"
                      f"{1e3 * statistics.median(r['step_s'] for _, r in pairs):9.1f}m"
-                     f"{100 * middle:+10.1f}%{100 * worst:+9.1f}%  {ok}")
+                     f"{100 * middle:+10.1f}%{100 * worst:+9.1f}%  {ok:<9}"
+                     f"{'' if peak is None else f'{100 * peak:+8.2f}%':>10}  {comm}")
     return "\n".join(lines)
+
+
+def _peak_error(pairs: list):
+    """The worst rank's peak memory error over the repeats, or None without memory."""
+    errors = [p["memory"][r]["peak_bytes"] / b - 1 for p, real in pairs
+              if p.get("memory") and real.get("memory")
+              for r, b in real["memory"].items() if r in p["memory"]]
+    return max(errors, key=abs) if errors else None
+
+
+def _all(values: list):
+    """True or False where every value says so, None where none was checked."""
+    checked = [v for v in values if v is not None]
+    return None if not checked else all(checked)
 
 
 def detail(found: dict) -> str:

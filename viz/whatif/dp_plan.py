@@ -8,7 +8,8 @@
   buckets come from torch's assignment (viz.whatif.layout.ddp_buckets) over the parameters in
   the order their modules' backward ended.
 - ZeRO-1 (``optimizer``): DDP's, and after the optimizer step a broadcast of every parameter
-  from the rank that owns it (ZeroRedundancyOptimizer._sync_params), owners' lists in order.
+  from the rank that owns it (ZeroRedundancyOptimizer._sync_params), owners' lists in order,
+  one after the other (issued at once, they run in turn on the group's backend).
 - FSDP2 (``full``): each micro-batch, an all-gather per unit at its forward's start (the root
   first), waited at once; in backward, each unit's all-gather launched at the start of the
   unit whose backward runs before it (FSDP2's implicit prefetch; the root's for the first)
@@ -22,10 +23,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from tracer.vocab.model_paths import model_path, unwrap
+from tracer.vocab.model_paths import unwrap
 
 from .axis import Axis
-from .layout import ROOT, Layout, ddp_buckets, fsdp_bytes, itemsize, zero_partition
+from .layout import ROOT, Layout, ddp_buckets, fsdp_bytes, zero_partition
 from .setup import Setup
 from .windows import BACKWARD, FORWARD, StepWindows
 
@@ -153,8 +154,10 @@ def _zero_broadcasts(layout: Layout, windows: StepWindows, axis: Axis, group: tu
     out = []
     for owned in zero_partition(layout.trainable, len(group)):
         for p in owned:
-            out.append(Planned("broadcast", "optimizer", group, p.nbytes, (post, at, 0),
-                               (post, at, 1)))
+            # one after the other, as the group's backend runs them (gloo: one thread)
+            k = 2 * len(out)
+            out.append(Planned("broadcast", "optimizer", group, p.nbytes, (post, at, k),
+                               (post, at, k + 1)))
     return out
 
 
@@ -202,11 +205,3 @@ def _fsdp(tgt: Setup, layout: Layout, windows: StepWindows, axis: Axis, group: t
                                n * fsdp_bytes(params, n, tgt.param_dtype), (seg, at, 10),
                                (seg, wait, 11 if i + 1 < len(reduces) else 95), unit=unit))
     return out
-
-
-def unit_name(module: Optional[str]) -> str:
-    return model_path(module) if module else ROOT
-
-
-def param_bytes(params: list, dtype: Optional[str] = None) -> int:
-    return sum(p.numel * itemsize(dtype or p.dtype) for p in params)

@@ -31,10 +31,8 @@ from .axis import Axis
 from .layout import ROOT, Layout, itemsize, zero_partition
 from .setup import Setup
 
-MODEL_STATES = ("parameters", "gradients", "optimizer_state")
 CATEGORIES = ("temporaries", "comm", "activations", "optimizer_state", "gradients",
               "parameters")
-SCALED_PHASES = ("forward", "backward", "recompute", "other", None)
 BEFORE, AFTER = (-1, -1, 0), (10 ** 9, 0, 0)
 
 

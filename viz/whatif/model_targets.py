@@ -86,7 +86,7 @@ def model_target(rec: Setup, changes: dict, layout: Optional[Layout], modules: l
     if asks and not has_memory:
         raise TargetError(f"{flag(asks[0])} is a memory question and {run_dir} has no memory "
                           "recorded (record it with trace-run --memory)")
-    out = replace(rec, notes=[])
+    out = replace(rec)
     needs_layout = "shard" in changes or "shard_units" in changes or "param_dtype" in changes \
         or ("dp" in changes and rec.shard is not None)
     if needs_layout and (layout is None or not layout.params):

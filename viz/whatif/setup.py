@@ -16,7 +16,7 @@ the reference GPT writes:
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
@@ -47,7 +47,6 @@ class Setup:
     dp_group: tuple = ()
     tp: int = 1
     tp_plan: Optional[object] = None     # viz.whatif.tp_plan.TPPlan
-    notes: list = field(default_factory=list)
 
     def config(self) -> dict:
         """whatif.json's ``config`` keys of this setup."""
