@@ -234,6 +234,12 @@ def assumptions(rec: Setup, tgt: Setup) -> list:
     out = [f"recorded: {rec.describe()}; predicted: {tgt.describe()}",
            "every predicted rank does its recorded rank's work (rank r takes recorded rank r "
            "modulo the recorded world); compute and host time as recorded"]
+    if tgt.tp_plan is not None:
+        out.append(f"tensor parallelism {tgt.tp} (docs/whatif.md): a row-parallel linear "
+                   "all-reduces its output in forward, a column-parallel one its input's "
+                   "gradient in backward, each blocking, timed by the collective model fitted "
+                   "on the recording; the compute and working memory of the sharded linears "
+                   "and of what runs between them divided by the degree")
     if tgt.shard != rec.shard or tgt.dp != rec.dp or tgt.units != rec.units:
         out.append("data-parallel collectives as DDP, ZeroRedundancyOptimizer and FSDP2 issue "
                    "them (docs/whatif.md), timed by the collective model fitted on the "
