@@ -189,9 +189,12 @@ def run(run_dir: str, out_dir: Optional[str], targets: list,
     with Engine(jobs) as engine:
         analysis = analyse(run, engine)
         gpt = _reference_gpt(analysis.config)
-        # the step detail: for targets on any model, and to say a recording's setup
-        details = step_details(analysis, engine) \
-            if not gpt or any(is_model_target(t, gpt) for t in targets) else None
+        if any(is_model_target(t, gpt) for t in targets):
+            details = step_details(analysis, engine)
+        elif not gpt:        # rank 0's, without its storages: to say the recorded setup
+            details = step_details(analysis, engine, first_only=True)
+        else:
+            details = None
     result = what_if(analysis, targets, details, run_dir)
     whatif = WhatIfInput(result, run_dir)
     if out_dir is None:
@@ -206,14 +209,16 @@ def _reference_gpt(config: dict) -> bool:
     return shape_of(config) is not None
 
 
-def step_details(analysis, engine) -> dict:
+def step_details(analysis, engine, first_only: bool = False) -> dict:
     """rank -> its counted steps op by op (viz.analysis.step_detail), the last one's
-    storages: each readable rank's trace read again, one rank per task."""
+    storages: each readable rank's trace read again, one rank per task (``first_only``:
+    the first rank's, without storages)."""
     from .analysis.step_detail import step_detail_file
     ranks = [(r, mine) for r, mine in sorted(analysis.ranks.items()) if mine.counted_steps]
+    ranks = ranks[:1] if first_only else ranks
     found = engine.map(step_detail_file, [
-        (mine.path, r, tuple(mine.counted_steps), max(mine.counted_steps))
-        for r, mine in ranks])
+        (mine.path, r, tuple(mine.counted_steps),
+         None if first_only else max(mine.counted_steps)) for r, mine in ranks])
     return {r: detail for (r, _), detail in zip(ranks, found)}
 
 

@@ -104,11 +104,14 @@ def what_if(analysis, targets: list, details: Optional[dict] = None,
     if model is not None:
         out.setup = model.setup.describe()
     memory = memory_model(analysis, rec.shape, rec.grid)
-    if memory is not None or (model is not None and model.has_memory):
+    peaks = recorded_peaks(analysis)
+    if peaks:
         out.memory = {str(r): {"peak_bytes": sum(at.values()), "by_category": at}
-                      for r, at in sorted(recorded_peaks(analysis).items())}
-        out.memory_replayed = predicted(memory, rec.shape) if memory is not None else \
-            replayed_memory(model)
+                      for r, at in sorted(peaks.items())}
+    if memory is not None:
+        out.memory_replayed = predicted(memory, rec.shape)
+    elif model is not None and model.has_memory:
+        out.memory_replayed = replayed_memory(model)
     for changes, cfg, setup in zip(targets, configs, setups):
         if setup is not None:
             out.targets.append(_on_model(rec, model, setup, dict(changes)))
