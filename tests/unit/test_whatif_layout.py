@@ -161,3 +161,32 @@ def test_a_tp_plan_shards_what_torch_shards(llama):
         if dim is not None:
             expected[dim] = torch.chunk(param, 2, dim=dim)[0].shape[dim]
         assert list(local[name]) == expected, name
+
+
+def test_a_dtensor_parameter_is_described_without_dispatching_an_op():
+    """The recorder describes a root's parameters inside its first recorded forward: reading
+    a DTensor's local shape through to_local() would put a view into the user's trace."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        seen: list = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("tp",))
+        linear = torch.nn.Linear(4, 6)
+        linear.weight = torch.nn.Parameter(distribute_tensor(linear.weight.detach(), mesh,
+                                                             [Shard(0)]))
+        with Ops() as ops:
+            found = describe(linear)
+    finally:
+        dist.destroy_process_group()
+    assert ops.seen == []
+    assert found["parameters"] == [["weight", [6, 4], "float32", True, ["S(0)"], [6, 4],
+                                    [["tp"], [1]]],
+                                   ["bias", [6], "float32", True, None, None, None]]

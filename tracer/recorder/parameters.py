@@ -18,6 +18,8 @@ from __future__ import annotations
 import weakref
 from typing import Callable, Optional
 
+from .compat import local_shape
+
 META_KEY = "parameters"
 
 
@@ -37,16 +39,17 @@ def _placement(p) -> str:
 
 
 def parameter_entry(name: str, param) -> list:
-    """One parameter as the metadata lists it (module doc)."""
+    """One parameter as the metadata lists it (module doc). Nothing here dispatches an op:
+    it runs in a recorded forward (no ``to_local()``, no ``DeviceMesh.mesh``)."""
     placements = getattr(param, "placements", None)
-    to_local = getattr(param, "to_local", None)
-    if placements is None or not callable(to_local):
+    local = local_shape(param)
+    if placements is None or local is None:
         return [name, list(param.shape), _dtype(param), bool(param.requires_grad),
                 None, None, None]
     mesh = param.device_mesh
     return [name, list(param.shape), _dtype(param), bool(param.requires_grad),
-            [_placement(p) for p in placements], list(to_local().shape),
-            [list(mesh.mesh_dim_names or ()), list(mesh.mesh.shape)]]
+            [_placement(p) for p in placements], list(local),
+            [list(mesh.mesh_dim_names or ()), list(mesh.shape)]]
 
 
 def describe(module) -> Optional[dict]:
