@@ -92,6 +92,8 @@ class StepEdit:
         self.scaled: list = []                       # (lo, hi, factor) of compute
 
     def cuts(self) -> list:
+        """The recorded times compute is cut at: where something is put in, taken out or
+        scaled, and where segments start."""
         times = {p.launch[1] for p in self.planned} | {p.wait[1] for p in self.planned}
         times |= {pos[1] for pos, _ in self.inserts}
         for lo, hi in self.drops:
@@ -102,6 +104,9 @@ class StepEdit:
         return sorted(times)
 
     def items(self, nodes: list, graph) -> list:
+        """The predicted step's items, in order: the recorded ``nodes`` (timed, of the
+        recorded ``graph``) cut, copied, dropped and scaled, the recorded data parallelism's
+        collectives out, the planned ones and the inserted compute in."""
         out: list = []
         cuts = self.cuts()
         for t, op, value in nodes:

@@ -111,7 +111,7 @@ def predict_model(rec, model: ModelRecording, tgt: Setup) -> ModelPrediction:
             memory[str(rank)] = step_memory(model.setup, tgt, model.layout, detail, windows,
                                             axis, planned, rank)
     graph = programs.graph
-    graph.config = dict(tgt.__dict__)
+    graph.config = tgt.config()
     graph.pipeline_groups = {r: (r,) for r in range(tgt.world)}
     try:
         sim = simulate(graph)
@@ -133,15 +133,15 @@ def replayed_memory(model: ModelRecording) -> Optional[dict]:
         step = detail.memory_step
         windows = model.windows_of(rank, step)
         axis = Axis(windows, model.setup.microbatches)
-        planned = plan_dp(model.setup, model.setup, model.layout, windows, axis,
-                          one_step(detail.comms, step), rank)
+        planned = planned_comms(model, model.setup, detail, windows, axis, step, rank)
         out[str(rank)] = step_memory(model.setup, model.setup, model.layout, detail, windows,
                                      axis, planned, rank)
     return out
 
 
 def _step(rec, model: ModelRecording, tgt: Setup, rank: int, src: int, step: int,
-          windows) -> tuple:
+          windows) -> list:
+    """The items of predicted rank ``rank``'s copy of recorded step ``step`` of ``src``."""
     detail = model.details[src]
     nodes = model.nodes[src].get(step, [])
     comms = one_step(detail.comms, step)
@@ -243,7 +243,8 @@ def assumptions(rec: Setup, tgt: Setup) -> list:
     if tgt.shard != rec.shard or tgt.dp != rec.dp or tgt.units != rec.units:
         out.append("data-parallel collectives as DDP, ZeroRedundancyOptimizer and FSDP2 issue "
                    "them (docs/whatif.md), timed by the collective model fitted on the "
-                   "recording; FSDP2's copy-in and copy-out compute not modelled")
+                   "recording; FSDP2's copy-in and copy-out compute and its hooks' host time "
+                   "(large on a CPU) not modelled")
     if tgt.checkpointed != rec.checkpointed:
         out.append("a checkpointed module's recomputation costs its measured forward "
                    "(non-reentrant checkpointing, recomputed just before its backward)")
