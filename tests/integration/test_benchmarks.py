@@ -121,3 +121,23 @@ def test_the_whatif_benchmark_tables_medians_of_known_errors(monkeypatch):
     assert bench.target_config(bench.BASES["B"], {"pp": 2})["dp"] == 1
     assert bench.target_config(bench.BASES["A"], {"schedule": "gpipe", "virtual_stages": 2}
                                )["virtual_stages"] == 1
+
+
+def test_the_whatif_models_benchmark_tables_medians_and_worst_errors(monkeypatch):
+    """benchmarks/whatif_models.py's runs take many minutes (docs/whatif.md); its arithmetic
+    is checked here on made-up measures: the median and the worst error over repeats, and
+    the goals (median within 10 %, worst within 20 %)."""
+    monkeypatch.syspath_prepend(REPO)
+    from benchmarks import whatif_models as bench
+
+    def m(step_s):
+        return {"step_s": step_s}
+    found = {("llama", "FSDP2"): [(m(1.05), m(1.00)), (m(0.90), m(1.00)), (m(1.30), m(1.00))],
+             ("cnn", "ZeRO-1"): [(m(0.54), m(0.50))]}
+    rows = {tuple(line.split()[:2]): line.split()
+            for line in bench.table(found, 3, None).splitlines()[2:]}
+    # errors +5 %, -10 %, +30 %: median +5.0 %, worst +30.0 % (past 20 %)
+    assert rows[("llama", "FSDP2")][2:] == ["1050.0m", "1000.0m", "+5.0%", "+30.0%", "NO"]
+    assert rows[("cnn", "ZeRO-1")][2:] == ["540.0m", "500.0m", "+8.0%", "+8.0%", "yes"]
+    assert bench.detail(found).splitlines()[1].split()[2:] == ["+5.0", "-10.0", "+30.0"]
+    assert bench.resolved("gpt2", ["--checkpoint", None]) == ["--checkpoint", "transformer.h.*"]

@@ -171,3 +171,21 @@ def test_bad_options_are_one_line_errors(run, tmp_path, args, message):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("trace-whatif: error:")
     assert message in lines[0]
+
+
+def test_each_targets_collectives_are_summary_rows_and_gpipe_keeps_1f1bs(run):
+    """Every target's collectives are summary.json's comm rows per rank; GPipe moves the
+    same messages as the recorded 1F1B (an activation and a gradient per micro-batch, the
+    tied embedding's all-reduce), so its rows equal the recording's own last step's."""
+    from support.whatif_models import predicted_rows, real_step
+    out, doc = run
+    for target in doc["targets"]:
+        world = target["config"]["tp"] * target["config"]["pp"] * target["config"]["dp"]
+        assert sorted(target["collectives"], key=int) == [str(r) for r in range(world)]
+        for rows in target["collectives"].values():
+            assert all(set(r) == {"kind", "phase", "group", "dimension", "count", "bytes"}
+                       for r in rows)
+    real = real_step(out / "run")
+    gpipe = doc["targets"][0]["collectives"]
+    for rank in ("0", "1"):
+        assert predicted_rows(gpipe[rank]) == real[rank]["comm"]

@@ -12,7 +12,8 @@ how it is bridged here:
 - storages' identity for memory recording: ``UntypedStorage._cdata`` (the StorageImpl's
   address, in every torch of the range; :data:`STORAGE_KEYED` says it is there), the same key
   straight from a tensor (:func:`storage_key`: ``torch._C._storage_id`` where torch has it) and
-  a DTensor's local shard (``_local_tensor``): :func:`storage_of`.
+  a DTensor's local shard (``_local_tensor``): :func:`storage_of`, and its shape
+  (:func:`local_shape`, for the parameter layout: no op dispatched).
 - torchrun's ``--shutdown-timeout`` (not in 2.10 or 2.11) and ``--signals-to-handle`` (not in
   2.9): :func:`launcher_option` reads an option the running torch's launcher may not define.
 - a user's torch.profiler under the recording mode (user_profile.py): a range recorded without
@@ -186,3 +187,10 @@ class UserProfileResult:
 
     def __getattr__(self, name):
         return getattr(self._result, name)
+
+
+def local_shape(tensor) -> Optional[tuple]:
+    """A DTensor's local shard's shape, read without dispatching an op (``to_local()`` runs a
+    view the recorder would record as the user's), or None for a plain tensor."""
+    local = getattr(tensor, "_local_tensor", None)
+    return tuple(local.shape) if isinstance(local, torch.Tensor) else None

@@ -13,6 +13,8 @@ import weakref
 import torch
 from torch.nn.modules import module as _module
 
+from .parameters import ParameterLayout
+
 _is_compiling = torch.compiler.is_compiling
 _GraphModule = torch.fx.GraphModule
 
@@ -37,10 +39,13 @@ def _without_wrappers(name: str) -> str:
 
 
 class ModuleTracker:
-    """Keeps the stack of modules whose forward is running and the interned id of the innermost."""
+    """Keeps the stack of modules whose forward is running and the interned id of the innermost;
+    with ``merge_meta`` (the flusher's), writes each root's parameters into the metadata at its
+    first call (parameters.py)."""
 
-    def __init__(self, intern):
+    def __init__(self, intern, merge_meta=None):
         self._intern = intern              # str -> id
+        self._layout = ParameterLayout(merge_meta) if merge_meta is not None else None
         self.current = -1                  # interned id of the innermost module path, -1: none
         self._stack: list = []             # [(module, path id, path)]
         self._names: dict = {}             # id(child) -> (child ref, parent ref, path)
@@ -103,9 +108,12 @@ class ModuleTracker:
 
     def _name(self, module) -> str:
         if not self._stack:
+            path = type(_unwrapped(module)).__name__
             if module not in self.roots:
                 self.roots.add(module)
-            return type(_unwrapped(module)).__name__
+                if self._layout is not None:
+                    self._layout(module, path)
+            return path
         parent, _, parent_path = self._stack[-1]
         cached = self._names.get(id(module))
         if cached is not None and cached[0]() is module and cached[1]() is parent:

@@ -76,12 +76,12 @@ class Session(_SessionState):
                                      opts.library)
         self._dicts = Dictionaries(self._stacks)
         self._op_ids = self._dicts.op
-        self._modules = ModuleTracker(self._dicts.module)
         self._signatures = ShapeSignatures(self._dicts.shapes)
         self._shapes = self._signatures.id_of
         self._annotations = AnnotationStack(self._dicts.annotation)
         self._flusher = Flusher(self._dicts, lambda: self._op_ids(ops.OP_STEP),
                                 opts.flush_interval, self._after_flush, self._flusher_failed)
+        self._modules = ModuleTracker(self._dicts.module, self._flusher.merge_meta)
         self._queue = self._flusher.queue
         self._push = self._queue.append
         self._capture = self._stacks.capture

@@ -23,9 +23,12 @@ from typing import Optional
 
 from ..analysis.lanes import Timeline
 from ..analysis.metrics import metrics_of
+from .collectives import step_rows
 from .measures import measures
 from .megatron import shape_of
 from .memory import memory_model, predicted, recorded_peaks
+from .model_predict import predict_model, replayed_memory, study_model
+from .model_targets import is_model_target, model_target, title
 from .plan import Plan
 from .recording import Recording, study
 from .simulate import SimulationError, as_timeline, simulate
@@ -46,9 +49,13 @@ class Prediction:
     measures: dict                   # whatif.json's M
     assumptions: list
     memory: Optional[dict] = None    # rank -> predicted peak by category (viz.whatif.memory)
+    collectives: Optional[dict] = None   # rank -> one step's comm rows (summary.json's)
+    name: Optional[str] = None       # the title, where the changes do not make it
 
     @property
     def title(self) -> str:
+        if self.name:
+            return self.name
         return " ".join(f"--{k.replace('_', '-')} {v}" for k, v in self.changes.items()) \
             or "the recorded configuration"
 
@@ -66,33 +73,69 @@ class WhatIf:
     targets: list = field(default_factory=list)   # Prediction
     memory: Optional[dict] = None    # rank -> the recording's peak by category (--memory)
     memory_replayed: Optional[dict] = None   # the same, predicted for the recorded config
+    setup: Optional[str] = None      # the recorded setup in words, read from the recording
 
 
-def what_if(analysis, targets: list) -> WhatIf:
+def what_if(analysis, targets: list, details: Optional[dict] = None,
+            run_dir: str = "the recording") -> WhatIf:
     """Replay ``analysis`` (a viz.analysis.RunAnalysis) and predict each target (option ->
-    value, the reference GPT's names: tp, sp, pp, dp, schedule, virtual_stages,
-    microbatches). Raises TargetError for a target that cannot be predicted."""
+    value: the reference GPT's names, tp, sp, pp, dp, schedule, virtual_stages,
+    microbatches; or, on any model, viz.whatif.model_targets' options, which need
+    ``details``: rank -> viz.analysis.step_detail.RankStepDetail). Raises TargetError for a
+    target that cannot be predicted."""
     groups = {r: mine.counted_op_groups for r, mine in analysis.ranks.items()}
     late = frozenset(r for r, mine in analysis.ranks.items() if late_completions(mine.meta))
     backends = {mine.meta.get("backend") for mine in analysis.ranks.values()}
     rec = study(analysis.timeline, analysis.cross.matched, groups, analysis.world_size, late,
                 backends.pop() if len(backends) == 1 else None)
-    configs = [target_config(rec.config, dict(t), rec.world) for t in targets]
+    gpt = rec.shape is not None
     sim = simulate(rec.graph, rec.graph.starts)
+    model = study_model(rec, sim, details or {}, analysis.world_size, rec.config,
+                        {t: g.dimension for t, g in analysis.group_dimensions.items()})
+    configs = [None if is_model_target(t, gpt) else target_config(rec.config, dict(t),
+                                                                   rec.world)
+               for t in targets]
+    setups = [model_setup(model, dict(t), run_dir) if c is None else None
+              for t, c in zip(targets, configs)]
     replay = as_timeline(rec.graph, sim, rec.config)
     replay_metrics = metrics_of(replay)
     out = WhatIf(rec.config, measures(analysis.metrics), measures(replay_metrics), replay,
                  replay_metrics, rec.model_lines())
-    model = memory_model(analysis, rec.shape, rec.grid)
     if model is not None:
+        out.setup = model.setup.describe()
+    memory = memory_model(analysis, rec.shape, rec.grid)
+    peaks = recorded_peaks(analysis)
+    if peaks:
         out.memory = {str(r): {"peak_bytes": sum(at.values()), "by_category": at}
-                      for r, at in sorted(recorded_peaks(analysis).items())}
-        out.memory_replayed = predicted(model, rec.shape)
-    for changes, cfg in zip(targets, configs):
+                      for r, at in sorted(peaks.items())}
+    if memory is not None:
+        out.memory_replayed = predicted(memory, rec.shape)
+    elif model is not None and model.has_memory:
+        out.memory_replayed = replayed_memory(model)
+    for changes, cfg, setup in zip(targets, configs, setups):
+        if setup is not None:
+            out.targets.append(_on_model(rec, model, setup, dict(changes)))
+            continue
         prediction = predict(rec, cfg, dict(changes))
-        prediction.memory = predicted(model, shape_of(cfg))
+        prediction.memory = predicted(memory, shape_of(cfg))
         out.targets.append(prediction)
     return out
+
+
+def model_setup(model, changes: dict, run_dir: str):
+    """A target on any model's setup (viz.whatif.model_targets), checked."""
+    if model is None:
+        raise TargetError(f"{title(changes)}: predictions on any model need the recording's "
+                          "step detail (trace-whatif reads it)")
+    return model_target(model.setup, changes, model.layout, model.modules(),
+                        model.has_memory, run_dir)
+
+
+def _on_model(rec: Recording, model, setup, changes: dict) -> Prediction:
+    found = predict_model(rec, model, setup)
+    config = {**rec.config, **setup.config()}
+    return Prediction(config, changes, found.timeline, found.metrics, found.measures,
+                      found.assumptions, found.memory, found.collectives, title(changes))
 
 
 def predict(rec: Recording, cfg: dict, changes: dict) -> Prediction:
@@ -108,4 +151,5 @@ def predict(rec: Recording, cfg: dict, changes: dict) -> Prediction:
     steps = max(a.steps for a in rec.anatomies.values())
     assumptions = [f"changes {describe(rec.config, cfg)}; {steps} steps simulated after one "
                    "warm-up step, every rank starting together"] + plan.assumptions
-    return Prediction(cfg, changes, timeline, metrics, measures(metrics), assumptions)
+    return Prediction(cfg, changes, timeline, metrics, measures(metrics), assumptions,
+                      collectives=step_rows(graph, sim))

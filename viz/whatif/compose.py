@@ -100,6 +100,24 @@ class Programs:
     def wait(self, rank: int, cid: int) -> None:
         self.graph.programs[rank].append(Node(WAIT, cid))
 
+    def compute(self, rank: int, ns: float, idle: bool = False) -> None:
+        """Append compute (or idle time) of ``ns``, merged with the node before it."""
+        program, op = self.graph.programs[rank], IDLE if idle else COMPUTE
+        ns = int(round(ns))
+        if ns <= 0:
+            return
+        if program and program[-1].op == op:
+            program[-1] = Node(op, program[-1].value + ns)
+        else:
+            program.append(Node(op, ns))
+
+    def launch(self, rank: int, call: Call) -> int:
+        """Append the launch of ``call``; its comm id (tied across ranks as :meth:`work`
+        ties them)."""
+        cid = self._comm(rank, call)
+        self.graph.programs[rank].append(Node(LAUNCH, cid))
+        return cid
+
     def _comm(self, rank: int, call: Call) -> int:
         if call.kind in P2P_KINDS:
             cid = self._p2p.get(call.key)

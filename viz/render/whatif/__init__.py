@@ -1,15 +1,16 @@
-"""trace-whatif's renderers, each named after what it writes: the replayed and predicted
-timelines (:mod:`.svg`: ``whatif/replay.svg``, ``whatif/target-<i>.svg``), ``whatif.json``
+"""trace-whatif's renderers, each named after what it writes: the ranking on the terminal
+(:mod:`.text`, without ``--out``), and with ``--out DIR`` the replayed and predicted timelines
+(:mod:`.svg`: ``whatif/replay.svg``, ``whatif/target-<i>.svg``), ``whatif.json``
 (:mod:`.json`, schema ``paratrace.whatif/1``, docs/whatif.md) and ``whatif.html``
-(:mod:`.html`, the ranking page). Each takes a :class:`WhatIfInput`; :data:`RENDERERS` is the
-registry, in the order trace-whatif runs it."""
+(:mod:`.html`, the ranking page). Each takes a :class:`WhatIfInput`; the registry is
+:data:`RENDERERS`, :data:`TERMINAL` then :data:`FILES`, in the order trace-whatif runs them."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Callable, ClassVar
 
 from ..progress import Progress
-from . import html, json, svg
+from . import html, json, svg, text
 
 if TYPE_CHECKING:
     from ...whatif import WhatIf
@@ -22,6 +23,7 @@ class WhatIfInput:
     result: WhatIf          # the replay and every target's prediction
     run_dir: str            # the recording, as the user named it
     progress: Progress = field(default_factory=Progress)
+    say: Callable[[str], None] = print      # where the terminal ranking goes
 
     REPLAY_SVG: ClassVar[str] = "whatif/replay.svg"
 
@@ -31,5 +33,7 @@ class WhatIfInput:
         return f"whatif/target-{index + 1}.svg"
 
 
-RENDERERS = (svg, json, html)
+TERMINAL = (text,)              # without --out
+FILES = (svg, json, html)       # with --out DIR
+RENDERERS = TERMINAL + FILES
 PAGE = "whatif.html"        # the page trace-whatif prints

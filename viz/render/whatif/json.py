@@ -2,15 +2,19 @@
 docs/architecture.md's contract fixes them::
 
     {"schema": "paratrace.whatif/1",
-     "base": {"config", "measured": M, "replayed": M, "models": [...],
+     "base": {"config", "setup", "measured": M, "replayed": M, "models": [...],
               "timeline": "whatif/replay.svg", "memory": MEM, "memory_replayed": MEM},
      "targets": [{"config", "changes", "title", "predicted": M, "assumptions": [...],
-                  "timeline": "whatif/target-1.svg", "memory": MEM}, ...]}
+                  "timeline": "whatif/target-1.svg", "memory": MEM,
+                  "collectives": COMM}, ...]}
 
 M = {"step_s", "bubble_fraction", "exposed_comm_s", "pipeline_bubble_fraction",
 "ranks": {"R": {...the same per rank, and compute_s}}} (viz.whatif.measures).
 MEM = {"R": {"peak_bytes", "by_category": {category: bytes}}} per rank, or null when the
-recording has no memory (viz.whatif.memory).
+recording has no memory (viz.whatif.memory, viz.whatif.memory_replay).
+COMM = {"R": [{"kind", "phase", "group", "dimension", "count", "bytes"}, ...]}: each rank's
+communications of one predicted step, as summary.json's ``ranks.R.comm`` rows.
+``setup``: the recorded setup in words, read from the recording (viz.whatif.setup), or null.
 """
 from __future__ import annotations
 
@@ -29,13 +33,14 @@ def render(whatif: WhatIfInput, out_dir: str) -> list:
     result = whatif.result
     document = {
         "schema": SCHEMA,
-        "base": {"config": result.config, "measured": result.measured,
+        "base": {"config": result.config, "setup": result.setup, "measured": result.measured,
                  "replayed": result.replayed, "models": result.models,
                  "timeline": whatif.REPLAY_SVG, "memory": result.memory,
                  "memory_replayed": result.memory_replayed},
         "targets": [{"config": t.config, "changes": t.changes, "title": t.title,
                      "predicted": t.measures, "assumptions": t.assumptions,
-                     "timeline": whatif.target_svg(i), "memory": t.memory}
+                     "timeline": whatif.target_svg(i), "memory": t.memory,
+                     "collectives": t.collectives}
                     for i, t in enumerate(result.targets)]}
     path = os.path.join(out_dir, "whatif.json")
     with open(path, "w", encoding="utf-8") as fh:

@@ -1,0 +1,133 @@
+"""trace-whatif on models written as their communities write them (tests/scripts/
+whatif_models.py: a torchtitan-style Llama, transformers' GPT-2 from a GPT2Config, a CNN in
+stages), each recorded once under DDP with memory (2 gloo ranks), its other configurations
+predicted from that one recording and run for real: ZeRO-1, ZeRO-2, FSDP2, checkpointing,
+gradient accumulation, another micro-batch size, another data-parallel degree, and for the
+Llama tensor parallelism (DTensor's ColwiseParallel and RowwiseParallel on gloo; GPT-2's
+Conv1D and the CNN's convolutions are not layers those styles shard). What cannot
+depend on the machine's load is asserted: each rank's communications of a step (kind, phase,
+group, dimension, count, bytes; FSDP2's padding included) equal the real run's, and its memory
+peak is within 5 % of the real one, every category within 5 % of that peak. Step times are a
+benchmark (benchmarks/whatif_models.py)."""
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+import tracer
+from support.cli import run
+from support.paths import SCRIPTS
+from support.whatif_models import memory_misses, predicted_rows, real_step, record
+from tracer.files import rundir
+from viz.whatif.layout import Layout
+
+pytestmark = pytest.mark.integration
+
+WITHIN = 0.05
+TP_PLAN = str(SCRIPTS / "llama_tp_plan.json")   # torchtitan's plan for llama, without SP
+# model -> (its checkpointed modules, {target: (trace-whatif options, whatif_train.py
+# arguments, ranks)})
+MODELS = {
+    "llama": ("layers.*", {
+        "zero1": ("--shard optimizer", ["--shard", "optimizer"], 2),
+        "zero2": ("--shard gradients", ["--shard", "gradients"], 2),
+        "fsdp": ("--shard full", ["--shard", "full"], 2),
+        "ckpt": ("--checkpoint layers.*", ["--checkpoint", "layers.*"], 2),
+        "accum": ("--grad-accum 2", ["--grad-accum", "2"], 2),
+        "batch": ("--microbatch-size 8", ["--microbatch-size", "8"], 2),
+        "dp1": ("--dp 1", [], 1),
+        "tp": (f"--tp 2 --tp-plan {TP_PLAN}", ["--tp", "2", "--tp-plan", TP_PLAN], 2)}),
+    "gpt2": ("transformer.h.*", {
+        "fsdp": ("--shard full", ["--shard", "full"], 2),
+        "ckpt": ("--checkpoint transformer.h.*", ["--checkpoint", "transformer.h.*"], 2),
+        "accum": ("--grad-accum 2", ["--grad-accum", "2"], 2),
+        "batch": ("--microbatch-size 8", ["--microbatch-size", "8"], 2)}),
+    "cnn": ("stages.*", {
+        "zero1": ("--shard optimizer", ["--shard", "optimizer"], 2),
+        "zero2": ("--shard gradients", ["--shard", "gradients"], 2),
+        "fsdp": ("--shard full", ["--shard", "full"], 2),
+        "ckpt": ("--checkpoint stages.*", ["--checkpoint", "stages.*"], 2)}),
+}
+CASES = [(model, target) for model, (_, targets) in MODELS.items() for target in targets]
+
+
+def whatif(run_dir, out, targets: list) -> dict:
+    args = [a for t in targets for a in ("--target", t)]
+    proc = run("trace-whatif", run_dir, "--out", out, *args, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads((out / "whatif.json").read_text())
+    return dict(zip(targets, doc["targets"])) | {"": doc["base"]}
+
+
+def record_model(model: str, root) -> dict:
+    """A model's DDP recording, its predictions of every target, and every target run."""
+    targets = MODELS[model][1]
+    record(root / "ddp", ["--model", model])
+    predicted = whatif(root / "ddp", root / "whatif", [t[0] for t in targets.values()])
+    real = {}
+    for name, (_, args, ranks) in targets.items():
+        record(root / name, ["--model", model, *args], ranks=ranks)
+        real[name] = real_step(root / name)
+    return {"root": root, "predicted": predicted, "real": real, "base": real_step(root / "ddp")}
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """model -> its runs and predictions, recorded the first time a test asks for them (each
+    model's in the first test that uses it: well inside the per-test timeout)."""
+    found: dict = {}
+
+    class Runs:
+        def __getitem__(self, model: str) -> dict:
+            if model not in found:
+                found[model] = record_model(model, tmp_path_factory.mktemp(model))
+            return found[model]
+    return Runs()
+
+
+@pytest.mark.parametrize("model,target", CASES)
+def test_predicted_collectives_equal_the_real_runs(models, model, target):
+    options = MODELS[model][1][target][0]
+    predicted = models[model]["predicted"][options]["collectives"]
+    real = models[model]["real"][target]
+    assert sorted(predicted) == sorted(real)
+    for rank, mine in real.items():
+        assert predicted_rows(predicted[rank]) == mine["comm"], (model, target, rank)
+
+
+@pytest.mark.parametrize("model,target", CASES)
+def test_predicted_memory_is_within_5_percent_by_category(models, model, target):
+    options = MODELS[model][1][target][0]
+    predicted = models[model]["predicted"][options]["memory"]
+    for rank, mine in models[model]["real"][target].items():
+        misses = memory_misses(predicted[rank], mine["memory"], WITHIN)
+        assert not misses, (model, target, rank, misses)
+
+
+@pytest.mark.parametrize("model", list(MODELS))
+def test_the_recorded_setup_is_read_from_the_recording(models, model):
+    sys.path.insert(0, str(SCRIPTS))
+    from whatif_models import build
+    meta = tracer.load(rundir.trace_file(str(models[model]["root"] / "ddp" / "traces"), 0)).meta
+    layout = Layout.from_meta(meta["parameters"])      # what the recorder wrote of DDP's root
+    assert [(p.name, p.shape) for p in layout.params] == \
+        [(n, tuple(p.shape)) for n, p in build(model).named_parameters()]
+    base = models[model]["predicted"][""]
+    assert base["setup"].startswith("world 2, dp 2, DDP, micro-batch size 4")
+    replayed = base["memory_replayed"]
+    for rank, mine in models[model]["base"].items():
+        assert not memory_misses(replayed[rank], mine["memory"], 0.0)   # exact
+
+
+def test_predictions_from_fsdp2_and_checkpointed_recordings(models):
+    """The other way round: the real FSDP2 run predicts DDP, the real checkpointed run no
+    checkpointing; both compared with the DDP recording."""
+    llama = models["llama"]
+    root = llama["root"]
+    for recorded, options in (("fsdp", "--shard replicate"), ("ckpt", "--no-checkpoint")):
+        predicted = whatif(root / recorded, root / f"back-{recorded}", [options])[options]
+        for rank, mine in llama["base"].items():
+            assert predicted_rows(predicted["collectives"][rank]) == mine["comm"]
+            assert not memory_misses(predicted["memory"][rank], mine["memory"], WITHIN)
