@@ -219,7 +219,10 @@ def _dimension(model: ModelRecording, group: tuple, world: int, role: str) -> st
     """The dimension summary.json would give the group (viz.analysis.dimensions): a group
     of every rank is ``world`` (the default process group, as DDP and a mesh of one
     dimension use it, names none), the recorded one's where the world keeps its size, else
-    its role (a DeviceMesh names the groups of its dimensions)."""
+    its role (a DeviceMesh names the groups of its dimensions). A TP plan runs over a
+    DeviceMesh's ``tp`` dimension, which names its groups even where one spans the world."""
+    if role == "tp":
+        return role
     if tuple(sorted(group)) == tuple(range(world)):
         return WORLD
     if world == model.setup.world:
