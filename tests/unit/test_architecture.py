@@ -184,7 +184,7 @@ def test_the_layer_checks_catch_what_they_forbid():
         ("viz.views.pages", "viz.render.html"), ("viz.diff.words", "viz.whatif.models")}
     assert package_cycles(graph)
     graph = import_graph()
-    graph.add_edge("tracer.files.format", "instrument.cli")
+    graph.add_edge("tracer.files.format", "instrument.launch.command_line")
     assert ["tracer", "instrument"] in [sorted(c, reverse=True) for c in package_cycles(graph)]
     # tracer's rooms: the trace format reaching up into the recorder, the vocabulary into the
     # files; viz reaching into the recorder, or into the API that starts it
@@ -286,10 +286,11 @@ def test_the_flow_is_one_way():
 # display layer is loaded while the workers run; and the functions of the others that do
 # (launch: the agent runs the workers inside it). The rest of instrument imports viz only inside
 # functions that run once the workers have run (the report, run.json's facts in words).
-BESIDE_THE_WORKERS = ("instrument.monitor", "instrument.watchdog", "instrument.run_record",
-                      "instrument.orphans", "instrument.bootstrap", "instrument.gather",
-                      "instrument.single")
-FUNCTIONS_BESIDE_THE_WORKERS = {("instrument.launch", "launch")}
+BESIDE_THE_WORKERS = ("instrument.supervise.monitor", "instrument.supervise.watchdog",
+                      "instrument.supervise.run_outcome", "instrument.supervise.orphans",
+                      "instrument.launch.bootstrap", "instrument.supervise.gather",
+                      "instrument.launch.single")
+FUNCTIONS_BESIDE_THE_WORKERS = {("instrument.launch.trace_run", "launch")}
 
 
 def viz_imports(text: str) -> list:
@@ -347,24 +348,26 @@ def test_the_viz_check_catches_a_planted_import():
     beside the workers), inside a method of the monitor's thread, and in launch.launch; the
     launcher's own imports after the run (the words, the report) stay allowed."""
     sources = instrument_sources()
-    launch = sources["instrument.launch"]
+    launch = sources["instrument.launch.trace_run"]
     call = "    say(f\"launching {describe_launch(config, target)}\")\n"
     assert call in launch
     planted = {
-        "instrument.cli": "import viz.run\n" + sources["instrument.cli"],
-        "instrument.watchdog": sources["instrument.watchdog"]
+        "instrument.launch.command_line": "import viz.run\n"
+        + sources["instrument.launch.command_line"],
+        "instrument.supervise.watchdog": sources["instrument.supervise.watchdog"]
         + "\n\ndef words():\n    from viz.views import failures\n    return failures\n",
-        "instrument.monitor": sources["instrument.monitor"].replace(
+        "instrument.supervise.monitor": sources["instrument.supervise.monitor"].replace(
             "    def _run(self) -> None:\n",
             "    def _run(self) -> None:\n        from viz.views.failures import banner\n"),
-        "instrument.launch": launch.replace(call, "    import viz.views.failures\n" + call),
+        "instrument.launch.trace_run": launch.replace(call, "    import viz.views.failures\n" + call),
     }
     faults = instrument_viz_faults({**sources, **planted})
     assert [f.split(" in ")[-1].split(":")[0] for f in faults] == [
-        "instrument.cli", "launch, beside the workers", "Monitor._run, beside the workers",
-        "words, beside the workers"], faults
-    assert [f.split(":")[0] for f in faults] == ["instrument.cli", "instrument.launch",
-                                                  "instrument.monitor", "instrument.watchdog"]
+        "instrument.launch.command_line", "launch, beside the workers",
+        "Monitor._run, beside the workers", "words, beside the workers"], faults
+    assert [f.split(":")[0] for f in faults] == [
+        "instrument.launch.command_line", "instrument.launch.trace_run",
+        "instrument.supervise.monitor", "instrument.supervise.watchdog"]
 
 
 def test_modules_and_functions_stay_focused():

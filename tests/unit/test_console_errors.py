@@ -60,7 +60,8 @@ def test_every_console_script_goes_through_the_guard():
     for script in scripts:
         name, target = script.split("=")
         module, func = target.split(":")
-        source = (REPO / (module.replace(".", "/") + ".py")).read_text()
+        path = REPO / module.replace(".", "/")
+        source = (path / "__init__.py" if path.is_dir() else path.with_suffix(".py")).read_text()
         body = re.search(rf"def {func}\(\) -> int:\n(?:    .*\n)*?    return (.*)\n", source)
         assert body and body.group(1).startswith(f'run_console("{name}", '), script
 

@@ -1,14 +1,14 @@
 """The run directory's file names, defined once: the recorder and trace-run write them, viz and
 the watchdog read them.
 
-    DIR/run.json                    trace-run's record of the run (instrument.run_record)
+    DIR/run.json                    trace-run's record of the run (instrument.supervise.run_outcome)
     DIR/.trace-run.lock             held (flock) by the trace-run writing DIR, with its pid
     DIR/node.json                   multi-node: what this node learned at start (gather)
     DIR/summary.json, index.html    the report (viz)
     DIR/traces/rank-<R>.arrow       one trace per rank (tracer.files.format)
     DIR/traces/rank-<R>.device.arrow   its GPU activity, on CUDA (tracer.files.device_format)
     DIR/traces/rank-<R>.status.json the recorder's live status (tracer.files.status)
-    DIR/traces/rank-<R>.stack.txt   Python stacks dumped on a hang (instrument.bootstrap)
+    DIR/traces/rank-<R>.stack.txt   Python stacks dumped on a hang (instrument.launch.bootstrap)
 
 ``tracer.trace(DIR)`` alone writes the rank files straight into DIR; readers take both layouts.
 Torch-free: reading a run never imports torch.

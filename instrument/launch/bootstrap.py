@@ -1,6 +1,6 @@
 """The per-worker entry point trace-run hands to torch's elastic agent.
 
-torch's agent starts ``python -u -m instrument.bootstrap [own options] -- SCRIPT|-m MODULE ARGS``
+torch's agent starts ``python -u -m instrument.launch.bootstrap [own options] -- SCRIPT|-m MODULE ARGS``
 once per rank. Before the user's code runs this module:
 
 - turns SIGTERM (what the agent sends every worker when one rank fails or on Ctrl-C) into an
@@ -35,7 +35,7 @@ from tracer.files import rundir
 from tracer.vocab.library import ROOT, LibraryRule
 from tracer.vocab.user_frames import trim_traceback
 
-from . import gather, orphans
+from ..supervise import gather, orphans
 
 
 class Terminated(KeyboardInterrupt):
@@ -55,9 +55,9 @@ def _on_sigterm(signum, frame):
 def parse(argv: list) -> argparse.Namespace:
     """Own options before ``--``; after it ``SCRIPT ARGS`` or ``-m MODULE ARGS``."""
     if "--" not in argv:
-        raise SystemExit("instrument.bootstrap: expected '-- SCRIPT|-m MODULE [ARGS]'")
+        raise SystemExit("instrument.launch.bootstrap: expected '-- SCRIPT|-m MODULE [ARGS]'")
     split = argv.index("--")
-    parser = argparse.ArgumentParser(prog="instrument.bootstrap")
+    parser = argparse.ArgumentParser(prog="instrument.launch.bootstrap")
     parser.add_argument("--out", required=True)
     parser.add_argument("--steps", default=None)
     parser.add_argument("--stack-depth", type=int, default=64)

@@ -6,17 +6,17 @@ The command line is torchrun's own parser (``torch.distributed.run.get_args_pars
 trace-run's options added, so every torchrun option, in both spellings, means what it means to
 torchrun. A run goes parse -> launch -> record -> gather -> report:
 
-- **parse** (:func:`prepare`): every option checked before anything starts (cli, preflight),
+- **parse** (:func:`prepare`): every option checked before anything starts (command_line, preflight),
   then DIR locked for the whole run (:func:`hold_out`: one trace-run per directory);
 - **launch** (:func:`launch`): torch's elastic agent (``elastic_launch``) spawns, monitors and
-  ends the workers; each runs ``instrument.bootstrap`` (the tracer, then the user's script as
-  ``__main__``) while :class:`~instrument.monitor.Monitor` prints progress and watches for hangs;
-  with ``--no-launcher``, one process without torchrun's environment (instrument.single);
-- **record** (:func:`record_run`): ``DIR/run.json`` (instrument.run_record), facts only; once
+  ends the workers; each runs ``instrument.launch.bootstrap`` (the tracer, then the user's script as
+  ``__main__``) while :class:`~instrument.supervise.monitor.Monitor` prints progress and watches for hangs;
+  with ``--no-launcher``, one process without torchrun's environment (instrument.launch.single);
+- **record** (:func:`record_run`): ``DIR/run.json`` (instrument.supervise.run_outcome), facts only; once
   the workers have run, trace-run says what went wrong in the words of ``viz.views.failures``
   (the report's words), imported then: nothing of viz is loaded while the workers run;
 - **gather** (:func:`gather_traces`, :func:`send_traces`): on multi-node runs every node's traces
-  go to the collecting node (instrument.gather);
+  go to the collecting node (instrument.supervise.gather);
 - **report** (:func:`report`): ``viz.cli.build``; the last line on stdout is its path.
 """
 from __future__ import annotations
@@ -34,14 +34,14 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import elastic_launch
 
 from tracer.files import rundir
-from tracer.vocab.console_errors import run_console
 
-from . import gather, orphans, preflight, run_record, single
-from .cli import (EXIT_USAGE, Target, UsageError, build_parser, check_out, check_own_options,
-                  prepare_out, resolve_target, worker_args)
-from .monitor import Monitor, say
+from ..supervise import gather, orphans, run_outcome
+from ..supervise.monitor import Monitor, say
+from ..supervise.run_outcome import EXIT_HANG, Outcome
+from . import preflight, single
+from .command_line import (EXIT_USAGE, Target, UsageError, build_parser, check_out,
+                           check_own_options, prepare_out, resolve_target, worker_args)
 from .preflight import describe_launch_error, is_this_machine, launch_config, rendezvous_host
-from .run_record import EXIT_HANG, Outcome
 
 EXIT_LAUNCH = 1
 GATHER_TIMEOUT_S = 120.0
@@ -123,7 +123,7 @@ def run(args, config, target: Target, out: str, command: list) -> int:
         gather_traces(record, collector, node, traces_dir, args.timeout)
     say_failures(record, local)
     try:
-        run_record.write(out, record)
+        run_outcome.write(out, record)
     except OSError as exc:
         say(f"cannot write {os.path.join(out, rundir.RUN_RECORD)}: {exc.strerror or exc}")
         record["exit_code"] = record["exit_code"] or 1
@@ -206,14 +206,14 @@ def record_run(config, target: Target, out: str, command: list, outcome: Outcome
         say(run_words().watchdog_line(outcome.hang))
     traces_dir = os.path.join(out, rundir.TRACES)
     _remove_empty_stack_files(traces_dir)
-    ranks = run_record.local_ranks(outcome, traces_dir, remote)
+    ranks = run_outcome.local_ranks(outcome, traces_dir, remote)
     node = gather.read_node(out)
     if node is None:
         if config.min_nodes > 1 and outcome.ranks:   # several nodes for sure, no exchange
             say(f"the nodes never exchanged the collector's address; this node's traces stay "
                 f"in {traces_dir}")
         node = {"group_rank": 0, "group_world_size": 1, "collects": True}
-    record = run_record.new_record(
+    record = run_outcome.new_record(
         command=command, target=target, node=node, outcome=outcome, ranks=ranks,
         world_size=config.nproc_per_node * node["group_world_size"], started=started)
     if outcome.error:
@@ -243,7 +243,7 @@ def send_traces(out: str, record: dict, node: dict) -> int:
     traces_dir = os.path.join(out, rundir.TRACES)
     exit_code = record["exit_code"]
     try:
-        run_record.write(out, record)
+        run_outcome.write(out, record)
     except OSError as exc:
         say(f"cannot write {os.path.join(out, rundir.RUN_RECORD)}: {exc.strerror or exc}")
     if node.get("claim") == gather.CLAIM_NODE_RANK_0 and node.get("rival_claims"):
@@ -270,10 +270,10 @@ def gather_traces(record: dict, collector: gather.Collector, node: dict, traces_
         say(f"only {len(collector.uploads)} of {expected} other nodes sent their traces; "
             "the report shows what arrived")
     collector.stop()
-    run_record.merge_uploads(record, collector.uploads, node, socket.getfqdn())
+    run_outcome.merge_uploads(record, collector.uploads, node, socket.getfqdn())
     if any(info["status"] == "failed" for info in record["ranks"].values()):
         record["exit_code"] = record["exit_code"] or 1
-        record["first_failure"] = run_record.root_cause(record["ranks"], traces_dir,
+        record["first_failure"] = run_outcome.root_cause(record["ranks"], traces_dir,
                                                         record["first_failure"])
 
 
@@ -338,12 +338,3 @@ def _remove_empty_stack_files(traces_dir: str) -> None:
                 os.remove(path)
         except OSError:
             pass
-
-
-def console() -> int:
-    """The ``trace-run`` console script: main, its bugs in one line."""
-    return run_console("trace-run", main)
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(console())

@@ -5,7 +5,7 @@ torch's elastic agent rejects some values only once it starts: ``--nproc-per-nod
 ``--rdzv-endpoint`` or ``--rdzv-backend`` raises inside the rendezvous handler, ``--nnodes x``
 escapes as a traceback, and a static ``--node-rank`` outside ``--nnodes`` waits for a
 rendezvous that can never complete. :func:`launch_config` checks every such value first and
-names the option (:class:`~instrument.cli.UsageError`: one line, exit status 2), then builds
+names the option (:class:`~instrument.launch.command_line.UsageError`: one line, exit status 2), then builds
 torch's ``LaunchConfig`` the way ``torch.distributed.run.run`` does. :func:`describe_launch_error`
 turns whatever the agent still raises into one line.
 """
@@ -24,7 +24,7 @@ from torch.distributed import run as torchrun
 from tracer.recorder.compat import launcher_option
 from tracer.recorder.device_direct import source as device_source
 
-from .cli import UsageError
+from .command_line import UsageError
 
 DEFAULT_MASTER_PORT = 29500
 DEFAULT_RDZV_PORT = 29400       # torch's default for an endpoint given without a port

@@ -1,7 +1,7 @@
 """``trace-run --no-launcher SCRIPT ARGS``: one process, traced as ``python SCRIPT ARGS`` runs it.
 
 cProfile, pyinstrument and viztracer wrap a script without a launcher; so does this: the script
-runs in one child process of trace-run (``python -m instrument.bootstrap ... -- SCRIPT ARGS``)
+runs in one child process of trace-run (``python -m instrument.launch.bootstrap ... -- SCRIPT ARGS``)
 with trace-run's environment unchanged, so it sees no ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``
 or ``MASTER_ADDR`` unless they were already set, and takes the path it takes under plain
 ``python`` (nanoGPT's ``train.py`` its single-process path, not DDP). Everything after the
@@ -18,10 +18,10 @@ from typing import Optional
 
 from tracer.vocab.outcomes import ERROR, failure
 
-from . import orphans
-from .monitor import Monitor, say
-from .run_record import EXIT_HANG, Outcome, exit_status
-from .watchdog import read_statuses
+from ..supervise import orphans
+from ..supervise.monitor import Monitor, say
+from ..supervise.run_outcome import EXIT_HANG, Outcome, exit_status
+from ..supervise.watchdog import read_statuses
 
 # torchrun options that start more than one process or reach other machines: refused with
 # --no-launcher, which starts exactly one (dest -> the value that means "not given")

@@ -227,11 +227,11 @@ def worker_args(args: argparse.Namespace, out: str, target: Target) -> list:
     run = ["-m", target.module] if target.module else [target.script]
     # NOTE: -u keeps the launcher's workers' output in step; --no-launcher runs as python does
     unbuffered = [] if args.no_launcher else ["-u"]
-    return [*unbuffered, "-m", "instrument.bootstrap", *own, "--", *run, *target.args]
+    return [*unbuffered, "-m", "instrument.launch.bootstrap", *own, "--", *run, *target.args]
 
 
 def check_own_options(args: argparse.Namespace) -> None:
-    """trace-run's own options (torchrun's are checked by instrument.preflight)."""
+    """trace-run's own options (torchrun's are checked by instrument.launch.preflight)."""
     from tracer.recorder.options import parse_steps
     if args.stack_depth < 1:
         raise UsageError(f"--stack-depth must be at least 1 (got {args.stack_depth})")
