@@ -22,7 +22,6 @@ workers have ended (viz.views.failures), and nothing here imports viz.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import time
 from dataclasses import dataclass, field
@@ -33,6 +32,8 @@ from tracer.files import rundir
 from tracer.vocab.groups import group_ranks
 from tracer.vocab.ops import P2P_KINDS as P2P
 from tracer.vocab.outcomes import COLLECTIVE, EXIT, LEFT_BEHIND
+
+from .processes import is_child, live_children, send_signal, terminate
 
 EXIT_GRACE_S = 30.0       # a closed trace, a live process: torch's own shutdown grace
 
@@ -205,7 +206,7 @@ def hang_report(traces_dir: str, verdict: Verdict, detector: HangDetector, *,
     statuses = read_statuses(traces_dir)
     for rank, s in statuses.items():
         if is_child(s.get("pid") or -1):
-            _signal(s["pid"], signal.SIGUSR1)
+            send_signal(s["pid"], signal.SIGUSR1)
     time.sleep(1.0)     # faulthandler writes at once; leave time for every rank
     statuses = read_statuses(traces_dir)
     launched = {r: launched_seqs(traces_dir, r) for r in statuses}
@@ -235,40 +236,12 @@ def end_workers(traces_dir: str) -> None:
     recording = [s for s in statuses if not s.get("final")]
     waiting = [s["pid"] for s in recording if s.get("inflight")]
     others = [s["pid"] for s in (recording or statuses) if s["pid"] not in waiting]
-    _terminate(waiting, grace_s=1.0)
-    _terminate(others, grace_s=3.0)
+    # SIGTERM (the bootstrap turns it into an exception that closes the trace), then SIGKILL
+    # for ranks blocked in C++, which never run a Python signal handler
+    terminate(live_children(waiting), grace_s=1.0, reap_them=False)
+    terminate(live_children(others), grace_s=3.0, reap_them=False)
 
 
 def alive_ranks(statuses: dict) -> set:
     """Ranks whose worker process (the status file's pid) still runs."""
     return {r for r, s in statuses.items() if is_child(s.get("pid") or -1)}
-
-
-def is_child(pid: int) -> bool:
-    """A live worker of ours (the agent runs in this process): never signal a stale pid."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            state, ppid = fh.read().rsplit(")", 1)[1].split()[:2]
-    except (OSError, ValueError, IndexError):
-        return False
-    return int(ppid) == os.getpid() and state != "Z"
-
-
-def _terminate(pids: list, grace_s: float) -> None:
-    """SIGTERM (the bootstrap turns it into an exception that closes the trace), then SIGKILL
-    for ranks blocked in C++, which never run a Python signal handler."""
-    for pid in pids:
-        _signal(pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and any(is_child(p) for p in pids):
-        time.sleep(0.1)
-    for pid in pids:
-        if is_child(pid):
-            _signal(pid, signal.SIGKILL)
-
-
-def _signal(pid: int, sig: int) -> None:
-    try:
-        os.kill(pid, sig)
-    except ProcessLookupError:
-        pass
