@@ -18,18 +18,12 @@ import shlex
 import sys
 from typing import Optional
 
+from tracer.vocab.console_errors import CommandParser as _Parser
 from tracer.vocab.console_errors import run_console
 
 EXIT_USAGE = 2
 PROG = "trace-whatif"
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse with its errors on one line, exit 2."""
-
-    def error(self, message: str):
-        raise _UsageError(f"{message} (see {PROG} --help)")
 
 
 class _UsageError(Exception):

@@ -20,12 +20,12 @@ from typing import Optional
 from torch.distributed import run as torchrun
 
 from tracer.files import rundir
+from tracer.vocab.console_errors import CommandParser, as_command_parser
 
 DEFAULT_MODULE = "sample_runs.train"
 # what memory recording costs, as docs/overhead.md measured it (its "In short" line): times a bare
 # dispatch mode's extra time; tracer.trace's docstring quotes it too (a unit test keeps them equal)
 MEMORY_COST = 2.2
-EXIT_USAGE = 2
 USAGE = "trace-run [torchrun options] [trace-run options] [SCRIPT | -m MODULE] [ARGS...]"
 
 
@@ -42,7 +42,7 @@ class Target:
     args: list
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> CommandParser:
     """torchrun's parser plus trace-run's own options; SCRIPT becomes optional."""
     parser = torchrun.get_args_parser()
     # "no --master-port given" must read the same on every torch: before 2.13 the parser's
@@ -111,15 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
             action.default = None     # unset: 1, or DEFAULT_WORLD_SIZE for the reference GPT
         elif action.dest == "node_rank" and "PET_NODE_RANK" not in os.environ:
             action.default = None     # unset: 0, but only a given --node-rank 0 collects
-
-    def error(message: str):
-        print(f"trace-run: error: {message} (usage: {USAGE}; see trace-run --help)",
-              file=sys.stderr)
-        sys.exit(EXIT_USAGE)
-
-    parser.error = error
     _one_option_one_match(parser)
-    return parser
+    return as_command_parser(parser)
 
 
 def _one_option_one_match(parser: argparse.ArgumentParser) -> None:

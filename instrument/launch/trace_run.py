@@ -34,13 +34,14 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import elastic_launch
 
 from tracer.files import rundir
+from tracer.vocab.console_errors import EXIT_USAGE
 
 from ..supervise import gather, orphans, run_outcome
 from ..supervise.monitor import Monitor, say
 from ..supervise.run_outcome import EXIT_HANG, Outcome
 from . import preflight, single
-from .command_line import (EXIT_USAGE, Target, UsageError, build_parser, check_out,
-                           check_own_options, prepare_out, resolve_target, worker_args)
+from .command_line import (Target, UsageError, build_parser, check_out, check_own_options,
+                           prepare_out, resolve_target, worker_args)
 from .preflight import describe_launch_error, is_this_machine, launch_config, rendezvous_host
 
 EXIT_LAUNCH = 1
