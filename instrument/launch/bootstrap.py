@@ -33,6 +33,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 import tracer
 from tracer.files import rundir
 from tracer.vocab.library import ROOT, LibraryRule
+from tracer.vocab.outcomes import TraceStatus
 from tracer.vocab.user_frames import trim_traceback
 
 from ..supervise import gather, orphans
@@ -46,7 +47,7 @@ def _on_sigterm(signum, frame):
     # NOTE: raise once, and only while the tracer is still recording: a SIGTERM that lands while
     # the tracer closes (after the rank's own error, say) would cut its final flush short.
     session = tracer.active()
-    if session is not None and session.status != "running":
+    if session is not None and session.status != TraceStatus.RUNNING:
         return
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise Terminated(f"terminated by signal {signum}")
@@ -102,8 +103,8 @@ def _failed_after_the_launcher() -> None:
     before this one left a collective it was in ("Connection closed by peer"). So the trace
     says interrupted, as the ended rank's does, not failed."""
     session = tracer.active()
-    if session is not None and session.status == "running" and orphans.orphaned():
-        session.status, session.error = "interrupted", ORPHANED
+    if session is not None and session.status == TraceStatus.RUNNING and orphans.orphaned():
+        session.status, session.error = TraceStatus.INTERRUPTED, ORPHANED
 
 
 def _orphaned() -> None:
@@ -112,7 +113,7 @@ def _orphaned() -> None:
     the main thread is closing it already (then give it a while), and leave."""
     try:
         session = tracer.active()
-        if session is not None and session.status == "running":
+        if session is not None and session.status == TraceStatus.RUNNING:
             from tracer.recorder import exits
             exits.leave(session, 128 + signal.SIGTERM, ended_by=ORPHANED)
         deadline = time.monotonic() + 10

@@ -16,7 +16,7 @@ import sys
 from dataclasses import dataclass
 from typing import Optional
 
-from tracer.vocab.outcomes import ERROR, failure
+from tracer.vocab.outcomes import FailureKind, RankStatus, failure
 
 from ..supervise import orphans
 from ..supervise.monitor import Monitor, say
@@ -66,17 +66,19 @@ def launch(argv: list, traces_dir: str, what: str, *, timeout: Optional[float]) 
         orphans.end_orphans()    # what the script forked and left behind
     rank = next(iter(read_statuses(traces_dir)), 0)
     if monitor.hang is not None:
-        outcome.ranks = {str(rank): {"status": "failed", "exit_code": code, "failure": None}}
+        outcome.ranks = {str(rank): {"status": RankStatus.FAILED, "exit_code": code,
+                                     "failure": None}}
         outcome.add_hang(monitor.hang, EXIT_HANG)
     elif stopped_by is not None:
         outcome.interrupted, outcome.exit_code = True, 128 + stopped_by
     elif code == 0:
-        outcome.ranks = {str(rank): {"status": "ok", "exit_code": 0, "failure": None}}
+        outcome.ranks = {str(rank): {"status": RankStatus.OK, "exit_code": 0, "failure": None}}
     else:
         # what its tracer recorded, or nothing: its exit code says it
         status = read_statuses(traces_dir).get(rank, {})
-        outcome.ranks = {str(rank): {"status": "failed", "exit_code": code, "terminated": False,
-                                     "failure": failure(ERROR, cause=status.get("error"))}}
+        facts = failure(FailureKind.ERROR, cause=status.get("error"))
+        outcome.ranks = {str(rank): {"status": RankStatus.FAILED, "exit_code": code,
+                                     "terminated": False, "failure": facts}}
         outcome.first_failure, outcome.exit_code = rank, exit_status(code)
     return outcome
 

@@ -35,6 +35,7 @@ from torch.distributed.launcher.api import elastic_launch
 
 from tracer.files import rundir
 from tracer.vocab.console_errors import EXIT_USAGE
+from tracer.vocab.outcomes import RankStatus, TraceStatus
 
 from ..supervise import gather, orphans, run_outcome
 from ..supervise.monitor import Monitor, say
@@ -162,7 +163,7 @@ def launch(config, argv: list, traces_dir: str, target: Target, *,
                       multi_node=config.max_nodes > 1).start()
     try:
         returns = elastic_launch(config, entrypoint=sys.executable)(*argv)
-        outcome.ranks = {str(r): {"status": "ok", "exit_code": 0, "failure": None}
+        outcome.ranks = {str(r): {"status": RankStatus.OK, "exit_code": 0, "failure": None}
                          for r in returns}
     except ChildFailedError as exc:
         outcome.add_failures(exc, traces_dir)
@@ -272,7 +273,7 @@ def gather_traces(record: dict, collector: gather.Collector, node: dict, traces_
             "the report shows what arrived")
     collector.stop()
     run_outcome.merge_uploads(record, collector.uploads, node, socket.getfqdn())
-    if any(info["status"] == "failed" for info in record["ranks"].values()):
+    if any(info["status"] == RankStatus.FAILED for info in record["ranks"].values()):
         record["exit_code"] = record["exit_code"] or 1
         record["first_failure"] = run_outcome.root_cause(record["ranks"], traces_dir,
                                                         record["first_failure"])
@@ -296,11 +297,11 @@ def said_failed(record: dict) -> frozenset:
     recorded"): ranks stop a collective or two apart, which needs no line per rank."""
     if record["interrupted"]:
         return frozenset(int(r) for r, info in record["ranks"].items()
-                         if info.get("tracer_status") == "interrupted")
+                         if info.get("tracer_status") == TraceStatus.INTERRUPTED)
     if record["hang"] is not None:
         return frozenset()
     return frozenset(int(r) for r, info in record["ranks"].items()
-                     if info["status"] == "failed" and not info.get("terminated"))
+                     if info["status"] == RankStatus.FAILED and not info.get("terminated"))
 
 
 def build_report(out: str, reported: frozenset = frozenset(), sources: bool = True

@@ -19,8 +19,8 @@ from typing import Optional
 
 import tracer
 from tracer.files import rundir
-from tracer.vocab.outcomes import (COLLECTIVE, ENDED, ERROR, EXITED, FINISHED, HANG,
-                                   INTERRUPTED, LAUNCH, WAITING, failure, hang_blamed)
+from tracer.vocab.outcomes import (Bystander, FailureKind, HangRule, RankStatus, TraceStatus,
+                                   failure, hang_blamed)
 
 from .watchdog import Collective, P2P, highest_seqs, read_statuses
 
@@ -59,7 +59,7 @@ class Outcome:
         for rank, reported in failed.failures.items():
             self.ranks[str(rank)] = failed_rank(rank, reported, first)
         for rank, how in left.items():
-            self.ranks[str(rank)] = {"status": "failed", "exit_code": how["code"],
+            self.ranks[str(rank)] = {"status": RankStatus.FAILED, "exit_code": how["code"],
                                      "failure": how["failure"], "terminated": False}
 
     def add_hang(self, hang: dict, exit_code: int) -> None:
@@ -70,9 +70,10 @@ class Outcome:
         for rank, info in self.ranks.items():
             seen = hang["ranks"].get(rank, {})
             blamed = int(rank) in culprits
-            cause = hang.get("kind", COLLECTIVE) if blamed else \
-                FINISHED if seen.get("final") and seen.get("status") == "ok" else WAITING
-            info.update(failure=failure(HANG, ranks=culprits, cause=cause,
+            finished = seen.get("final") and seen.get("status") == TraceStatus.OK
+            cause = hang.get("kind", HangRule.COLLECTIVE) if blamed else \
+                Bystander.FINISHED if finished else Bystander.WAITING
+            info.update(failure=failure(FailureKind.HANG, ranks=culprits, cause=cause,
                                         timeout_s=hang["timeout_s"]),
                         terminated=not blamed)
 
@@ -111,8 +112,8 @@ def left_early(traces_dir: str, statuses: dict, failed: set) -> dict:
             c = missed[0][1]
             site = {"kind": c.kind, "group": c.group, "seq": c.seq, "peer": c.peer}
             out[rank] = {"code": how.get("code"), "failure": failure(
-                EXITED, ranks={w for w, _ in missed}, cause=how.get("how"), site=site,
-                step=how.get("step"))}
+                FailureKind.EXITED, ranks={w for w, _ in missed}, cause=how.get("how"),
+                site=site, step=how.get("step"))}
     return out
 
 
@@ -173,9 +174,9 @@ def failed_rank(rank: int, reported, first: int) -> dict:
         message = None
     terminated = rank != first and reported.exitcode in _ENDED
     cause = None if message is None else str(message)
-    return {"status": "failed", "exit_code": reported.exitcode, "terminated": terminated,
-            "failure": failure(ENDED, ranks=[first], cause=cause) if terminated else
-            failure(ERROR, cause=cause)}
+    return {"status": RankStatus.FAILED, "exit_code": reported.exitcode, "terminated": terminated,
+            "failure": failure(FailureKind.ENDED, ranks=[first], cause=cause) if terminated else
+            failure(FailureKind.ERROR, cause=cause)}
 
 
 def local_ranks(outcome: Outcome, traces_dir: str, remote: set) -> dict:
@@ -191,8 +192,9 @@ def local_ranks(outcome: Outcome, traces_dir: str, remote: set) -> dict:
         entry["tracer_status"] = status.get("status")
         if entry["status"] is None:
             # not reported by the agent: the run ended early (hang, Ctrl-C, launch error)
-            entry["status"] = "ok" if status.get("status") == "ok" else "failed"
-            if entry["status"] == "failed":
+            entry["status"] = RankStatus.OK if status.get("status") == TraceStatus.OK else \
+                RankStatus.FAILED
+            if entry["status"] == RankStatus.FAILED:
                 entry["failure"] = ended_early(outcome)
     return _by_rank(ranks)
 
@@ -200,11 +202,11 @@ def local_ranks(outcome: Outcome, traces_dir: str, remote: set) -> dict:
 def ended_early(outcome: Outcome) -> Optional[dict]:
     """The failure of a rank torch's agent did not report: the run ended before it could."""
     if outcome.interrupted:
-        return failure(INTERRUPTED)
+        return failure(FailureKind.INTERRUPTED)
     if outcome.hang:
-        return failure(HANG, ranks=hang_blamed(outcome.hang),
+        return failure(FailureKind.HANG, ranks=hang_blamed(outcome.hang),
                        timeout_s=outcome.hang["timeout_s"])
-    return failure(LAUNCH, cause=outcome.error) if outcome.error else None
+    return failure(FailureKind.LAUNCH, cause=outcome.error) if outcome.error else None
 
 
 def new_record(*, command: list, target, node: dict, world_size: int, started: float,
@@ -243,7 +245,7 @@ def root_cause(ranks: dict, traces_dir: str, fallback: Optional[int]) -> Optiona
     """
     ended = {}
     for rank, info in ranks.items():
-        if info.get("status") != "failed" or info.get("terminated"):
+        if info.get("status") != RankStatus.FAILED or info.get("terminated"):
             continue
         try:
             end = tracer.load(rundir.trace_file(traces_dir, rank)).meta.get("end_unix")

@@ -31,7 +31,7 @@ import tracer
 from tracer.files import rundir
 from tracer.vocab.groups import group_ranks
 from tracer.vocab.ops import P2P_KINDS as P2P
-from tracer.vocab.outcomes import COLLECTIVE, EXIT, LEFT_BEHIND
+from tracer.vocab.outcomes import HangRule, TraceStatus
 
 from .processes import is_child, live_children, send_signal, terminate
 
@@ -172,7 +172,7 @@ class HangDetector:
         for rank, sig in signature.items():
             if self._changed.get(rank, (None,))[0] != sig:
                 self._changed[rank] = (sig, now)
-            if statuses[rank].get("final") and statuses[rank].get("status") == "ok":
+            if statuses[rank].get("final") and statuses[rank].get("status") == TraceStatus.OK:
                 self._finished_at.setdefault(rank, now)
         finished = sorted(self._finished_at)
         running = {r: s for r, s in statuses.items() if not s.get("final")}
@@ -180,14 +180,14 @@ class HangDetector:
         # status file either, but then nobody waits yet.
         if any(s.get("inflight") for s in running.values()) and \
                 now - self._quiet_since >= self.timeout_s:
-            return Verdict(COLLECTIVE, finished=finished)
+            return Verdict(HangRule.COLLECTIVE, finished=finished)
         behind = [r for r in sorted(alive & set(running)) if self._left_behind(r, now)]
         if behind:
-            return Verdict(LEFT_BEHIND, lingering=behind, finished=finished)
+            return Verdict(HangRule.LEFT_BEHIND, lingering=behind, finished=finished)
         stuck = [r for r in sorted(alive & set(self._finished_at))
                  if now - self._finished_at[r] >= self.exit_grace_s]
         if stuck:
-            return Verdict(EXIT, lingering=stuck, finished=finished)
+            return Verdict(HangRule.EXIT, lingering=stuck, finished=finished)
         return None
 
     def _left_behind(self, rank: int, now: float) -> bool:
@@ -220,7 +220,8 @@ def hang_report(traces_dir: str, verdict: Verdict, detector: HangDetector, *,
         ranks[str(r)] = {"status": s.get("status"), "final": bool(s.get("final")),
                          "step": s.get("step"), "last_collective": s.get("last_collective"),
                          "inflight": s.get("inflight") or [], "stack": stack}
-    never = never_arrived(statuses, launched, multi_node) if verdict.kind == COLLECTIVE else []
+    never = never_arrived(statuses, launched, multi_node) \
+        if verdict.kind == HangRule.COLLECTIVE else []
     return {"timeout_s": detector.timeout_s, "exit_grace_s": detector.exit_grace_s,
             "kind": verdict.kind, "never_arrived": never, "lingering": verdict.lingering,
             "finished": verdict.finished, "ranks": ranks}

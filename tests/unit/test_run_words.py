@@ -9,11 +9,16 @@ from types import SimpleNamespace as NS
 import pytest
 
 from instrument.supervise import run_outcome
-from tracer.vocab.outcomes import (COLLECTIVE, ENDED, ERROR, EXIT, EXITED, FINISHED, HANG,
-                                   INTERRUPTED, LAUNCH, LEFT_BEHIND, WAITING, failure)
+from tracer.vocab.outcomes import Bystander, FailureKind, HangRule, failure
 from viz.views.failures import (banner, failure_text, first_failure_line, reported_error,
                                 watchdog_line)
 from viz.views.problems import rank_error
+
+ERROR, ENDED, EXITED, HANG = (FailureKind.ERROR, FailureKind.ENDED, FailureKind.EXITED,
+                              FailureKind.HANG)
+INTERRUPTED, LAUNCH = FailureKind.INTERRUPTED, FailureKind.LAUNCH
+COLLECTIVE, LEFT_BEHIND, EXIT = HangRule.COLLECTIVE, HangRule.LEFT_BEHIND, HangRule.EXIT
+FINISHED, WAITING = Bystander.FINISHED, Bystander.WAITING
 
 ALL_REDUCE_8 = {"kind": "all_reduce", "group": "0,1", "seq": 8, "peer": None}
 RECV = {"kind": "recv", "group": "0,1", "seq": 3, "peer": 0}

@@ -13,7 +13,8 @@ from instrument.launch.command_line import build_parser
 from instrument.launch.preflight import describe_launch_error
 from instrument.supervise import gather, run_outcome
 from instrument.supervise.monitor import StepProgress
-from instrument.supervise.watchdog import COLLECTIVE, EXIT, LEFT_BEHIND, HangDetector
+from instrument.supervise.watchdog import HangDetector
+from tracer.vocab.outcomes import HangRule
 from viz.views.failures import reported_error
 
 ALL_REDUCE = {"kind": "all_reduce", "group": [0, 1], "seq": 3, "peer": None}
@@ -33,7 +34,7 @@ def test_a_collective_nobody_leaves_for_the_timeout_is_a_hang():
     waiting = {0: status(inflight=[ALL_REDUCE]), 1: status(events=7)}
     verdicts = watch(HangDetector(5), [(0, waiting), (4.9, waiting), (5, waiting)])
     assert [v for _, v in verdicts][:2] == [None, None]
-    assert verdicts[2][1].kind == COLLECTIVE
+    assert verdicts[2][1].kind == HangRule.COLLECTIVE
 
 
 def test_a_slow_start_is_no_hang_however_long():
@@ -52,7 +53,7 @@ def test_a_rank_silent_after_another_finished_is_left_behind():
                      alive={1})
     assert [v for _, v in verdicts][:3] == [None, None, None]
     verdict = verdicts[3][1]
-    assert (verdict.kind, verdict.lingering, verdict.finished) == (LEFT_BEHIND, [1], [0])
+    assert (verdict.kind, verdict.lingering, verdict.finished) == (HangRule.LEFT_BEHIND, [1], [0])
 
 
 def test_a_rank_that_keeps_recording_after_the_others_finished_is_not_left_behind():
@@ -73,7 +74,7 @@ def test_a_rank_that_closed_its_trace_but_never_exits_is_ended_after_a_grace():
     closed = {0: status(final=True, state="ok")}
     verdicts = watch(detector, [(0, closed), (29, closed), (30, closed)], alive={0})
     assert [v for _, v in verdicts][:2] == [None, None]
-    assert (verdicts[2][1].kind, verdicts[2][1].lingering) == (EXIT, [0])
+    assert (verdicts[2][1].kind, verdicts[2][1].lingering) == (HangRule.EXIT, [0])
     # a process that is gone is not waited for
     assert HangDetector(5).observe(closed, set(), 100) is None
 
@@ -255,13 +256,14 @@ def test_hang_blames_the_ranks_the_watchdog_named_and_not_those_that_had_finishe
     outcome = run_outcome.Outcome(ranks={
         "0": {"status": "failed", "exit_code": -15, "failure": None},
         "1": {"status": "failed", "exit_code": -9, "failure": None}})
-    hang = {"timeout_s": 3, "kind": LEFT_BEHIND, "never_arrived": [], "lingering": [1],
+    hang = {"timeout_s": 3, "kind": HangRule.LEFT_BEHIND, "never_arrived": [], "lingering": [1],
             "ranks": {"0": {"final": True, "status": "ok"}, "1": {"final": False}}}
     outcome.add_hang(hang, 124)
     assert outcome.exit_code == 124 and outcome.first_failure == 1
     # facts in run.json: the rule that blamed rank 1, what rank 0 was doing
-    assert outcome.ranks["1"]["failure"] == {"kind": "hang", "ranks": [1], "cause": LEFT_BEHIND,
-                                             "site": None, "step": None, "timeout_s": 3}
+    assert outcome.ranks["1"]["failure"] == {"kind": "hang", "ranks": [1],
+                                             "cause": HangRule.LEFT_BEHIND, "site": None,
+                                             "step": None, "timeout_s": 3}
     assert outcome.ranks["0"]["failure"]["cause"] == "finished"
     assert [outcome.ranks[r]["terminated"] for r in "01"] == [True, False]
     # worded as they always were

@@ -12,14 +12,14 @@ from __future__ import annotations
 from typing import Optional
 
 from tracer.vocab.ops import P2P_KINDS
-from tracer.vocab.outcomes import (COLLECTIVE, ENDED, ERROR, EXIT, EXITED, FINISHED, HANG,
-                                   INTERRUPTED, LEFT_BEHIND, WAITING)
+from tracer.vocab.outcomes import Bystander, FailureKind, HangRule
 
 # a hang failure's cause, as the rank's error says it: "hang: ended by --timeout S (<cause>)"
-HANG_CAUSES = {COLLECTIVE: "never arrived at the collective the others waited in",
-               LEFT_BEHIND: "recorded nothing after the other ranks finished",
-               EXIT: "closed its trace but did not exit",
-               FINISHED: "had finished, ended while exiting", WAITING: "waiting"}
+HANG_CAUSES = {HangRule.COLLECTIVE: "never arrived at the collective the others waited in",
+               HangRule.LEFT_BEHIND: "recorded nothing after the other ranks finished",
+               HangRule.EXIT: "closed its trace but did not exit",
+               Bystander.FINISHED: "had finished, ended while exiting",
+               Bystander.WAITING: "waiting"}
 
 
 def _join(ranks) -> str:
@@ -42,19 +42,19 @@ def failure_text(failure: dict, exit_code: Optional[int] = None) -> Optional[str
     #8``, ``hang: ended by --timeout 3 (waiting)``, ``interrupted``, why the launch failed."""
     kind, cause = failure.get("kind"), failure.get("cause")
     own = cause or f"exit code {exit_code}"
-    if kind == ERROR:
+    if kind == FailureKind.ERROR:
         return own
-    if kind == ENDED:
+    if kind == FailureKind.ENDED:
         return (f"ended by the launcher after rank {_join(failure.get('ranks') or [])} failed; "
                 f"its own end: {own}")
-    if kind == EXITED:
+    if kind == FailureKind.EXITED:
         return _exited(failure, exit_code)
-    if kind == HANG:
+    if kind == FailureKind.HANG:
         if cause is None:            # a rank torch's agent did not report
             return "ended by the watchdog (hang)"
         return (f"hang: ended by --timeout {_seconds(failure.get('timeout_s'))} "
                 f"({HANG_CAUSES.get(cause, cause)})")
-    if kind == INTERRUPTED:
+    if kind == FailureKind.INTERRUPTED:
         return "interrupted"
     return cause                     # the launch's error; a kind unknown here: its cause
 
@@ -125,14 +125,14 @@ def watchdog_line(hang: dict) -> str:
     ``finished``: the ranks whose trace had closed ``ok``)."""
     timeout = f"{_seconds(hang['timeout_s'])}s"
     lingering, finished = hang.get("lingering") or [], hang.get("finished") or []
-    if hang["kind"] == COLLECTIVE:
+    if hang["kind"] == HangRule.COLLECTIVE:
         if not hang["never_arrived"]:     # all in: they disagree on it, or the backend hangs
             return (f"no rank made progress for {timeout}: every rank waits in a collective and "
                     "none is missing from it (ranks that disagree on a collective hang so: the "
                     "report checks); ending the workers")
         return (f"no rank made progress for {timeout}: rank(s) {_join(hang['never_arrived'])} "
                 "never arrived at the collective the others wait in; ending the workers")
-    if hang["kind"] == LEFT_BEHIND:
+    if hang["kind"] == HangRule.LEFT_BEHIND:
         return (f"rank(s) {_join(lingering)} recorded nothing for {timeout} after rank(s) "
                 f"{_join(finished)} finished; ending the workers")
     return (f"rank(s) {_join(lingering)} closed the trace but did not exit for "
@@ -146,9 +146,9 @@ def banner(hang: dict) -> str:
     never, behind = hang.get("never_arrived") or [], hang.get("lingering") or []
     timeout = f" (watchdog timeout {hang.get('timeout_s')} s)" if hang.get("timeout_s") else ""
     kind = hang.get("kind")
-    if kind == LEFT_BEHIND and behind:
+    if kind == HangRule.LEFT_BEHIND and behind:
         return f"Hang: {_ranks(behind)} recorded nothing after the others finished{timeout}"
-    if kind == EXIT and behind:
+    if kind == HangRule.EXIT and behind:
         return f"Hang: {_ranks(behind)} closed the trace but did not exit{timeout}"
     if not never:
         return f"Hang: every rank waited in a collective, none was missing from it{timeout}"
