@@ -16,12 +16,12 @@ import sys
 from dataclasses import dataclass
 from typing import Optional
 
+from tracer.files.status import read_statuses
 from tracer.vocab.outcomes import FailureKind, RankStatus, failure
 
 from ..supervise import orphans
 from ..supervise.monitor import Monitor, say
 from ..supervise.run_outcome import EXIT_HANG, Outcome, exit_status
-from ..supervise.watchdog import read_statuses
 
 # torchrun options that start more than one process or reach other machines: refused with
 # --no-launcher, which starts exactly one (dest -> the value that means "not given")

@@ -14,9 +14,11 @@ import threading
 import time
 from typing import Callable, Optional
 
+from tracer.files.status import read_statuses
+
 from . import watchdog
 from .orphans import Strays
-from .watchdog import HangDetector, read_statuses
+from .watchdog import HangDetector
 
 POLL_S = 0.5
 STEP_LINE_INTERVAL_S = 1.0

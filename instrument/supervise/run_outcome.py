@@ -19,10 +19,11 @@ from typing import Optional
 
 import tracer
 from tracer.files import rundir
+from tracer.files.status import read_statuses
 from tracer.vocab.outcomes import (Bystander, FailureKind, HangRule, RankStatus, TraceStatus,
                                    failure, hang_blamed)
 
-from .watchdog import Collective, P2P, highest_seqs, read_statuses
+from .watchdog import Collective, P2P, highest_seqs
 
 # /2: a failed rank's outcome is facts ("failure"); /1 held a sentence ("error"), still read
 SCHEMA = "paratrace.run/2"

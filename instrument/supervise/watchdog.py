@@ -21,7 +21,6 @@ workers have ended (viz.views.failures), and nothing here imports viz.
 """
 from __future__ import annotations
 
-import json
 import signal
 import time
 from dataclasses import dataclass, field
@@ -29,6 +28,7 @@ from typing import Optional
 
 import tracer
 from tracer.files import rundir
+from tracer.files.status import read_statuses
 from tracer.vocab.groups import group_ranks
 from tracer.vocab.ops import P2P_KINDS as P2P
 from tracer.vocab.outcomes import HangRule, TraceStatus
@@ -57,22 +57,6 @@ class Collective:
     def members(self) -> list:
         """Global ranks of the group; [] if the tracer could not resolve it (``?name``)."""
         return list(group_ranks(self.group))
-
-
-def read_statuses(traces_dir: str) -> dict:
-    """rank -> the rank's latest status dict (unreadable files are skipped)."""
-    statuses = {}
-    try:
-        paths = rundir.rank_files(traces_dir, rundir.STATUS_EXT)
-    except OSError:          # not created yet, or removed under us
-        return statuses
-    for rank, path in paths.items():
-        try:
-            with open(path) as fh:
-                statuses[rank] = json.load(fh)
-        except (OSError, ValueError):
-            continue
-    return statuses
 
 
 def launched_seqs(traces_dir: str, rank: int) -> dict:

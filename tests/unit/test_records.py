@@ -25,3 +25,27 @@ def test_a_closed_set_writes_and_reads_as_its_values():
     assert json.loads(json.dumps(facts))["cause"] == HangRule.LEFT_BEHIND
     assert failure(FailureKind.ERROR) == {"kind": "error", "ranks": [], "cause": None,
                                           "site": None, "step": None}     # no timeout_s key
+
+
+def test_the_status_file_reads_back_what_its_writer_wrote(tmp_path):
+    """tracer.files.status: write_status's file, read by read_statuses (trace-run's watchdog and
+    monitor); a file another writer left half-done, or that holds no object, is skipped."""
+    from tracer.files import rundir
+    from tracer.files.status import read_statuses, write_status
+    launch = {"kind": "all_reduce", "group": [0, 1], "seq": 4, "peer": None, "bytes": 512,
+              "t0": 7, "step": 1}
+    write_status(rundir.status_file(str(tmp_path), 1), rank=1, status=TraceStatus.RUNNING,
+                 step=1, last_event_ns=5, events=96, last_collective=launch,
+                 inflight=[launch], failed_collectives=(), error=None,
+                 trace=str(tmp_path / "rank-1.arrow"), final=False, config={"steps": 2})
+    (tmp_path / "rank-2.status.json").write_text('{"rank": 2, "sta')       # half written
+    (tmp_path / "rank-3.status.json").write_text("[3]")
+    statuses = read_statuses(str(tmp_path))
+    assert list(statuses) == [1]
+    status = statuses[1]
+    assert list(status) == ["rank", "pid", "now_ns", "status", "step", "last_event_ns",
+                            "events", "last_collective", "inflight", "failed_collectives",
+                            "error", "trace", "final", "config"]
+    assert (status["status"], status["inflight"], status["failed_collectives"],
+            status["config"]) == ("running", [launch], [], {"steps": 2})
+    assert read_statuses(str(tmp_path / "none")) == {}
