@@ -6,15 +6,17 @@ The command line is torchrun's own parser (``torch.distributed.run.get_args_pars
 trace-run's options added, so every torchrun option, in both spellings, means what it means to
 torchrun. A run goes parse -> launch -> record -> gather -> report:
 
-- **parse** (:func:`prepare`): every option checked before anything starts (command_line, preflight),
-  then DIR locked for the whole run (:func:`hold_out`: one trace-run per directory);
+- **parse** (:func:`prepare`): every option checked before anything starts (command_line,
+  preflight), then DIR locked for the whole run (:func:`hold_out`: one trace-run per directory);
 - **launch** (:func:`launch`): torch's elastic agent (``elastic_launch``) spawns, monitors and
-  ends the workers; each runs ``instrument.launch.bootstrap`` (the tracer, then the user's script as
-  ``__main__``) while :class:`~instrument.supervise.monitor.Monitor` prints progress and watches for hangs;
-  with ``--no-launcher``, one process without torchrun's environment (instrument.launch.single);
-- **record** (:func:`record_run`): ``DIR/run.json`` (instrument.supervise.run_outcome), facts only; once
-  the workers have run, trace-run says what went wrong in the words of ``viz.views.failures``
-  (the report's words), imported then: nothing of viz is loaded while the workers run;
+  ends the workers; each runs ``instrument.launch.bootstrap`` (the tracer, then the user's
+  script as ``__main__``) while :class:`~instrument.supervise.monitor.Monitor` prints progress
+  and watches for hangs; with ``--no-launcher``, one process without torchrun's environment
+  (instrument.launch.single);
+- **record** (:func:`record_run`): ``DIR/run.json`` (instrument.supervise.run_outcome makes it,
+  tracer.files.run_record writes it), facts only; once the workers have run, trace-run says
+  what went wrong in the words of ``viz.views.failures`` (the report's words), imported then:
+  nothing of viz is loaded while the workers run;
 - **gather** (:func:`gather_traces`, :func:`send_traces`): on multi-node runs every node's traces
   go to the collecting node (instrument.supervise.gather);
 - **report** (:func:`report`): ``viz.cli.build``; the last line on stdout is its path.
@@ -33,7 +35,7 @@ from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import elastic_launch
 
-from tracer.files import rundir
+from tracer.files import run_record, rundir
 from tracer.vocab.console_errors import EXIT_USAGE
 from tracer.vocab.outcomes import RankStatus, TraceStatus
 
@@ -125,7 +127,7 @@ def run(args, config, target: Target, out: str, command: list) -> int:
         gather_traces(record, collector, node, traces_dir, args.timeout)
     say_failures(record, local)
     try:
-        run_outcome.write(out, record)
+        run_record.write(out, record)
     except OSError as exc:
         say(f"cannot write {os.path.join(out, rundir.RUN_RECORD)}: {exc.strerror or exc}")
         record["exit_code"] = record["exit_code"] or 1
@@ -245,7 +247,7 @@ def send_traces(out: str, record: dict, node: dict) -> int:
     traces_dir = os.path.join(out, rundir.TRACES)
     exit_code = record["exit_code"]
     try:
-        run_outcome.write(out, record)
+        run_record.write(out, record)
     except OSError as exc:
         say(f"cannot write {os.path.join(out, rundir.RUN_RECORD)}: {exc.strerror or exc}")
     if node.get("claim") == gather.CLAIM_NODE_RANK_0 and node.get("rival_claims"):

@@ -1,33 +1,29 @@
-"""``DIR/run.json``: how a trace-run went, rank by rank (schema in docs/trace-run.md).
+"""How a trace-run went, rank by rank: the content of ``DIR/run.json`` (its shape, writer and
+reader: tracer.files.run_record; schema in docs/trace-run.md).
 
 :class:`Outcome` is what torch's agent and the watchdog said about the launch; :func:`new_record`
 turns it, with the tracer's status files, into the record; :func:`merge_uploads` adds what other
-nodes sent; :func:`root_cause` picks the rank that failed first across nodes; :func:`write` and
-:func:`read` are its only writer and reader. The record holds facts, never sentences: a failed
-rank's ``failure`` (tracer.vocab.outcomes) is worded by viz.views.failures, for the terminal,
-the report and summary.json alike; nothing here imports viz (it runs beside the workers).
+nodes sent; :func:`root_cause` picks the rank that failed first across nodes. The record holds
+facts, never sentences: a failed rank's ``failure`` (tracer.vocab.outcomes) is worded by
+viz.views.failures, for the terminal, the report and summary.json alike; nothing here imports
+viz (it runs beside the workers).
 """
 from __future__ import annotations
 
-import json
 import os
 import signal
-import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Optional
 
 import tracer
-from tracer.files import rundir
+from tracer.files import run_record, rundir
 from tracer.files.status import read_statuses
 from tracer.vocab.outcomes import (Bystander, FailureKind, HangRule, RankStatus, TraceStatus,
                                    failure, hang_blamed)
 
 from .watchdog import Collective, P2P, highest_seqs
 
-# /2: a failed rank's outcome is facts ("failure"); /1 held a sentence ("error"), still read
-SCHEMA = "paratrace.run/2"
-READABLE = ("paratrace.run/1", SCHEMA)
 EXIT_HANG = 124         # trace-run's exit status after a hang (as coreutils' timeout)
 # Exit codes of workers ended from outside (SIGTERM/SIGINT/SIGKILL by the agent or watchdog).
 _ENDED = {-signal.SIGTERM, -signal.SIGINT, -signal.SIGKILL, 128 + signal.SIGTERM,
@@ -214,7 +210,7 @@ def new_record(*, command: list, target, node: dict, world_size: int, started: f
                outcome: Outcome, ranks: dict) -> dict:
     """The record of this node's part of the run."""
     return {
-        "schema": SCHEMA, "command": command,
+        "schema": run_record.SCHEMA, "command": command,
         "target": {"script": target.script and os.path.abspath(target.script),
                    "module": target.module, "args": target.args},
         "nnodes": node["group_world_size"], "node_rank": node["group_rank"],
@@ -255,32 +251,6 @@ def root_cause(ranks: dict, traces_dir: str, fallback: Optional[int]) -> Optiona
         if end is not None:
             ended[int(rank)] = end
     return min(ended, key=ended.get) if ended else fallback
-
-
-def write(out: str, record: dict) -> str:
-    """Write ``DIR/run.json`` atomically (a reader never sees half a record); returns its path.
-    Raises OSError."""
-    path = os.path.join(out, rundir.RUN_RECORD)
-    fd, tmp = tempfile.mkstemp(dir=out, prefix=rundir.RUN_RECORD + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(record, fh, indent=1)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-    return path
-
-
-def read(out: str) -> dict:
-    """``DIR/run.json``; raises OSError or ValueError (not JSON, or not a run record)."""
-    with open(os.path.join(out, rundir.RUN_RECORD)) as fh:
-        record = json.load(fh)
-    if not isinstance(record, dict) or record.get("schema") not in READABLE:
-        raise ValueError(f"{os.path.join(out, rundir.RUN_RECORD)}: not a paratrace.run record "
-                         f"(schema one of {', '.join(READABLE)})")
-    return record
 
 
 def _by_rank(ranks: dict) -> dict:

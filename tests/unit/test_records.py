@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tracer.vocab.outcomes import (Bystander, FailureKind, HangRule, RankStatus, TraceStatus,
                                    failure)
 
@@ -49,3 +51,31 @@ def test_the_status_file_reads_back_what_its_writer_wrote(tmp_path):
     assert (status["status"], status["inflight"], status["failed_collectives"],
             status["config"]) == ("running", [launch], [], {"steps": 2})
     assert read_statuses(str(tmp_path / "none")) == {}
+
+
+def test_run_json_is_written_whole_and_read_back(tmp_path):
+    """tracer.files.run_record: the one writer (atomic: no temporary left) and the one reader
+    (trace-report's, trace-diff's): a paratrace.run/1 record of sentences still reads, a record
+    of another schema or of a wrongly typed field is refused naming the file, and a directory
+    without run.json reads as {}."""
+    from tracer.files import run_record
+    record = {"schema": run_record.SCHEMA, "ranks": {"0": {"status": RankStatus.OK}}}
+    path = run_record.write(str(tmp_path), record)
+    assert open(path).read() == '{\n "schema": "paratrace.run/2",\n "ranks": {\n  "0": {\n' \
+        '   "status": "ok"\n  }\n }\n}'
+    assert run_record.read(str(tmp_path)) == record
+    assert [p.name for p in tmp_path.iterdir()] == ["run.json"]
+    (tmp_path / "run.json").write_text('{"schema": "something/else"}')
+    with pytest.raises(run_record.RunRecordError, match=r"run.json: unreadable run record "
+                       r"\(schema 'something/else', not a paratrace.run record"):
+        run_record.read(str(tmp_path))
+    (tmp_path / "run.json").write_text('{"world_size": 0}')
+    with pytest.raises(ValueError, match="world_size is 0, not a positive integer"):
+        run_record.read(str(tmp_path))
+    old = {"schema": "paratrace.run/1", "ranks": {"1": {"status": "failed", "error": "boom"}}}
+    (tmp_path / "run.json").write_text(json.dumps(old))
+    assert run_record.read(str(tmp_path)) == old
+    (tmp_path / "run.json").unlink()
+    assert run_record.read(str(tmp_path)) == {}
+    with pytest.raises(OSError):
+        run_record.write(str(tmp_path / "no-such-dir"), record)

@@ -3,7 +3,6 @@ node, option checks, the run record. Fake clocks and status dicts; the real runs
 test_trace_run.py, test_trace_run_faults.py and test_trace_run_nodes.py."""
 from __future__ import annotations
 
-import json
 import os
 
 import pytest
@@ -220,21 +219,6 @@ def test_a_launch_error_without_a_message_still_says_where_it_came_from():
     line = describe_launch_error(info.value)
     assert line.startswith("AssertionError with no message in agent_check (")
     assert describe_launch_error(ValueError("bad\nsecond line")) == "ValueError: bad"
-
-
-def test_run_record_is_written_whole_and_read_back(tmp_path):
-    record = {"schema": run_outcome.SCHEMA, "ranks": {"0": {"status": "ok"}}}
-    path = run_outcome.write(str(tmp_path), record)
-    assert json.loads(open(path).read()) == record == run_outcome.read(str(tmp_path))
-    assert [p.name for p in tmp_path.iterdir()] == ["run.json"]     # no temporary left
-    (tmp_path / "run.json").write_text('{"schema": "something/else"}')
-    with pytest.raises(ValueError, match="not a paratrace.run record"):
-        run_outcome.read(str(tmp_path))
-    old = {"schema": "paratrace.run/1", "ranks": {"1": {"status": "failed", "error": "boom"}}}
-    (tmp_path / "run.json").write_text(json.dumps(old))
-    assert run_outcome.read(str(tmp_path)) == old        # a record of the sentences still reads
-    with pytest.raises(OSError):
-        run_outcome.write(str(tmp_path / "no-such-dir"), record)
 
 
 def test_the_report_names_no_rank_trace_run_already_named():

@@ -1,7 +1,7 @@
 """The run directory's file names, defined once: the recorder and trace-run write them, viz and
 the watchdog read them.
 
-    DIR/run.json                    trace-run's record of the run (instrument.supervise.run_outcome)
+    DIR/run.json                    trace-run's record of the run (tracer.files.run_record)
     DIR/.trace-run.lock             held (flock) by the trace-run writing DIR, with its pid
     DIR/node.json                   multi-node: what this node learned at start (gather)
     DIR/summary.json, index.html    the report (viz)
