@@ -1,7 +1,7 @@
 """The per-worker entry point trace-run hands to torch's elastic agent.
 
-torch's agent starts ``python -u -m instrument.launch.bootstrap [own options] -- SCRIPT|-m MODULE ARGS``
-once per rank. Before the user's code runs this module:
+torch's agent starts ``python -u -m instrument.launch.bootstrap [own options] -- SCRIPT|-m
+MODULE ARGS`` once per rank. Before the user's code runs this module:
 
 - turns SIGTERM (what the agent sends every worker when one rank fails or on Ctrl-C) into an
   exception while the tracer records, so it closes cleanly and flushes the rank's trace (once
@@ -26,6 +26,7 @@ import runpy
 import signal
 import sys
 import time
+from types import FrameType
 from typing import Optional
 
 from torch.distributed.elastic.multiprocessing.errors import record
@@ -43,7 +44,7 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM from the agent: the rank was ended from outside (recorded as interrupted)."""
 
 
-def _on_sigterm(signum, frame):
+def _on_sigterm(signum: int, frame: Optional[FrameType]) -> None:
     # NOTE: raise once, and only while the tracer is still recording: a SIGTERM that lands while
     # the tracer closes (after the rank's own error, say) would cut its final flush short.
     session = tracer.active()
@@ -53,7 +54,7 @@ def _on_sigterm(signum, frame):
     raise Terminated(f"terminated by signal {signum}")
 
 
-def parse(argv: list) -> argparse.Namespace:
+def parse(argv: list[str]) -> argparse.Namespace:
     """Own options before ``--``; after it ``SCRIPT ARGS`` or ``-m MODULE ARGS``."""
     if "--" not in argv:
         raise SystemExit("instrument.launch.bootstrap: expected '-- SCRIPT|-m MODULE [ARGS]'")
@@ -131,7 +132,7 @@ def _rank() -> int:
 
 
 @record
-def main(argv: Optional[list] = None) -> None:
+def main(argv: Optional[list[str]] = None) -> None:
     opts = parse(sys.argv[1:] if argv is None else argv)
     traces_dir = os.path.join(opts.out, rundir.TRACES)
     os.makedirs(traces_dir, exist_ok=True)
@@ -179,7 +180,7 @@ def main(argv: Optional[list] = None) -> None:
             orphans.end_own_group()
 
 
-def print_error(exc: BaseException, argv: list) -> None:
+def print_error(exc: BaseException, argv: list[str]) -> None:
     """The script's error on stderr as Python (or torch's hook) prints it, its frames the
     user's and the call into the library (tracer.vocab.user_frames, as the recorded stacks
     are): no runpy, no bootstrap, no recorder wrapper (comm.py) to make it look as if

@@ -15,11 +15,12 @@ import sys
 import tempfile
 import uuid
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 from torch.distributed import run as torchrun
 
 from tracer.files import rundir
+from tracer.files.run_record import RunTarget
 from tracer.vocab.console_errors import CommandParser, as_command_parser
 
 DEFAULT_MODULE = "sample_runs.train"
@@ -39,7 +40,13 @@ class Target:
 
     script: Optional[str]
     module: Optional[str]
-    args: list
+    args: list[str]
+
+    def recorded(self) -> RunTarget:
+        """run.json's ``target``: the script's absolute path, or the module, and the
+        arguments."""
+        return {"script": self.script and os.path.abspath(self.script), "module": self.module,
+                "args": self.args}
 
 
 def build_parser() -> CommandParser:
@@ -121,12 +128,12 @@ def _one_option_one_match(parser: argparse.ArgumentParser) -> None:
     ambiguous; one that matches different options stays ambiguous."""
     matches = parser._get_option_tuples
 
-    def by_option(option_string: str) -> list:
-        found: dict = {}
+    def by_option(option_string: str) -> list[tuple[Any, ...]]:
+        found: dict[int, tuple[Any, ...]] = {}
         for match in matches(option_string):       # (action, option string, ...), any Python
             found.setdefault(id(match[0]), match)
         return list(found.values())
-    parser._get_option_tuples = by_option
+    setattr(parser, "_get_option_tuples", by_option)     # this parser's own, a private hook
 
 
 def resolve_target(args: argparse.Namespace) -> Target:
@@ -202,7 +209,7 @@ def prepare_out(out: Optional[str]) -> str:
     return out
 
 
-def worker_args(args: argparse.Namespace, out: str, target: Target) -> list:
+def worker_args(args: argparse.Namespace, out: str, target: Target) -> list[str]:
     """Arguments of ``python`` for each worker: the bootstrap, its options, then the target."""
     own = ["--out", out, "--stack-depth", str(args.stack_depth)]
     if args.steps is not None:
@@ -237,7 +244,7 @@ def check_own_options(args: argparse.Namespace) -> None:
     check_library(args.library_specs)
 
 
-def check_library(specs: list) -> None:
+def check_library(specs: list[str]) -> None:
     """Every --library / --no-library name is an installed package (found, not imported)."""
     from tracer.vocab.library import LibrarySpecError, package_roots, parse_specs
     try:

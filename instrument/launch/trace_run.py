@@ -23,35 +23,40 @@ torchrun. A run goes parse -> launch -> record -> gather -> report:
 """
 from __future__ import annotations
 
+import argparse
 import os
 import shlex
 import signal
 import socket
 import sys
 import time
+from types import ModuleType
 from typing import Optional
 
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-from torch.distributed.launcher.api import elastic_launch
+from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from tracer.files import run_record, rundir
+from tracer.files.run_record import RunRecord
 from tracer.vocab.console_errors import EXIT_USAGE
 from tracer.vocab.outcomes import RankStatus, TraceStatus
 
 from ..supervise import gather, orphans, run_outcome
+from ..supervise.gather import NodeRecord
 from ..supervise.monitor import Monitor, say
 from ..supervise.run_outcome import EXIT_HANG, Outcome
 from . import preflight, single
 from .command_line import (Target, UsageError, build_parser, check_out, check_own_options,
                            prepare_out, resolve_target, worker_args)
 from .preflight import describe_launch_error, is_this_machine, launch_config, rendezvous_host
+from .single import SingleProcess
 
 EXIT_LAUNCH = 1
 GATHER_TIMEOUT_S = 120.0
 
 
-def main(argv: Optional[list] = None) -> int:
+def main(argv: Optional[list[str]] = None) -> int:
     command = ["trace-run", *(sys.argv[1:] if argv is None else argv)]
     args = build_parser().parse_args(command[1:])
     try:
@@ -69,7 +74,7 @@ def main(argv: Optional[list] = None) -> int:
         os.close(lock)
 
 
-def prepare(args) -> tuple:
+def prepare(args: argparse.Namespace) -> tuple[Target, LaunchConfig | SingleProcess, str]:
     """Check everything before launching: (what to run, torch's LaunchConfig or, with
     --no-launcher, single.SingleProcess, the run DIR)."""
     target = resolve_target(args)
@@ -105,11 +110,13 @@ def hold_out(out: str) -> int:
     return lock
 
 
-def run(args, config, target: Target, out: str, command: list) -> int:
+def run(args: argparse.Namespace, config: LaunchConfig | SingleProcess, target: Target, out: str,
+        command: list[str]) -> int:
     traces_dir = os.path.join(out, rundir.TRACES)
-    collector = start_collector(args, config, traces_dir) if config.max_nodes > 1 else None
+    collector = start_collector(args, config, traces_dir) \
+        if not isinstance(config, SingleProcess) and config.max_nodes > 1 else None
     started = time.time()
-    if args.no_launcher:
+    if isinstance(config, SingleProcess):          # --no-launcher
         outcome = single.launch(worker_args(args, out, target), traces_dir,
                                 describe_target(target), timeout=args.timeout)
     else:
@@ -124,6 +131,8 @@ def run(args, config, target: Target, out: str, command: list) -> int:
         say_failures(record, local)
         return send_traces(out, record, node)
     if node["group_world_size"] > 1:
+        # node.json comes from the workers of multi-node runs only, which start a collector
+        assert collector is not None
         gather_traces(record, collector, node, traces_dir, args.timeout)
     say_failures(record, local)
     try:
@@ -137,25 +146,26 @@ def run(args, config, target: Target, out: str, command: list) -> int:
                   sources=not args.no_source)
 
 
-def start_collector(args, config, traces_dir: str) -> gather.Collector:
+def start_collector(args: argparse.Namespace, config: LaunchConfig, traces_dir: str
+                    ) -> gather.Collector:
     """Multi-node: listen for other nodes' traces; the workers learn the address and whether
     this trace-run claims to collect (bootstrap -> gather.announce)."""
     collector = gather.Collector(traces_dir, config.local_addr or socket.getfqdn())
     os.environ[gather.ENV_COLLECTOR] = collector.start()
-    os.environ[gather.ENV_CLAIM] = str(collector_claim(args, config))
+    os.environ[gather.ENV_CLAIM] = str(int(collector_claim(args, config)))
     return collector
 
 
-def collector_claim(args, config) -> int:
+def collector_claim(args: argparse.Namespace, config: LaunchConfig) -> int:
     """How strongly this trace-run claims to collect the traces (gather.choose_collector)."""
     if args.node_rank_given or config.rdzv_backend == "static":
-        return gather.CLAIM_NODE_RANK_0 if args.node_rank == 0 else gather.CLAIM_NONE
+        return gather.Claim.NODE_RANK_0 if args.node_rank == 0 else gather.Claim.NONE
     if is_this_machine(rendezvous_host(config)):
-        return gather.CLAIM_RENDEZVOUS_HOST
-    return gather.CLAIM_NONE
+        return gather.Claim.RENDEZVOUS_HOST
+    return gather.Claim.NONE
 
 
-def launch(config, argv: list, traces_dir: str, target: Target, *,
+def launch(config: LaunchConfig, argv: list[str], traces_dir: str, target: Target, *,
            timeout: Optional[float]) -> Outcome:
     """Launch through torch's elastic agent and classify how each rank ended."""
     say(f"launching {describe_launch(config, target)}")
@@ -183,7 +193,7 @@ def launch(config, argv: list, traces_dir: str, target: Target, *,
     return outcome
 
 
-def describe_launch(config, target: Target) -> str:
+def describe_launch(config: LaunchConfig, target: Target) -> str:
     """``N ranks (what they run)`` for the launching line."""
     what = describe_target(target)
     ranks = f"{config.nproc_per_node} rank{'s' if config.nproc_per_node != 1 else ''}"
@@ -202,8 +212,9 @@ def describe_target(target: Target) -> str:
     return what if len(what) <= 72 else what[:69] + "..."
 
 
-def record_run(config, target: Target, out: str, command: list, outcome: Outcome,
-               started: float, remote: set) -> tuple:
+def record_run(config: LaunchConfig | SingleProcess, target: Target, out: str, command: list[str],
+               outcome: Outcome, started: float, remote: set[int]
+               ) -> tuple[RunRecord, NodeRecord]:
     """This node's run.json record, and what it learned about the other nodes (node.json).
     Prints one line per problem, the watchdog's first (it ended the workers)."""
     if outcome.hang is not None:
@@ -216,9 +227,9 @@ def record_run(config, target: Target, out: str, command: list, outcome: Outcome
         if config.min_nodes > 1 and outcome.ranks:   # several nodes for sure, no exchange
             say(f"the nodes never exchanged the collector's address; this node's traces stay "
                 f"in {traces_dir}")
-        node = {"group_rank": 0, "group_world_size": 1, "collects": True}
+        node = NodeRecord(group_rank=0, group_world_size=1, collects=True)
     record = run_outcome.new_record(
-        command=command, target=target, node=node, outcome=outcome, ranks=ranks,
+        command=command, target=target.recorded(), node=node, outcome=outcome, ranks=ranks,
         world_size=config.nproc_per_node * node["group_world_size"], started=started)
     if outcome.error:
         say(f"the launch failed: {outcome.error}")
@@ -227,14 +238,14 @@ def record_run(config, target: Target, out: str, command: list, outcome: Outcome
     return record, node
 
 
-def say_failures(record: dict, local: set) -> None:
+def say_failures(record: RunRecord, local: set[str]) -> None:
     """The first failure in one line (viz.views.failures words it), if a rank failed."""
     line = run_words().first_failure_line(record, local)
     if line:
         say(line)
 
 
-def run_words():
+def run_words() -> ModuleType:
     """viz.views.failures, which words run.json's facts as the report does; imported only once
     the workers have run (tests/unit/test_architecture.py checks that nothing trace-run runs
     beside them imports viz)."""
@@ -242,7 +253,7 @@ def run_words():
     return failures
 
 
-def send_traces(out: str, record: dict, node: dict) -> int:
+def send_traces(out: str, record: RunRecord, node: NodeRecord) -> int:
     """Not the collector: keep a run.json here and send the traces to the collecting node."""
     traces_dir = os.path.join(out, rundir.TRACES)
     exit_code = record["exit_code"]
@@ -250,7 +261,7 @@ def send_traces(out: str, record: dict, node: dict) -> int:
         run_record.write(out, record)
     except OSError as exc:
         say(f"cannot write {os.path.join(out, rundir.RUN_RECORD)}: {exc.strerror or exc}")
-    if node.get("claim") == gather.CLAIM_NODE_RANK_0 and node.get("rival_claims"):
+    if node.get("claim") == gather.Claim.NODE_RANK_0 and node.get("rival_claims"):
         say(f"another node was also given --node-rank 0; node {node['collector_node']} "
             "collects the traces")
     try:
@@ -264,7 +275,7 @@ def send_traces(out: str, record: dict, node: dict) -> int:
     return exit_code
 
 
-def gather_traces(record: dict, collector: gather.Collector, node: dict, traces_dir: str,
+def gather_traces(record: RunRecord, collector: gather.Collector, node: NodeRecord, traces_dir: str,
                   timeout: Optional[float]) -> None:
     """The collector: wait for every other node's traces, merge their ranks into ``record``
     and find the first failure across nodes."""
@@ -281,7 +292,7 @@ def gather_traces(record: dict, collector: gather.Collector, node: dict, traces_
                                                         record["first_failure"])
 
 
-def report(out: str, exit_code: int, no_report: bool, reported: frozenset = frozenset(), *,
+def report(out: str, exit_code: int, no_report: bool, reported: frozenset[int] = frozenset(), *,
            sources: bool = True) -> int:
     """Build the report (unless --no-report; ``sources=False``: --no-source); the last line on
     stdout is its path, or DIR."""
@@ -293,7 +304,7 @@ def report(out: str, exit_code: int, no_report: bool, reported: frozenset = froz
     return exit_code
 
 
-def said_failed(record: dict) -> frozenset:
+def said_failed(record: RunRecord) -> frozenset[int]:
     """Ranks whose end trace-run already named: the report says them no second time. After
     Ctrl-C that is every rank the interrupt stopped ("interrupted; the traces hold what was
     recorded"): ranks stop a collective or two apart, which needs no line per rank."""
@@ -306,7 +317,7 @@ def said_failed(record: dict) -> frozenset:
                      if info["status"] == RankStatus.FAILED and not info.get("terminated"))
 
 
-def build_report(out: str, reported: frozenset = frozenset(), sources: bool = True
+def build_report(out: str, reported: frozenset[int] = frozenset(), sources: bool = True
                  ) -> Optional[str]:
     """viz.cli.build; None (with a one-line message) if nothing could be built. viz names each
     damaged or missing trace itself, one line each, and the ranks in ``reported`` (failures

@@ -45,7 +45,7 @@ def _prctl(option: int, value: int) -> bool:
 
 
 # ----------------------------------------------------------------------------- launcher side
-def become_subreaper() -> dict:
+def become_subreaper() -> dict[str, str]:
     """Make this process (trace-run) the reaper of its workers' orphans; returns what the
     workers need to die with it (environment entries)."""
     _prctl(PR_SET_CHILD_SUBREAPER, 1)
@@ -66,7 +66,7 @@ class Strays:
 
     def __init__(self, grace_s: float = GRACE_S):
         self.grace_s = grace_s
-        self.termed: dict = {}          # pid -> when it got SIGTERM
+        self.termed: dict[int, float] = {}       # pid -> when it got SIGTERM
 
     def tick(self, now: Optional[float] = None) -> None:
         now = time.monotonic() if now is None else now

@@ -263,15 +263,15 @@ def test_a_trace_run_claims_to_collect_if_given_node_rank_0_else_on_the_rendezvo
     c10d = lambda endpoint: NS(rdzv_backend="c10d", rdzv_endpoint=endpoint)
     given = lambda rank: NS(node_rank_given=True, node_rank=rank)
     unnamed = NS(node_rank_given=False, node_rank=0)
-    assert trace_run.collector_claim(given(0), c10d("203.0.113.5:29400")) == gather.CLAIM_NODE_RANK_0
-    assert trace_run.collector_claim(given(1), c10d("127.0.0.1:29400")) == gather.CLAIM_NONE
+    assert trace_run.collector_claim(given(0), c10d("203.0.113.5:29400")) == gather.Claim.NODE_RANK_0
+    assert trace_run.collector_claim(given(1), c10d("127.0.0.1:29400")) == gather.Claim.NONE
     assert trace_run.collector_claim(unnamed, c10d("127.0.0.1:29400")) == \
-        gather.CLAIM_RENDEZVOUS_HOST
+        gather.Claim.RENDEZVOUS_HOST
     # TEST-NET-3: an address no machine here has
-    assert trace_run.collector_claim(unnamed, c10d("203.0.113.5:29400")) == gather.CLAIM_NONE
+    assert trace_run.collector_claim(unnamed, c10d("203.0.113.5:29400")) == gather.Claim.NONE
     # the static rendezvous takes --node-rank as the group rank: node 0 collects, as before
     static = NS(rdzv_backend="static", rdzv_endpoint="127.0.0.1:29500")
-    assert trace_run.collector_claim(unnamed, static) == gather.CLAIM_NODE_RANK_0
+    assert trace_run.collector_claim(unnamed, static) == gather.Claim.NODE_RANK_0
 
 
 def test_the_first_failure_is_the_rank_that_stopped_first_not_torchs_whole_second(tmp_path):
