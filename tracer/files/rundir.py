@@ -71,7 +71,7 @@ def traces_dir(run_dir: str) -> str:
     return sub if os.path.isdir(sub) else run_dir
 
 
-def rank_files(directory: str, ext: str = TRACE_EXT) -> dict:
+def rank_files(directory: str, ext: str = TRACE_EXT) -> dict[int, str]:
     """rank -> path of every ``rank-<R>.<ext>`` file in ``directory``."""
     out = {}
     for name in os.listdir(directory):
@@ -85,7 +85,7 @@ class EarlierTraces(FileExistsError):
     """``tracer.trace`` given a directory holding an earlier run's trace of this rank."""
 
 
-_OPENED: set = set()          # trace files this process opened (a second trace would overwrite)
+_OPENED: set[str] = set()     # trace files this process opened (a second trace would overwrite)
 
 
 def open_new_trace(path: str) -> None:

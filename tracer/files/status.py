@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Any, Optional, TypedDict
+from typing import Any, Optional, TypedDict, cast
 
 from . import rundir
 
@@ -89,7 +89,7 @@ def read_statuses(traces_dir: str) -> dict[int, Status]:
         except (OSError, ValueError):
             continue
         if isinstance(document, dict):
-            statuses[rank] = document
+            statuses[rank] = cast(Status, document)
     return statuses
 
 

@@ -15,7 +15,7 @@ import os
 import sys
 import tempfile
 import traceback
-from typing import Callable, NoReturn, cast
+from typing import Callable, NoReturn, Optional, cast
 
 EXIT_USAGE = 2                 # argparse's own, for a bad command line
 EXIT_BUG = 70                  # sysexits.h EX_SOFTWARE: an internal software error
@@ -72,7 +72,7 @@ def bug_line(exc: BaseException) -> str:
             f"paratrace, please report it, or rerun with {SHOW_TRACEBACK}=1)")
 
 
-def _keep_traceback(exc: BaseException):
+def _keep_traceback(exc: BaseException) -> Optional[str]:
     try:
         fd, path = tempfile.mkstemp(prefix="paratrace-", suffix=".traceback.txt")
         with os.fdopen(fd, "w") as out:
