@@ -265,8 +265,7 @@ def report_main(argv=None) -> int:
         "run from the traces on disk.")
     parser.add_argument("run_dir", help="a trace-run output directory (or a directory of "
                         "rank-<R>.arrow files; with --kineto and no traces, where the "
-                        "exports' run goes; "
-                        "rank-<R>.arrow files)")
+                        "exports' run goes)")
     parser.add_argument("--out", help="where to write the report (default: RUN_DIR)")
     parser.add_argument("--kineto", nargs="+", default=[], metavar="[R=]FILE|DIR",
                         help="torch.profiler Chrome-trace exports (.json or .json.gz; a "

@@ -93,3 +93,14 @@ def test_the_four_commands_refuse_a_bad_command_line_in_one_style(capsys, tmp_pa
     for prog, main, argv, message in cases:
         assert _exit_status(main, argv) == 2, (prog, argv)
         assert capsys.readouterr().err == f"{prog}: error: {message} (see {prog} --help)\n"
+
+
+def test_trace_report_help_says_each_thing_once(capsys):
+    """``trace-report --help``: RUN_DIR's help named rank-<R>.arrow files twice, the second time
+    after the --kineto clause had ended it."""
+    from viz import cli
+    assert _exit_status(cli.report_main, ["--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert text.count("rank-<R>.arrow files") == 1, text
+    assert "a trace-run output directory (or a directory of rank-<R>.arrow files; with --kineto " \
+           "and no traces, where the exports' run goes)" in text, text
