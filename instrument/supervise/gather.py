@@ -46,6 +46,8 @@ from tracer.files.run_record import RankOutcome
 SCHEMA = "paratrace.gather/1"
 ENV_COLLECTOR = "PARATRACE_COLLECTOR"
 ENV_CLAIM = "PARATRACE_CLAIM"
+_MAX_HEADER = 1 << 20
+_CHUNK = 1 << 20
 
 
 class Claim(IntEnum):
@@ -70,8 +72,6 @@ class NodeRecord(TypedDict, total=False):
     collects: bool
     claim: int
     rival_claims: int
-_MAX_HEADER = 1 << 20
-_CHUNK = 1 << 20
 
 
 class GatherError(Exception):
@@ -199,7 +199,7 @@ def announce(out_dir: str, timeout: float = 120.0) -> None:
     store = TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False,
                      timeout=timedelta(seconds=timeout))
     mine: dict[str, Any] = {"group_rank": group_rank, "collector": env.get(ENV_COLLECTOR, ""),
-            "claim": int(env.get(ENV_CLAIM, Claim.NONE))}
+                            "claim": int(env.get(ENV_CLAIM, Claim.NONE))}
     store.set(f"{prefix}/{group_rank}", json.dumps(mine))
     keys = [f"{prefix}/{n}" for n in range(nodes)]
     store.wait(keys, timedelta(seconds=timeout))

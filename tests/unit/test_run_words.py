@@ -146,8 +146,8 @@ def test_summary_json_and_the_banners_take_the_rank_error_from_the_facts():
 
 
 def test_trace_run_records_facts_the_words_read_back():
-    """The writer's side (instrument/supervise/run_outcome.py): a failure torch reported without a message,
-    the ranks the run ended before torch's agent reported them."""
+    """The writer's side (instrument/supervise/run_outcome.py): a failure torch reported
+    without a message, the ranks the run ended before torch's agent reported them."""
     lost = run_outcome.failed_rank(0, NS(exitcode=2, message={"message": "To enable traceback"}),
                                   first=0)
     assert lost["failure"] == failure(ERROR) and reported_error({"ranks": {"0": lost}}, 0) == \

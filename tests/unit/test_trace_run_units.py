@@ -263,7 +263,8 @@ def test_a_trace_run_claims_to_collect_if_given_node_rank_0_else_on_the_rendezvo
     c10d = lambda endpoint: NS(rdzv_backend="c10d", rdzv_endpoint=endpoint)
     given = lambda rank: NS(node_rank_given=True, node_rank=rank)
     unnamed = NS(node_rank_given=False, node_rank=0)
-    assert trace_run.collector_claim(given(0), c10d("203.0.113.5:29400")) == gather.Claim.NODE_RANK_0
+    assert trace_run.collector_claim(given(0), c10d("203.0.113.5:29400")) == \
+        gather.Claim.NODE_RANK_0
     assert trace_run.collector_claim(given(1), c10d("127.0.0.1:29400")) == gather.Claim.NONE
     assert trace_run.collector_claim(unnamed, c10d("127.0.0.1:29400")) == \
         gather.Claim.RENDEZVOUS_HOST
