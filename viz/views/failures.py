@@ -9,10 +9,10 @@ has a sentence in a rank's ``error`` instead of a ``failure``: it is read as it 
 Torch-free and light: trace-run imports it once its workers have run, never while they run."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Mapping, Optional
 
 from tracer.vocab.ops import P2P_KINDS
-from tracer.vocab.outcomes import Bystander, FailureKind, HangRule
+from tracer.vocab.outcomes import Bystander, FailureKind, HangRule, RankStatus
 
 # a hang failure's cause, as the rank's error says it: "hang: ended by --timeout S (<cause>)"
 HANG_CAUSES = {HangRule.COLLECTIVE: "never arrived at the collective the others waited in",
@@ -35,7 +35,7 @@ def _seconds(value) -> str:
     return f"{value:g}" if isinstance(value, (int, float)) else str(value)
 
 
-def failure_text(failure: dict, exit_code: Optional[int] = None) -> Optional[str]:
+def failure_text(failure: Mapping[str, Any], exit_code: Optional[int] = None) -> Optional[str]:
     """A rank's failure in words (``exit_code``: the rank's, which says an error that came with
     no message): ``ValueError: boom``, ``ended by the launcher after rank 0 failed; its own
     end: ...``, ``exited with status 0 (os._exit) in step 2 while rank 0 waited in all_reduce
@@ -59,7 +59,7 @@ def failure_text(failure: dict, exit_code: Optional[int] = None) -> Optional[str
     return cause                     # the launch's error; a kind unknown here: its cause
 
 
-def _exited(failure: dict, exit_code: Optional[int]) -> str:
+def _exited(failure: Mapping[str, Any], exit_code: Optional[int]) -> str:
     """``exited with status N (os._exit) in step K while rank Q waited in all_reduce #S``
     (a send or receive has no #S: its sequence numbers count apart)."""
     waiters, site = failure.get("ranks") or [], failure.get("site") or {}
@@ -70,7 +70,7 @@ def _exited(failure: dict, exit_code: Optional[int]) -> str:
             + (f" #{seq}" if seq is not None and kind not in P2P_KINDS else ""))
 
 
-def reported_error(record: dict, rank) -> Optional[str]:
+def reported_error(record: Mapping[str, Any], rank: int | str) -> Optional[str]:
     """How run.json (``record``) says ``rank`` ended, in words; None when it says nothing. A
     run.json written before run.json held facts holds the sentence itself (``error``)."""
     entry = (record.get("ranks") or {}).get(str(rank)) or {}
@@ -84,7 +84,8 @@ def rank_failed(rank, error: Optional[str]) -> str:
     return f"rank {rank} failed: {error or 'no error recorded'}"
 
 
-def by_cause(record: dict, failed: list, ended_unix: Optional[dict] = None) -> list:
+def by_cause(record: Mapping[str, Any], failed: list[Any],
+             ended_unix: Optional[dict[Any, float]] = None) -> list[Any]:
     """``failed`` ranks in the order of cause: the first failure first (run.json's
     ``first_failure``, the one trace-run names; without run.json, the rank whose trace ended
     first by ``ended_unix``, rank -> its trace's ``end_unix``, as trace-run decides across
@@ -100,7 +101,7 @@ def by_cause(record: dict, failed: list, ended_unix: Optional[dict] = None) -> l
     return [first] + [r for r in ranks if r != first]
 
 
-def first_failure_line(record: dict, local: set) -> Optional[str]:
+def first_failure_line(record: Mapping[str, Any], local: set[str]) -> Optional[str]:
     """trace-run's one line for the ranks that failed on their own (not ended by the launcher
     or the watchdog): the first failure, and which ranks failed after it (their errors are in
     run.json); None when none did, or when a hang or an interruption ended the run (those have
@@ -108,7 +109,7 @@ def first_failure_line(record: dict, local: set) -> Optional[str]:
     if record["hang"] is not None or record["interrupted"]:
         return None
     failed = [r for r, info in record["ranks"].items()
-              if info["status"] == "failed" and not info.get("terminated")]
+              if info["status"] == RankStatus.FAILED and not info.get("terminated")]
     if not failed:
         return None
     first, *after = by_cause(record, failed)
@@ -120,7 +121,7 @@ def first_failure_line(record: dict, local: set) -> Optional[str]:
     return line
 
 
-def watchdog_line(hang: dict) -> str:
+def watchdog_line(hang: Mapping[str, Any]) -> str:
     """The one line trace-run prints when its watchdog ended a run (run.json's ``hang``; its
     ``finished``: the ranks whose trace had closed ``ok``)."""
     timeout = f"{_seconds(hang['timeout_s'])}s"
@@ -139,7 +140,7 @@ def watchdog_line(hang: dict) -> str:
             f"{_seconds(hang['exit_grace_s'])}s; ending them")
 
 
-def banner(hang: dict) -> str:
+def banner(hang: Mapping[str, Any]) -> str:
     """The report's banner: ranks that never arrived at the collective the others waited in,
     ranks left behind after their peers finished, or ranks that closed their trace but never
     exited."""
