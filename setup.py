@@ -68,8 +68,10 @@ setup(
                     "bench": ["holistictraceanalysis==0.5.0", "pandas>=2.2,<3", "psutil>=5.9",
                               "orjson>=3.8,<4", "msgspec>=0.18,<1", "ijson>=3.2,<4",
                               "pysimdjson>=6,<7"],
+                    # mypy: the type check of tests/unit/test_types.py (mypy.ini), pinned to a
+                    # minor version (a newer one may find new errors in unchanged code)
                     "test": ["pytest>=7", "pytest-timeout>=2", "dask[distributed]>=2023.1",
-                             "duckdb>=1.0", "polars>=1.0", *FRAMEWORKS]},
+                             "duckdb>=1.0", "polars>=1.0", "mypy>=2.4.1,<2.5", *FRAMEWORKS]},
     entry_points={
         "console_scripts": [
             "trace-run=instrument.launch:console",

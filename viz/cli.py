@@ -19,9 +19,8 @@ import os
 import sys
 from typing import Callable, Optional
 
-from tracer.vocab.console_errors import run_console
+from tracer.vocab.console_errors import EXIT_USAGE, CommandParser, run_console
 
-EXIT_USAGE = 2
 EXIT_UNREADABLE = 1
 
 
@@ -235,14 +234,6 @@ def _message(exc: Exception) -> str:
     return str(exc)
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse with its errors on one line (``PROG: error: ...; see PROG --help``), exit 2."""
-
-    def error(self, message: str):
-        print(f"{self.prog}: error: {message} (see {self.prog} --help)", file=sys.stderr)
-        sys.exit(EXIT_USAGE)
-
-
 def _at_least(minimum: int):
     """An argparse type: a whole number >= ``minimum``."""
     def whole(text: str) -> int:
@@ -272,13 +263,12 @@ def _engine_options(parser: argparse.ArgumentParser) -> None:
 
 
 def report_main(argv=None) -> int:
-    parser = _Parser(
+    parser = CommandParser(
         prog="trace-report", description="Rebuild summary.json and the HTML report of a traced "
         "run from the traces on disk.")
     parser.add_argument("run_dir", help="a trace-run output directory (or a directory of "
                         "rank-<R>.arrow files; with --kineto and no traces, where the "
-                        "exports' run goes; "
-                        "rank-<R>.arrow files)")
+                        "exports' run goes)")
     parser.add_argument("--out", help="where to write the report (default: RUN_DIR)")
     parser.add_argument("--kineto", nargs="+", default=[], metavar="[R=]FILE|DIR",
                         help="torch.profiler Chrome-trace exports (.json or .json.gz; a "
@@ -311,7 +301,7 @@ def report_main(argv=None) -> int:
 
 
 def diff_main(argv=None) -> int:
-    parser = _Parser(
+    parser = CommandParser(
         prog="trace-diff", description="What changed between two traced runs: ops, FLOPs, "
         "communication, time, bubbles; matched by module, op, phase and call-graph node.")
     parser.add_argument("run_a", help="the baseline run directory")

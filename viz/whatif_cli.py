@@ -24,6 +24,7 @@ import shlex
 import sys
 from typing import Optional
 
+from tracer.vocab.console_errors import CommandParser as _Parser
 from tracer.vocab.console_errors import run_console
 
 EXIT_USAGE = 2
@@ -33,13 +34,6 @@ SHARDINGS = ("replicate", "optimizer", "gradients", "full")
 KEYS = ("tp", "sp", "pp", "dp", "schedule", "virtual_stages", "microbatches", "shard",
         "shard_units", "param_dtype", "checkpoint", "no_checkpoint", "microbatch_size",
         "grad_accum", "tp_plan")
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse with its errors on one line, exit 2."""
-
-    def error(self, message: str):
-        raise _UsageError(f"{message} (see {PROG} --help)")
 
 
 class _UsageError(Exception):

@@ -16,8 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 import tracer
-from instrument import gather
-from instrument.watchdog import launched_seqs, never_arrived
+from instrument.supervise import gather
+from instrument.supervise.watchdog import launched_seqs, never_arrived
 from support.constructed.synthetic import SyntheticRank
 from support.cli import (C10D, ENV, PHASES, assert_no_traceback, comm_counts, own_lines, problems,
                          run_json, trace_run)
@@ -230,7 +230,7 @@ def test_collector_takes_only_this_runs_token_and_rank_file_names(tmp_path):
 
 
 def test_no_script_means_the_reference_gpt_on_its_default_world_size():
-    from instrument.cli import build_parser, resolve_target, worker_args
+    from instrument.launch.command_line import build_parser, resolve_target, worker_args
     import sample_runs.train
 
     args = build_parser().parse_args(["--out", "x"])
@@ -238,7 +238,7 @@ def test_no_script_means_the_reference_gpt_on_its_default_world_size():
     assert (target.script, target.module, target.args) == (None, "sample_runs.train", [])
     assert args.nproc_per_node == str(sample_runs.train.DEFAULT_WORLD_SIZE)
     argv = worker_args(args, "/abs/x", target)
-    assert argv[:3] == ["-u", "-m", "instrument.bootstrap"]
+    assert argv[:3] == ["-u", "-m", "instrument.launch.bootstrap"]
     assert argv[argv.index("--"):] == ["--", "-m", "sample_runs.train"]
     # an explicit --nproc-per-node wins, in either spelling
     args = build_parser().parse_args(["--nproc_per_node", "2"])

@@ -25,7 +25,7 @@ def test_compile_eagerly_reaches_the_recorder_of_every_rank(tmp_path, flag, mode
     import sys
 
     import tracer
-    from instrument.cli import Target, build_parser, worker_args
+    from instrument.launch.command_line import Target, build_parser, worker_args
     script = tmp_path / "compiled.py"
     script.write_text(COMPILED_SCRIPT)
     args = build_parser().parse_args([*flag, str(script)])

@@ -21,7 +21,7 @@ import sys
 import pytest
 
 import tracer
-from instrument import run_record
+from instrument.supervise import run_outcome
 from tracer.files import rundir
 from support.constructed.synthetic import SyntheticRank
 from support.cli import ENV, own_lines, problems, run_json, trace_run
@@ -161,9 +161,9 @@ def test_the_first_failure_goes_by_the_status_files_own_clock(tmp_path):
     for rank, now_ns in ((0, 1_000), (1, 2_000)):
         _status(tmp_path, rank, now_ns=now_ns)
         os.utime(tmp_path / f"rank-{rank}.status.json", (100.0, 100.0))
-    assert run_record.first_to_stop([1, 0], str(tmp_path)) == 0
+    assert run_outcome.first_to_stop([1, 0], str(tmp_path)) == 0
     _status(tmp_path, 0, now_ns=3_000)
-    assert run_record.first_to_stop([0, 1], str(tmp_path)) == 1
+    assert run_outcome.first_to_stop([0, 1], str(tmp_path)) == 1
 
 
 @pytest.mark.parametrize("launched, blamed", [(7, True), (8, False)])
@@ -180,7 +180,7 @@ def test_a_rank_that_exited_is_blamed_only_if_a_failed_rank_waited_for_it(tmp_pa
     _status(tmp_path, 1, final=True, failed_collectives=[], inflight=[])
     statuses = {0: json.loads((tmp_path / "rank-0.status.json").read_text()),
                 1: json.loads((tmp_path / "rank-1.status.json").read_text())}
-    left = run_record.left_early(str(tmp_path), statuses, {0})
+    left = run_outcome.left_early(str(tmp_path), statuses, {0})
     if not blamed:
         assert left == {}
         return

@@ -22,7 +22,7 @@ import torch.distributed as dist
 import tracer
 from support.cli import CPU_ONLY
 from support.gpt_helpers import free_port
-from instrument.cli import Target, build_parser, worker_args
+from instrument.launch.command_line import Target, build_parser, worker_args
 from tracer.files import rundir
 from tracer.files.device_format import read_device
 from tracer.recorder import device as device_module, device_notes, flusher as flusher_module

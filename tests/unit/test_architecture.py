@@ -1,9 +1,9 @@
 """The code's shape, checked: imports flow one way (no cycles between modules nor between
 packages; tracer in layers, vocab <- files <- kineto <- recorder <- the public API; viz in
 layers, inputs <- analysis <- diff, whatif <- views <- render <- commands, and on tracer's
-vocab, files and kineto only; reading traces and analysing them never imports torch or the
-recorder's hot path), every renderer has the one shape and is in its command's registry,
-modules stay focused."""
+vocab, files and kineto only; instrument in two rooms, supervise <- launch; reading traces and
+analysing them never imports torch or the recorder's hot path), every renderer has the one
+shape and is in its command's registry, modules stay focused."""
 from __future__ import annotations
 
 import ast
@@ -37,6 +37,12 @@ VIZ_LAYERS = (("inputs",), ("analysis",), ("diff", "whatif"), ("views",), ("rend
 # torch.profiler export reader, the recorder (its device windows read exports), and the public
 # API of tracer/__init__.py on top.
 TRACER_LAYERS = ("tracer.vocab", "tracer.files", "tracer.kineto", "tracer.recorder", "tracer")
+# instrument's rooms, lowest first (docs/architecture.md): what watches and records the run
+# beside the workers, then what launches it; a room imports from itself and the rooms below
+INSTRUMENT_ROOMS = ("instrument.supervise", "instrument.launch")
+# the one module of instrument that sends signals with os.kill (processes.terminate ends
+# processes for the watchdog and orphans alike)
+SIGNALLER = "instrument.supervise.processes"
 # what viz may import of tracer: never the recorder, nor the API that starts it
 VIZ_READS = ("tracer.vocab", "tracer.files", "tracer.kineto")
 # viz/render's renderers, grouped by command (docs/architecture.md): every module of these
@@ -138,6 +144,22 @@ def tracer_violations(graph: nx.DiGraph) -> list:
     return wrong
 
 
+def instrument_room(module: str) -> str:
+    """The room of :data:`INSTRUMENT_ROOMS` an instrument module lives in; '' for none."""
+    return next((room for room in INSTRUMENT_ROOMS
+                 if module == room or module.startswith(room + ".")), "")
+
+
+def instrument_violations(graph: nx.DiGraph) -> list:
+    """(importer, imported, why) of each import that goes up instrument's rooms."""
+    wrong = []
+    for a, b in graph.edges:
+        ra, rb = instrument_room(a), instrument_room(b)
+        if ra and rb and INSTRUMENT_ROOMS.index(rb) > INSTRUMENT_ROOMS.index(ra):
+            wrong.append((a, b, f"{ra} imports {rb}, a room above it"))
+    return wrong
+
+
 def package_cycles(graph: nx.DiGraph) -> list:
     """Cycles of the graph of packages (viz's units, the other top-level packages)."""
     packages = nx.DiGraph()
@@ -169,6 +191,49 @@ def test_every_tracer_module_lives_in_a_room():
     assert not loose, f"tracer modules outside vocab/, files/, kineto/, recorder/: {loose}"
 
 
+def test_every_instrument_module_lives_in_a_room():
+    loose = [m for m in modules() if m.startswith("instrument.") and not instrument_room(m)]
+    assert not loose, f"instrument modules outside launch/, supervise/: {loose}"
+
+
+def test_instrument_imports_go_down_its_rooms():
+    wrong = instrument_violations(import_graph())
+    assert not wrong, "imports against instrument's rooms: " + "; ".join(
+        f"{a} -> {b} ({why})" for a, b, why in wrong)
+
+
+def test_the_instrument_room_checks_catch_what_they_forbid():
+    """Planted: the watchdog reaching up into the command line, gathering into the launch
+    package; a module beside the rooms. The launch room's imports of supervise stay allowed."""
+    graph = import_graph()
+    assert ("instrument.launch.single", "instrument.supervise.monitor") in graph.edges
+    planted = {("instrument.supervise.watchdog", "instrument.launch.command_line"),
+               ("instrument.supervise.gather", "instrument.launch")}
+    graph.add_edges_from(planted)
+    assert {(a, b) for a, b, _ in instrument_violations(graph)} == planted
+    assert instrument_room("instrument.helpers") == ""
+    assert instrument_room("instrument.launch") == "instrument.launch"
+
+
+def kill_calls(text: str) -> list:
+    """Lines of a module's source that call ``os.kill``."""
+    return [node.lineno for node in ast.walk(ast.parse(text)) if isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute) and node.func.attr == "kill"
+            and isinstance(node.func.value, ast.Name) and node.func.value.id == "os"]
+
+
+def test_one_module_of_instrument_sends_signals():
+    """The watchdog and orphans end processes through processes.terminate, the one
+    signal-and-wait loop; no other module of instrument calls os.kill (planted: the watchdog
+    calling it is found)."""
+    sources = instrument_sources()
+    assert kill_calls(sources[SIGNALLER])
+    others = {name: kill_calls(text) for name, text in sources.items() if name != SIGNALLER}
+    assert not any(others.values()), others
+    planted = sources["instrument.supervise.watchdog"] + "\n\ndef end(pid):\n    os.kill(pid, 9)\n"
+    assert kill_calls(planted)
+
+
 def test_no_import_cycles_between_packages():
     cycles = package_cycles(import_graph())
     assert not cycles, f"import cycles between packages: {cycles[:5]}"
@@ -184,7 +249,7 @@ def test_the_layer_checks_catch_what_they_forbid():
         ("viz.views.pages", "viz.render.html"), ("viz.diff.words", "viz.whatif.models")}
     assert package_cycles(graph)
     graph = import_graph()
-    graph.add_edge("tracer.files.format", "instrument.cli")
+    graph.add_edge("tracer.files.format", "instrument.launch.command_line")
     assert ["tracer", "instrument"] in [sorted(c, reverse=True) for c in package_cycles(graph)]
     # tracer's rooms: the trace format reaching up into the recorder, the vocabulary into the
     # files; viz reaching into the recorder, or into the API that starts it
@@ -286,10 +351,11 @@ def test_the_flow_is_one_way():
 # display layer is loaded while the workers run; and the functions of the others that do
 # (launch: the agent runs the workers inside it). The rest of instrument imports viz only inside
 # functions that run once the workers have run (the report, run.json's facts in words).
-BESIDE_THE_WORKERS = ("instrument.monitor", "instrument.watchdog", "instrument.run_record",
-                      "instrument.orphans", "instrument.bootstrap", "instrument.gather",
-                      "instrument.single")
-FUNCTIONS_BESIDE_THE_WORKERS = {("instrument.launch", "launch")}
+BESIDE_THE_WORKERS = ("instrument.supervise.monitor", "instrument.supervise.watchdog",
+                      "instrument.supervise.run_outcome", "instrument.supervise.orphans",
+                      "instrument.launch.bootstrap", "instrument.supervise.gather",
+                      "instrument.launch.single")
+FUNCTIONS_BESIDE_THE_WORKERS = {("instrument.launch.trace_run", "launch")}
 
 
 def viz_imports(text: str) -> list:
@@ -347,24 +413,27 @@ def test_the_viz_check_catches_a_planted_import():
     beside the workers), inside a method of the monitor's thread, and in launch.launch; the
     launcher's own imports after the run (the words, the report) stay allowed."""
     sources = instrument_sources()
-    launch = sources["instrument.launch"]
+    launch = sources["instrument.launch.trace_run"]
     call = "    say(f\"launching {describe_launch(config, target)}\")\n"
     assert call in launch
     planted = {
-        "instrument.cli": "import viz.run\n" + sources["instrument.cli"],
-        "instrument.watchdog": sources["instrument.watchdog"]
+        "instrument.launch.command_line": "import viz.run\n"
+        + sources["instrument.launch.command_line"],
+        "instrument.supervise.watchdog": sources["instrument.supervise.watchdog"]
         + "\n\ndef words():\n    from viz.views import failures\n    return failures\n",
-        "instrument.monitor": sources["instrument.monitor"].replace(
+        "instrument.supervise.monitor": sources["instrument.supervise.monitor"].replace(
             "    def _run(self) -> None:\n",
             "    def _run(self) -> None:\n        from viz.views.failures import banner\n"),
-        "instrument.launch": launch.replace(call, "    import viz.views.failures\n" + call),
+        "instrument.launch.trace_run": launch.replace(
+            call, "    import viz.views.failures\n" + call),
     }
     faults = instrument_viz_faults({**sources, **planted})
     assert [f.split(" in ")[-1].split(":")[0] for f in faults] == [
-        "instrument.cli", "launch, beside the workers", "Monitor._run, beside the workers",
-        "words, beside the workers"], faults
-    assert [f.split(":")[0] for f in faults] == ["instrument.cli", "instrument.launch",
-                                                  "instrument.monitor", "instrument.watchdog"]
+        "instrument.launch.command_line", "launch, beside the workers",
+        "Monitor._run, beside the workers", "words, beside the workers"], faults
+    assert [f.split(":")[0] for f in faults] == [
+        "instrument.launch.command_line", "instrument.launch.trace_run",
+        "instrument.supervise.monitor", "instrument.supervise.watchdog"]
 
 
 def test_modules_and_functions_stay_focused():

@@ -60,7 +60,47 @@ def test_every_console_script_goes_through_the_guard():
     for script in scripts:
         name, target = script.split("=")
         module, func = target.split(":")
-        source = (REPO / (module.replace(".", "/") + ".py")).read_text()
+        path = REPO / module.replace(".", "/")
+        source = (path / "__init__.py" if path.is_dir() else path.with_suffix(".py")).read_text()
         body = re.search(rf"def {func}\(\) -> int:\n(?:    .*\n)*?    return (.*)\n", source)
         assert body and body.group(1).startswith(f'run_console("{name}", '), script
 
+
+
+def _exit_status(main, argv: list) -> int:
+    try:
+        return main(argv)
+    except SystemExit as exit:
+        return exit.code
+
+
+def test_the_four_commands_refuse_a_bad_command_line_in_one_style(capsys, tmp_path):
+    """argparse's refusals, in every command: ``PROG: error: MESSAGE (see PROG --help)``, one
+    line, exit status 2 (docs/architecture.md's contract); a part of trace-whatif's command line
+    (``--target``) names the command too."""
+    from instrument.launch import trace_run
+    from viz import cli, whatif_cli
+    run = str(tmp_path)
+    unknown = "unrecognized arguments: --no-such-option"
+    cases = [("trace-run", trace_run.main, ["--no-such-option"], unknown),
+             ("trace-report", cli.report_main, [run, "--no-such-option"], unknown),
+             ("trace-diff", cli.diff_main, [run, run, "--no-such-option"], unknown),
+             ("trace-whatif", whatif_cli.main, [run, "--out", run, "--no-such-option"], unknown),
+             ("trace-whatif", whatif_cli.main, [run, "--out", run, "--target", "--tp 0"],
+              "argument --tp: must be a whole number >= 1, got '0'"),
+             ("trace-report", cli.report_main, [], "the following arguments are required: "
+              "run_dir")]
+    for prog, main, argv, message in cases:
+        assert _exit_status(main, argv) == 2, (prog, argv)
+        assert capsys.readouterr().err == f"{prog}: error: {message} (see {prog} --help)\n"
+
+
+def test_trace_report_help_says_each_thing_once(capsys):
+    """``trace-report --help``: RUN_DIR's help named rank-<R>.arrow files twice, the second time
+    after the --kineto clause had ended it."""
+    from viz import cli
+    assert _exit_status(cli.report_main, ["--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert text.count("rank-<R>.arrow files") == 1, text
+    assert "a trace-run output directory (or a directory of rank-<R>.arrow files; with --kineto " \
+           "and no traces, where the exports' run goes)" in text, text

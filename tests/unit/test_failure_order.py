@@ -11,7 +11,7 @@ import traceback
 
 from support.constructed.synthetic import SyntheticRank, write_run
 from tracer.vocab.library import LibraryRule
-from tracer.vocab.outcomes import ENDED, ERROR, failure
+from tracer.vocab.outcomes import FailureKind, failure
 from tracer.vocab.user_frames import PARATRACE_DIRS, trim_dump, trim_traceback
 from viz.analysis import analyse
 from viz.run import open_run
@@ -43,9 +43,9 @@ def test_the_first_failure_leads_then_the_ranks_after_it(tmp_path):
     record = {"schema": "paratrace.run/2", "world_size": 2, "first_failure": 1, "hang": None,
               "interrupted": False, "ranks": {
                   "0": {"status": "failed", "exit_code": -15, "terminated": True,
-                        "failure": failure(ENDED, ranks=[1], cause=GLOO)},
+                        "failure": failure(FailureKind.ENDED, ranks=[1], cause=GLOO)},
                   "1": {"status": "failed", "exit_code": 1, "terminated": False,
-                        "failure": failure(ERROR, cause="ValueError: boom")}}}
+                        "failure": failure(FailureKind.ERROR, cause="ValueError: boom")}}}
     assert titles(failed_run(tmp_path, record)) == [
         ("failed", "rank 1 failed first: ValueError: boom"),
         ("followed", "then rank 0 failed (after rank 1): ended by the launcher after rank 1 "

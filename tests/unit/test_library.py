@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import tracer
-from instrument import launch
+from instrument.launch import trace_run
 from tracer.vocab.library import LibraryRule, LibrarySpecError, parse_specs
 from viz.analysis.op_groups import group_ops, split_stack
 from support.paths import REPO
@@ -106,7 +106,7 @@ def test_a_library_spec_naming_nothing_installed_is_one_line_exit_2(tmp_path, ca
     script = tmp_path / "train.py"
     script.write_text("pass\n")
     for option in ("--library", "--no-library"):
-        code = launch.main([option, "nosuchpackage_xyz", "--out", str(tmp_path / "run"),
+        code = trace_run.main([option, "nosuchpackage_xyz", "--out", str(tmp_path / "run"),
                             str(script)])
         err = capsys.readouterr().err.strip().splitlines()
         assert code == 2 and err == ["trace-run: error: --library / --no-library: no installed "

@@ -8,12 +8,17 @@ from types import SimpleNamespace as NS
 
 import pytest
 
-from instrument import run_record
-from tracer.vocab.outcomes import (COLLECTIVE, ENDED, ERROR, EXIT, EXITED, FINISHED, HANG,
-                                   INTERRUPTED, LAUNCH, LEFT_BEHIND, WAITING, failure)
+from instrument.supervise import run_outcome
+from tracer.vocab.outcomes import Bystander, FailureKind, HangRule, failure
 from viz.views.failures import (banner, failure_text, first_failure_line, reported_error,
                                 watchdog_line)
 from viz.views.problems import rank_error
+
+ERROR, ENDED, EXITED, HANG = (FailureKind.ERROR, FailureKind.ENDED, FailureKind.EXITED,
+                              FailureKind.HANG)
+INTERRUPTED, LAUNCH = FailureKind.INTERRUPTED, FailureKind.LAUNCH
+COLLECTIVE, LEFT_BEHIND, EXIT = HangRule.COLLECTIVE, HangRule.LEFT_BEHIND, HangRule.EXIT
+FINISHED, WAITING = Bystander.FINISHED, Bystander.WAITING
 
 ALL_REDUCE_8 = {"kind": "all_reduce", "group": "0,1", "seq": 8, "peer": None}
 RECV = {"kind": "recv", "group": "0,1", "seq": 3, "peer": 0}
@@ -141,19 +146,19 @@ def test_summary_json_and_the_banners_take_the_rank_error_from_the_facts():
 
 
 def test_trace_run_records_facts_the_words_read_back():
-    """The writer's side (instrument/run_record.py): a failure torch reported without a message,
-    the ranks the run ended before torch's agent reported them."""
-    lost = run_record.failed_rank(0, NS(exitcode=2, message={"message": "To enable traceback"}),
+    """The writer's side (instrument/supervise/run_outcome.py): a failure torch reported
+    without a message, the ranks the run ended before torch's agent reported them."""
+    lost = run_outcome.failed_rank(0, NS(exitcode=2, message={"message": "To enable traceback"}),
                                   first=0)
     assert lost["failure"] == failure(ERROR) and reported_error({"ranks": {"0": lost}}, 0) == \
         "exit code 2"
     hang = {"timeout_s": 4, "never_arrived": [], "lingering": [3]}
-    for outcome, words in ((run_record.Outcome(interrupted=True), "interrupted"),
-                           (run_record.Outcome(hang=hang), "ended by the watchdog (hang)"),
-                           (run_record.Outcome(error="RendezvousClosedError: closed"),
+    for outcome, words in ((run_outcome.Outcome(interrupted=True), "interrupted"),
+                           (run_outcome.Outcome(hang=hang), "ended by the watchdog (hang)"),
+                           (run_outcome.Outcome(error="RendezvousClosedError: closed"),
                             "RendezvousClosedError: closed")):
-        facts = run_record.ended_early(outcome)
+        facts = run_outcome.ended_early(outcome)
         assert facts["kind"] in (INTERRUPTED, HANG, LAUNCH)
         assert failure_text(facts) == words
-    assert run_record.ended_early(run_record.Outcome(hang=hang))["ranks"] == [3]
-    assert run_record.ended_early(run_record.Outcome()) is None
+    assert run_outcome.ended_early(run_outcome.Outcome(hang=hang))["ranks"] == [3]
+    assert run_outcome.ended_early(run_outcome.Outcome()) is None

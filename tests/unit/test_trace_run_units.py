@@ -3,16 +3,17 @@ node, option checks, the run record. Fake clocks and status dicts; the real runs
 test_trace_run.py, test_trace_run_faults.py and test_trace_run_nodes.py."""
 from __future__ import annotations
 
-import json
 import os
 
 import pytest
 
-from instrument import gather, launch, run_record
-from instrument.cli import build_parser
-from instrument.monitor import StepProgress
-from instrument.preflight import describe_launch_error
-from instrument.watchdog import COLLECTIVE, EXIT, LEFT_BEHIND, HangDetector
+from instrument.launch import trace_run
+from instrument.launch.command_line import build_parser
+from instrument.launch.preflight import describe_launch_error
+from instrument.supervise import gather, run_outcome
+from instrument.supervise.monitor import StepProgress
+from instrument.supervise.watchdog import HangDetector
+from tracer.vocab.outcomes import HangRule
 from viz.views.failures import reported_error
 
 ALL_REDUCE = {"kind": "all_reduce", "group": [0, 1], "seq": 3, "peer": None}
@@ -32,7 +33,7 @@ def test_a_collective_nobody_leaves_for_the_timeout_is_a_hang():
     waiting = {0: status(inflight=[ALL_REDUCE]), 1: status(events=7)}
     verdicts = watch(HangDetector(5), [(0, waiting), (4.9, waiting), (5, waiting)])
     assert [v for _, v in verdicts][:2] == [None, None]
-    assert verdicts[2][1].kind == COLLECTIVE
+    assert verdicts[2][1].kind == HangRule.COLLECTIVE
 
 
 def test_a_slow_start_is_no_hang_however_long():
@@ -51,7 +52,7 @@ def test_a_rank_silent_after_another_finished_is_left_behind():
                      alive={1})
     assert [v for _, v in verdicts][:3] == [None, None, None]
     verdict = verdicts[3][1]
-    assert (verdict.kind, verdict.lingering, verdict.finished) == (LEFT_BEHIND, [1], [0])
+    assert (verdict.kind, verdict.lingering, verdict.finished) == (HangRule.LEFT_BEHIND, [1], [0])
 
 
 def test_a_rank_that_keeps_recording_after_the_others_finished_is_not_left_behind():
@@ -72,7 +73,7 @@ def test_a_rank_that_closed_its_trace_but_never_exits_is_ended_after_a_grace():
     closed = {0: status(final=True, state="ok")}
     verdicts = watch(detector, [(0, closed), (29, closed), (30, closed)], alive={0})
     assert [v for _, v in verdicts][:2] == [None, None]
-    assert (verdicts[2][1].kind, verdicts[2][1].lingering) == (EXIT, [0])
+    assert (verdicts[2][1].kind, verdicts[2][1].lingering) == (HangRule.EXIT, [0])
     # a process that is gone is not waited for
     assert HangDetector(5).observe(closed, set(), 100) is None
 
@@ -162,7 +163,7 @@ def test_bad_torchrun_option_values_are_one_line_naming_the_option(tmp_path, cap
     if args[0] not in trace_run_options():      # --shutdown-timeout before torch 2.13
         message = f"unrecognized arguments: {args[0]}"
     try:
-        code = launch.main([*args, "--out", str(out), __file__])
+        code = trace_run.main([*args, "--out", str(out), __file__])
     except SystemExit as refused:              # argparse's own refusals exit
         code = refused.code
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
@@ -173,14 +174,14 @@ def test_bad_torchrun_option_values_are_one_line_naming_the_option(tmp_path, cap
 
 def test_a_bad_device_source_is_one_line_naming_the_variable(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("PARATRACE_DEVICE_SOURCE", "nsys")
-    code = launch.main(["--out", str(tmp_path / "run"), __file__])
+    code = trace_run.main(["--out", str(tmp_path / "run"), __file__])
     assert code == 2 and capsys.readouterr().err == (
         "trace-run: error: PARATRACE_DEVICE_SOURCE='nsys': expected one of kineto, cupti\n")
     assert not (tmp_path / "run").exists()
 
 
 def test_a_script_that_is_a_directory_is_named_so(tmp_path, capsys):
-    code = launch.main(["--out", str(tmp_path / "run"), str(tmp_path)])
+    code = trace_run.main(["--out", str(tmp_path / "run"), str(tmp_path)])
     assert code == 2
     assert capsys.readouterr().err == \
         f"trace-run: error: script {tmp_path} is a directory, not a Python file\n"
@@ -203,7 +204,7 @@ def test_an_out_that_cannot_hold_a_new_run_is_refused_untouched(tmp_path, capsys
     out = {"empty": "", "a file": str(tmp_path / "afile"), "a run": str(run),
            "its traces": str(run / "traces")}[case]
     before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
-    code = launch.main(["--out", out, __file__])
+    code = trace_run.main(["--out", out, __file__])
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert code == 2
     assert len(err) == 1 and err[0].startswith("trace-run: error: --out ") and message in err[0]
@@ -220,47 +221,33 @@ def test_a_launch_error_without_a_message_still_says_where_it_came_from():
     assert describe_launch_error(ValueError("bad\nsecond line")) == "ValueError: bad"
 
 
-def test_run_record_is_written_whole_and_read_back(tmp_path):
-    record = {"schema": run_record.SCHEMA, "ranks": {"0": {"status": "ok"}}}
-    path = run_record.write(str(tmp_path), record)
-    assert json.loads(open(path).read()) == record == run_record.read(str(tmp_path))
-    assert [p.name for p in tmp_path.iterdir()] == ["run.json"]     # no temporary left
-    (tmp_path / "run.json").write_text('{"schema": "something/else"}')
-    with pytest.raises(ValueError, match="not a paratrace.run record"):
-        run_record.read(str(tmp_path))
-    old = {"schema": "paratrace.run/1", "ranks": {"1": {"status": "failed", "error": "boom"}}}
-    (tmp_path / "run.json").write_text(json.dumps(old))
-    assert run_record.read(str(tmp_path)) == old        # a record of the sentences still reads
-    with pytest.raises(OSError):
-        run_record.write(str(tmp_path / "no-such-dir"), record)
-
-
 def test_the_report_names_no_rank_trace_run_already_named():
     ranks = {"0": {"status": "failed", "tracer_status": "interrupted", "terminated": False},
              "1": {"status": "failed", "tracer_status": "interrupted", "terminated": False},
              "2": {"status": "ok", "tracer_status": "ok"}}
     # Ctrl-C: "interrupted; the traces hold what was recorded" names every interrupted rank,
     # however far apart the interrupt caught them
-    assert launch.said_failed({"interrupted": True, "hang": None, "ranks": ranks}) == {0, 1}
+    assert trace_run.said_failed({"interrupted": True, "hang": None, "ranks": ranks}) == {0, 1}
     # a hang's banner lists each rank's state; the report's lines stay
-    assert launch.said_failed({"interrupted": False, "hang": {}, "ranks": ranks}) == set()
+    assert trace_run.said_failed({"interrupted": False, "hang": {}, "ranks": ranks}) == set()
     # a failure: the rank that failed was named, a bystander the launcher ended was not
     ranks = {"0": {"status": "failed", "terminated": False},
              "1": {"status": "failed", "terminated": True}, "2": {"status": "ok"}}
-    assert launch.said_failed({"interrupted": False, "hang": None, "ranks": ranks}) == {0}
+    assert trace_run.said_failed({"interrupted": False, "hang": None, "ranks": ranks}) == {0}
 
 
 def test_hang_blames_the_ranks_the_watchdog_named_and_not_those_that_had_finished():
-    outcome = run_record.Outcome(ranks={
+    outcome = run_outcome.Outcome(ranks={
         "0": {"status": "failed", "exit_code": -15, "failure": None},
         "1": {"status": "failed", "exit_code": -9, "failure": None}})
-    hang = {"timeout_s": 3, "kind": LEFT_BEHIND, "never_arrived": [], "lingering": [1],
+    hang = {"timeout_s": 3, "kind": HangRule.LEFT_BEHIND, "never_arrived": [], "lingering": [1],
             "ranks": {"0": {"final": True, "status": "ok"}, "1": {"final": False}}}
     outcome.add_hang(hang, 124)
     assert outcome.exit_code == 124 and outcome.first_failure == 1
     # facts in run.json: the rule that blamed rank 1, what rank 0 was doing
-    assert outcome.ranks["1"]["failure"] == {"kind": "hang", "ranks": [1], "cause": LEFT_BEHIND,
-                                             "site": None, "step": None, "timeout_s": 3}
+    assert outcome.ranks["1"]["failure"] == {"kind": "hang", "ranks": [1],
+                                             "cause": HangRule.LEFT_BEHIND, "site": None,
+                                             "step": None, "timeout_s": 3}
     assert outcome.ranks["0"]["failure"]["cause"] == "finished"
     assert [outcome.ranks[r]["terminated"] for r in "01"] == [True, False]
     # worded as they always were
@@ -276,15 +263,16 @@ def test_a_trace_run_claims_to_collect_if_given_node_rank_0_else_on_the_rendezvo
     c10d = lambda endpoint: NS(rdzv_backend="c10d", rdzv_endpoint=endpoint)
     given = lambda rank: NS(node_rank_given=True, node_rank=rank)
     unnamed = NS(node_rank_given=False, node_rank=0)
-    assert launch.collector_claim(given(0), c10d("203.0.113.5:29400")) == gather.CLAIM_NODE_RANK_0
-    assert launch.collector_claim(given(1), c10d("127.0.0.1:29400")) == gather.CLAIM_NONE
-    assert launch.collector_claim(unnamed, c10d("127.0.0.1:29400")) == \
-        gather.CLAIM_RENDEZVOUS_HOST
+    assert trace_run.collector_claim(given(0), c10d("203.0.113.5:29400")) == \
+        gather.Claim.NODE_RANK_0
+    assert trace_run.collector_claim(given(1), c10d("127.0.0.1:29400")) == gather.Claim.NONE
+    assert trace_run.collector_claim(unnamed, c10d("127.0.0.1:29400")) == \
+        gather.Claim.RENDEZVOUS_HOST
     # TEST-NET-3: an address no machine here has
-    assert launch.collector_claim(unnamed, c10d("203.0.113.5:29400")) == gather.CLAIM_NONE
+    assert trace_run.collector_claim(unnamed, c10d("203.0.113.5:29400")) == gather.Claim.NONE
     # the static rendezvous takes --node-rank as the group rank: node 0 collects, as before
     static = NS(rdzv_backend="static", rdzv_endpoint="127.0.0.1:29500")
-    assert launch.collector_claim(unnamed, static) == gather.CLAIM_NODE_RANK_0
+    assert trace_run.collector_claim(unnamed, static) == gather.Claim.NODE_RANK_0
 
 
 def test_the_first_failure_is_the_rank_that_stopped_first_not_torchs_whole_second(tmp_path):
@@ -299,7 +287,7 @@ def test_the_first_failure_is_the_rank_that_stopped_first_not_torchs_whole_secon
         path = tmp_path / f"rank-{rank}.status.json"
         path.write_text("{}")
         os.utime(path, (mtime, mtime))
-    outcome = run_record.Outcome()
+    outcome = run_outcome.Outcome()
     outcome.add_failures(failed, str(tmp_path))
     assert outcome.first_failure == 0 and outcome.exit_code == 128 + 9
     assert outcome.ranks["0"] == {"status": "failed", "exit_code": -9, "terminated": False,
@@ -316,7 +304,7 @@ def test_the_first_failure_is_the_rank_that_stopped_first_not_torchs_whole_secon
                                          "end: RuntimeError: Connection closed by peer")
     # a rank without a status file (it died before its tracer started): torch's answer stands
     (tmp_path / "rank-1.status.json").unlink()
-    outcome = run_record.Outcome()
+    outcome = run_outcome.Outcome()
     outcome.add_failures(failed, str(tmp_path))
     assert outcome.first_failure == 1
 
@@ -334,12 +322,12 @@ def test_the_first_failure_is_the_rank_whose_last_sign_of_life_came_first(tmp_pa
     _touch(tmp_path / os.path.basename(rundir.trace_file(traces, 0)), 99.0)
     _touch(tmp_path / os.path.basename(rundir.trace_file(traces, 1)), 100.2)
     _touch(tmp_path / os.path.basename(rundir.status_file(traces, 1)), 100.2)
-    assert run_record.first_to_stop([1, 0], traces) == 0
+    assert run_outcome.first_to_stop([1, 0], traces) == 0
     # the latest of a rank's two files counts: rank 0's status at 100.5 is after rank 1's end
     _touch(tmp_path / os.path.basename(rundir.status_file(traces, 0)), 100.5)
-    assert run_record.first_to_stop([0, 1], traces) == 1
+    assert run_outcome.first_to_stop([0, 1], traces) == 1
     # a rank with neither file: nothing to compare, torch's answer is used instead
-    assert run_record.first_to_stop([0, 1, 2], traces) is None
+    assert run_outcome.first_to_stop([0, 1, 2], traces) is None
 
 
 def test_an_error_after_trace_run_died_leaves_the_trace_interrupted(tmp_path, monkeypatch):
@@ -347,7 +335,8 @@ def test_an_error_after_trace_run_died_leaves_the_trace_interrupted(tmp_path, mo
     collective before its own end comes: its trace says interrupted, as the peer's does, not
     failed (a race seen in test_one_run_per_out_and_no_orphans_after_sigkill)."""
     import tracer
-    from instrument import bootstrap, orphans
+    from instrument.launch import bootstrap
+    from instrument.supervise import orphans
     monkeypatch.setenv(orphans.ENV_LAUNCHER, str(os.getppid() + 10 ** 6))   # not our parent
     with pytest.raises(RuntimeError):
         with tracer.trace(str(tmp_path / "gone"), clock_sync=False, device_time=False):
@@ -384,7 +373,7 @@ def test_an_abbreviation_of_one_option_in_two_spellings_is_that_option(capsys):
 
 
 def test_help_quotes_the_memory_cost_docs_overhead_measured():
-    from instrument.cli import MEMORY_COST
+    from instrument.launch.command_line import MEMORY_COST
     import tracer
     from support.paths import REPO
     said = f"{MEMORY_COST:g} times"

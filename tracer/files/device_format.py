@@ -13,7 +13,7 @@ import functools
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Iterator, Optional
+from typing import Any, Iterator, Optional
 
 import numpy as np
 import pyarrow as pa
@@ -37,9 +37,9 @@ class DeviceRecords:
     corr: np.ndarray
     tid: np.ndarray
     nbytes: np.ndarray
-    names: list
+    names: list[str]
     rank: Optional[int] = None          # distributedInfo.rank of an export, if it says
-    meta: dict = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.kind)
@@ -54,7 +54,7 @@ class DeviceRecords:
         index = {n: i for i, n in enumerate(names)}
         recode = np.array([index.setdefault(n, len(index)) for n in other.names] or [0],
                           dtype=np.int64)
-        names = sorted(index, key=index.get)
+        names = sorted(index, key=index.__getitem__)
         cols = {f: np.concatenate([getattr(self, f), getattr(other, f)])
                 for f in ("kind", "start", "end", "device", "stream", "corr", "tid", "nbytes")}
         return DeviceRecords(name=np.concatenate([self.name, recode[other.name]]), names=names,
@@ -82,7 +82,7 @@ class DeviceWriter:
     """Appends one batch per recorded window. Not thread-safe: one flusher writes. ``sink``:
     an Arrow output stream to write to instead of the file at ``path``."""
 
-    def __init__(self, path: str, meta: dict, sink=None):
+    def __init__(self, path: str, meta: dict[str, Any], sink: Any = None):
         self.path = path
         header = {b"paratrace.format": FORMAT_NAME.encode(),
                   b"paratrace.version": str(FORMAT_VERSION).encode(),
@@ -93,7 +93,7 @@ class DeviceWriter:
             options=write_options(dictionary_deltas=False))
         self.records = 0
 
-    def write(self, records: DeviceRecords, meta: dict) -> None:
+    def write(self, records: DeviceRecords, meta: dict[str, Any]) -> None:
         n = len(records)
         arrays = [
             pa.DictionaryArray.from_arrays(pa.array(records.kind, pa.int8()),
@@ -128,7 +128,7 @@ def warm_up() -> bytes:
     return sink.getvalue().to_pybytes()
 
 
-def read_device(path: str) -> tuple:
+def read_device(path: str) -> tuple[DeviceRecords, list[dict[str, Any]], Optional[str]]:
     """(DeviceRecords of every complete batch, metadata dicts, problem or None). Raises
     TraceError for a file that is not a paratrace device file at all."""
     if not os.path.exists(path):
@@ -143,7 +143,9 @@ def read_device(path: str) -> tuple:
     if int(header.get(b"paratrace.version", b"0")) > FORMAT_VERSION:
         raise TraceError(f"{path}: device format version {int(header[b'paratrace.version'])} "
                          f"is newer than this paratrace reads (up to {FORMAT_VERSION})")
-    out, metas, damage = empty(), [], []
+    out = empty()
+    metas: list[dict[str, Any]] = []
+    damage: list[str] = []
     for records, meta in intact_batches(reader, damage):
         out = out.concat(records)
         if meta is not None:
@@ -152,7 +154,8 @@ def read_device(path: str) -> tuple:
     return out, metas, problem
 
 
-def intact_batches(reader, damage: list) -> Iterator[tuple]:
+def intact_batches(reader: Any, damage: list[str]
+                   ) -> Iterator[tuple[DeviceRecords, Optional[dict[str, Any]]]]:
     """(DeviceRecords, its window's meta dict or None) of each batch of an open device
     stream, up to the end or to a batch cut short, whose error (120 characters) is appended
     to ``damage``."""

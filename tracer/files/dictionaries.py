@@ -6,6 +6,8 @@ format.py). ``stack`` and ``fwd_stack`` share the stack interner's values (stack
 """
 from __future__ import annotations
 
+from typing import Any
+
 from .format import DICT_COLUMNS
 
 STACK_COLUMNS = ("stack", "fwd_stack")
@@ -16,9 +18,9 @@ class Interner:
 
     __slots__ = ("ids", "values")
 
-    def __init__(self):
-        self.ids: dict = {}
-        self.values: list = []
+    def __init__(self) -> None:
+        self.ids: dict[str, int] = {}
+        self.values: list[str] = []
 
     def __call__(self, text: str) -> int:
         i = self.ids.get(text)
@@ -31,7 +33,7 @@ class Interner:
 class Dictionaries:
     """One interner per dictionary column; the stack columns use ``stacks`` (a StackInterner)."""
 
-    def __init__(self, stacks):
+    def __init__(self, stacks: Any) -> None:      # a StackInterner
         self.stacks = stacks
         self.interners = {name: Interner() for name in DICT_COLUMNS if name not in STACK_COLUMNS}
         self.op = self.interners["op"]
@@ -42,7 +44,7 @@ class Dictionaries:
         self.group = self.interners["group"]
         self.dtype = self.interners["dtype"]
 
-    def values(self) -> dict:
+    def values(self) -> dict[str, list[str]]:
         """Column name -> its value list (the live lists: hand them to the writer only)."""
         values = {name: interner.values for name, interner in self.interners.items()}
         for name in STACK_COLUMNS:

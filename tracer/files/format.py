@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import os
 from collections import namedtuple
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 import pyarrow as pa
@@ -34,7 +34,7 @@ NO_MEMORY_VERSION = 3  # what a trace without memory columns is written as: olde
 META_KEY = b"paratrace.meta"
 
 
-def _dict(index_type):
+def _dict(index_type: Any) -> Any:
     return pa.dictionary(index_type, pa.string())
 
 
@@ -85,10 +85,10 @@ MEMORY_CATEGORIES = ("temporaries", "comm", "activations", "optimizer_state", "g
 MEMORY_SCHEMA = pa.schema([pa.field(name, typ) for name, typ in COLUMNS + MEMORY_COLUMNS])
 # Each column's index in a row, by name: ``row[COL.cid]``.
 COL = namedtuple("ColumnIndex", COLUMN_NAMES)(*range(NCOLS))
-_INDEX = COL._asdict()
+_INDEX = {name: i for i, name in enumerate(COLUMN_NAMES)}
 
 
-def make_row(**values) -> tuple:
+def make_row(**values: Any) -> tuple[Any, ...]:
     """A full row from column values given by name; the columns not given are null."""
     row = [None] * NCOLS
     for name, value in values.items():
@@ -118,7 +118,7 @@ def write_options(dictionary_deltas: bool) -> pa.ipc.IpcWriteOptions:
 class TraceWriter:
     """Appends batches of rows to one rank's stream. Not thread-safe: one flusher writes."""
 
-    def __init__(self, path: str, meta: dict, memory: Optional[bool] = None):
+    def __init__(self, path: str, meta: dict[str, Any], memory: Optional[bool] = None):
         """``memory``: write MEMORY_COLUMNS (version 4); None: as ``meta``'s options say."""
         self.path = path
         if memory is None:
@@ -133,10 +133,12 @@ class TraceWriter:
         self._sink = pa.OSFile(path, "wb")
         self._writer = pa.ipc.new_stream(self._sink, self.schema.with_metadata(metadata),
                                          options=write_options(dictionary_deltas=True))
-        self._dictionaries: dict = {}      # column -> (its value list, that list as Arrow)
+        # column -> (its value list, that list as Arrow)
+        self._dictionaries: dict[str, tuple[list[str], Any]] = {}
         self.events = 0
 
-    def write(self, rows: list, dictionaries: dict, meta: Optional[dict] = None) -> None:
+    def write(self, rows: list[tuple[Any, ...]], dictionaries: dict[str, list[str]],
+              meta: Optional[dict[str, Any]] = None) -> None:
         """Write rows (tuples in COLUMNS order, shorter rows padded with nulls).
 
         ``dictionaries`` maps each dictionary column to its interner's full value list; rows hold
@@ -152,8 +154,8 @@ class TraceWriter:
                                     else typ)
         self.write_arrays(arrays, len(rows), dictionaries, meta)
 
-    def write_arrays(self, arrays: dict, n: int, dictionaries: dict,
-                     meta: Optional[dict] = None) -> None:
+    def write_arrays(self, arrays: dict[str, Any], n: int, dictionaries: dict[str, list[str]],
+                     meta: Optional[dict[str, Any]] = None) -> None:
         """Write one batch of ``n`` rows given as column name -> pyarrow array (the indices for
         dictionary columns); a column left out is null."""
         columns = []
@@ -172,10 +174,12 @@ class TraceWriter:
         self._writer.write_batch(batch, custom_metadata=custom)
         self.events += n
 
-    def _dictionary(self, name: str, dictionaries: dict) -> pa.Array:
+    def _dictionary(self, name: str, dictionaries: dict[str, list[str]]) -> pa.Array:
         """A column's dictionary as an Arrow array, converting only the values it gained (they
         only grow) since the last batch."""
         values = dictionaries[name]
+        source: Optional[list[str]]
+        cached: Any                      # None before the first batch (source is None then)
         source, cached = self._dictionaries.get(name, (None, None))
         if source is not values or len(cached) > len(values):
             cached = pa.array(values, type=pa.string())      # another list: convert it all
@@ -185,8 +189,8 @@ class TraceWriter:
         self._dictionaries[name] = (values, cached)
         return cached
 
-    def write_columns(self, columns: dict, dictionaries: dict,
-                      meta: Optional[dict] = None) -> None:
+    def write_columns(self, columns: dict[str, Any], dictionaries: dict[str, list[str]],
+                      meta: Optional[dict[str, Any]] = None) -> None:
         """Write one batch given column by column: numpy int arrays (dictionary columns hold
         codes), -1 standing for null as the reader gives it back; absent columns are null.
         For constructed traces (constructed.synthetic); the recorder writes rows."""
@@ -225,8 +229,10 @@ def rename(writer: TraceWriter, new_path: str) -> None:
     writer.path = new_path
 
 
-def read_stream(path: str):
-    """Read a trace file: (schema metadata dict, list of batches, list of batch metas, problem).
+def read_stream(path: str
+                ) -> tuple[dict[str, Any], Any, list[Any], list[Any], Optional[str]]:
+    """Read a trace file: (the metadata it started with, its Arrow schema, list of batches, list
+    of batch metas, problem).
 
     ``problem`` is None for an intact file, else a one-line description of where reading stopped
     (a truncated or corrupt tail); everything before that point is returned.
@@ -261,7 +267,9 @@ def read_stream(path: str):
     missing = [n for n in COLUMN_NAMES if n not in reader.schema.names]
     if missing:
         raise TraceError(f"{path}: trace schema lacks columns {', '.join(missing)}")
-    batches, metas, problem = [], [], None
+    batches: list[Any] = []
+    metas: list[Any] = []
+    problem: Optional[str] = None
     while True:
         try:
             batch, custom = reader.read_next_batch_with_custom_metadata()
@@ -285,7 +293,7 @@ def _short(exc: Exception) -> str:
     return text[:160]
 
 
-def decode_stack(text: str) -> tuple:
+def decode_stack(text: str) -> tuple[tuple[Any, ...], ...]:
     """A ``stack`` column's JSON text -> tuple of (file, line, function, qualname), innermost
     first."""
     return tuple(tuple(frame) for frame in json.loads(text))

@@ -9,7 +9,7 @@ before it is kept.
 from __future__ import annotations
 
 import json
-from typing import NamedTuple, Optional
+from typing import Any, NamedTuple, Optional
 
 import numpy as np
 import pyarrow as pa
@@ -47,7 +47,8 @@ class Trace:
     """One rank's recording. Columns: see docs/trace-format.md. ``memory``: its MemoryEvents,
     or None when memory was not recorded."""
 
-    def __init__(self, path: str, table: pa.Table, meta: dict, warnings: list, complete: bool,
+    def __init__(self, path: str, table: pa.Table, meta: dict[str, Any], warnings: list[str],
+                 complete: bool,
                  memory: Optional[MemoryEvents] = None):
         self.path = path
         self.table = table
@@ -55,11 +56,11 @@ class Trace:
         self.meta = meta
         self.warnings = warnings
         self.complete = complete
-        self._cols: dict = {}
-        self._dicts: dict = {}         # column -> its strings, decoded once
-        self._indexes: dict = {}       # column -> {string: code}
-        self._stacks: dict = {}        # stack code -> decoded frames
-        self._annotations: dict = {}   # annotation code -> decoded dicts
+        self._cols: dict[str, np.ndarray] = {}
+        self._dicts: dict[str, list[str]] = {}             # column -> its strings, decoded once
+        self._indexes: dict[str, dict[str, int]] = {}      # column -> {string: code}
+        self._stacks: dict[int, tuple[tuple[Any, ...], ...]] = {}   # code -> decoded frames
+        self._annotations: dict[int, tuple[dict[str, Any], ...]] = {}   # code -> decoded dicts
 
     # ---------------------------------------------------------------- identity
     @property
@@ -76,13 +77,13 @@ class Trace:
         return self.meta.get("status", "running")
 
     @property
-    def config(self) -> dict:
+    def config(self) -> dict[str, Any]:
         return self.meta.get("config") or {}
 
     def __len__(self) -> int:
         return self.table.num_rows
 
-    def select(self, mask) -> "Trace":
+    def select(self, mask: Any) -> Trace:
         """The same trace (metadata, dictionaries, codes) with only the rows where ``mask``
         (a boolean array over the events) is true; without its memory events (their rows
         would point elsewhere)."""
@@ -106,7 +107,7 @@ class Trace:
             self._cols[name] = arr
         return arr
 
-    def dictionary(self, name: str) -> list:
+    def dictionary(self, name: str) -> list[str]:
         """The string values a dictionary column's codes index (decoded once; do not mutate)."""
         values = self._dicts.get(name)
         if values is None:
@@ -122,7 +123,7 @@ class Trace:
             index = self._indexes[name] = {v: i for i, v in enumerate(self.dictionary(name))}
         return index.get(value, -1)
 
-    def stack(self, code: int) -> tuple:
+    def stack(self, code: int) -> tuple[tuple[Any, ...], ...]:
         """Frames (file, line, function, qualname) of a stack code, innermost first."""
         if code < 0:
             return ()
@@ -131,7 +132,7 @@ class Trace:
             frames = self._stacks[code] = decode_stack(self.dictionary("stack")[code])
         return frames
 
-    def annotation(self, code: int) -> tuple:
+    def annotation(self, code: int) -> tuple[dict[str, Any], ...]:
         """Enclosing annotations of an annotation code, outermost first, as dicts."""
         if code < 0:
             return ()
@@ -142,7 +143,7 @@ class Trace:
         return entries
 
     # ---------------------------------------------------------------- clocks
-    def clock_offset(self, t_ns) -> np.ndarray:
+    def clock_offset(self, t_ns: Any) -> np.ndarray:
         """Offset to add to local times to get rank 0's clock (linear between the estimates)."""
         start, end = self.meta.get("clock_start"), self.meta.get("clock_end")
         t = np.asarray(t_ns, dtype=np.int64)
@@ -160,7 +161,7 @@ class Trace:
                   if c]
         return max(errors) if errors else None
 
-    def global_times(self):
+    def global_times(self) -> tuple[np.ndarray, np.ndarray]:
         """(t0, t1) on rank 0's clock; t1 is -1 where a collective never completed."""
         t0, t1 = self.col("t0"), self.col("t1")
         g0 = t0 + self.clock_offset(t0)
@@ -168,13 +169,13 @@ class Trace:
         return g0, g1
 
     # ---------------------------------------------------------------- convenience
-    def records(self) -> list:
+    def records(self) -> list[dict[str, Any]]:
         """Every event as a dict with decoded strings (slow; for tests and small traces)."""
         out = []
         names = {n: self.dictionary(n) for n in DICT_COLUMNS}
         cols = {n: self.col(n) for n, _ in COLUMNS}
         for i in range(len(self)):
-            rec = {}
+            rec: dict[str, Any] = {}
             for name, _ in COLUMNS:
                 v = int(cols[name][i])
                 if name in names:
@@ -216,7 +217,8 @@ def load(path: str) -> Trace:
                  _memory_events(memory, table) if memory is not None else None)
 
 
-def _unify(batches: list, schema: pa.Schema) -> tuple:
+def _unify(batches: list[Any], schema: pa.Schema
+           ) -> tuple[pa.Table, Optional[dict[str, np.ndarray]]]:
     """(the events: one chunk per column, each dictionary column indexing its last (fullest)
     dictionary; the memory rows' columns, name -> numpy array, or None where the file has no
     memory columns: recorded without memory, or before version 4)."""
@@ -258,7 +260,7 @@ def latest_holding(starts: np.ndarray, ends: np.ndarray, times: np.ndarray) -> n
     return out
 
 
-def _memory_events(memory: dict, table: pa.Table) -> MemoryEvents:
+def _memory_events(memory: dict[str, np.ndarray], table: pa.Table) -> MemoryEvents:
     """The memory rows, each allocation by an op linked to that op's row: the op row of the
     same thread with the same ``t0`` (the recorder's), else the innermost op row of that
     thread whose [t0, t1] holds it (an import's, at the allocator's own time); pseudo-op rows

@@ -1,14 +1,14 @@
 """The run directory's file names, defined once: the recorder and trace-run write them, viz and
 the watchdog read them.
 
-    DIR/run.json                    trace-run's record of the run (instrument.run_record)
+    DIR/run.json                    trace-run's record of the run (tracer.files.run_record)
     DIR/.trace-run.lock             held (flock) by the trace-run writing DIR, with its pid
     DIR/node.json                   multi-node: what this node learned at start (gather)
     DIR/summary.json, index.html    the report (viz)
     DIR/traces/rank-<R>.arrow       one trace per rank (tracer.files.format)
     DIR/traces/rank-<R>.device.arrow   its GPU activity, on CUDA (tracer.files.device_format)
     DIR/traces/rank-<R>.status.json the recorder's live status (tracer.files.status)
-    DIR/traces/rank-<R>.stack.txt   Python stacks dumped on a hang (instrument.bootstrap)
+    DIR/traces/rank-<R>.stack.txt   Python stacks dumped on a hang (instrument.launch.bootstrap)
 
 ``tracer.trace(DIR)`` alone writes the rank files straight into DIR; readers take both layouts.
 Torch-free: reading a run never imports torch.
@@ -71,7 +71,7 @@ def traces_dir(run_dir: str) -> str:
     return sub if os.path.isdir(sub) else run_dir
 
 
-def rank_files(directory: str, ext: str = TRACE_EXT) -> dict:
+def rank_files(directory: str, ext: str = TRACE_EXT) -> dict[int, str]:
     """rank -> path of every ``rank-<R>.<ext>`` file in ``directory``."""
     out = {}
     for name in os.listdir(directory):
@@ -85,7 +85,7 @@ class EarlierTraces(FileExistsError):
     """``tracer.trace`` given a directory holding an earlier run's trace of this rank."""
 
 
-_OPENED: set = set()          # trace files this process opened (a second trace would overwrite)
+_OPENED: set[str] = set()     # trace files this process opened (a second trace would overwrite)
 
 
 def open_new_trace(path: str) -> None:

@@ -4,12 +4,12 @@ writes these texts; the analyses read ranks and names back from them.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence
 
 GROUP_NAME_SEP = "@"
 
 
-def group_text(ranks, key=None, name=None) -> str:
+def group_text(ranks: Sequence[int], key: object = None, name: Optional[str] = None) -> str:
     """The trace's text of a process group: its global ranks, ``"0,2"``; ``"0,2@<name>"`` for
     a process group over the same ranks as an earlier one (``name``: torch's group name);
     ``"?<key>"`` when the recorder could not resolve them."""
@@ -19,24 +19,24 @@ def group_text(ranks, key=None, name=None) -> str:
     return f"{text}{GROUP_NAME_SEP}{name}" if name is not None else text
 
 
-def group_ranks(text) -> tuple:
+def group_ranks(text: Optional[str]) -> tuple[int, ...]:
     """Global ranks of a recorded process group text; () when it was not resolved."""
     if not text or text.startswith("?"):
         return ()
     return tuple(int(r) for r in text.split(GROUP_NAME_SEP, 1)[0].split(","))
 
 
-def process_group_name(text) -> Optional[str]:
+def process_group_name(text: Optional[str]) -> Optional[str]:
     """torch's name of a recorded process group, where the trace keeps it (one of several over
     the same ranks); else None."""
     return text.split(GROUP_NAME_SEP, 1)[1] if text and GROUP_NAME_SEP in text else None
 
 
-def group_label(text) -> str:
+def group_label(text: Optional[str]) -> str:
     """A recorded process group for people: ``0,1``, or ``0,1 (process group 2)`` for one of
     several over the same ranks."""
     name = process_group_name(text)
-    if name is None:
+    if text is None or name is None:
         return text or ""
     return f"{text.split(GROUP_NAME_SEP, 1)[0]} (process group {name})"
 
@@ -56,7 +56,7 @@ _DIMENSION_WORDS = {
 }
 
 
-def dimension_of_desc(desc) -> Optional[str]:
+def dimension_of_desc(desc: Optional[str]) -> Optional[str]:
     """The parallel dimension a group's name says (``group_desc``, or ``mesh_<dim>`` as
     DeviceMesh names its groups): the first word of it that names one, ``dp_shard_cp`` -> dp,
     ``mesh_tp`` -> tp, ``pp_grad`` -> pp; None for torch's own names (``default_pg``,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 # NOTE: codes are stored in traces: append new phases, never renumber (0-2 predate the others)
 PHASES = ("other", "forward", "backward", "recompute", "grad_sync", "optimizer")
@@ -60,7 +60,7 @@ class PassLabel:
     loss: bool = False           # the loss after a forward: the end of that forward pass
 
 
-def _pipelining(label: str) -> Optional[tuple]:
+def _pipelining(label: str) -> Optional[tuple[str, int, int]]:
     """(action, stage, microbatch) of a torch.distributed.pipelining label, or None."""
     match = _PIPELINING_ACTION.match(label)
     if match:
@@ -85,14 +85,15 @@ def phase_of_label(label: str) -> Optional[int]:
     return phase
 
 
-def phase_of_attrs(label: str, attrs: dict) -> Optional[int]:
+def phase_of_attrs(label: str, attrs: dict[str, Any]) -> Optional[int]:
     """An explicit ``phase=`` attribute wins over what the label implies."""
     if "phase" in attrs:
-        return PHASE_CODES.get(attrs.get("phase"))
+        phase = attrs["phase"]
+        return PHASE_CODES.get(phase) if isinstance(phase, str) else None
     return phase_of_label(label)
 
 
-def pass_of(label: str, attrs: dict) -> Optional[PassLabel]:
+def pass_of(label: str, attrs: dict[str, Any]) -> Optional[PassLabel]:
     """The pass a label (with its attributes) names, or None."""
     if label in PASS_KINDS:
         mb = attrs.get("microbatch")
@@ -102,14 +103,14 @@ def pass_of(label: str, attrs: dict) -> Optional[PassLabel]:
                              bool(attrs.get("loss")))
         return PassLabel(label, mb, int(attrs.get("chunk") or 0), "annotation")
     found = _pipelining(label)
-    if found is None or found[0] not in _ACTIONS or _ACTIONS[found[0]][1] is None \
-            or found[2] < 0:
+    if found is None or found[0] not in _ACTIONS or found[2] < 0:
         return None
     action, stage, microbatch = found
-    return PassLabel(_ACTIONS[action][1], microbatch, stage, "record_function")
+    kind = _ACTIONS[action][1]
+    return None if kind is None else PassLabel(kind, microbatch, stage, "record_function")
 
 
-def schedule_of(label: str, attrs: dict) -> Optional[tuple]:
+def schedule_of(label: str, attrs: dict[str, Any]) -> Optional[tuple[Any, ...]]:
     """(schedule, pp, microbatches, virtual_stages) a recorder.pipelining step range names
     (what the theoretical bubble needs), or None."""
     if label != SCHEDULE_LABEL or attrs.get("backward") is False:

@@ -25,7 +25,7 @@ import importlib.util
 import os
 import sys
 import sysconfig
-from typing import Iterable, Optional
+from typing import Any, Iterable, Optional
 
 DEFAULT_PACKAGES = ("torch", "functorch", "torchgen")
 SITE_PACKAGES = "site-packages"
@@ -40,7 +40,7 @@ class LibrarySpecError(ValueError):
     """A library spec naming nothing installed."""
 
 
-def parse_specs(specs: Iterable[str]) -> list:
+def parse_specs(specs: Iterable[str]) -> list[tuple[str, bool]]:
     """``["accelerate", "-transformers,-torch"]`` -> ``[("accelerate", True), ("transformers",
     False), ("torch", False)]`` (comma lists allowed); raises LibrarySpecError on an empty name."""
     out = []
@@ -57,7 +57,7 @@ def parse_specs(specs: Iterable[str]) -> list:
     return out
 
 
-def package_roots(name: str) -> tuple:
+def package_roots(name: str) -> tuple[tuple[str, ...], ...]:
     """The directories (with a trailing separator) or the file of installed package ``name``,
     found without importing it; raises LibrarySpecError if nothing is installed under it."""
     if name == SITE_PACKAGES:
@@ -75,13 +75,13 @@ def package_roots(name: str) -> tuple:
     return ()                                # built into the interpreter: no file to match
 
 
-def site_packages() -> tuple:
+def site_packages() -> tuple[tuple[str, ...], ...]:
     dirs = {sysconfig.get_paths().get(k) for k in ("purelib", "platlib")}
     dirs |= {p for p in sys.path if p and ("site-packages" in p or "dist-packages" in p)}
     return tuple(_variants(d, directory=True) for d in sorted(d for d in dirs if d))
 
 
-def _variants(path: str, directory: bool) -> tuple:
+def _variants(path: str, directory: bool) -> tuple[str, ...]:
     """A path as code objects may name it (abspath, realpath), as prefixes."""
     tail = os.sep if directory else ""
     return tuple(sorted({os.path.abspath(path) + tail, os.path.realpath(path) + tail}))
@@ -91,7 +91,7 @@ class LibraryRule:
     """The library / user rule of one recording: :meth:`is_library` on a file path."""
 
     def __init__(self, library: Iterable[str], user: Iterable[str],
-                 specs: Optional[list] = None):
+                 specs: Optional[list[str]] = None):
         self.library = tuple(sorted(set(library)))
         self.user = tuple(sorted(set(user) - set(self.library)))
         self.specs = list(specs or [])
@@ -99,11 +99,11 @@ class LibraryRule:
         self._prefixes = sorted([(p, True) for p in self.library] +
                                 [(p, False) for p in self.user],
                                 key=lambda item: len(item[0]), reverse=True)
-        self._known: dict = {}             # path -> library? (viz asks per recorded frame)
+        self._known: dict[str, bool] = {}    # path -> library? (viz asks per recorded frame)
 
     @classmethod
     def build(cls, specs: Iterable[str] = (), user_paths: Iterable[str] = (),
-              always_user: Iterable[str] = ()) -> "LibraryRule":
+              always_user: Iterable[str] = ()) -> LibraryRule:
         """The rule for ``specs`` (see the module's doc) on this interpreter; ``user_paths``
         (and ``always_user``, paratrace's sample_runs) are the user's whatever the specs say."""
         parsed = parse_specs(specs)
@@ -111,7 +111,7 @@ class LibraryRule:
                   for k in ("stdlib", "platstdlib") if sysconfig.get_paths().get(k)}
         library = {p for v in stdlib for p in v} | set(_PARATRACE)
         user = {p for v in site_packages() for p in v}
-        chosen: dict = {}                  # package -> library?, the last spec wins
+        chosen: dict[str, bool] = {}         # package -> library?, the last spec wins
         for name in DEFAULT_PACKAGES:
             chosen[name] = True
         for name, is_lib in parsed:
@@ -149,12 +149,12 @@ class LibraryRule:
                 return library
         return False
 
-    def meta(self) -> dict:
+    def meta(self) -> dict[str, list[str]]:
         """The trace's ``library`` metadata: the specs as given, and the rule's paths."""
         return {"specs": self.specs, "library": list(self.library), "user": list(self.user)}
 
     @classmethod
-    def from_meta(cls, meta: dict) -> Optional["LibraryRule"]:
+    def from_meta(cls, meta: dict[str, Any]) -> Optional[LibraryRule]:
         """The rule a trace recorded with, or None (a trace from before the rule existed)."""
         rule = meta.get(META_KEY) if isinstance(meta, dict) else None
         if not isinstance(rule, dict) or not isinstance(rule.get("library"), list) or \

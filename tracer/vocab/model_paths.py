@@ -22,7 +22,7 @@ import fnmatch
 import functools
 import re
 from dataclasses import dataclass
-from typing import Optional
+from typing import Iterable, Optional
 
 # root classes that wrap the model, and the attribute that holds it
 WRAPPER_ROOTS: dict[str, tuple[str, str]] = {
@@ -94,7 +94,7 @@ def model_path(recorded: str) -> str:
     return unwrap(recorded).path
 
 
-def wrappers_seen(recorded_paths) -> tuple[str, ...]:
+def wrappers_seen(recorded_paths: Iterable[str]) -> tuple[str, ...]:
     """Every wrapper taken off any of ``recorded_paths``, in first-seen order."""
     seen: dict[str, None] = {}
     for recorded in recorded_paths:

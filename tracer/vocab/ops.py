@@ -9,7 +9,7 @@ here, caches the resulting :class:`OpSpec`, and from then on only reads the spec
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Iterable, Optional
 
 # Normalized kinds of summary.json's contract (docs/architecture.md).
 KINDS = (
@@ -79,7 +79,7 @@ class OpSpec:
     special: Optional[str] = None   # RF_ENTER, RF_EXIT, WAIT, HOP or None
 
 
-def _arg_index(schema, names) -> Optional[int]:
+def _arg_index(schema: Any, names: Iterable[str]) -> Optional[int]:
     args = [a.name for a in schema.arguments]
     for name in names:
         if name in args:
@@ -92,7 +92,7 @@ def kind_of(base: str) -> Optional[str]:
     return _KIND_BY_BASE.get(base.rstrip("_"))
 
 
-def classify(func) -> OpSpec:
+def classify(func: Any) -> OpSpec:
     """Build the :class:`OpSpec` of a dispatched OpOverload."""
     name = str(func)
     namespace = getattr(func, "namespace", name.split(".", 1)[0])
@@ -132,10 +132,10 @@ def classify(func) -> OpSpec:
     return OpSpec(name, comm=spec)
 
 
-_DTYPE_NAMES: dict = {}
+_DTYPE_NAMES: dict[Any, str] = {}
 
 
-def dtype_name(dtype) -> str:
+def dtype_name(dtype: Any) -> str:
     """Short dtype name: torch.float32 -> 'f32', torch.bfloat16 -> 'bf16'."""
     name = _DTYPE_NAMES.get(dtype)
     if name is None:

@@ -1,7 +1,7 @@
 """Which frames of a Python stack a person is shown: the user's, and the boundary call into a
 library, never paratrace's own. One rule for the stacks the recorder keeps
 (tracer.recorder.stacks), the traceback a worker prints when its script raises
-(instrument.bootstrap) and the stacks the report shows of a hung run (viz.views.failures):
+(instrument.launch.bootstrap) and the stacks the report shows of a hung run (viz.views.failures):
 a worker's error then reads as the user's code calling torch, not as runpy, trace-run's
 bootstrap and the recorder's wrappers (``comm.py``) failing.
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import re
 import types
-from typing import Iterable, Optional
+from typing import Any, Iterable, Optional
 
 from .library import ROOT, LibraryRule
 
@@ -37,15 +37,18 @@ DISPATCH_FILES = ("_compile.py", os.path.join("_dynamo", "eval_frame.py"),
 # (the next frame inward) is kept as the boundary instead.
 WRAPPER_NAMES = frozenset({"wrapper", "inner", "_fn", "decorate_context", "wrapped", "_wrapper",
                            "wrapper_fn", "_inner"})
+# a frame: (file, line, function, ...), what follows is the caller's (a traceback entry...)
+Frame = tuple[Any, ...]
 PARATRACE_DIRS = tuple(os.path.join(ROOT, d) + os.sep for d in ("tracer", "instrument", "viz"))
 _TORCH_DISPATCH = tuple(os.sep + os.path.join("torch", f) for f in DISPATCH_FILES)
 
 
-def kept(chain: Iterable, depth: int, library_frames: bool = False) -> list:
+def kept(chain: Iterable[tuple[int, Frame]], depth: int, library_frames: bool = False
+         ) -> list[Frame]:
     """The frames a stack keeps, innermost first, from ``chain``: (kind, frame) innermost
     first: the user's (library ones too with ``library_frames``), up to ``depth`` of them, and
     the boundary call into a library."""
-    out: list = []
+    out: list[Frame] = []
     boundary = None
     users = 0
     for kind, entry in chain:
@@ -76,7 +79,7 @@ def kind_of(path: str, rule: LibraryRule) -> int:
     return LIBRARY if rule.is_library(path) else USER
 
 
-def trim(frames: list, rule: LibraryRule, depth: int = 64) -> list:
+def trim(frames: list[Frame], rule: LibraryRule, depth: int = 64) -> list[Frame]:
     """``frames`` outermost first, each ``(file, line, function, ...)``: the kept ones,
     outermost first."""
     chain = [(kind_of(f[0], rule), f) for f in reversed(frames)]
@@ -87,7 +90,7 @@ def trim_traceback(exc: BaseException, rule: LibraryRule) -> BaseException:
     """``exc`` with its traceback, and its causes' and contexts', cut to the frames the rule
     keeps: printed by ``sys.excepthook`` (torch's prefixes each line with ``[rankN]:``) it reads
     as Python's, without runpy's, trace-run's and the recorder's frames."""
-    seen: set = set()
+    seen: set[int] = set()
     link: Optional[BaseException] = exc
     while link is not None and id(link) not in seen:
         seen.add(id(link))
@@ -118,10 +121,10 @@ def trim_dump(text: str, rule: Optional[LibraryRule]) -> str:
     without a rule, as it is."""
     if rule is None:
         return text
-    out: list = []
-    frames: list = []
+    out: list[str] = []
+    frames: list[Frame] = []
 
-    def flush():
+    def flush() -> None:
         chain = [(kind_of(f[0], rule), f) for f in frames]
         out.extend(f[3] for f in kept(chain, 64))
         frames.clear()

@@ -9,17 +9,17 @@ has a sentence in a rank's ``error`` instead of a ``failure``: it is read as it 
 Torch-free and light: trace-run imports it once its workers have run, never while they run."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Mapping, Optional
 
 from tracer.vocab.ops import P2P_KINDS
-from tracer.vocab.outcomes import (COLLECTIVE, ENDED, ERROR, EXIT, EXITED, FINISHED, HANG,
-                                   INTERRUPTED, LEFT_BEHIND, WAITING)
+from tracer.vocab.outcomes import Bystander, FailureKind, HangRule, RankStatus
 
 # a hang failure's cause, as the rank's error says it: "hang: ended by --timeout S (<cause>)"
-HANG_CAUSES = {COLLECTIVE: "never arrived at the collective the others waited in",
-               LEFT_BEHIND: "recorded nothing after the other ranks finished",
-               EXIT: "closed its trace but did not exit",
-               FINISHED: "had finished, ended while exiting", WAITING: "waiting"}
+HANG_CAUSES = {HangRule.COLLECTIVE: "never arrived at the collective the others waited in",
+               HangRule.LEFT_BEHIND: "recorded nothing after the other ranks finished",
+               HangRule.EXIT: "closed its trace but did not exit",
+               Bystander.FINISHED: "had finished, ended while exiting",
+               Bystander.WAITING: "waiting"}
 
 
 def _join(ranks) -> str:
@@ -35,31 +35,31 @@ def _seconds(value) -> str:
     return f"{value:g}" if isinstance(value, (int, float)) else str(value)
 
 
-def failure_text(failure: dict, exit_code: Optional[int] = None) -> Optional[str]:
+def failure_text(failure: Mapping[str, Any], exit_code: Optional[int] = None) -> Optional[str]:
     """A rank's failure in words (``exit_code``: the rank's, which says an error that came with
     no message): ``ValueError: boom``, ``ended by the launcher after rank 0 failed; its own
     end: ...``, ``exited with status 0 (os._exit) in step 2 while rank 0 waited in all_reduce
     #8``, ``hang: ended by --timeout 3 (waiting)``, ``interrupted``, why the launch failed."""
     kind, cause = failure.get("kind"), failure.get("cause")
     own = cause or f"exit code {exit_code}"
-    if kind == ERROR:
+    if kind == FailureKind.ERROR:
         return own
-    if kind == ENDED:
+    if kind == FailureKind.ENDED:
         return (f"ended by the launcher after rank {_join(failure.get('ranks') or [])} failed; "
                 f"its own end: {own}")
-    if kind == EXITED:
+    if kind == FailureKind.EXITED:
         return _exited(failure, exit_code)
-    if kind == HANG:
+    if kind == FailureKind.HANG:
         if cause is None:            # a rank torch's agent did not report
             return "ended by the watchdog (hang)"
         return (f"hang: ended by --timeout {_seconds(failure.get('timeout_s'))} "
                 f"({HANG_CAUSES.get(cause, cause)})")
-    if kind == INTERRUPTED:
+    if kind == FailureKind.INTERRUPTED:
         return "interrupted"
     return cause                     # the launch's error; a kind unknown here: its cause
 
 
-def _exited(failure: dict, exit_code: Optional[int]) -> str:
+def _exited(failure: Mapping[str, Any], exit_code: Optional[int]) -> str:
     """``exited with status N (os._exit) in step K while rank Q waited in all_reduce #S``
     (a send or receive has no #S: its sequence numbers count apart)."""
     waiters, site = failure.get("ranks") or [], failure.get("site") or {}
@@ -70,7 +70,7 @@ def _exited(failure: dict, exit_code: Optional[int]) -> str:
             + (f" #{seq}" if seq is not None and kind not in P2P_KINDS else ""))
 
 
-def reported_error(record: dict, rank) -> Optional[str]:
+def reported_error(record: Mapping[str, Any], rank: int | str) -> Optional[str]:
     """How run.json (``record``) says ``rank`` ended, in words; None when it says nothing. A
     run.json written before run.json held facts holds the sentence itself (``error``)."""
     entry = (record.get("ranks") or {}).get(str(rank)) or {}
@@ -84,7 +84,8 @@ def rank_failed(rank, error: Optional[str]) -> str:
     return f"rank {rank} failed: {error or 'no error recorded'}"
 
 
-def by_cause(record: dict, failed: list, ended_unix: Optional[dict] = None) -> list:
+def by_cause(record: Mapping[str, Any], failed: list[Any],
+             ended_unix: Optional[dict[Any, float]] = None) -> list[Any]:
     """``failed`` ranks in the order of cause: the first failure first (run.json's
     ``first_failure``, the one trace-run names; without run.json, the rank whose trace ended
     first by ``ended_unix``, rank -> its trace's ``end_unix``, as trace-run decides across
@@ -100,7 +101,7 @@ def by_cause(record: dict, failed: list, ended_unix: Optional[dict] = None) -> l
     return [first] + [r for r in ranks if r != first]
 
 
-def first_failure_line(record: dict, local: set) -> Optional[str]:
+def first_failure_line(record: Mapping[str, Any], local: set[str]) -> Optional[str]:
     """trace-run's one line for the ranks that failed on their own (not ended by the launcher
     or the watchdog): the first failure, and which ranks failed after it (their errors are in
     run.json); None when none did, or when a hang or an interruption ended the run (those have
@@ -108,7 +109,7 @@ def first_failure_line(record: dict, local: set) -> Optional[str]:
     if record["hang"] is not None or record["interrupted"]:
         return None
     failed = [r for r, info in record["ranks"].items()
-              if info["status"] == "failed" and not info.get("terminated")]
+              if info["status"] == RankStatus.FAILED and not info.get("terminated")]
     if not failed:
         return None
     first, *after = by_cause(record, failed)
@@ -120,35 +121,35 @@ def first_failure_line(record: dict, local: set) -> Optional[str]:
     return line
 
 
-def watchdog_line(hang: dict) -> str:
+def watchdog_line(hang: Mapping[str, Any]) -> str:
     """The one line trace-run prints when its watchdog ended a run (run.json's ``hang``; its
     ``finished``: the ranks whose trace had closed ``ok``)."""
     timeout = f"{_seconds(hang['timeout_s'])}s"
     lingering, finished = hang.get("lingering") or [], hang.get("finished") or []
-    if hang["kind"] == COLLECTIVE:
+    if hang["kind"] == HangRule.COLLECTIVE:
         if not hang["never_arrived"]:     # all in: they disagree on it, or the backend hangs
             return (f"no rank made progress for {timeout}: every rank waits in a collective and "
                     "none is missing from it (ranks that disagree on a collective hang so: the "
                     "report checks); ending the workers")
         return (f"no rank made progress for {timeout}: rank(s) {_join(hang['never_arrived'])} "
                 "never arrived at the collective the others wait in; ending the workers")
-    if hang["kind"] == LEFT_BEHIND:
+    if hang["kind"] == HangRule.LEFT_BEHIND:
         return (f"rank(s) {_join(lingering)} recorded nothing for {timeout} after rank(s) "
                 f"{_join(finished)} finished; ending the workers")
     return (f"rank(s) {_join(lingering)} closed the trace but did not exit for "
             f"{_seconds(hang['exit_grace_s'])}s; ending them")
 
 
-def banner(hang: dict) -> str:
+def banner(hang: Mapping[str, Any]) -> str:
     """The report's banner: ranks that never arrived at the collective the others waited in,
     ranks left behind after their peers finished, or ranks that closed their trace but never
     exited."""
     never, behind = hang.get("never_arrived") or [], hang.get("lingering") or []
     timeout = f" (watchdog timeout {hang.get('timeout_s')} s)" if hang.get("timeout_s") else ""
     kind = hang.get("kind")
-    if kind == LEFT_BEHIND and behind:
+    if kind == HangRule.LEFT_BEHIND and behind:
         return f"Hang: {_ranks(behind)} recorded nothing after the others finished{timeout}"
-    if kind == EXIT and behind:
+    if kind == HangRule.EXIT and behind:
         return f"Hang: {_ranks(behind)} closed the trace but did not exit{timeout}"
     if not never:
         return f"Hang: every rank waited in a collective, none was missing from it{timeout}"

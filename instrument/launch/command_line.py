@@ -15,17 +15,18 @@ import sys
 import tempfile
 import uuid
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 from torch.distributed import run as torchrun
 
 from tracer.files import rundir
+from tracer.files.run_record import RunTarget
+from tracer.vocab.console_errors import CommandParser, as_command_parser
 
 DEFAULT_MODULE = "sample_runs.train"
 # what memory recording costs, as docs/overhead.md measured it (its "In short" line): times a bare
 # dispatch mode's extra time; tracer.trace's docstring quotes it too (a unit test keeps them equal)
 MEMORY_COST = 2.2
-EXIT_USAGE = 2
 USAGE = "trace-run [torchrun options] [trace-run options] [SCRIPT | -m MODULE] [ARGS...]"
 
 
@@ -39,10 +40,16 @@ class Target:
 
     script: Optional[str]
     module: Optional[str]
-    args: list
+    args: list[str]
+
+    def recorded(self) -> RunTarget:
+        """run.json's ``target``: the script's absolute path, or the module, and the
+        arguments."""
+        return {"script": self.script and os.path.abspath(self.script), "module": self.module,
+                "args": self.args}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> CommandParser:
     """torchrun's parser plus trace-run's own options; SCRIPT becomes optional."""
     parser = torchrun.get_args_parser()
     # "no --master-port given" must read the same on every torch: before 2.13 the parser's
@@ -111,15 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
             action.default = None     # unset: 1, or DEFAULT_WORLD_SIZE for the reference GPT
         elif action.dest == "node_rank" and "PET_NODE_RANK" not in os.environ:
             action.default = None     # unset: 0, but only a given --node-rank 0 collects
-
-    def error(message: str):
-        print(f"trace-run: error: {message} (usage: {USAGE}; see trace-run --help)",
-              file=sys.stderr)
-        sys.exit(EXIT_USAGE)
-
-    parser.error = error
     _one_option_one_match(parser)
-    return parser
+    return as_command_parser(parser)
 
 
 def _one_option_one_match(parser: argparse.ArgumentParser) -> None:
@@ -128,12 +128,12 @@ def _one_option_one_match(parser: argparse.ArgumentParser) -> None:
     ambiguous; one that matches different options stays ambiguous."""
     matches = parser._get_option_tuples
 
-    def by_option(option_string: str) -> list:
-        found: dict = {}
+    def by_option(option_string: str) -> list[tuple[Any, ...]]:
+        found: dict[int, tuple[Any, ...]] = {}
         for match in matches(option_string):       # (action, option string, ...), any Python
             found.setdefault(id(match[0]), match)
         return list(found.values())
-    parser._get_option_tuples = by_option
+    setattr(parser, "_get_option_tuples", by_option)     # this parser's own, a private hook
 
 
 def resolve_target(args: argparse.Namespace) -> Target:
@@ -209,7 +209,7 @@ def prepare_out(out: Optional[str]) -> str:
     return out
 
 
-def worker_args(args: argparse.Namespace, out: str, target: Target) -> list:
+def worker_args(args: argparse.Namespace, out: str, target: Target) -> list[str]:
     """Arguments of ``python`` for each worker: the bootstrap, its options, then the target."""
     own = ["--out", out, "--stack-depth", str(args.stack_depth)]
     if args.steps is not None:
@@ -227,11 +227,11 @@ def worker_args(args: argparse.Namespace, out: str, target: Target) -> list:
     run = ["-m", target.module] if target.module else [target.script]
     # NOTE: -u keeps the launcher's workers' output in step; --no-launcher runs as python does
     unbuffered = [] if args.no_launcher else ["-u"]
-    return [*unbuffered, "-m", "instrument.bootstrap", *own, "--", *run, *target.args]
+    return [*unbuffered, "-m", "instrument.launch.bootstrap", *own, "--", *run, *target.args]
 
 
 def check_own_options(args: argparse.Namespace) -> None:
-    """trace-run's own options (torchrun's are checked by instrument.preflight)."""
+    """trace-run's own options (torchrun's are checked by instrument.launch.preflight)."""
     from tracer.recorder.options import parse_steps
     if args.stack_depth < 1:
         raise UsageError(f"--stack-depth must be at least 1 (got {args.stack_depth})")
@@ -244,7 +244,7 @@ def check_own_options(args: argparse.Namespace) -> None:
     check_library(args.library_specs)
 
 
-def check_library(specs: list) -> None:
+def check_library(specs: list[str]) -> None:
     """Every --library / --no-library name is an installed package (found, not imported)."""
     from tracer.vocab.library import LibrarySpecError, package_roots, parse_specs
     try:

@@ -14,9 +14,12 @@ import threading
 import time
 from typing import Callable, Optional
 
+from tracer.files.run_record import Hang
+from tracer.files.status import Status, read_statuses
+
 from . import watchdog
 from .orphans import Strays
-from .watchdog import HangDetector, read_statuses
+from .watchdog import HangDetector
 
 POLL_S = 0.5
 STEP_LINE_INTERVAL_S = 1.0
@@ -42,13 +45,14 @@ class StepProgress:
         self.shown: Optional[int] = None
         self._shown_at = float("-inf")
 
-    def observe(self, statuses: dict, now: float, final: bool = False) -> Optional[str]:
+    def observe(self, statuses: dict[int, Status], now: float, final: bool = False
+                ) -> Optional[str]:
         """The line to print for this snapshot of the status files, if any (and prints it);
         ``final``: the last snapshot, shown however soon after the previous line."""
         if len(statuses) < self.ranks or (now - self._shown_at < self.interval_s and not final):
             return None
-        steps = [s.get("step") for s in statuses.values()]
-        if not steps or not all(isinstance(k, int) for k in steps):
+        steps = [k for s in statuses.values() if isinstance(k := s.get("step"), int)]
+        if not steps or len(steps) < len(statuses):
             return None
         slowest = min(steps)
         if slowest < 1 or (self.shown is not None and slowest <= self.shown):
@@ -61,7 +65,7 @@ class StepProgress:
         return line
 
 
-def total_steps(statuses: dict) -> Optional[int]:
+def total_steps(statuses: dict[int, Status]) -> Optional[int]:
     """``steps`` of the configuration a rank recorded (status key ``config``), if any."""
     for status in statuses.values():
         config = status.get("config")
@@ -83,7 +87,7 @@ class Monitor:
         self.poll_s = poll_s
         self.progress = StepProgress(ranks, say)
         self.detector = HangDetector(timeout_s) if timeout_s else None
-        self.hang: Optional[dict] = None
+        self.hang: Optional[Hang] = None
         self.strays = Strays()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="paratrace-monitor", daemon=True)

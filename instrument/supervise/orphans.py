@@ -29,9 +29,10 @@ import threading
 import time
 from typing import Callable, Optional
 
+from .processes import ProcStat, children, processes, reap, send_signal, stat, terminate
+
 ENV_LAUNCHER = "PARATRACE_LAUNCHER_PID"
 GRACE_S = 3.0            # SIGTERM, then this long, then SIGKILL
-_POLL_S = 0.05
 PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER = 1, 36
 
 
@@ -43,97 +44,20 @@ def _prctl(option: int, value: int) -> bool:
         return False
 
 
-def _stat(pid: int) -> Optional[tuple]:
-    """(state, parent pid, process group) of ``pid`` from /proc, or None if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            fields = fh.read().rsplit(b")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return fields[0].decode(), int(fields[1]), int(fields[2])
-
-
-def _processes(match: Callable[[int, tuple], bool]) -> dict:
-    """pid -> (state, ppid, pgid) of the processes ``match(pid, stat)`` accepts, but this one."""
-    me, found = os.getpid(), {}
-    for name in os.listdir("/proc"):
-        if name.isdigit() and int(name) != me:
-            stat = _stat(int(name))
-            if stat is not None and match(int(name), stat):
-                found[int(name)] = stat
-    return found
-
-
-def _signal(pid: int, sig: int) -> None:
-    try:
-        os.kill(pid, sig)
-    except OSError:
-        pass
-
-
-def _reap(pid: int) -> None:
-    try:
-        os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass
-
-
-def _end(find: Callable[[], dict], grace_s: float, reap: bool) -> int:
-    """SIGTERM what ``find`` returns (and what it returns later: a dying process's children
-    move over), SIGKILL what is left after ``grace_s``; ``reap``: they are this process's
-    children, collected when they exit. Returns how many it signalled."""
-    seen: set = set()
-    deadline, sig = time.monotonic() + grace_s, signal.SIGTERM
-    while True:
-        found = find()
-        live = [pid for pid, stat in found.items() if stat[0] != "Z"]
-        for pid in found:
-            if reap and found[pid][0] == "Z":
-                _reap(pid)
-        if not live:
-            return len(seen)
-        for pid in live:
-            if pid not in seen or sig == signal.SIGKILL:
-                _signal(pid, sig)
-        seen.update(live)
-        if time.monotonic() >= deadline:
-            if sig == signal.SIGKILL:      # unkillable (uninterruptible sleep): leave it
-                return len(seen)
-            deadline, sig = time.monotonic() + grace_s, signal.SIGKILL
-            continue
-        time.sleep(_POLL_S)
-
-
 # ----------------------------------------------------------------------------- launcher side
-def become_subreaper() -> dict:
+def become_subreaper() -> dict[str, str]:
     """Make this process (trace-run) the reaper of its workers' orphans; returns what the
     workers need to die with it (environment entries)."""
     _prctl(PR_SET_CHILD_SUBREAPER, 1)
     return {ENV_LAUNCHER: str(os.getpid())}
 
 
-def _children() -> dict:
-    """pid -> (state, ppid, pgid) of this process's children: from the children lists of its
-    threads (a few entries to read, where a scan of /proc reads every process), else a scan."""
-    me, found = os.getpid(), {}
-    try:
-        for tid in os.listdir(f"/proc/{me}/task"):
-            with open(f"/proc/{me}/task/{tid}/children") as fh:
-                for pid in map(int, fh.read().split()):
-                    stat = _stat(pid)
-                    if stat is not None and stat[1] == me:
-                        found[pid] = stat
-    except OSError:            # a kernel without the children lists
-        return _processes(lambda pid, stat: stat[1] == me)
-    return found
-
-
-def _strays() -> dict:
+def _strays() -> dict[int, ProcStat]:
     """Children of this process that a dead worker left: they lead no process group (workers
     do: torch starts each in a session of its own) and are not in this process's group (a
     worker between fork and setsid is, for an instant)."""
     mine = os.getpgrp()
-    return {pid: stat for pid, stat in _children().items() if stat[2] not in (pid, mine)}
+    return {pid: info for pid, info in children().items() if info[2] not in (pid, mine)}
 
 
 class Strays:
@@ -142,19 +66,19 @@ class Strays:
 
     def __init__(self, grace_s: float = GRACE_S):
         self.grace_s = grace_s
-        self.termed: dict = {}          # pid -> when it got SIGTERM
+        self.termed: dict[int, float] = {}       # pid -> when it got SIGTERM
 
     def tick(self, now: Optional[float] = None) -> None:
         now = time.monotonic() if now is None else now
         found = _strays()
-        for pid, stat in found.items():
-            if stat[0] == "Z":
-                _reap(pid)
+        for pid, info in found.items():
+            if info[0] == "Z":
+                reap(pid)
             elif pid not in self.termed:
                 self.termed[pid] = now
-                _signal(pid, signal.SIGTERM)
+                send_signal(pid, signal.SIGTERM)
             elif now - self.termed[pid] >= self.grace_s:
-                _signal(pid, signal.SIGKILL)
+                send_signal(pid, signal.SIGKILL)
         self.termed = {pid: t for pid, t in self.termed.items() if pid in found}
 
 
@@ -162,7 +86,7 @@ def end_orphans(grace_s: float = GRACE_S) -> int:
     """Once the launch returned: every child of trace-run is something a worker forked (the
     workers were reaped by torch's agent). Ends them; their own children come over as they die,
     so it goes on until none is left. Returns how many it ended."""
-    return _end(_children, grace_s, reap=True)
+    return terminate(children, grace_s, reap_them=True)
 
 
 # ----------------------------------------------------------------------------- worker side
@@ -176,7 +100,7 @@ def die_with_launcher(on_orphaned: Callable[[], None]) -> None:
     except ValueError:
         return
     if os.getppid() != launcher:
-        if _stat(launcher) is None:       # it died before this process could ask: now
+        if stat(launcher) is None:       # it died before this process could ask: now
             on_orphaned()
         return
     # NOTE: the kernel sends it when the *thread* that forked this process exits; torch's agent
@@ -220,8 +144,8 @@ def orphaned() -> bool:
         launcher = int(os.environ.get(ENV_LAUNCHER, ""))
     except ValueError:
         return False
-    stat = _stat(launcher)
-    return os.getppid() != launcher or stat is None or stat[0] in ("Z", "X")
+    info = stat(launcher)
+    return os.getppid() != launcher or info is None or info[0] in ("Z", "X")
 
 
 def end_own_group(grace_s: float = GRACE_S) -> int:
@@ -231,4 +155,5 @@ def end_own_group(grace_s: float = GRACE_S) -> int:
     group = os.getpgrp()
     if group != os.getpid():
         return 0
-    return _end(lambda: _processes(lambda pid, stat: stat[2] == group), grace_s, reap=False)
+    return terminate(lambda: processes(lambda pid, info: info[2] == group), grace_s,
+                     reap_them=False)

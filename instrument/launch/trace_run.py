@@ -6,48 +6,57 @@ The command line is torchrun's own parser (``torch.distributed.run.get_args_pars
 trace-run's options added, so every torchrun option, in both spellings, means what it means to
 torchrun. A run goes parse -> launch -> record -> gather -> report:
 
-- **parse** (:func:`prepare`): every option checked before anything starts (cli, preflight),
-  then DIR locked for the whole run (:func:`hold_out`: one trace-run per directory);
+- **parse** (:func:`prepare`): every option checked before anything starts (command_line,
+  preflight), then DIR locked for the whole run (:func:`hold_out`: one trace-run per directory);
 - **launch** (:func:`launch`): torch's elastic agent (``elastic_launch``) spawns, monitors and
-  ends the workers; each runs ``instrument.bootstrap`` (the tracer, then the user's script as
-  ``__main__``) while :class:`~instrument.monitor.Monitor` prints progress and watches for hangs;
-  with ``--no-launcher``, one process without torchrun's environment (instrument.single);
-- **record** (:func:`record_run`): ``DIR/run.json`` (instrument.run_record), facts only; once
-  the workers have run, trace-run says what went wrong in the words of ``viz.views.failures``
-  (the report's words), imported then: nothing of viz is loaded while the workers run;
+  ends the workers; each runs ``instrument.launch.bootstrap`` (the tracer, then the user's
+  script as ``__main__``) while :class:`~instrument.supervise.monitor.Monitor` prints progress
+  and watches for hangs; with ``--no-launcher``, one process without torchrun's environment
+  (instrument.launch.single);
+- **record** (:func:`record_run`): ``DIR/run.json`` (instrument.supervise.run_outcome makes it,
+  tracer.files.run_record writes it), facts only; once the workers have run, trace-run says
+  what went wrong in the words of ``viz.views.failures`` (the report's words), imported then:
+  nothing of viz is loaded while the workers run;
 - **gather** (:func:`gather_traces`, :func:`send_traces`): on multi-node runs every node's traces
-  go to the collecting node (instrument.gather);
+  go to the collecting node (instrument.supervise.gather);
 - **report** (:func:`report`): ``viz.cli.build``; the last line on stdout is its path.
 """
 from __future__ import annotations
 
+import argparse
 import os
 import shlex
 import signal
 import socket
 import sys
 import time
+from types import ModuleType
 from typing import Optional
 
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-from torch.distributed.launcher.api import elastic_launch
+from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-from tracer.files import rundir
-from tracer.vocab.console_errors import run_console
+from tracer.files import run_record, rundir
+from tracer.files.run_record import RunRecord
+from tracer.vocab.console_errors import EXIT_USAGE
+from tracer.vocab.outcomes import RankStatus, TraceStatus
 
-from . import gather, orphans, preflight, run_record, single
-from .cli import (EXIT_USAGE, Target, UsageError, build_parser, check_out, check_own_options,
-                  prepare_out, resolve_target, worker_args)
-from .monitor import Monitor, say
+from ..supervise import gather, orphans, run_outcome
+from ..supervise.gather import NodeRecord
+from ..supervise.monitor import Monitor, say
+from ..supervise.run_outcome import EXIT_HANG, Outcome
+from . import preflight, single
+from .command_line import (Target, UsageError, build_parser, check_out, check_own_options,
+                           prepare_out, resolve_target, worker_args)
 from .preflight import describe_launch_error, is_this_machine, launch_config, rendezvous_host
-from .run_record import EXIT_HANG, Outcome
+from .single import SingleProcess
 
 EXIT_LAUNCH = 1
 GATHER_TIMEOUT_S = 120.0
 
 
-def main(argv: Optional[list] = None) -> int:
+def main(argv: Optional[list[str]] = None) -> int:
     command = ["trace-run", *(sys.argv[1:] if argv is None else argv)]
     args = build_parser().parse_args(command[1:])
     try:
@@ -65,7 +74,7 @@ def main(argv: Optional[list] = None) -> int:
         os.close(lock)
 
 
-def prepare(args) -> tuple:
+def prepare(args: argparse.Namespace) -> tuple[Target, LaunchConfig | SingleProcess, str]:
     """Check everything before launching: (what to run, torch's LaunchConfig or, with
     --no-launcher, single.SingleProcess, the run DIR)."""
     target = resolve_target(args)
@@ -101,11 +110,13 @@ def hold_out(out: str) -> int:
     return lock
 
 
-def run(args, config, target: Target, out: str, command: list) -> int:
+def run(args: argparse.Namespace, config: LaunchConfig | SingleProcess, target: Target, out: str,
+        command: list[str]) -> int:
     traces_dir = os.path.join(out, rundir.TRACES)
-    collector = start_collector(args, config, traces_dir) if config.max_nodes > 1 else None
+    collector = start_collector(args, config, traces_dir) \
+        if not isinstance(config, SingleProcess) and config.max_nodes > 1 else None
     started = time.time()
-    if args.no_launcher:
+    if isinstance(config, SingleProcess):          # --no-launcher
         outcome = single.launch(worker_args(args, out, target), traces_dir,
                                 describe_target(target), timeout=args.timeout)
     else:
@@ -120,6 +131,8 @@ def run(args, config, target: Target, out: str, command: list) -> int:
         say_failures(record, local)
         return send_traces(out, record, node)
     if node["group_world_size"] > 1:
+        # node.json comes from the workers of multi-node runs only, which start a collector
+        assert collector is not None
         gather_traces(record, collector, node, traces_dir, args.timeout)
     say_failures(record, local)
     try:
@@ -133,25 +146,26 @@ def run(args, config, target: Target, out: str, command: list) -> int:
                   sources=not args.no_source)
 
 
-def start_collector(args, config, traces_dir: str) -> gather.Collector:
+def start_collector(args: argparse.Namespace, config: LaunchConfig, traces_dir: str
+                    ) -> gather.Collector:
     """Multi-node: listen for other nodes' traces; the workers learn the address and whether
     this trace-run claims to collect (bootstrap -> gather.announce)."""
     collector = gather.Collector(traces_dir, config.local_addr or socket.getfqdn())
     os.environ[gather.ENV_COLLECTOR] = collector.start()
-    os.environ[gather.ENV_CLAIM] = str(collector_claim(args, config))
+    os.environ[gather.ENV_CLAIM] = str(int(collector_claim(args, config)))
     return collector
 
 
-def collector_claim(args, config) -> int:
+def collector_claim(args: argparse.Namespace, config: LaunchConfig) -> int:
     """How strongly this trace-run claims to collect the traces (gather.choose_collector)."""
     if args.node_rank_given or config.rdzv_backend == "static":
-        return gather.CLAIM_NODE_RANK_0 if args.node_rank == 0 else gather.CLAIM_NONE
+        return gather.Claim.NODE_RANK_0 if args.node_rank == 0 else gather.Claim.NONE
     if is_this_machine(rendezvous_host(config)):
-        return gather.CLAIM_RENDEZVOUS_HOST
-    return gather.CLAIM_NONE
+        return gather.Claim.RENDEZVOUS_HOST
+    return gather.Claim.NONE
 
 
-def launch(config, argv: list, traces_dir: str, target: Target, *,
+def launch(config: LaunchConfig, argv: list[str], traces_dir: str, target: Target, *,
            timeout: Optional[float]) -> Outcome:
     """Launch through torch's elastic agent and classify how each rank ended."""
     say(f"launching {describe_launch(config, target)}")
@@ -161,7 +175,7 @@ def launch(config, argv: list, traces_dir: str, target: Target, *,
                       multi_node=config.max_nodes > 1).start()
     try:
         returns = elastic_launch(config, entrypoint=sys.executable)(*argv)
-        outcome.ranks = {str(r): {"status": "ok", "exit_code": 0, "failure": None}
+        outcome.ranks = {str(r): {"status": RankStatus.OK, "exit_code": 0, "failure": None}
                          for r in returns}
     except ChildFailedError as exc:
         outcome.add_failures(exc, traces_dir)
@@ -179,7 +193,7 @@ def launch(config, argv: list, traces_dir: str, target: Target, *,
     return outcome
 
 
-def describe_launch(config, target: Target) -> str:
+def describe_launch(config: LaunchConfig, target: Target) -> str:
     """``N ranks (what they run)`` for the launching line."""
     what = describe_target(target)
     ranks = f"{config.nproc_per_node} rank{'s' if config.nproc_per_node != 1 else ''}"
@@ -198,23 +212,24 @@ def describe_target(target: Target) -> str:
     return what if len(what) <= 72 else what[:69] + "..."
 
 
-def record_run(config, target: Target, out: str, command: list, outcome: Outcome,
-               started: float, remote: set) -> tuple:
+def record_run(config: LaunchConfig | SingleProcess, target: Target, out: str, command: list[str],
+               outcome: Outcome, started: float, remote: set[int]
+               ) -> tuple[RunRecord, NodeRecord]:
     """This node's run.json record, and what it learned about the other nodes (node.json).
     Prints one line per problem, the watchdog's first (it ended the workers)."""
     if outcome.hang is not None:
         say(run_words().watchdog_line(outcome.hang))
     traces_dir = os.path.join(out, rundir.TRACES)
     _remove_empty_stack_files(traces_dir)
-    ranks = run_record.local_ranks(outcome, traces_dir, remote)
+    ranks = run_outcome.local_ranks(outcome, traces_dir, remote)
     node = gather.read_node(out)
     if node is None:
         if config.min_nodes > 1 and outcome.ranks:   # several nodes for sure, no exchange
             say(f"the nodes never exchanged the collector's address; this node's traces stay "
                 f"in {traces_dir}")
-        node = {"group_rank": 0, "group_world_size": 1, "collects": True}
-    record = run_record.new_record(
-        command=command, target=target, node=node, outcome=outcome, ranks=ranks,
+        node = NodeRecord(group_rank=0, group_world_size=1, collects=True)
+    record = run_outcome.new_record(
+        command=command, target=target.recorded(), node=node, outcome=outcome, ranks=ranks,
         world_size=config.nproc_per_node * node["group_world_size"], started=started)
     if outcome.error:
         say(f"the launch failed: {outcome.error}")
@@ -223,14 +238,14 @@ def record_run(config, target: Target, out: str, command: list, outcome: Outcome
     return record, node
 
 
-def say_failures(record: dict, local: set) -> None:
+def say_failures(record: RunRecord, local: set[str]) -> None:
     """The first failure in one line (viz.views.failures words it), if a rank failed."""
     line = run_words().first_failure_line(record, local)
     if line:
         say(line)
 
 
-def run_words():
+def run_words() -> ModuleType:
     """viz.views.failures, which words run.json's facts as the report does; imported only once
     the workers have run (tests/unit/test_architecture.py checks that nothing trace-run runs
     beside them imports viz)."""
@@ -238,7 +253,7 @@ def run_words():
     return failures
 
 
-def send_traces(out: str, record: dict, node: dict) -> int:
+def send_traces(out: str, record: RunRecord, node: NodeRecord) -> int:
     """Not the collector: keep a run.json here and send the traces to the collecting node."""
     traces_dir = os.path.join(out, rundir.TRACES)
     exit_code = record["exit_code"]
@@ -246,7 +261,7 @@ def send_traces(out: str, record: dict, node: dict) -> int:
         run_record.write(out, record)
     except OSError as exc:
         say(f"cannot write {os.path.join(out, rundir.RUN_RECORD)}: {exc.strerror or exc}")
-    if node.get("claim") == gather.CLAIM_NODE_RANK_0 and node.get("rival_claims"):
+    if node.get("claim") == gather.Claim.NODE_RANK_0 and node.get("rival_claims"):
         say(f"another node was also given --node-rank 0; node {node['collector_node']} "
             "collects the traces")
     try:
@@ -260,7 +275,7 @@ def send_traces(out: str, record: dict, node: dict) -> int:
     return exit_code
 
 
-def gather_traces(record: dict, collector: gather.Collector, node: dict, traces_dir: str,
+def gather_traces(record: RunRecord, collector: gather.Collector, node: NodeRecord, traces_dir: str,
                   timeout: Optional[float]) -> None:
     """The collector: wait for every other node's traces, merge their ranks into ``record``
     and find the first failure across nodes."""
@@ -270,14 +285,14 @@ def gather_traces(record: dict, collector: gather.Collector, node: dict, traces_
         say(f"only {len(collector.uploads)} of {expected} other nodes sent their traces; "
             "the report shows what arrived")
     collector.stop()
-    run_record.merge_uploads(record, collector.uploads, node, socket.getfqdn())
-    if any(info["status"] == "failed" for info in record["ranks"].values()):
+    run_outcome.merge_uploads(record, collector.uploads, node, socket.getfqdn())
+    if any(info["status"] == RankStatus.FAILED for info in record["ranks"].values()):
         record["exit_code"] = record["exit_code"] or 1
-        record["first_failure"] = run_record.root_cause(record["ranks"], traces_dir,
+        record["first_failure"] = run_outcome.root_cause(record["ranks"], traces_dir,
                                                         record["first_failure"])
 
 
-def report(out: str, exit_code: int, no_report: bool, reported: frozenset = frozenset(), *,
+def report(out: str, exit_code: int, no_report: bool, reported: frozenset[int] = frozenset(), *,
            sources: bool = True) -> int:
     """Build the report (unless --no-report; ``sources=False``: --no-source); the last line on
     stdout is its path, or DIR."""
@@ -289,20 +304,20 @@ def report(out: str, exit_code: int, no_report: bool, reported: frozenset = froz
     return exit_code
 
 
-def said_failed(record: dict) -> frozenset:
+def said_failed(record: RunRecord) -> frozenset[int]:
     """Ranks whose end trace-run already named: the report says them no second time. After
     Ctrl-C that is every rank the interrupt stopped ("interrupted; the traces hold what was
     recorded"): ranks stop a collective or two apart, which needs no line per rank."""
     if record["interrupted"]:
         return frozenset(int(r) for r, info in record["ranks"].items()
-                         if info.get("tracer_status") == "interrupted")
+                         if info.get("tracer_status") == TraceStatus.INTERRUPTED)
     if record["hang"] is not None:
         return frozenset()
     return frozenset(int(r) for r, info in record["ranks"].items()
-                     if info["status"] == "failed" and not info.get("terminated"))
+                     if info["status"] == RankStatus.FAILED and not info.get("terminated"))
 
 
-def build_report(out: str, reported: frozenset = frozenset(), sources: bool = True
+def build_report(out: str, reported: frozenset[int] = frozenset(), sources: bool = True
                  ) -> Optional[str]:
     """viz.cli.build; None (with a one-line message) if nothing could be built. viz names each
     damaged or missing trace itself, one line each, and the ranks in ``reported`` (failures
@@ -338,12 +353,3 @@ def _remove_empty_stack_files(traces_dir: str) -> None:
                 os.remove(path)
         except OSError:
             pass
-
-
-def console() -> int:
-    """The ``trace-run`` console script: main, its bugs in one line."""
-    return run_console("trace-run", main)
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(console())

@@ -1,7 +1,7 @@
 """The per-worker entry point trace-run hands to torch's elastic agent.
 
-torch's agent starts ``python -u -m instrument.bootstrap [own options] -- SCRIPT|-m MODULE ARGS``
-once per rank. Before the user's code runs this module:
+torch's agent starts ``python -u -m instrument.launch.bootstrap [own options] -- SCRIPT|-m
+MODULE ARGS`` once per rank. Before the user's code runs this module:
 
 - turns SIGTERM (what the agent sends every worker when one rank fails or on Ctrl-C) into an
   exception while the tracer records, so it closes cleanly and flushes the rank's trace (once
@@ -26,6 +26,7 @@ import runpy
 import signal
 import sys
 import time
+from types import FrameType
 from typing import Optional
 
 from torch.distributed.elastic.multiprocessing.errors import record
@@ -33,31 +34,32 @@ from torch.distributed.elastic.multiprocessing.errors import record
 import tracer
 from tracer.files import rundir
 from tracer.vocab.library import ROOT, LibraryRule
+from tracer.vocab.outcomes import TraceStatus
 from tracer.vocab.user_frames import trim_traceback
 
-from . import gather, orphans
+from ..supervise import gather, orphans
 
 
 class Terminated(KeyboardInterrupt):
     """SIGTERM from the agent: the rank was ended from outside (recorded as interrupted)."""
 
 
-def _on_sigterm(signum, frame):
+def _on_sigterm(signum: int, frame: Optional[FrameType]) -> None:
     # NOTE: raise once, and only while the tracer is still recording: a SIGTERM that lands while
     # the tracer closes (after the rank's own error, say) would cut its final flush short.
     session = tracer.active()
-    if session is not None and session.status != "running":
+    if session is not None and session.status != TraceStatus.RUNNING:
         return
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise Terminated(f"terminated by signal {signum}")
 
 
-def parse(argv: list) -> argparse.Namespace:
+def parse(argv: list[str]) -> argparse.Namespace:
     """Own options before ``--``; after it ``SCRIPT ARGS`` or ``-m MODULE ARGS``."""
     if "--" not in argv:
-        raise SystemExit("instrument.bootstrap: expected '-- SCRIPT|-m MODULE [ARGS]'")
+        raise SystemExit("instrument.launch.bootstrap: expected '-- SCRIPT|-m MODULE [ARGS]'")
     split = argv.index("--")
-    parser = argparse.ArgumentParser(prog="instrument.bootstrap")
+    parser = argparse.ArgumentParser(prog="instrument.launch.bootstrap")
     parser.add_argument("--out", required=True)
     parser.add_argument("--steps", default=None)
     parser.add_argument("--stack-depth", type=int, default=64)
@@ -102,8 +104,8 @@ def _failed_after_the_launcher() -> None:
     before this one left a collective it was in ("Connection closed by peer"). So the trace
     says interrupted, as the ended rank's does, not failed."""
     session = tracer.active()
-    if session is not None and session.status == "running" and orphans.orphaned():
-        session.status, session.error = "interrupted", ORPHANED
+    if session is not None and session.status == TraceStatus.RUNNING and orphans.orphaned():
+        session.status, session.error = TraceStatus.INTERRUPTED, ORPHANED
 
 
 def _orphaned() -> None:
@@ -112,7 +114,7 @@ def _orphaned() -> None:
     the main thread is closing it already (then give it a while), and leave."""
     try:
         session = tracer.active()
-        if session is not None and session.status == "running":
+        if session is not None and session.status == TraceStatus.RUNNING:
             from tracer.recorder import exits
             exits.leave(session, 128 + signal.SIGTERM, ended_by=ORPHANED)
         deadline = time.monotonic() + 10
@@ -130,7 +132,7 @@ def _rank() -> int:
 
 
 @record
-def main(argv: Optional[list] = None) -> None:
+def main(argv: Optional[list[str]] = None) -> None:
     opts = parse(sys.argv[1:] if argv is None else argv)
     traces_dir = os.path.join(opts.out, rundir.TRACES)
     os.makedirs(traces_dir, exist_ok=True)
@@ -178,7 +180,7 @@ def main(argv: Optional[list] = None) -> None:
             orphans.end_own_group()
 
 
-def print_error(exc: BaseException, argv: list) -> None:
+def print_error(exc: BaseException, argv: list[str]) -> None:
     """The script's error on stderr as Python (or torch's hook) prints it, its frames the
     user's and the call into the library (tracer.vocab.user_frames, as the recorded stacks
     are): no runpy, no bootstrap, no recorder wrapper (comm.py) to make it look as if

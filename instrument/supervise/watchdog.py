@@ -21,18 +21,21 @@ workers have ended (viz.views.failures), and nothing here imports viz.
 """
 from __future__ import annotations
 
-import json
-import os
 import signal
 import time
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Mapping, Optional
 
 import tracer
 from tracer.files import rundir
+from tracer.files.reader import Trace
+from tracer.files.run_record import Hang, HangRank
+from tracer.files.status import Status, read_statuses
 from tracer.vocab.groups import group_ranks
 from tracer.vocab.ops import P2P_KINDS as P2P
-from tracer.vocab.outcomes import COLLECTIVE, EXIT, LEFT_BEHIND
+from tracer.vocab.outcomes import HangRule, TraceStatus
+
+from .processes import is_child, live_children, send_signal, terminate
 
 EXIT_GRACE_S = 30.0       # a closed trace, a live process: torch's own shutdown grace
 
@@ -41,40 +44,24 @@ EXIT_GRACE_S = 30.0       # a closed trace, a live process: torch's own shutdown
 class Collective:
     """One collective launch as the tracer describes it in status files."""
 
-    kind: str
-    group: str
+    kind: Optional[str]
+    group: Optional[str]
     seq: Optional[int]
     peer: Optional[int]
 
     @classmethod
-    def of(cls, d: dict) -> "Collective":
+    def of(cls, d: Mapping[str, Any]) -> Collective:
         group = d.get("group")
         if isinstance(group, (list, tuple)):    # status files give lists, traces "0,1" strings
             group = ",".join(map(str, group))
         return cls(d.get("kind"), group, d.get("seq"), d.get("peer"))
 
-    def members(self) -> list:
+    def members(self) -> list[int]:
         """Global ranks of the group; [] if the tracer could not resolve it (``?name``)."""
         return list(group_ranks(self.group))
 
 
-def read_statuses(traces_dir: str) -> dict:
-    """rank -> the rank's latest status dict (unreadable files are skipped)."""
-    statuses = {}
-    try:
-        paths = rundir.rank_files(traces_dir, rundir.STATUS_EXT)
-    except OSError:          # not created yet, or removed under us
-        return statuses
-    for rank, path in paths.items():
-        try:
-            with open(path) as fh:
-                statuses[rank] = json.load(fh)
-        except (OSError, ValueError):
-            continue
-    return statuses
-
-
-def launched_seqs(traces_dir: str, rank: int) -> dict:
+def launched_seqs(traces_dir: str, rank: int) -> dict[str, int]:
     """group -> highest collective sequence number ``rank`` launched, from its trace on disk."""
     try:
         return highest_seqs(tracer.load(rundir.trace_file(traces_dir, rank)))
@@ -82,12 +69,12 @@ def launched_seqs(traces_dir: str, rank: int) -> dict:
         return {}
 
 
-def highest_seqs(trace) -> dict:
+def highest_seqs(trace: Trace) -> dict[str, int]:
     """group -> highest collective sequence number launched in ``trace``."""
     table = trace.table
     groups, seqs = table.column("group").to_pylist(), table.column("seq").to_pylist()
     kinds = table.column("kind").to_pylist()
-    highest: dict = {}
+    highest: dict[str, int] = {}
     for group, seq, kind in zip(groups, seqs, kinds):
         # point-to-point operations have sequence numbers of their own
         if group is not None and seq is not None and kind not in P2P \
@@ -96,7 +83,8 @@ def highest_seqs(trace) -> dict:
     return highest
 
 
-def never_arrived(statuses: dict, launched: dict, absent_arrived: bool = False) -> list:
+def never_arrived(statuses: dict[int, Status], launched: dict[int, dict[str, int]],
+                  absent_arrived: bool = False) -> list[int]:
     """Ranks that never launched a collective some other rank is stuck in.
 
     ``statuses``: rank -> status dict; ``launched``: rank -> {group: highest seq launched}
@@ -104,17 +92,18 @@ def never_arrived(statuses: dict, launched: dict, absent_arrived: bool = False) 
     status at all never started it either, unless ``absent_arrived`` (multi-node: the ranks of
     other nodes are out of sight, so nothing is known about them).
     """
-    def reached(rank: int, c: Collective) -> bool:
+    def reached(rank: int, c: Collective) -> bool:      # c: a collective with a seq
         status = statuses.get(rank)
         if status is None:
             return absent_arrived
         seen = [Collective.of(d) for d in status.get("inflight") or []]
-        if status.get("last_collective"):
-            seen.append(Collective.of(status["last_collective"]))
-        highest = launched.get(rank, {}).get(c.group, -1)
+        last = status.get("last_collective")
+        if last:
+            seen.append(Collective.of(last))
+        highest = launched.get(rank, {}).get(c.group, -1) if c.group is not None else -1
         highest = max([highest] + [s.seq for s in seen if s.group == c.group
                                     and s.seq is not None and s.kind not in P2P])
-        return highest >= c.seq
+        return highest >= (c.seq or 0)
 
     def posted_peer_op(rank: int, peer: int) -> bool:
         if rank not in statuses:
@@ -140,12 +129,12 @@ class Verdict:
     """A hang: which rule saw it (``kind``), the ranks to blame for a rank left behind or a rank
     that does not exit (``lingering``), and the ranks whose trace had closed ``ok``."""
 
-    kind: str
-    lingering: list = field(default_factory=list)
-    finished: list = field(default_factory=list)
+    kind: HangRule
+    lingering: list[int] = field(default_factory=list)
+    finished: list[int] = field(default_factory=list)
 
 
-def progress_signature(status: dict) -> tuple:
+def progress_signature(status: Status) -> tuple[object, ...]:
     """What changes whenever a rank makes progress (``now_ns`` changes at every rewrite)."""
     return (status.get("status"), status.get("events"), status.get("last_event_ns"),
             status.get("step"), len(status.get("inflight") or []), status.get("final"))
@@ -158,12 +147,14 @@ class HangDetector:
     def __init__(self, timeout_s: float, exit_grace_s: float = EXIT_GRACE_S):
         self.timeout_s = timeout_s
         self.exit_grace_s = max(timeout_s, exit_grace_s)
-        self._signature: Optional[dict] = None
+        self._signature: Optional[dict[int, tuple[object, ...]]] = None
         self._quiet_since = 0.0                   # no rank changed since
-        self._changed: dict = {}                  # rank -> (signature, when it last changed)
-        self._finished_at: dict = {}              # rank -> when its trace was first seen ok
+        # rank -> (signature, when it last changed)
+        self._changed: dict[int, tuple[tuple[object, ...], float]] = {}
+        self._finished_at: dict[int, float] = {}     # rank -> when its trace was first seen ok
 
-    def observe(self, statuses: dict, alive: set, now: float) -> Optional[Verdict]:
+    def observe(self, statuses: dict[int, Status], alive: set[int], now: float
+                ) -> Optional[Verdict]:
         """``statuses``: rank -> status dict; ``alive``: ranks whose process still runs."""
         signature = {r: progress_signature(s) for r, s in statuses.items()}
         if signature != self._signature:
@@ -171,7 +162,7 @@ class HangDetector:
         for rank, sig in signature.items():
             if self._changed.get(rank, (None,))[0] != sig:
                 self._changed[rank] = (sig, now)
-            if statuses[rank].get("final") and statuses[rank].get("status") == "ok":
+            if statuses[rank].get("final") and statuses[rank].get("status") == TraceStatus.OK:
                 self._finished_at.setdefault(rank, now)
         finished = sorted(self._finished_at)
         running = {r: s for r, s in statuses.items() if not s.get("final")}
@@ -179,14 +170,14 @@ class HangDetector:
         # status file either, but then nobody waits yet.
         if any(s.get("inflight") for s in running.values()) and \
                 now - self._quiet_since >= self.timeout_s:
-            return Verdict(COLLECTIVE, finished=finished)
+            return Verdict(HangRule.COLLECTIVE, finished=finished)
         behind = [r for r in sorted(alive & set(running)) if self._left_behind(r, now)]
         if behind:
-            return Verdict(LEFT_BEHIND, lingering=behind, finished=finished)
+            return Verdict(HangRule.LEFT_BEHIND, lingering=behind, finished=finished)
         stuck = [r for r in sorted(alive & set(self._finished_at))
                  if now - self._finished_at[r] >= self.exit_grace_s]
         if stuck:
-            return Verdict(EXIT, lingering=stuck, finished=finished)
+            return Verdict(HangRule.EXIT, lingering=stuck, finished=finished)
         return None
 
     def _left_behind(self, rank: int, now: float) -> bool:
@@ -199,17 +190,17 @@ class HangDetector:
 
 
 def hang_report(traces_dir: str, verdict: Verdict, detector: HangDetector, *,
-                multi_node: bool = False) -> dict:
+                multi_node: bool = False) -> Hang:
     """``run.json["hang"]``: the rule that saw it, the ranks it blames, those whose trace had
     closed ok (``finished``), each rank's state and Python stack (dumped now, on SIGUSR1)."""
     statuses = read_statuses(traces_dir)
     for rank, s in statuses.items():
         if is_child(s.get("pid") or -1):
-            _signal(s["pid"], signal.SIGUSR1)
+            send_signal(s["pid"], signal.SIGUSR1)
     time.sleep(1.0)     # faulthandler writes at once; leave time for every rank
     statuses = read_statuses(traces_dir)
     launched = {r: launched_seqs(traces_dir, r) for r in statuses}
-    ranks = {}
+    ranks: dict[str, HangRank] = {}
     for r, s in sorted(statuses.items()):
         try:
             with open(rundir.stack_file(traces_dir, r)) as fh:
@@ -219,7 +210,8 @@ def hang_report(traces_dir: str, verdict: Verdict, detector: HangDetector, *,
         ranks[str(r)] = {"status": s.get("status"), "final": bool(s.get("final")),
                          "step": s.get("step"), "last_collective": s.get("last_collective"),
                          "inflight": s.get("inflight") or [], "stack": stack}
-    never = never_arrived(statuses, launched, multi_node) if verdict.kind == COLLECTIVE else []
+    never = never_arrived(statuses, launched, multi_node) \
+        if verdict.kind == HangRule.COLLECTIVE else []
     return {"timeout_s": detector.timeout_s, "exit_grace_s": detector.exit_grace_s,
             "kind": verdict.kind, "never_arrived": never, "lingering": verdict.lingering,
             "finished": verdict.finished, "ranks": ranks}
@@ -235,40 +227,12 @@ def end_workers(traces_dir: str) -> None:
     recording = [s for s in statuses if not s.get("final")]
     waiting = [s["pid"] for s in recording if s.get("inflight")]
     others = [s["pid"] for s in (recording or statuses) if s["pid"] not in waiting]
-    _terminate(waiting, grace_s=1.0)
-    _terminate(others, grace_s=3.0)
+    # SIGTERM (the bootstrap turns it into an exception that closes the trace), then SIGKILL
+    # for ranks blocked in C++, which never run a Python signal handler
+    terminate(live_children(waiting), grace_s=1.0, reap_them=False)
+    terminate(live_children(others), grace_s=3.0, reap_them=False)
 
 
-def alive_ranks(statuses: dict) -> set:
+def alive_ranks(statuses: dict[int, Status]) -> set[int]:
     """Ranks whose worker process (the status file's pid) still runs."""
     return {r for r, s in statuses.items() if is_child(s.get("pid") or -1)}
-
-
-def is_child(pid: int) -> bool:
-    """A live worker of ours (the agent runs in this process): never signal a stale pid."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            state, ppid = fh.read().rsplit(")", 1)[1].split()[:2]
-    except (OSError, ValueError, IndexError):
-        return False
-    return int(ppid) == os.getpid() and state != "Z"
-
-
-def _terminate(pids: list, grace_s: float) -> None:
-    """SIGTERM (the bootstrap turns it into an exception that closes the trace), then SIGKILL
-    for ranks blocked in C++, which never run a Python signal handler."""
-    for pid in pids:
-        _signal(pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and any(is_child(p) for p in pids):
-        time.sleep(0.1)
-    for pid in pids:
-        if is_child(pid):
-            _signal(pid, signal.SIGKILL)
-
-
-def _signal(pid: int, sig: int) -> None:
-    try:
-        os.kill(pid, sig)
-    except ProcessLookupError:
-        pass

@@ -13,7 +13,8 @@ so the transfer is not done by workers over the training process group. Instead:
    (:func:`choose_collector`): the trace-run given ``--node-rank 0``; without ``--node-rank``,
    the one on the rendezvous endpoint's host; the lowest group rank among equal claims. torch
    assigns group ranks itself (c10d ignores ``--node-rank``), so the collector need not hold
-   global rank 0. Each writes what it learned to ``DIR/node.json`` (:func:`announce`).
+   global rank 0. Each writes what it learned to ``DIR/node.json`` (:class:`NodeRecord`:
+   :func:`announce` writes it, :func:`read_node` reads it).
 3. After the run, each other node's trace-run sends all files of its ``DIR/traces`` (including
    partial traces of killed ranks) and its ranks' exit statuses to the collector
    (:func:`send`); the collecting trace-run writes them into its own ``DIR/traces``.
@@ -26,6 +27,7 @@ names are checked against ``rank-<R>.<ext>``.
 """
 from __future__ import annotations
 
+import io
 import json
 import os
 import secrets
@@ -35,17 +37,41 @@ import threading
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Optional
+from enum import IntEnum
+from typing import Any, Optional, TypedDict
 
 from tracer.files import rundir
+from tracer.files.run_record import RankOutcome
 
 SCHEMA = "paratrace.gather/1"
 ENV_COLLECTOR = "PARATRACE_COLLECTOR"
 ENV_CLAIM = "PARATRACE_CLAIM"
-# How strongly a trace-run claims to collect: given --node-rank 0 > on the rendezvous host > none
-CLAIM_NODE_RANK_0, CLAIM_RENDEZVOUS_HOST, CLAIM_NONE = 2, 1, 0
 _MAX_HEADER = 1 << 20
 _CHUNK = 1 << 20
+
+
+class Claim(IntEnum):
+    """How strongly a trace-run claims to collect: given --node-rank 0 > on the rendezvous host >
+    none (written to node.json and the agent's store as the number)."""
+
+    NONE = 0
+    RENDEZVOUS_HOST = 1
+    NODE_RANK_0 = 2
+
+
+class NodeRecord(TypedDict, total=False):
+    """``DIR/node.json``: what this node learned when the nodes met (:func:`announce` writes every
+    key; a single-node run has no file, and trace-run takes ``group_rank`` 0 of 1, collecting).
+    ``claim``: this node's :class:`Claim`; ``rival_claims``: how many other nodes claimed as
+    strongly as the one chosen."""
+
+    group_rank: int
+    group_world_size: int
+    collector: str
+    collector_node: int
+    collects: bool
+    claim: int
+    rival_claims: int
 
 
 class GatherError(Exception):
@@ -58,8 +84,15 @@ class Upload:
 
     node_rank: int
     peer: str
-    ranks: dict
-    files: list
+    ranks: dict[str, RankOutcome]
+    files: list[str]
+
+
+class FileEntry(TypedDict):
+    """A file in an upload's header: its name (``rank-<R>.<ext>``) and size in bytes."""
+
+    name: str
+    size: int
 
 
 @dataclass
@@ -69,9 +102,9 @@ class Collector:
     traces_dir: str
     host: str
     token: str = field(default_factory=lambda: secrets.token_hex(16))
-    uploads: dict = field(default_factory=dict)      # node rank -> Upload
-    incoming: set = field(default_factory=set)       # ranks of every accepted upload so far
-    errors: list = field(default_factory=list)
+    uploads: dict[int, Upload] = field(default_factory=dict)     # by node rank
+    incoming: set[int] = field(default_factory=set)     # ranks of every accepted upload so far
+    errors: list[str] = field(default_factory=list)
     _server: Optional[socketserver.ThreadingTCPServer] = None
     _arrived: threading.Condition = field(default_factory=threading.Condition)
 
@@ -80,7 +113,7 @@ class Collector:
         collector = self
 
         class Handler(socketserver.StreamRequestHandler):
-            def handle(self):
+            def handle(self) -> None:
                 try:
                     upload = collector._receive(self.rfile, self.wfile,
                                                 f"{self.client_address[0]}")
@@ -117,7 +150,7 @@ class Collector:
             self._server.server_close()
             self._server = None
 
-    def _receive(self, rfile, wfile, peer: str) -> Upload:
+    def _receive(self, rfile: io.BufferedIOBase, wfile: io.BufferedIOBase, peer: str) -> Upload:
         line = rfile.readline(_MAX_HEADER)
         header = json.loads(line)
         if header.get("schema") != SCHEMA:
@@ -131,7 +164,8 @@ class Collector:
                 raise GatherError(f"upload from {peer}: refused file entry {item!r}")
         os.makedirs(self.traces_dir, exist_ok=True)
         # known before any file lands, so the local run never mistakes them for its own ranks
-        self.incoming.update(rundir.parse_rank_file(item["name"]) for item in files)
+        self.incoming.update(rank for item in files
+                             if (rank := rundir.parse_rank_file(item["name"])) is not None)
         wfile.write(b'{"ok": true}\n')
         wfile.flush()
         for item in files:
@@ -164,30 +198,31 @@ def announce(out_dir: str, timeout: float = 120.0) -> None:
               f"{env.get('TORCHELASTIC_RESTART_COUNT', '0')}/node")
     store = TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False,
                      timeout=timedelta(seconds=timeout))
-    mine = {"group_rank": group_rank, "collector": env.get(ENV_COLLECTOR, ""),
-            "claim": int(env.get(ENV_CLAIM, CLAIM_NONE))}
+    mine: dict[str, Any] = {"group_rank": group_rank, "collector": env.get(ENV_COLLECTOR, ""),
+                            "claim": int(env.get(ENV_CLAIM, Claim.NONE))}
     store.set(f"{prefix}/{group_rank}", json.dumps(mine))
     keys = [f"{prefix}/{n}" for n in range(nodes)]
     store.wait(keys, timedelta(seconds=timeout))
     everyone = [json.loads(store.get(key)) for key in keys]
     chosen = choose_collector(everyone)
-    node = {"group_rank": group_rank, "group_world_size": nodes,
-            "collector": chosen["collector"], "collector_node": chosen["group_rank"],
-            "collects": chosen["group_rank"] == group_rank, "claim": mine["claim"],
-            "rival_claims": sum(n["claim"] == chosen["claim"] for n in everyone) - 1}
+    node: NodeRecord = {
+        "group_rank": group_rank, "group_world_size": nodes, "collector": chosen["collector"],
+        "collector_node": chosen["group_rank"], "collects": chosen["group_rank"] == group_rank,
+        "claim": mine["claim"],
+        "rival_claims": sum(n["claim"] == chosen["claim"] for n in everyone) - 1}
     tmp = os.path.join(out_dir, rundir.NODE_RECORD + ".tmp")
     with open(tmp, "w") as fh:
         json.dump(node, fh)
     os.replace(tmp, os.path.join(out_dir, rundir.NODE_RECORD))
 
 
-def choose_collector(nodes: list) -> dict:
+def choose_collector(nodes: list[dict[str, Any]]) -> dict[str, Any]:
     """The node that collects: the strongest claim, then the lowest group rank. Every node runs
     this on the same list, so all agree."""
-    return min(nodes, key=lambda n: (-int(n.get("claim", CLAIM_NONE)), int(n["group_rank"])))
+    return min(nodes, key=lambda n: (-int(n.get("claim", Claim.NONE)), int(n["group_rank"])))
 
 
-def read_node(out_dir: str) -> Optional[dict]:
+def read_node(out_dir: str) -> Optional[NodeRecord]:
     """node.json written by :func:`announce`, or None (single node, or workers died first)."""
     try:
         with open(os.path.join(out_dir, rundir.NODE_RECORD)) as fh:
@@ -196,14 +231,15 @@ def read_node(out_dir: str) -> Optional[dict]:
         return None
 
 
-def send(collector: str, traces_dir: str, node_rank: int, ranks: dict,
+def send(collector: str, traces_dir: str, node_rank: int, ranks: dict[str, RankOutcome],
          timeout: float = 120.0) -> str:
     """Send every trace file of ``traces_dir`` to ``host:port#token``; returns its run
     directory."""
     address, _, token = collector.partition("#")
     host, _, port = address.rpartition(":")
     names = sorted(n for n in os.listdir(traces_dir) if rundir.parse_rank_file(n) is not None)
-    files = [{"name": n, "size": os.path.getsize(os.path.join(traces_dir, n))} for n in names]
+    files: list[FileEntry] = [{"name": n, "size": os.path.getsize(os.path.join(traces_dir, n))}
+                              for n in names]
     header = {"schema": SCHEMA, "token": token, "node_rank": node_rank, "ranks": ranks,
               "files": files}
     try:

@@ -5,9 +5,9 @@ torch's elastic agent rejects some values only once it starts: ``--nproc-per-nod
 ``--rdzv-endpoint`` or ``--rdzv-backend`` raises inside the rendezvous handler, ``--nnodes x``
 escapes as a traceback, and a static ``--node-rank`` outside ``--nnodes`` waits for a
 rendezvous that can never complete. :func:`launch_config` checks every such value first and
-names the option (:class:`~instrument.cli.UsageError`: one line, exit status 2), then builds
-torch's ``LaunchConfig`` the way ``torch.distributed.run.run`` does. :func:`describe_launch_error`
-turns whatever the agent still raises into one line.
+names the option (:class:`~instrument.launch.command_line.UsageError`: one line, exit status
+2), then builds torch's ``LaunchConfig`` the way ``torch.distributed.run.run`` does.
+:func:`describe_launch_error` turns whatever the agent still raises into one line.
 """
 from __future__ import annotations
 
@@ -17,21 +17,22 @@ import signal
 import socket
 import traceback
 import uuid
-from typing import Callable
+from typing import Any, Callable, Optional
 
 from torch.distributed import run as torchrun
+from torch.distributed.launcher.api import LaunchConfig
 
 from tracer.recorder.compat import launcher_option
 from tracer.recorder.device_direct import source as device_source
 
-from .cli import UsageError
+from .command_line import UsageError
 
 DEFAULT_MASTER_PORT = 29500
 DEFAULT_RDZV_PORT = 29400       # torch's default for an endpoint given without a port
 _NPROC_WORDS = ("cpu", "gpu", "xpu", "auto")
 
 
-def launch_config(args: argparse.Namespace):
+def launch_config(args: argparse.Namespace) -> LaunchConfig:
     """torchrun's LaunchConfig, with the same defaulting as ``torch.distributed.run.run``;
     raises UsageError naming the option for any value torch's agent would reject."""
     check_options(args)
@@ -112,7 +113,8 @@ def check_options(args: argparse.Namespace) -> None:
         raise UsageError(str(exc)) from None
 
 
-def check_reference_gpt_device(target_module, target_args: list, nproc_per_node: str) -> None:
+def check_reference_gpt_device(target_module: Optional[str], target_args: list[str],
+                               nproc_per_node: str) -> None:
     """The reference GPT with ``--device cuda`` on a node with fewer GPUs than ranks: one line
     before anything launches (torch's launcher included), rather than a failure in every
     rank. ``nproc_per_node`` as given; a value that is not a count is left to
@@ -158,7 +160,7 @@ def check_endpoint(args: argparse.Namespace) -> None:
         raise UsageError(f"{option}: {_first_line(exc)}") from None
 
 
-def rendezvous_host(config) -> str:
+def rendezvous_host(config: LaunchConfig) -> str:
     """The host part of the launch's rendezvous endpoint."""
     from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
     return parse_rendezvous_endpoint(config.rdzv_endpoint, DEFAULT_RDZV_PORT)[0]
@@ -177,7 +179,7 @@ def is_this_machine(host: str) -> bool:
         return False
 
 
-def describe_launch_error(exc: BaseException, config=None) -> str:
+def describe_launch_error(exc: BaseException, config: Optional[LaunchConfig] = None) -> str:
     """One line for an exception torch's agent raised while launching (rendezvous, spawning):
     what went wrong with the rendezvous, else its type and first line, else where it came
     from (torch raises some without a message)."""
@@ -204,7 +206,7 @@ def describe_launch_error(exc: BaseException, config=None) -> str:
     return f"{name} with no message{where}"
 
 
-def _nnodes(value: str) -> tuple:
+def _nnodes(value: str) -> tuple[int, int]:
     try:
         min_nodes, max_nodes = torchrun.parse_min_max_nnodes(value)
     except (ValueError, RuntimeError):
@@ -227,7 +229,7 @@ def _nproc_per_node(value: str) -> None:
                          f"one of {', '.join(_NPROC_WORDS)} (got {value!r})")
 
 
-def _with_option(option: str, check: Callable, value) -> None:
+def _with_option(option: str, check: Optional[Callable[[Any], object]], value: Any) -> None:
     """Run torch's own parser of an option's value; its complaint becomes one line naming it."""
     if check is None:
         return
@@ -237,7 +239,7 @@ def _with_option(option: str, check: Callable, value) -> None:
         raise UsageError(f"{option}: {_first_line(exc)}") from None
 
 
-def _rendezvous_backends() -> set:
+def _rendezvous_backends() -> set[str]:
     """Registered rendezvous backends (c10d, static, etcd, ... plus plug-ins); empty when this
     torch hides its registry, and then the agent's own error names the backend."""
     from torch.distributed.elastic.rendezvous import registry
