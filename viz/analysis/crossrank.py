@@ -36,7 +36,8 @@ from typing import Optional
 from tracer.vocab.groups import group_ranks
 from tracer.vocab.ops import P2P_KINDS
 
-from .lanes import SLOTS, Timeline
+from .lanes import Timeline
+from .op_groups import SLOTS
 
 P2P = P2P_KINDS       # the kinds matched by peer, not by group
 _UNSIZED = ("barrier",)

@@ -3,18 +3,13 @@ timeline of all ranks. Plain data, built by :mod:`viz.analysis.timeline` (host c
 :mod:`viz.analysis.device_lanes` (device clock), read by the metrics and the renderers."""
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
 
 from .columns import Records
-
-# Records made by the hundred thousand (a 64-rank run holds ~0.5M CommSpans and Passes): slots
-# save their per-instance dict. Python 3.11+ only, where frozen slotted dataclasses pickle
-# (worker processes and Dask send them back).
-SLOTS = {"slots": True} if sys.version_info >= (3, 11) else {}
+from .op_groups import SLOTS
 
 
 @dataclass(frozen=True, **SLOTS)
