@@ -46,7 +46,7 @@ def build(run_dir: str, out_dir: Optional[str] = None, *,
     (``--no-source``). Raises viz.run.RunError, viz.render.callgraph_svg.RenderError or
     tracer.kineto.chrome_trace.KinetoError."""
     from .analysis import analyse
-    from .analysis.source import RecordedSources, reading
+    from .analysis.callgraphs.source_files import RecordedSources, reading
     from .engine import Engine
     from .render import render_all
     from .render.progress import Progress

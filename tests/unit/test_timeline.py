@@ -15,9 +15,10 @@ from support.chrome_trace_checks import check_chrome_trace
 from support.constructed_timelines import BASE, U, analysed, gpipe_two_stages, synthetic
 from tracer.files.format import COLUMN_NAMES
 from tracer.vocab.labels import PHASE_BACKWARD, PHASE_FORWARD
-from viz.analysis import intervals, metrics, recount
-from viz.analysis.lanes import P2PLink
-from viz.analysis.rank_lanes import IDLE_GAP_NS
+from viz.analysis import recount
+from viz.analysis.timeline import intervals, metrics
+from viz.analysis.timeline.lanes import P2PLink
+from viz.analysis.timeline.rank_lanes import IDLE_GAP_NS
 from viz.render import chrome_trace
 from viz.render.report import ReportInput, timeline as timeline_files
 from viz.render.summary_schema import time_json

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from viz.analysis.op_groups import Frame, OpGroup
+from viz.analysis.callgraphs.op_groups import Frame, OpGroup
 from viz.views.callgraph_pages import report_views, same_work
 
 MAIN = Frame("/work/train.py", 10, "main", "main")
@@ -90,7 +90,7 @@ def test_report_views_keep_the_merged_graphs_pruned_and_their_functions():
     """The unpruned merged graphs are dropped once drawn pruned (tens of MiB for many ranks):
     the views keep every pruned page and, of the unpruned whole-recording graph, its functions
     and what they issued."""
-    from viz.analysis.callgraph import FUNCTION, CallGraph, build_callgraph
+    from viz.analysis.callgraphs.callgraph import FUNCTION, CallGraph, build_callgraph
     groups = {0: work(0), 1: work(1, time_scale=2.0), 2: work(2, count=9)}
     views = report_views(_Analysis(groups))
     graphs = [p.graph for p in views.graphs] + [p.graph for p in views.zooms.values()] + \
@@ -109,7 +109,7 @@ def test_labels_and_tooltips_are_bounded_for_graphviz():
     listed every one, past graphviz's 16,384-character quoted string (issue 50)."""
     import re
 
-    from viz.analysis.callgraph import build_callgraph
+    from viz.analysis.callgraphs.callgraph import build_callgraph
     from viz.render.callgraph_svg import to_dot
     from viz.views.formatters import bounded_lines, first_of
     groups = [group(0, op=f"aten.op_number_{i}.default", count=3000 - i) for i in range(3000)]

@@ -72,8 +72,8 @@ def role_of(cat: int, name: str) -> int:
 def frame_of(name: str, stdlib: frozenset) -> list:
     """``torch/nn/modules/linear.py(125): forward`` -> [file, line, function, qualname]. The
     profiler writes paths relative to the sys.path entry they were found under; torch's and
-    the standard library's are marked as library frames (viz.analysis.source.is_library) the
-    way a recording's absolute paths are."""
+    the standard library's are marked as library frames
+    (viz.analysis.callgraphs.source_files.is_library) the way a recording's absolute paths are."""
     file, line, function = _FRAME.match(name).groups()
     top = file.split("/", 1)[0]
     if not file.startswith(("/", "<")):

@@ -21,11 +21,11 @@ from typing import Optional
 from tracer.vocab.model_paths import wrappers_seen
 
 from ..analysis import RunAnalysis, analyse, recount
-from ..analysis.dimensions import dimension_costs
-from ..analysis.grid import grid_of
-from ..analysis.memory import peak_in
-from ..analysis.metrics import over_steps
-from ..analysis.source import display_paths
+from ..analysis.callgraphs.source_files import display_paths
+from ..analysis.crossrank.dimensions import dimension_costs
+from ..analysis.memory.live_bytes import peak_in
+from ..analysis.timeline.grid import grid_of
+from ..analysis.timeline.metrics import over_steps
 from ..engine import Engine
 from ..run import Run
 from .files import match_files

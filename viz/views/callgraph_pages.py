@@ -3,9 +3,9 @@
 trees, and what each source line issued. Pure analyses; :mod:`viz.render.report` draws them.
 
 Call graphs and the module view show the *training steps*: the steps the time metrics count
-(:func:`viz.analysis.lanes.counted_steps`: step 0, which carries the model's construction and other
-setup, and an unfinished last step are left out). What the other steps did gets one merged graph
-of its own (:func:`step_split`, :func:`groups_outside`). Source pages and the ranks' own pages
+(:func:`viz.analysis.timeline.lanes.counted_steps`: step 0, which carries the model's construction
+and other setup, and an unfinished last step are left out). What the other steps did gets one merged
+graph of its own (:func:`step_split`, :func:`groups_outside`). Source pages and the ranks' own pages
 cover the whole recording.
 """
 from __future__ import annotations
@@ -15,12 +15,13 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, replace
 from typing import Optional
 
+from ..analysis.callgraphs.callgraph import (FUNCTION, HIDDEN, CallGraph, build_callgraph,
+                                             importance, prune, source_lines, total_of,
+                                             trim_common_prefix)
+from ..analysis.callgraphs.module_tree import NO_MODULE, module_tree
+from ..analysis.callgraphs.op_groups import NO_STACK, Weights
+from ..analysis.callgraphs.source_files import display_paths
 from ..analysis.run_analysis import RunAnalysis
-from ..analysis.callgraph import (FUNCTION, HIDDEN, CallGraph, build_callgraph, importance, prune,
-                        source_lines, total_of, trim_common_prefix)
-from ..analysis.op_groups import NO_STACK, Weights
-from ..analysis.module_tree import NO_MODULE, module_tree
-from ..analysis.source import display_paths
 from .formatters import runs_text, steps_text
 
 WHOLE_GRAPH = 0.9   # a function holding this share of every measure is nearly the whole graph
@@ -128,9 +129,9 @@ class ReportViews:
     setup: Optional[GraphPage]  # the other steps (setup, step 0, unfinished), all ranks merged
     zooms: dict               # function node id -> GraphPage (training steps)
     module_zooms: dict        # module path -> GraphPage (training steps)
-    tree: list                # viz.analysis.module_tree.ModuleRow of all ranks (training steps)
+    tree: list                # module_tree.ModuleRow of all ranks (training steps)
     rank_trees: dict          # rank -> its ModuleRows (whole recording)
-    lines: dict               # file -> line -> viz.analysis.callgraph.LineOps (whole recording)
+    lines: dict               # file -> line -> callgraph.LineOps (whole recording)
     paths: dict               # recorded file -> short display path
     source_pages: dict        # recorded file -> source/<slug>.html
     split: StepSplit

@@ -21,8 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from ..analysis.lanes import Timeline
-from ..analysis.metrics import metrics_of
+from ..analysis.timeline.lanes import Timeline
+from ..analysis.timeline.metrics import metrics_of
 from .measures import measures
 from .megatron import shape_of
 from .memory import memory_model, predicted, recorded_peaks

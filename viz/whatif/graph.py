@@ -36,8 +36,8 @@ import numpy as np
 from tracer.vocab.groups import group_ranks
 from tracer.vocab.ops import P2P_KINDS
 
-from ..analysis.intervals import Prefix, gaps
-from ..analysis.lanes import Timeline, counted_steps
+from ..analysis.timeline.intervals import Prefix, gaps
+from ..analysis.timeline.lanes import Timeline, counted_steps
 from .waits import RankView, hidden_waits, rank_view
 
 COMPUTE, IDLE, LAUNCH, WAIT, BEGIN, END, STEP = range(7)

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from ..analysis.grid import Grid, grid_of
-from ..analysis.lanes import counted_steps
+from ..analysis.timeline.grid import Grid, grid_of
+from ..analysis.timeline.lanes import counted_steps
 from .anatomy import anatomy
 from .costs import PartCosts, part_costs
 from .graph import ExecutionGraph, execution_graph

@@ -33,7 +33,7 @@ from functools import cached_property
 from typing import Callable, ClassVar, Optional
 
 from ...analysis import RunAnalysis
-from ...analysis.source import RecordedSources
+from ...analysis.callgraphs.source_files import RecordedSources
 from ...views.callgraph_pages import ReportViews
 from ..progress import Progress
 from ..timeline_svg import render as draw_timeline
@@ -48,8 +48,8 @@ class ReportInput:
     # what the pages draw (viz.views.callgraph_pages.report_views); None: only the renderers
     # that draw the analysis alone (summary.json, the timeline) can run
     views: Optional[ReportViews] = None
-    # the source files the recording allows reading (viz.analysis.source); None: none at all
-    # (--no-source)
+    # the source files the recording allows reading (viz.analysis.callgraphs.source_files); None:
+    # none at all (--no-source)
     sources: Optional[RecordedSources] = None
     progress: Progress = field(default_factory=Progress)
     # what could not be written, one line each naming the page (a picture graphviz's dot failed

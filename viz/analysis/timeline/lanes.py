@@ -1,6 +1,6 @@
 """The timeline's records: passes, communication spans, P2P links, each rank's lanes, the
-timeline of all ranks. Plain data, built by :mod:`viz.analysis.timeline` (host clock) and
-:mod:`viz.analysis.device_lanes` (device clock), read by the metrics and the renderers."""
+timeline of all ranks. Plain data, built by :mod:`viz.analysis.timeline.assemble` (host clock) and
+:mod:`viz.analysis.device.device_lanes` (device clock), read by the metrics and the renderers."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -8,8 +8,8 @@ from typing import Optional
 
 import numpy as np
 
+from ..callgraphs.op_groups import SLOTS
 from .columns import Records
-from .op_groups import SLOTS
 
 
 @dataclass(frozen=True, **SLOTS)
@@ -103,9 +103,11 @@ class RankLanes:
     device: Optional["DeviceLane"] = None       # on the device clock: the GPU activities
     # on the device clock: memcpys and memsets outside collectives (never compute)
     memory: np.ndarray = field(default_factory=lambda: np.zeros((0, 2), dtype=np.int64))
-    # live bytes over time by category (trace-run --memory; viz.analysis.memory.LiveMemory)
+    # live bytes over time by category (trace-run --memory;
+    # viz.analysis.memory.live_bytes.LiveMemory)
     live_memory: Optional["LiveMemory"] = None
-    # step -> phase -> seconds of its host step window (viz.analysis.phase_time), every clock
+    # step -> phase -> seconds of its host step window (viz.analysis.timeline.phase_time), every
+    # clock
     phase_s: dict = field(default_factory=dict)
     # per drawn op, a code into op_arg_texts: its module, phase, source line, shapes and step
     # as the JSON object of its Chrome-trace args (each distinct one once)
@@ -113,7 +115,8 @@ class RankLanes:
     op_arg_texts: list = field(default_factory=list)
 
     def __post_init__(self):
-        # Held as columns (viz.analysis.columns): a 64-rank run has half a million spans and passes.
+        # Held as columns (viz.analysis.timeline.columns): a 64-rank run has half a million spans
+        # and passes.
         self.comm = Records.of(CommSpan, self.comm)
         self.passes = Records.of(Pass, self.passes)
         self.inferred_passes = Records.of(Pass, self.inferred_passes)
