@@ -40,7 +40,7 @@ def build(run_dir: str, out_dir: Optional[str] = None, *,
     one per core) or on the Dask scheduler at ``dask``; ``kineto``: torch.profiler exports
     (``[R=]FILE`` or ``DIR``), merged into the run's GPU time, or, when ``run_dir`` has no
     traces (or only traces imported from exports), imported as the run itself
-    (tracer.kineto.run; ``kineto_limit``: bytes of JSON a .gz may expand to); ``progress``
+    (tracer.kineto.imported_run; ``kineto_limit``: bytes of JSON a .gz may expand to); ``progress``
     (viz.render.progress.Progress, default: none shown) follows the work; ``reported``: ranks
     whose failure the caller already named; ``sources=False``: no source file is read
     (``--no-source``). Raises viz.run.RunError, viz.render.callgraph_svg.RenderError or
@@ -104,14 +104,14 @@ def _training(analysis, engine, progress):
 def _exports_are_the_run(run_dir: str) -> bool:
     """``--kineto`` with no recording: a directory without traces, or whose traces were all
     imported from exports before (a new import replaces them)."""
-    from tracer.kineto.run import has_traces, is_imported_run
+    from tracer.kineto.imported_run import has_traces, is_imported_run
     return not has_traces(run_dir) or is_imported_run(run_dir)
 
 
 def _import(run_dir: str, kineto: tuple, jobs, dask, progress, warn, limit) -> list:
     """Import the exports into ``run_dir``'s traces; the lines of the files left out."""
     from .engine import Engine
-    from tracer.kineto.run import import_exports
+    from tracer.kineto.imported_run import import_exports
     _check_writable(run_dir)
     with Engine(jobs, dask) as engine:
         with progress.phase(f"importing {len(kineto)} torch.profiler export(s)"):

@@ -67,7 +67,7 @@ def test_groups_trimmed_together_share_each_trimmed_path():
 
 
 def test_a_page_written_in_pieces_is_the_page_rendered_whole(tmp_path):
-    from viz.render.html import PageWriter
+    from viz.render.page_writer import PageWriter
     writer = PageWriter(str(tmp_path))
     svg = "<svg>" + "<g/>" * 10_000 + "</svg>"
     context = dict(title="Timeline", svg=svg, files={"svg": "t.svg", "chrome_trace": "t.json"})

@@ -1,4 +1,4 @@
-"""An export's ``[memory]`` events imported as memory rows (tracer.kineto.memory): one device's
+"""An export's ``[memory]`` events imported as memory rows (tracer.kineto.allocations): one device's
 (CUDA's over the CPU's), an allocation linked to the op that holds it, a free of an address
 allocated before the export, the peak against a count made from the JSON apart, and each
 block's category told by the phases of the ops around it."""

@@ -24,7 +24,7 @@ the current one, and writes:
   marker where each ProfilerStep starts (and one where the last ends).
 
 Collectives get their kind, group, bytes, dtype, peer and sequence number from
-:mod:`tracer.kineto.comm`. Torch-free.
+:mod:`tracer.kineto.collectives`. Torch-free.
 """
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ import numpy as np
 from tracer.vocab.labels import (PHASE_BACKWARD, PHASE_FORWARD, PHASE_GRAD_SYNC, PHASE_OPTIMIZER,
                                  PHASE_OTHER, PHASE_RECOMPUTE, phase_of_label)
 
-from .comm import ProcessGroups, dtype_of, kind_of_name, peer_of, tensor_input
+from .collectives import ProcessGroups, dtype_of, kind_of_name, peer_of, tensor_input
 from .events import ANNOTATION, CPU_OP, Flows, HostEvents, OP_NAME
 
 # roles of an event, from its category and name

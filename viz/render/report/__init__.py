@@ -7,7 +7,7 @@ after a run. Each is named after what it writes into ``out_dir``::
                                unfinished; rank-R.html (+ rank-R.svg), standing for every rank
                                that did the same work (viz.views.callgraph_pages.same_work);
                                fn-N.html, a function zoomed in; mod-N.html, one nn.Module subtree
-    modules.html               modules: the nn.Module tree: ops, FLOPs, time, communication
+    modules.html               modules_html: the nn.Module tree: ops, FLOPs, time, communication
     source/<file>.html         source: a source file, each line with the ops and collectives it
                                issued
     ranks/rank-R.html          ranks: one rank: status, error, metadata, ops, collectives, modules
@@ -37,7 +37,8 @@ from ...analysis.callgraphs.source_files import RecordedSources
 from ...views.callgraph_pages import ReportViews
 from ..progress import Progress
 from ..timeline_svg import render as draw_timeline
-from . import callgraphs, crossrank, index, modules, ranks, source, summary_json, timeline
+from . import (callgraphs, crossrank, index, modules_html, ranks, source, summary_json,
+               timeline)
 
 
 @dataclass
@@ -79,5 +80,5 @@ class ReportInput:
         return href
 
 
-RENDERERS = (summary_json, callgraphs, modules, source, ranks, crossrank, timeline, index)
+RENDERERS = (summary_json, callgraphs, modules_html, source, ranks, crossrank, timeline, index)
 PAGE = "index.html"     # the page trace-report prints (the last line on stdout)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from ...views.callgraph_pages import GraphPage, ReportViews
 from .. import inline_svg
 from ..callgraph_svg import DotFailed, render_svg, to_dot
-from ..html import PageWriter
+from ..page_writer import PageWriter
 
 if TYPE_CHECKING:
     from . import ReportInput

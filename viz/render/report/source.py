@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from ...analysis.callgraphs.source_files import SourceText
 from ...views import pages
 from ...views.callgraph_pages import defined_functions
-from ..html import PageWriter
+from ..page_writer import PageWriter
 
 if TYPE_CHECKING:
     from . import ReportInput

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from ..html import PageWriter
+from ..page_writer import PageWriter
 
 if TYPE_CHECKING:
     from . import ReportInput
