@@ -1,4 +1,5 @@
-"""The analysis on worker processes (--jobs; the unit checks: tests/unit/test_analysis_memory.py)."""
+"""The analysis on worker processes (--jobs; the unit checks:
+tests/unit/test_report_memory_use.py)."""
 from __future__ import annotations
 
 import pytest
