@@ -9,8 +9,8 @@ processes, a Dask cluster), so memory holds one trace per worker. The reduce ass
 (:mod:`.timeline.assemble`), its metrics (:mod:`.timeline.metrics`), the cross-rank matching
 (:mod:`.crossrank.matching`), the critical paths (:mod:`.crossrank.critical_path`) and the parallel
 dimensions' costs (:mod:`.crossrank.dimensions`) from the per-rank results alone; a third pass
-reads only the ranks a critical path crosses, for its module shares. :func:`recount` and
-:func:`training` count some steps only (trace-diff, the report's call graphs).
+reads only the ranks a critical path crosses, for its module shares. :func:`recount` counts
+some steps only (trace-diff; the report's call graphs, :mod:`.report_callgraphs`).
 """
 from __future__ import annotations
 
@@ -149,24 +149,4 @@ def recount(analysis: RunAnalysis, steps: frozenset,
                            op_counts_by_phase=counts[rank].op_counts_by_phase,
                            comm=counts[rank].comm, steps=counts[rank].steps)
              for rank, mine in analysis.ranks.items() if rank in counts}
-    return replace(analysis, ranks=ranks, count_steps=steps)
-
-
-def to_recount(analysis: RunAnalysis, steps: frozenset) -> set:
-    """Ranks whose own counted steps are not ``steps``: their groups over ``steps`` need one
-    more read of their traces."""
-    return {r for r, mine in analysis.ranks.items()
-            if set(mine.counted_steps) != set(steps) & set(mine.steps)}
-
-
-def training(analysis: RunAnalysis, steps: frozenset,
-             engine: Optional[Engine] = None) -> RunAnalysis:
-    """The analysis with each rank's op groups over ``steps`` (the training steps the call
-    graphs show): the groups each rank computed over its own counted steps where those are
-    ``steps`` (the usual case, no trace read again), a recount of the others."""
-    late = to_recount(analysis, steps)
-    out = recount(replace(analysis, ranks={r: analysis.ranks[r] for r in sorted(late)}),
-                  steps, engine).ranks if late else {}
-    ranks = {r: out[r] if r in late else replace(mine, op_groups=mine.counted_op_groups)
-             for r, mine in analysis.ranks.items() if r not in late or r in out}
     return replace(analysis, ranks=ranks, count_steps=steps)

@@ -5,7 +5,7 @@ after a run. Each is named after what it writes into ``out_dir``::
     callgraphs/all.html        callgraphs: call graph of all ranks merged, training steps
                                (+ all.svg); setup.html, the other steps: setup, step 0,
                                unfinished; rank-R.html (+ rank-R.svg), standing for every rank
-                               that did the same work (viz.views.callgraph_pages.same_work);
+                               that did the same work (viz.analysis.report_callgraphs.same_work);
                                fn-N.html, a function zoomed in; mod-N.html, one nn.Module subtree
     modules.html               modules_html: the nn.Module tree: ops, FLOPs, time, communication
     source/<file>.html         source: a source file, each line with the ops and collectives it
