@@ -125,11 +125,11 @@ def measure(cmd: list, env: dict = None) -> dict:
 # the analysis alone, as HTA's is: import, every analysis, summary.json (no HTML report)
 _ANALYSIS = """
 import sys
-from tracer.kineto.imported_run import import_exports
 from viz.analysis import analyse
 from viz.engine import Engine
-from viz.render.report import ReportInput, summary_json
+from tracer.kineto.imported_run import import_exports
 from viz.run import open_run
+from viz.render.report import ReportInput, summary_json
 out, jobs = sys.argv[1], None if sys.argv[2] == "-" else int(sys.argv[2])
 with Engine(jobs) as engine:
     import_exports(out, sys.argv[3:], engine)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from support.constructed.workloads import Pipeline, pipeline_run
 from viz.analysis import analyse
-from viz.analysis.rank import p2p_of_file
 from viz.analysis.timeline.columns import Records
 from viz.engine import Engine
+from viz.analysis.rank import p2p_of_file
 from viz.run import open_run
 
 

@@ -22,16 +22,16 @@ from torch.utils import flop_counter
 from torch.utils.flop_counter import FlopCounterMode
 
 import tracer
-from support.constructed.synthetic import SyntheticRank
 from support.paths import line_of
 from support.traced_runs import LAYERS, MICROBATCHES, OWN_CODE, TP_FILE, read_calls
+from support.constructed.synthetic import SyntheticRank
 from viz.analysis.callgraphs.callgraph import (COMM, FUNCTION, HIDDEN, build_callgraph,
                                                function_id, prune, source_lines)
+from viz.analysis.callgraphs.op_groups import group_ops
 from viz.analysis.callgraphs.flops import flops
 from viz.analysis.callgraphs.module_tree import module_tree
-from viz.analysis.callgraphs.op_groups import group_ops
-from viz.analysis.callgraphs.source_files import RecordedSources, display_paths, reading
 from viz.render.callgraph_svg import render_svg, to_dot
+from viz.analysis.callgraphs.source_files import RecordedSources, display_paths, reading
 from viz.run import open_run
 
 WORLD = range(4)

@@ -15,13 +15,13 @@ import pytest
 import torch
 
 import tracer
-from support.cli import trace_run
-from support.device_windows import cuda_mlp_steps
-from support.paths import REPO
 from tracer.files import rundir
 from tracer.files.device_format import read_device
 from viz.analysis.device.gpu_attribution import attribute
 from viz.render.summary_schema import device_json
+from support.cli import trace_run
+from support.device_windows import cuda_mlp_steps
+from support.paths import REPO
 
 pytestmark = pytest.mark.gpu
 

@@ -15,16 +15,16 @@ import numpy as np
 import pytest
 
 import tracer
-from support.constructed.synthetic import SyntheticRank
-from support.gpt_helpers import env
-from support.paths import ASSETS, REPO, SCRIPTS
 from tracer.files import rundir
 from tracer.files.device_format import DeviceRecords, DeviceWriter, KINDS, read_device
+from support.constructed.synthetic import SyntheticRank
+from support.gpt_helpers import env
 from viz.analysis import analyse
-from viz.analysis.callgraphs.op_groups import NO_STACK, Frame
 from viz.analysis.device.gpu_attribution import attribute
+from viz.analysis.callgraphs.op_groups import NO_STACK, Frame
 from viz.render.summary_schema import build_summary
 from viz.run import open_run
+from support.paths import ASSETS, REPO, SCRIPTS
 
 OFFSET = 1_700_000_000_000_000_000        # Unix ns = the rank's clock + OFFSET
 U = 1_000                                 # ns per unit

@@ -21,17 +21,17 @@ import pyarrow.compute  # noqa: F401  (pa.compute)
 import tracer
 from support import cli
 from support.gpt_helpers import free_port
-from support.paths import REPO
 from tracer.files import rundir
 from tracer.files.format import META_KEY, read_stream
 from viz import diff
 from viz.analysis import analyse
-from viz.analysis.callgraphs.op_groups import group_ops
 from viz.diff.diffgraph import ADDED, CHANGED, UNCHANGED
 from viz.render import render_all
 from viz.render.diff import FILES, DiffInput
-from viz.run import open_run
 from viz.views.diff_table import format_table
+from viz.analysis.callgraphs.op_groups import group_ops
+from viz.run import open_run
+from support.paths import REPO
 
 TINY = ["--layers", "2", "--hidden", "32", "--heads", "4", "--seq-len", "16",
         "--micro-batch-size", "2", "--microbatches", "2", "--steps", "2"]

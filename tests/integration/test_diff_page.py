@@ -4,12 +4,12 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
-from support.diff_profiles import group, profile
-from viz.analysis.callgraphs.op_groups import Frame
-from viz.diff.diffgraph import build_diff_graph
-from viz.diff.result import ALL_RANKS, DiffResult, RunSide, compare
 from viz.render import render_all
 from viz.render.diff import FILES, DiffInput
+from viz.diff.diffgraph import build_diff_graph
+from viz.diff.result import ALL_RANKS, DiffResult, RunSide, compare
+from viz.analysis.callgraphs.op_groups import Frame
+from support.diff_profiles import group, profile
 
 
 def test_page_escapes_recorded_text_and_stays_offline(tmp_path):

@@ -18,13 +18,13 @@ from pathlib import Path
 import pytest
 
 from support import kineto_oracle
-from support.paths import ASSETS
 from tracer.files.device_format import read_device
-from tracer.kineto.imported_run import import_exports
 from viz.analysis import analyse
 from viz.engine import Engine
-from viz.render.summary_schema import build_summary
+from tracer.kineto.imported_run import import_exports
 from viz.run import open_run
+from viz.render.summary_schema import build_summary
+from support.paths import ASSETS
 
 HTA = ASSETS / "kineto-hta"
 GLOO = ASSETS / "kineto-cpu-gloo"

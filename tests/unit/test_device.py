@@ -13,16 +13,16 @@ import pytest
 
 from support import attribution_oracle
 import tracer
-from support.constructed.synthetic import SyntheticRank
-from support.paths import GPU_FIXTURE
 from tracer.files import rundir
 from tracer.files.device_format import (DeviceRecords, DeviceWriter, KINDS, read_device,
                                         warm_up)
 from tracer.kineto.chrome_trace import load_chrome_trace
+from support.constructed.synthetic import SyntheticRank
 from viz.analysis import analyse
 from viz.analysis.device.gpu_attribution import attribute
-from viz.render.summary_schema import build_summary, device_json
 from viz.run import open_run
+from viz.render.summary_schema import build_summary, device_json
+from support.paths import GPU_FIXTURE
 
 FIXTURE = GPU_FIXTURE
 KINETO = FIXTURE / "kineto.json.gz"

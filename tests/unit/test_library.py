@@ -15,9 +15,9 @@ import torch
 
 import tracer
 from instrument import launch
-from support.paths import REPO
 from tracer.vocab.library import LibraryRule, LibrarySpecError, parse_specs
 from viz.analysis.callgraphs.op_groups import group_ops, split_stack
+from support.paths import REPO
 
 SITE = sysconfig.get_paths()["purelib"]
 TORCH = os.path.dirname(torch.__file__)

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from tracer.vocab.schedules import zb_h1
 from viz.analysis.timeline.grid import Grid
 from viz.whatif.megatron import Shape
 from viz.whatif.megatron import shape_of
+from tracer.vocab.schedules import zb_h1
 from viz.whatif.memory import MemoryModel, elements, in_flight, unit, w_pending, w_store
 
 BASE = Shape(layers=4, hidden=32, seq_len=16, vocab=256, micro_batch_size=2, pp=2,
