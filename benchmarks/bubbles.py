@@ -6,8 +6,8 @@ Traces the reference GPT with trace-run (2 ranks, gloo, CPU) under GPipe, 1F1B a
 1F1B (v=2), p=2, m=4, with stages balanced enough for the formulas to apply (8 layers, hidden
 256: a pass takes tens of ms, a P2P message on loopback far less). For each schedule it prints,
 as medians over the counted steps of all repeats and both ranks: the measured bubble, the
-bubble replayed from the same passes with free communication (viz.analysis.replay), and the theory
-((p-1)/(m+p-1); interleaved (p-1)/(v m) of the ideal). The schedules run one after the other,
+bubble replayed from the same passes with free communication (viz.analysis.timeline.replay), and the
+theory ((p-1)/(m+p-1); interleaved (p-1)/(v m) of the ideal). The schedules run one after the other,
 alternating, so that each sees the same machine; the load average is printed beside them.
 
 Measured on a shared machine these numbers move with its load: that is why they are a

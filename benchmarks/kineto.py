@@ -127,7 +127,7 @@ _ANALYSIS = """
 import sys
 from viz.analysis import analyse
 from viz.engine import Engine
-from tracer.kineto.run import import_exports
+from tracer.kineto.imported_run import import_exports
 from viz.run import open_run
 from viz.render.report import ReportInput, summary_json
 out, jobs = sys.argv[1], None if sys.argv[2] == "-" else int(sys.argv[2])

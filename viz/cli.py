@@ -1,7 +1,8 @@
 """Console entry points of viz: ``trace-report`` and ``trace-diff``, and the build step
 ``trace-run`` calls after a run. Each only orders the steps: open the run -> analyse it once
-(:mod:`viz.analysis`) -> its problems on stderr (:mod:`viz.views.problems`) -> the views ->
-its registry of renderers (:mod:`viz.render.report`: summary.json, the report;
+(:mod:`viz.analysis`) -> its problems on stderr (:mod:`viz.views.problems`) -> for the report,
+the call graphs it draws (:mod:`viz.analysis.report_callgraphs`) -> the views -> its registry
+of renderers (:mod:`viz.render.report`: summary.json, the report;
 :mod:`viz.render.diff`: the diff's table, files and page), each handed one input object.
 This is the top layer: only the commands import every layer (docs/architecture.md).
 
@@ -39,13 +40,14 @@ def build(run_dir: str, out_dir: Optional[str] = None, *,
     one per core) or on the Dask scheduler at ``dask``; ``kineto``: torch.profiler exports
     (``[R=]FILE`` or ``DIR``), merged into the run's GPU time, or, when ``run_dir`` has no
     traces (or only traces imported from exports), imported as the run itself
-    (tracer.kineto.run; ``kineto_limit``: bytes of JSON a .gz may expand to); ``progress``
+    (tracer.kineto.imported_run; ``kineto_limit``: bytes of JSON a .gz may expand to); ``progress``
     (viz.render.progress.Progress, default: none shown) follows the work; ``reported``: ranks
     whose failure the caller already named; ``sources=False``: no source file is read
     (``--no-source``). Raises viz.run.RunError, viz.render.callgraph_svg.RenderError or
     tracer.kineto.chrome_trace.KinetoError."""
     from .analysis import analyse
-    from .analysis.source import RecordedSources, reading
+    from .analysis.callgraphs.source_files import RecordedSources, reading
+    from .analysis.report_callgraphs import report_callgraphs
     from .engine import Engine
     from .render import render_all
     from .render.progress import Progress
@@ -77,7 +79,8 @@ def build(run_dir: str, out_dir: Optional[str] = None, *,
             if sources else None
         with reading(recorded):
             with progress.phase("building the call graphs"):
-                views = report_views(analysis, training=training)
+                graphs = report_callgraphs(analysis, training)
+                views = report_views(graphs)
             report = ReportInput(analysis, views, recorded, progress)
             render_all(RENDERERS, report, out_dir)
     for line in report.problems:
@@ -86,31 +89,27 @@ def build(run_dir: str, out_dir: Optional[str] = None, *,
 
 
 def _training(analysis, engine, progress):
-    """The analysis over the training steps the call graphs show (None: every recorded step
-    is one): each rank's own counted op groups, or a recount on ``engine`` where they differ."""
-    from .analysis.map_reduce import to_recount, training
-    from .views.callgraph_pages import step_split
-    split = step_split(analysis)
-    if not split.other:
-        return None
-    steps = frozenset(split.counted)
-    if not to_recount(analysis, steps):
-        return training(analysis, steps)
+    """The analysis over the training steps the call graphs show
+    (:func:`viz.analysis.report_callgraphs.training`), a phase of the progress display of its
+    own where it reads some rank's trace again."""
+    from .analysis.report_callgraphs import recounts, training
+    if not recounts(analysis):
+        return training(analysis)
     with progress.phase("counting the training steps"):
-        return training(analysis, steps, engine)
+        return training(analysis, engine)
 
 
 def _exports_are_the_run(run_dir: str) -> bool:
     """``--kineto`` with no recording: a directory without traces, or whose traces were all
     imported from exports before (a new import replaces them)."""
-    from tracer.kineto.run import has_traces, is_imported_run
+    from tracer.kineto.imported_run import has_traces, is_imported_run
     return not has_traces(run_dir) or is_imported_run(run_dir)
 
 
 def _import(run_dir: str, kineto: tuple, jobs, dask, progress, warn, limit) -> list:
     """Import the exports into ``run_dir``'s traces; the lines of the files left out."""
     from .engine import Engine
-    from tracer.kineto.run import import_exports
+    from tracer.kineto.imported_run import import_exports
     _check_writable(run_dir)
     with Engine(jobs, dask) as engine:
         with progress.phase(f"importing {len(kineto)} torch.profiler export(s)"):

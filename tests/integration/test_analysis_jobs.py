@@ -1,10 +1,11 @@
-"""The analysis on worker processes (--jobs; the unit checks: tests/unit/test_analysis_memory.py)."""
+"""The analysis on worker processes (--jobs; the unit checks:
+tests/unit/test_report_memory_use.py)."""
 from __future__ import annotations
 
 import pytest
 from support.constructed.workloads import Pipeline, pipeline_run
 from viz.analysis import analyse
-from viz.analysis.columns import Records
+from viz.analysis.timeline.columns import Records
 from viz.engine import Engine
 from viz.analysis.rank import p2p_of_file
 from viz.run import open_run

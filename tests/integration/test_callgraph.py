@@ -25,13 +25,13 @@ import tracer
 from support.paths import line_of
 from support.traced_runs import LAYERS, MICROBATCHES, OWN_CODE, TP_FILE, read_calls
 from support.constructed.synthetic import SyntheticRank
-from viz.analysis.callgraph import (COMM, FUNCTION, HIDDEN, build_callgraph, function_id, prune,
-                           source_lines)
-from viz.analysis.op_groups import group_ops
-from viz.analysis.flops import flops
-from viz.analysis.module_tree import module_tree
+from viz.analysis.callgraphs.callgraph import (COMM, FUNCTION, HIDDEN, build_callgraph,
+                                               function_id, prune, source_lines)
+from viz.analysis.callgraphs.op_groups import group_ops
+from viz.analysis.callgraphs.flops import flops
+from viz.analysis.callgraphs.module_tree import module_tree
 from viz.render.callgraph_svg import render_svg, to_dot
-from viz.analysis.source import RecordedSources, display_paths, reading
+from viz.analysis.callgraphs.source_files import RecordedSources, display_paths, reading
 from viz.run import open_run
 
 WORLD = range(4)
@@ -50,7 +50,8 @@ def groups(run):
 
 @pytest.fixture(scope="module")
 def merged(run, groups):
-    # definition lines come from the source files the recording hashed (viz.analysis.source)
+    # definition lines come from the source files the recording hashed
+    # (viz.analysis.callgraphs.source_files)
     with reading(RecordedSources(run.load(r).meta for r in run.files)):
         return build_callgraph([g for r in sorted(groups) for g in groups[r]],
                                world=range(len(run.files)))
@@ -149,7 +150,7 @@ def rows(callgraph_run) -> list:
     """(rank, attribution path, record) of every event of every rank, pseudo ops left out;
     the path is the own frames, outermost first, as (file, qualname, line), of the stack that
     created the event's autograd node where the trace has one (a backward op), else of its
-    live stack. Read from the trace files here, apart from viz.analysis.op_groups."""
+    live stack. Read from the trace files here, apart from viz.analysis.callgraphs.op_groups."""
     out = []
     for rank in WORLD:
         trace = tracer.load(str(callgraph_run / "traces" / f"rank-{rank}.arrow"))

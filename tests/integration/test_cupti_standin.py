@@ -587,7 +587,7 @@ def test_a_trace_on_the_cpu_torch_records_through_the_c_module_and_a_libcupti(li
     # the process's mappings, loads it, starts CUPTI at the first recorded op, stops it when
     # recording pauses, flushes at the close; each kernel lands on the op that launched it
     import tracer
-    from viz.analysis.gpu_attribution import attribute
+    from viz.analysis.device.gpu_attribution import attribute
     from viz.render.summary_schema import device_json
     path = build(lib_dir, libcupti=True)
     out = str(tmp_path / "run")

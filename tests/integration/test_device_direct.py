@@ -22,7 +22,7 @@ from support.device_windows import cuda_mlp_steps
 from tracer.files import rundir
 from tracer.files.device_format import KINDS, read_device
 from tracer.recorder import device_direct, device_notes, session as session_module
-from viz.analysis.gpu_attribution import attribute
+from viz.analysis.device.gpu_attribution import attribute
 from viz.render.summary_schema import device_json
 
 CUPTI_BEHIND_NS = 123_456_789      # the stand-in's clock: Unix time less this

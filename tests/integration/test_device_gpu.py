@@ -17,7 +17,7 @@ import torch
 import tracer
 from tracer.files import rundir
 from tracer.files.device_format import read_device
-from viz.analysis.gpu_attribution import attribute
+from viz.analysis.device.gpu_attribution import attribute
 from viz.render.summary_schema import device_json
 from support.cli import trace_run
 from support.device_windows import cuda_mlp_steps

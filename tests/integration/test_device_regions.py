@@ -20,8 +20,8 @@ from tracer.files.device_format import DeviceRecords, DeviceWriter, KINDS, read_
 from support.constructed.synthetic import SyntheticRank
 from support.gpt_helpers import env
 from viz.analysis import analyse
-from viz.analysis.gpu_attribution import attribute
-from viz.analysis.op_groups import NO_STACK, Frame
+from viz.analysis.device.gpu_attribution import attribute
+from viz.analysis.callgraphs.op_groups import NO_STACK, Frame
 from viz.render.summary_schema import build_summary
 from viz.run import open_run
 from support.paths import ASSETS, REPO, SCRIPTS
@@ -335,7 +335,7 @@ def test_an_h100_recording_gives_every_triton_kernel_to_its_compiled_region():
     torch.compile range it ran in. Before, 210 triton_poi_fused_gelu_0 launches were given to
     aten.zero_ as the nearer event."""
     from tracer.files.device_format import KINDS
-    from viz.analysis.gpu_attribution import IN_REGION, attribute
+    from viz.analysis.device.gpu_attribution import IN_REGION, attribute
     trace = tracer.load(H100_COMPILED / "rank-0.arrow")
     records, _, problem = read_device(str(H100_COMPILED / "rank-0.device.arrow"))
     assert problem is None

@@ -25,11 +25,11 @@ from tracer.files import rundir
 from tracer.files.format import META_KEY, read_stream
 from viz import diff
 from viz.analysis import analyse
-from viz.diff.graph import ADDED, CHANGED, UNCHANGED
+from viz.diff.diffgraph import ADDED, CHANGED, UNCHANGED
 from viz.render import render_all
 from viz.render.diff import FILES, DiffInput
 from viz.views.diff_table import format_table
-from viz.analysis.op_groups import group_ops
+from viz.analysis.callgraphs.op_groups import group_ops
 from viz.run import open_run
 from support.paths import REPO
 

@@ -6,9 +6,9 @@ import re
 from collections import Counter
 from viz.render import render_all
 from viz.render.diff import FILES, DiffInput
-from viz.diff.graph import build_diff_graph
+from viz.diff.diffgraph import build_diff_graph
 from viz.diff.result import ALL_RANKS, DiffResult, RunSide, compare
-from viz.analysis.op_groups import Frame
+from viz.analysis.callgraphs.op_groups import Frame
 from support.diff_profiles import group, profile
 
 

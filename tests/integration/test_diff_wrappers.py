@@ -16,8 +16,8 @@ from support import cli
 from support.wrapped_runs import RANKS, SCRIPT, STEPS
 from viz import diff
 from viz.analysis import analyse
-from viz.diff.graph import ADDED, CHANGED, REMOVED, UNCHANGED
-from viz.analysis.module_tree import NO_MODULE
+from viz.analysis.callgraphs.module_tree import NO_MODULE
+from viz.diff.diffgraph import ADDED, CHANGED, REMOVED, UNCHANGED
 from viz.run import open_run
 
 COMPARED = tuple(range(1, STEPS))      # 0 is setup, the last is not closed

@@ -21,7 +21,7 @@ from support import kineto_oracle
 from tracer.files.device_format import read_device
 from viz.analysis import analyse
 from viz.engine import Engine
-from tracer.kineto.run import import_exports
+from tracer.kineto.imported_run import import_exports
 from viz.run import open_run
 from viz.render.summary_schema import build_summary
 from support.paths import ASSETS

@@ -17,7 +17,7 @@ import tracer
 from support.cli import trace_run
 from support.paths import SCRIPTS
 from tracer.files import rundir
-from viz.analysis.memory import memory_profile, profile_events
+from viz.analysis.memory.live_bytes import memory_profile, profile_events
 
 pytestmark = pytest.mark.integration
 

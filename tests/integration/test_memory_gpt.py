@@ -17,8 +17,8 @@ import tracer
 from support.cli import trace_run
 from support.gpt_memory import activations_at_their_peak, activations_per_block_pass
 from tracer.files import rundir
-from viz.analysis.memory import memory_profile
 from viz.analysis import analyse
+from viz.analysis.memory.live_bytes import memory_profile
 from viz.cli import report_main
 from viz.run import open_run
 from viz.whatif import what_if

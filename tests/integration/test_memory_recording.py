@@ -15,7 +15,7 @@ from torch.utils.checkpoint import checkpoint
 
 import tracer
 from tracer.files.format import MEMORY_CATEGORIES, MEMORY_KINDS
-from viz.analysis.memory import memory_profile
+from viz.analysis.memory.live_bytes import memory_profile
 
 B, D, STEPS = 16, 64, 3
 

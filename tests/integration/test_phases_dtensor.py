@@ -14,8 +14,8 @@ import pytest
 
 import tracer
 from support.gpt_helpers import env, free_port
-from viz.analysis.flops import flops
 from support.paths import REPO, SCRIPTS
+from viz.analysis.callgraphs.flops import flops
 
 KIND = {"all_gather_into_tensor": "all_gather", "_allgather_base_": "all_gather",
         "_reduce_scatter_base_": "reduce_scatter", "reduce_scatter_tensor": "reduce_scatter",

@@ -1,5 +1,5 @@
 """An independent count of which recorded event launched each GPU activity of the H100 fixture
-(tests/assets/gpu-h100), for tests/unit/test_device.py to hold viz.analysis.gpu_attribution's
+(tests/assets/gpu-h100), for tests/unit/test_device.py to hold viz.analysis.device.gpu_attribution's
 attribution against.
 
 Written apart from the importer and the attribution code, sharing nothing with them: the

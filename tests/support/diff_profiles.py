@@ -2,7 +2,7 @@
 times on each side."""
 from __future__ import annotations
 
-from viz.analysis.op_groups import Frame, OpGroup
+from viz.analysis.callgraphs.op_groups import Frame, OpGroup
 from viz.diff.profile import Profile
 
 

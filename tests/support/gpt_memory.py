@@ -1,7 +1,7 @@
 """The reference GPT's recorded activations per transformer block and micro-batch, read from
-a memory trace's raw events (tracer.files.reader.Trace.memory) without viz.analysis.memory, so
-tests can hold them against Korthikanti et al.'s counts and the pipeline schedules' in-flight
-micro-batches (docs/oracles.md, "Memory per rank").
+a memory trace's raw events (tracer.files.reader.Trace.memory) without
+viz.analysis.memory.live_bytes, so tests can hold them against Korthikanti et al.'s counts and the
+pipeline schedules' in-flight micro-batches (docs/oracles.md, "Memory per rank").
 
 A storage's category is the last it was given (a reclass only moves it to a later entry of
 tracer.files.format.MEMORY_CATEGORIES); a block pass is the ``GPTChunk.blocks.<i>`` module and the ``F``

@@ -23,7 +23,7 @@ LONG_FUNCTIONS = {("tracer/recorder/session.py", "on_op")}
 # module imports from its own unit and from the layers below, never from above nor from
 # another unit of its own layer (diff and whatif stay apart).
 VIZ_UNITS = {
-    "inputs": ("viz.run", "viz.engine", "tracer.kineto.inputs", "tracer.kineto.run"),
+    "inputs": ("viz.run", "viz.engine", "tracer.kineto.inputs", "tracer.kineto.imported_run"),
     "analysis": ("viz.analysis",),
     "diff": ("viz.diff",),
     "whatif": ("viz.whatif",),
@@ -33,6 +33,11 @@ VIZ_UNITS = {
 }
 VIZ_LAYERS = (("inputs",), ("analysis",), ("diff", "whatif"), ("views",), ("render",),
               ("commands",))
+# viz/analysis's rooms, in layers, lowest first (docs/architecture.md): a room imports from its
+# own room and the layers below, never from one beside it nor from the top of viz/analysis (the
+# run's analysis: map_reduce, rank, run_analysis, report_callgraphs), which imports them all
+ANALYSIS_ROOMS = (("viz.analysis.callgraphs",), ("viz.analysis.timeline", "viz.analysis.memory"),
+                  ("viz.analysis.device", "viz.analysis.crossrank"))
 # tracer's rooms, lowest first (docs/architecture.md): the vocabulary, the trace files, the
 # torch.profiler export reader, the recorder (its device windows read exports), and the public
 # API of tracer/__init__.py on top.
@@ -122,6 +127,34 @@ def layer_violations(graph: nx.DiGraph) -> list:
     return wrong
 
 
+def analysis_room(module: str) -> str:
+    """The room of :data:`ANALYSIS_ROOMS` a viz.analysis module lives in; 'top' for a module of
+    viz/analysis itself, '' for one in no room."""
+    room = next((room for layer in ANALYSIS_ROOMS for room in layer
+                 if module == room or module.startswith(room + ".")), "")
+    return room or ("top" if module.count(".") <= 2 else "")
+
+
+def analysis_violations(graph: nx.DiGraph) -> list:
+    """(importer, imported, why) of each import between viz/analysis's rooms that goes up a
+    layer, sideways to another room of the same layer, or from a room to the top."""
+    layer = {room: i for i, rooms in enumerate(ANALYSIS_ROOMS) for room in rooms}
+    wrong = []
+    for a, b in graph.edges:
+        if not (a.startswith("viz.analysis.") and b.startswith("viz.analysis")):
+            continue
+        ra, rb = analysis_room(a), analysis_room(b)
+        if ra == rb or ra in ("top", ""):
+            continue
+        if rb == "top":
+            wrong.append((a, b, f"{ra} imports the top of viz/analysis"))
+        elif rb and layer[rb] > layer[ra]:
+            wrong.append((a, b, f"{ra} imports {rb}, a layer above it"))
+        elif rb and layer[rb] == layer[ra]:
+            wrong.append((a, b, f"{ra} imports {rb}, beside it"))
+    return wrong
+
+
 def tracer_room(module: str) -> str:
     """The room of :data:`TRACER_LAYERS` a tracer module lives in."""
     return next(room for room in TRACER_LAYERS if module == room or module.startswith(room + "."))
@@ -177,6 +210,36 @@ def test_viz_imports_go_down_its_layers():
     wrong = layer_violations(import_graph())
     assert not wrong, "imports against viz's layers: " + "; ".join(
         f"{a} -> {b} ({why})" for a, b, why in wrong)
+
+
+def test_every_analysis_module_lives_in_a_room_or_on_top():
+    lost = [m for m in modules() if m.startswith("viz.analysis.") and not analysis_room(m)]
+    assert not lost, f"viz.analysis modules in no room of ANALYSIS_ROOMS: {lost}"
+
+
+def test_analysis_imports_go_down_its_rooms():
+    wrong = analysis_violations(import_graph())
+    assert not wrong, "imports against viz/analysis's rooms: " + "; ".join(
+        f"{a} -> {b} ({why})" for a, b, why in wrong)
+
+
+def test_the_analysis_room_checks_catch_what_they_forbid():
+    """Planted: the timeline's lanes reaching up into the cross-rank matching, the device lanes
+    beside them into it, the op groups into the per-rank map on top, memory beside into the
+    timeline; and a room nobody listed. The top's imports of every room stay allowed, and so do
+    the timeline's of the call graphs below it."""
+    graph = import_graph()
+    assert ("viz.analysis.timeline.rank_lanes", "viz.analysis.callgraphs.op_groups") in graph.edges
+    assert ("viz.analysis.rank", "viz.analysis.device.device_lanes") in graph.edges
+    planted = {("viz.analysis.timeline.lanes", "viz.analysis.crossrank.matching"),
+               ("viz.analysis.device.device_lanes", "viz.analysis.crossrank.matching"),
+               ("viz.analysis.callgraphs.op_groups", "viz.analysis.rank"),
+               ("viz.analysis.memory.live_bytes", "viz.analysis.timeline.lanes")}
+    graph.add_edges_from(planted)
+    assert {(a, b) for a, b, _ in analysis_violations(graph)} == planted
+    assert analysis_room("viz.analysis.predictions.step") == ""
+    assert analysis_room("viz.analysis.report_callgraphs") == "top"
+    assert analysis_room("viz.analysis.timeline") == "viz.analysis.timeline"
 
 
 def test_tracer_imports_go_down_its_rooms():
@@ -243,10 +306,10 @@ def test_the_layer_checks_catch_what_they_forbid():
     """The checks above, on a graph with one wrong import each: a view importing a renderer
     (up), diff importing whatif (beside), and a cycle between two packages."""
     graph = import_graph()
-    graph.add_edge("viz.views.pages", "viz.render.html")
+    graph.add_edge("viz.views.pages", "viz.render.page_writer")
     graph.add_edge("viz.diff.words", "viz.whatif.models")
     assert {(a, b) for a, b, _ in layer_violations(graph)} == {
-        ("viz.views.pages", "viz.render.html"), ("viz.diff.words", "viz.whatif.models")}
+        ("viz.views.pages", "viz.render.page_writer"), ("viz.diff.words", "viz.whatif.models")}
     assert package_cycles(graph)
     graph = import_graph()
     graph.add_edge("tracer.files.format", "instrument.launch.command_line")

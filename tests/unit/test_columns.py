@@ -1,6 +1,6 @@
-"""Records as numpy columns (viz.analysis.columns): what goes in comes out, record for record,
-whatever its fields hold (integers with Nones, booleans, strings, frames); slices, pickling, and
-the column look-ups the analyses use."""
+"""Records as numpy columns (viz.analysis.timeline.columns): what goes in comes out, record for
+record, whatever its fields hold (integers with Nones, booleans, strings, frames); slices, pickling,
+and the column look-ups the analyses use."""
 from __future__ import annotations
 
 import pickle
@@ -8,9 +8,9 @@ import pickle
 import numpy as np
 import pytest
 
-from viz.analysis.columns import Records
-from viz.analysis.op_groups import Frame
-from viz.analysis.lanes import CommSpan, P2PLink, Pass, RankLanes
+from viz.analysis.callgraphs.op_groups import Frame
+from viz.analysis.timeline.columns import Records
+from viz.analysis.timeline.lanes import CommSpan, P2PLink, Pass, RankLanes
 
 SITE = Frame("/work/train.py", 12, "step", "Trainer.step")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from support.constructed_timelines import BASE, U, analysed, gpipe_two_stages, synthetic
-from viz.analysis.critical_path import COMM, COMPUTE, IDLE, TRANSFER
+from viz.analysis.crossrank.critical_path import COMM, COMPUTE, IDLE, TRANSFER
 from viz.render.summary_schema import build_summary
 
 

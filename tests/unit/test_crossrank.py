@@ -6,7 +6,7 @@ import pytest
 
 from support.constructed.synthetic import SyntheticRank, write_run
 from viz.analysis import analyse
-from viz.analysis.crossrank import bus_factor, collective_size, matched_size
+from viz.analysis.crossrank.matching import bus_factor, collective_size, matched_size
 from viz.run import open_run
 from viz.render.summary_schema import build_summary, collectives_json, mismatch_json
 from viz.views.problems import mismatch_text

@@ -19,7 +19,7 @@ from tracer.files.device_format import (DeviceRecords, DeviceWriter, KINDS, read
 from tracer.kineto.chrome_trace import load_chrome_trace
 from support.constructed.synthetic import SyntheticRank
 from viz.analysis import analyse
-from viz.analysis.gpu_attribution import attribute
+from viz.analysis.device.gpu_attribution import attribute
 from viz.run import open_run
 from viz.render.summary_schema import build_summary, device_json
 from support.paths import GPU_FIXTURE

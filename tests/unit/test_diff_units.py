@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from collections import Counter
 
-from viz.analysis.op_groups import Frame
+from viz.analysis.callgraphs.op_groups import Frame
 from viz.diff.files import FileMatch, match_files
-from viz.diff.graph import ADDED, CHANGED, REMOVED, UNCHANGED, build_diff_graph, prune_diff
+from viz.diff.diffgraph import ADDED, CHANGED, REMOVED, UNCHANGED, build_diff_graph, prune_diff
 from viz.diff.profile import Profile, merge, rank_profile
 from viz.diff.result import ALL_RANKS, Delta, compare
 from viz.diff.roles import assign_roles, grid_role, group_label, match_roles
 from viz.diff.words import describe
-from viz.analysis.grid import Grid
+from viz.analysis.timeline.grid import Grid
 from viz.render.diffgraph_svg import to_dot
 from viz.views.diff_table import fmt_rel
 from support.diff_profiles import frames, group, profile

@@ -7,8 +7,8 @@ import pytest
 from support.constructed.synthetic import SyntheticRank, write_run
 from tracer.vocab.groups import dimension_of_desc
 from viz.analysis import analyse
-from viz.analysis.dimensions import grid_axis, name_groups, user_names
-from viz.analysis.grid import Grid
+from viz.analysis.crossrank.dimensions import grid_axis, name_groups, user_names
+from viz.analysis.timeline.grid import Grid
 from viz.diff import compare_runs
 from viz.render.summary_schema import build_summary
 from viz.run import open_run

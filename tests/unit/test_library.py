@@ -16,7 +16,7 @@ import torch
 import tracer
 from instrument.launch import trace_run
 from tracer.vocab.library import LibraryRule, LibrarySpecError, parse_specs
-from viz.analysis.op_groups import group_ops, split_stack
+from viz.analysis.callgraphs.op_groups import group_ops, split_stack
 from support.paths import REPO
 
 SITE = sysconfig.get_paths()["purelib"]

@@ -1,5 +1,5 @@
-"""Time per phase (viz.analysis.phase_time, docs/metrics.md) on constructed traces with known
-times: a data-parallel step with no annotation (forward, backward with a nested op, an
+"""Time per phase (viz.analysis.timeline.phase_time, docs/metrics.md) on constructed traces with
+known times: a data-parallel step with no annotation (forward, backward with a nested op, an
 all-reduce waited before the optimizer), a step with recompute, an idle gap; per rank and per
 step in summary.json's ``time`` and on the front page beside the step. Every expected number is
 counted by hand from the rule (docs/metrics.md, "Time per phase")."""

@@ -13,7 +13,7 @@ from support.constructed_timelines import phase_run
 
 def test_trace_diff_compares_runs_with_the_new_phases(tmp_path):
     from viz.diff import diff_runs
-    from viz.render.diff import DiffInput, json as diff_json
+    from viz.render.diff import DiffInput, diff_json
     from viz.run import open_run
     a = phase_run(tmp_path / "a")
     b = phase_run(tmp_path / "b", extra_recompute=1)

@@ -1,12 +1,12 @@
-"""Per-rank weights of a built call graph as columns (viz.analysis.rank_weights): every node and
-edge keeps, read-only, exactly what each rank put there and the same total, so the drawn graph
-(tooltips' top ranks, partial-rank nodes, notes of what pruning hid) is the same as from the
+"""Per-rank weights of a built call graph as columns (viz.analysis.callgraphs.rank_weights): every
+node and edge keeps, read-only, exactly what each rank put there and the same total, so the drawn
+graph (tooltips' top ranks, partial-rank nodes, notes of what pruning hid) is the same as from the
 dicts the builder filled; the table holds one row per node or edge and rank."""
 from __future__ import annotations
 
-from viz.analysis.callgraph import CallGraph, _GraphBuilder, build_callgraph, prune
-from viz.analysis.op_groups import Frame, OpGroup, total_of
-from viz.analysis.rank_weights import RankWeights, freeze_per_rank
+from viz.analysis.callgraphs.callgraph import CallGraph, _GraphBuilder, build_callgraph, prune
+from viz.analysis.callgraphs.op_groups import Frame, OpGroup, total_of
+from viz.analysis.callgraphs.rank_weights import RankWeights, freeze_per_rank
 from viz.render.callgraph_svg import to_dot
 
 import networkx as nx

@@ -15,10 +15,11 @@ from support.chrome_trace_checks import check_chrome_trace
 from support.constructed_timelines import BASE, U, analysed, gpipe_two_stages, synthetic
 from tracer.files.format import COLUMN_NAMES
 from tracer.vocab.labels import PHASE_BACKWARD, PHASE_FORWARD
-from viz.analysis import intervals, metrics, recount
-from viz.analysis.lanes import P2PLink
-from viz.analysis.rank_lanes import IDLE_GAP_NS
-from viz.render import chrome_trace
+from viz.analysis import recount
+from viz.analysis.timeline import intervals, metrics
+from viz.analysis.timeline.lanes import P2PLink
+from viz.analysis.timeline.rank_lanes import IDLE_GAP_NS
+from viz.render import timeline_json
 from viz.render.report import ReportInput, timeline as timeline_files
 from viz.render.summary_schema import time_json
 
@@ -187,7 +188,7 @@ def test_send_ends_at_matched_recv_and_links_feed_chrome_flows(tmp_path):
     sends = [c for lane in tl.ranks.values() for c in lane.comm if c.kind == "send"]
     assert all(c.capped for c in sends)
     assert sorted((c.end - BASE) // U for c in sends) == [10, 20, 50, 70]
-    trace = json.loads(chrome_trace.render(tl))
+    trace = json.loads(timeline_json.render(tl))
     check_chrome_trace(trace["traceEvents"], expected_flows=4)
     # each flow keeps its link's number, written with its rank's slices; a link whose other end
     # has no slice (a rank dropped after matching, a row that is no span) draws no arrow
@@ -195,7 +196,7 @@ def test_send_ends_at_matched_recv_and_links_feed_chrome_flows(tmp_path):
     assert ids == [0, 0, 1, 1, 2, 2, 3, 3]
     send = next(c for c in tl.ranks[0].comm if c.kind == "send")
     tl.links += [P2PLink(0, send.index, 7, 0), P2PLink(0, send.index, 1, 10 ** 9)]
-    trace = json.loads(chrome_trace.render(tl))
+    trace = json.loads(timeline_json.render(tl))
     check_chrome_trace(trace["traceEvents"], expected_flows=4)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from viz.analysis.grid import Grid
+from viz.analysis.timeline.grid import Grid
 from viz.whatif.megatron import Shape
 from viz.whatif.megatron import shape_of
 from tracer.vocab.schedules import zb_h1

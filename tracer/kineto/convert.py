@@ -9,7 +9,7 @@ torch before 2.1), so the device file needs no clock mapping (one identity clock
 ranks are aligned by their hosts' clocks. The trace's metadata says where it came from
 (``imported``): the export, what could not be derived from it (stacks without with_stack ...),
 and what was wrong with it (events dropped, a truncated tail). An export taken with
-``profile_memory=True`` gets memory rows (:mod:`tracer.kineto.memory`). Torch-free.
+``profile_memory=True`` gets memory rows (:mod:`tracer.kineto.allocations`). Torch-free.
 """
 from __future__ import annotations
 
@@ -27,10 +27,10 @@ from tracer.vocab import ops
 from tracer.vocab.labels import PHASE_BACKWARD, PHASE_FORWARD, PHASE_OPTIMIZER
 from tracer.vocab.ops import P2P_KINDS
 
+from .allocations import allocated_peak, memory_columns, memory_device
 from .chrome_trace import damage_line, device_records, rank_of, time_base
-from .comm import ProcessGroups, kind_of_kernel
+from .collectives import ProcessGroups, kind_of_kernel
 from .events import ExportEvents, collect
-from .memory import allocated_peak, memory_columns, memory_device
 from .host import (ANN, OP, RPC, STEP, annotation_text, comm_rows, flow_links, frame_of, order_of,
                    phases, role_of, stack_text, unfold, walk)
 from .stream import ExportStream

@@ -24,7 +24,7 @@ the current one, and writes:
   marker where each ProfilerStep starts (and one where the last ends).
 
 Collectives get their kind, group, bytes, dtype, peer and sequence number from
-:mod:`tracer.kineto.comm`. Torch-free.
+:mod:`tracer.kineto.collectives`. Torch-free.
 """
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ import numpy as np
 from tracer.vocab.labels import (PHASE_BACKWARD, PHASE_FORWARD, PHASE_GRAD_SYNC, PHASE_OPTIMIZER,
                                  PHASE_OTHER, PHASE_RECOMPUTE, phase_of_label)
 
-from .comm import ProcessGroups, dtype_of, kind_of_name, peer_of, tensor_input
+from .collectives import ProcessGroups, dtype_of, kind_of_name, peer_of, tensor_input
 from .events import ANNOTATION, CPU_OP, Flows, HostEvents, OP_NAME
 
 # roles of an event, from its category and name
@@ -72,8 +72,8 @@ def role_of(cat: int, name: str) -> int:
 def frame_of(name: str, stdlib: frozenset) -> list:
     """``torch/nn/modules/linear.py(125): forward`` -> [file, line, function, qualname]. The
     profiler writes paths relative to the sys.path entry they were found under; torch's and
-    the standard library's are marked as library frames (viz.analysis.source.is_library) the
-    way a recording's absolute paths are."""
+    the standard library's are marked as library frames
+    (viz.analysis.callgraphs.source_files.is_library) the way a recording's absolute paths are."""
     file, line, function = _FRAME.match(name).groups()
     top = file.split("/", 1)[0]
     if not file.startswith(("/", "<")):

@@ -406,12 +406,12 @@ MAX_PAIRS = 64
 def pairs_meta(pairs: list) -> dict:
     """The trace metadata's ``clock_pairs``: the first pair and the latest ones (at most
     MAX_PAIRS, so a long run's metadata stays small;
-    viz.analysis.gpu_attribution.to_local interpolates between the first and the last)."""
+    viz.analysis.device.gpu_attribution.to_local interpolates between the first and the last)."""
     kept = pairs if len(pairs) <= MAX_PAIRS else pairs[:1] + pairs[-(MAX_PAIRS - 1):]
     return {"clock_pairs": list(kept)}
 
 
 def clock_pair() -> dict:
     """perf_counter and time.time read together: maps CUPTI's Unix times onto the trace's
-    clock (viz.analysis.gpu_attribution.to_local)."""
+    clock (viz.analysis.device.gpu_attribution.to_local)."""
     return {"perf_ns": time.perf_counter_ns(), "unix_ns": time.time_ns()}

@@ -33,8 +33,8 @@ move a ``reclass`` row:
   module's own parameters after each of its calls (those a wrapper swapped in for the call:
   FSDP2's unsharded parameters).
 
-The reader and viz/analysis/memory.py take a storage's last category for its whole life (it
-was made to be that: a gradient is first an op's output in backward). Not seen: storages only
+The reader and viz/analysis/memory/live_bytes.py take a storage's last category for its whole life
+(it was made to be that: a gradient is first an op's output in backward). Not seen: storages only
 ops' inputs carry (a batch made before the recording), allocations freed inside one op, and
 storages of steps outside ``steps`` (their frees still count); the CPU allocator's rounding.
 """

@@ -35,8 +35,8 @@ _PHASE = "_paratrace_phase"          # attribute a P2POp carries: the phase of i
 MESSAGE_PHASES = (("get_fwd_send_ops", PHASE_FORWARD), ("get_fwd_recv_ops", PHASE_FORWARD),
                   ("get_bwd_send_ops", PHASE_BACKWARD), ("get_bwd_recv_ops", PHASE_BACKWARD))
 REDUCE_GRAD_LABEL = "pipelining.reduce_grad"
-# schedule class -> the name viz.analysis.metrics.theoretical_bubble knows (zb-h1: one stage
-# per rank)
+# schedule class -> the name viz.analysis.timeline.metrics.theoretical_bubble knows (zb-h1: one
+# stage per rank)
 _SCHEDULES = {"ScheduleGPipe": "gpipe", "Schedule1F1B": "1f1b",
               "ScheduleInterleaved1F1B": "interleaved", "ScheduleLoopedBFS": "looped-bfs",
               "ScheduleZBVZeroBubble": "zb-v", "ScheduleDualPipeV": "dualpipe-v"}

@@ -66,10 +66,11 @@ class SourceHashes:
     """The content hash and size of each source file the recorded stacks name, with the root
     it lies under (``cwd``, ``script``, or ``path``: the ``sys.path`` entry it was imported
     from, e.g. site-packages for a package), for the trace's ``sources`` metadata. A report
-    shows a file's text only where the file it finds still has this hash (viz/analysis/source.py): a
-    trace from elsewhere that names a local file gets nothing of it, and a file edited since
-    the run is said to be changed rather than shown against the wrong lines. Hashed as stacks
-    appear (at each flush, new files only), so a rank killed later keeps them."""
+    shows a file's text only where the file it finds still has this hash
+    (viz/analysis/callgraphs/source_files.py): a trace from elsewhere that names a local file gets
+    nothing of it, and a file edited since the run is said to be changed rather than shown against
+    the wrong lines. Hashed as stacks appear (at each flush, new files only), so a rank killed later
+    keeps them."""
 
     def __init__(self):
         self.roots = source_roots()

@@ -3,14 +3,14 @@
     analysis = analyse(open_run("runs/tp2"), engine)
 
 The map (:mod:`.rank`) reads each rank's trace twice, one rank per task: first its sends and
-receives (to match pipeline messages across ranks, :func:`.timeline.match_p2p`), then everything
-else. Tasks run where the :class:`viz.engine.Engine` says (this process, worker processes, a
-Dask cluster), so memory holds one trace per worker. The reduce assembles the timeline
-(:mod:`.timeline`), its metrics (:mod:`.metrics`), the cross-rank matching (:mod:`.crossrank`),
-the critical paths (:mod:`.critical_path`) and the parallel dimensions' costs
-(:mod:`.dimensions`) from the per-rank results alone; a third pass
-reads only the ranks a critical path crosses, for its module shares. :func:`recount` and
-:func:`training` count some steps only (trace-diff, the report's call graphs).
+receives (to match pipeline messages across ranks, :func:`.timeline.assemble.match_p2p`), then
+everything else. Tasks run where the :class:`viz.engine.Engine` says (this process, worker
+processes, a Dask cluster), so memory holds one trace per worker. The reduce assembles the timeline
+(:mod:`.timeline.assemble`), its metrics (:mod:`.timeline.metrics`), the cross-rank matching
+(:mod:`.crossrank.matching`), the critical paths (:mod:`.crossrank.critical_path`) and the parallel
+dimensions' costs (:mod:`.crossrank.dimensions`) from the per-rank results alone; a third pass
+reads only the ranks a critical path crosses, for its module shares. :func:`recount` counts
+some steps only (trace-diff; the report's call graphs, :mod:`.report_callgraphs`).
 """
 from __future__ import annotations
 
@@ -22,18 +22,18 @@ from tracer.vocab.groups import group_text
 
 from ..engine import Engine
 from ..run import Run, RunError
-from .columns import Records
-from .critical_path import critical_paths, path_intervals
-from .crossrank import cross_rank
-from .dimensions import dimension_costs, group_names, name_groups
-from .grid import grid_of
-from .lanes import P2PLink
-from .metrics import metrics_of
-from .op_groups import SharedOpGroups
+from .callgraphs.op_groups import SharedOpGroups
+from .crossrank.critical_path import critical_paths, path_intervals
+from .crossrank.dimensions import dimension_costs, group_names, name_groups
+from .crossrank.matching import cross_rank
 from .rank import analyse_rank_file, count_rank_file, p2p_of_file, path_modules_file
-from .rank_lanes import DRAWN_OPS
 from .run_analysis import RunAnalysis, WorldDisagreement
-from .timeline import assemble, match_p2p
+from .timeline.assemble import assemble, match_p2p
+from .timeline.columns import Records
+from .timeline.grid import grid_of
+from .timeline.lanes import P2PLink
+from .timeline.metrics import metrics_of
+from .timeline.rank_lanes import DRAWN_OPS
 
 
 def analyse(run: Run, engine: Optional[Engine] = None, kineto: Optional[dict] = None
@@ -149,24 +149,4 @@ def recount(analysis: RunAnalysis, steps: frozenset,
                            op_counts_by_phase=counts[rank].op_counts_by_phase,
                            comm=counts[rank].comm, steps=counts[rank].steps)
              for rank, mine in analysis.ranks.items() if rank in counts}
-    return replace(analysis, ranks=ranks, count_steps=steps)
-
-
-def to_recount(analysis: RunAnalysis, steps: frozenset) -> set:
-    """Ranks whose own counted steps are not ``steps``: their groups over ``steps`` need one
-    more read of their traces."""
-    return {r for r, mine in analysis.ranks.items()
-            if set(mine.counted_steps) != set(steps) & set(mine.steps)}
-
-
-def training(analysis: RunAnalysis, steps: frozenset,
-             engine: Optional[Engine] = None) -> RunAnalysis:
-    """The analysis with each rank's op groups over ``steps`` (the training steps the call
-    graphs show): the groups each rank computed over its own counted steps where those are
-    ``steps`` (the usual case, no trace read again), a recount of the others."""
-    late = to_recount(analysis, steps)
-    out = recount(replace(analysis, ranks={r: analysis.ranks[r] for r in sorted(late)}),
-                  steps, engine).ranks if late else {}
-    ranks = {r: out[r] if r in late else replace(mine, op_groups=mine.counted_op_groups)
-             for r, mine in analysis.ranks.items() if r not in late or r in out}
     return replace(analysis, ranks=ranks, count_steps=steps)

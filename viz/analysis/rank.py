@@ -24,14 +24,14 @@ from tracer.vocab.groups import group_ranks, process_group_name
 from tracer.vocab.labels import PHASES
 from tracer.vocab.ops import PSEUDO_OPS
 
-from .columns import Records
-from .device_lanes import on_device
-from .gpu_attribution import DeviceSummary, RegionWork, attribute
-from .intervals import Prefix
-from .lanes import P2PEnd, RankLanes, counted_steps
-from .memory import MemoryProfile, live_memory, memory_profile
-from .op_groups import group_ops, kernel_groups
-from .rank_lanes import DRAWN_OPS, RankRows, p2p_endpoints, rank_lanes
+from .callgraphs.op_groups import group_ops, kernel_groups
+from .device.device_lanes import on_device
+from .device.gpu_attribution import DeviceSummary, RegionWork, attribute
+from .memory.live_bytes import MemoryProfile, live_memory, memory_profile
+from .timeline.columns import Records
+from .timeline.intervals import Prefix
+from .timeline.lanes import P2PEnd, RankLanes, counted_steps
+from .timeline.rank_lanes import DRAWN_OPS, RankRows, p2p_endpoints, rank_lanes
 
 
 @dataclass
@@ -44,7 +44,7 @@ class RankAnalysis:
     warnings: list                # a damaged tail, a recording that never closed
     events: int
     steps: list                   # step indices the trace holds
-    op_groups: list               # viz.analysis.op_groups.OpGroup
+    op_groups: list               # viz.analysis.callgraphs.op_groups.OpGroup
     op_counts: dict               # op overload -> calls (pseudo-ops left out)
     comm: list                    # CommRow: collectives by kind, phase and group
     lanes: RankLanes
@@ -69,8 +69,8 @@ class RankAnalysis:
 
 
 def p2p_of_file(path: str, rank: int) -> Records:
-    """The first pass over a rank's trace: its sends and receives (viz.analysis.timeline), as
-    columns (a pipeline stage of a long run has thousands). Raises TraceError if the trace's own
+    """The first pass over a rank's trace: its sends and receives (viz.analysis.timeline.assemble),
+    as columns (a pipeline stage of a long run has thousands). Raises TraceError if the trace's own
     metadata says it is not rank ``rank``'s."""
     trace = load_trace(path)
     check_identity(trace, path, rank)
@@ -148,7 +148,7 @@ def device_time_warnings(meta: dict) -> list:
 def analyse_rank(trace: Trace, rank: int, send_ends: dict, op_budget: int = DRAWN_OPS,
                  records: Optional[DeviceRecords] = None) -> RankAnalysis:
     """``send_ends``: the rank's send rows -> their matched receives' completions
-    (viz.analysis.timeline.match_p2p); ``op_budget``: individual ops kept for drawing;
+    (viz.analysis.timeline.assemble.match_p2p); ``op_budget``: individual ops kept for drawing;
     ``records``: its GPU activity, which puts every time on the device clock."""
     dev = attribute(trace, records) if records is not None and len(records) else None
     rows = RankRows(trace, rank)

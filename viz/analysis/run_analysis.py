@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from ..run import Run
-from .crossrank import CrossRank
-from .lanes import Timeline
+from .crossrank.matching import CrossRank
+from .timeline.lanes import Timeline
 
 
 @dataclass(frozen=True)
@@ -43,14 +43,15 @@ class RunAnalysis:
     ranks: dict                       # rank -> viz.analysis.rank.RankAnalysis
     unreadable: dict                  # rank -> why its trace could not be read
     timeline: Timeline
-    metrics: dict                     # rank -> viz.analysis.metrics.RankMetrics
+    metrics: dict                     # rank -> viz.analysis.timeline.metrics.RankMetrics
     cross: CrossRank                  # collectives matched across ranks
-    paths: list                       # viz.analysis.critical_path.Path of each counted step
+    paths: list                       # crossrank.critical_path.Path of each counted step
     count_steps: Optional[frozenset] = None   # counts cover these steps only (trace-diff)
     config: dict = field(default_factory=dict)
     world_disagreement: Optional[WorldDisagreement] = None   # run.json's world set aside
     left_out: list = field(default_factory=list)  # --kineto files that are no export (lines)
-    # group text -> viz.analysis.dimensions.GroupDimension: the dimension each group carries
+    # group text -> viz.analysis.crossrank.dimensions.GroupDimension: the dimension each group
+    # carries
     group_dimensions: dict = field(default_factory=dict)
     dimensions: dict = field(default_factory=dict)   # rank -> [dimensions.DimensionCost]
 

@@ -20,9 +20,9 @@ from tracer.files.reader import load as load_trace
 from tracer.vocab.groups import group_ranks
 from tracer.vocab.labels import PHASES
 
-from .memory import ALLOC, FREE
+from .memory.live_bytes import ALLOC, FREE
 from .rank import check_identity
-from .rank_lanes import RankRows
+from .timeline.rank_lanes import RankRows
 
 
 @dataclass

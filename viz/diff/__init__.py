@@ -4,7 +4,7 @@
 analyses them first), matches them by rank role (:mod:`.roles`), profiles every rank
 (:mod:`.profile`: ops per module and phase, call-graph functions, communication per kind, phase
 and process group, FLOPs, time metrics), compares matched roles and the totals over all ranks
-(:mod:`.result`), builds diff call graphs (:mod:`.graph`) and says the communication changes in
+(:mod:`.result`), builds diff call graphs (:mod:`.diffgraph`) and says the communication changes in
 words (:mod:`.words`). Pure: the renderers draw the result (:mod:`viz.render.diff`: the
 terminal table, ``diff.json``, ``diff.html`` and the diff call-graph SVGs). See docs/diff.md.
 
@@ -21,15 +21,15 @@ from typing import Optional
 from tracer.vocab.model_paths import wrappers_seen
 
 from ..analysis import RunAnalysis, analyse, recount
-from ..analysis.dimensions import dimension_costs
-from ..analysis.grid import grid_of
-from ..analysis.memory import peak_in
-from ..analysis.metrics import over_steps
-from ..analysis.source import display_paths
+from ..analysis.callgraphs.source_files import display_paths
+from ..analysis.crossrank.dimensions import dimension_costs
+from ..analysis.memory.live_bytes import peak_in
+from ..analysis.timeline.grid import grid_of
+from ..analysis.timeline.metrics import over_steps
 from ..engine import Engine
 from ..run import Run
+from .diffgraph import build_diff_graph
 from .files import match_files
-from .graph import build_diff_graph
 from .profile import Memory, merge, rank_profile
 from .result import ALL_RANKS, DiffResult, RunSide, ScopeDiff, compare
 from .roles import assign_roles, group_label, match_roles

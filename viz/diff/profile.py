@@ -15,13 +15,13 @@ time, which differs on every run):
 - ``module_comm``: collective calls per (module path, kind, phase): which layer communicates how
   (it follows from ``ops``, as each op has one kind, so it adds no structure of its own);
 - ``flops`` per op family, ``op_counts`` per op, ``time`` from the timeline analysis;
-- ``dimensions``: per parallel dimension (viz.analysis.dimensions), calls and bytes over the
-  compared steps, and its exposed and overlapped seconds;
+- ``dimensions``: per parallel dimension (viz.analysis.crossrank.dimensions), calls and bytes over
+  the compared steps, and its exposed and overlapped seconds;
 - ``memory``: where memory was recorded, the most bytes live at once over the compared steps
   and what was live then by category.
 
-Profiles are pure functions of :class:`viz.analysis.callgraph.OpGroup` s and
-:class:`viz.analysis.rank_lanes.RankMetrics`.
+Profiles are pure functions of :class:`viz.analysis.callgraphs.callgraph.OpGroup` s and
+:class:`viz.analysis.timeline.rank_lanes.RankMetrics`.
 """
 from __future__ import annotations
 
@@ -31,9 +31,9 @@ from typing import Callable, Iterable, Mapping, Optional, Sequence
 
 from tracer.vocab.model_paths import model_path
 
-from ..analysis.flops import base_name
-from ..analysis.op_groups import Frame, OpGroup
-from ..analysis.module_tree import NO_MODULE
+from ..analysis.callgraphs.flops import base_name
+from ..analysis.callgraphs.module_tree import NO_MODULE
+from ..analysis.callgraphs.op_groups import Frame, OpGroup
 
 MATMUL_OPS = frozenset({"mm", "addmm", "bmm", "baddbmm", "matmul", "linear"})
 TIME_METRICS = ("wall_s", "compute_s", "comm_s", "exposed_comm_s", "idle_s",
@@ -106,8 +106,8 @@ def rank_profile(rank: int, groups: Iterable[OpGroup], comm_rows: Iterable,
     """The profile of one rank from its OpGroups, its communication rows
     (:class:`viz.analysis.rank.CommRow`: op groups do not carry the process group), display paths of
     its files, its RankMetrics over the compared steps (None if the timeline has none) and how
-    to name a group's ranks; ``dimensions``: its viz.analysis.dimensions.DimensionCost s over
-    the same steps; ``memory``: its peak there, where memory was recorded."""
+    to name a group's ranks; ``dimensions``: its viz.analysis.crossrank.dimensions.DimensionCost s
+    over the same steps; ``memory``: its peak there, where memory was recorded."""
     out = Profile((rank,), steps=tuple(steps), memory=memory,
                   time_steps=len(metrics.counted_steps) if metrics is not None else 0)
     for cost in dimensions:

@@ -11,7 +11,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Optional
 
-from ..analysis.dimensions import dimension_label
+from ..analysis.crossrank.dimensions import dimension_label
 from .cost import Cost, cost_of
 from .profile import TIME_METRICS, Profile
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from ..analysis.grid import AXES, Grid, grid_of
+from ..analysis.timeline.grid import AXES, Grid, grid_of
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ def _stage_name(stage: int, stages: int) -> str:
 
 
 def grid_role(rank: int, grid: Grid) -> Role:
-    """The role of global ``rank`` in a Megatron grid (viz.analysis.grid)."""
+    """The role of global ``rank`` in a Megatron grid (viz.analysis.timeline.grid)."""
     tp_rank, cp_rank, dp_rank, stage = grid.coords(rank)
     name = _stage_name(stage, grid.pp)
     where = f"tp {tp_rank} · " + (f"cp {cp_rank} · " if grid.cp > 1 else "") + f"dp {dp_rank}"

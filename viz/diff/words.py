@@ -22,8 +22,8 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 
-from ..analysis.crossrank import bus_factor, collective_size
-from ..analysis.module_tree import NO_MODULE
+from ..analysis.callgraphs.module_tree import NO_MODULE
+from ..analysis.crossrank.matching import bus_factor, collective_size
 from .result import ScopeDiff
 
 _PLURAL = {"all_reduce": "all-reduces", "all_gather": "all-gathers",

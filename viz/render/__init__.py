@@ -12,10 +12,10 @@ table, diff.json, diff.html and its call graphs), :mod:`.whatif` (whatif.json, i
 predicted timelines). A command only orders the steps: parse, open, analyse, build the views,
 then :func:`render_all` of its registry.
 
-Shared pieces, at this level: the jinja2 pages (:mod:`.html`), the progress on the terminal
+Shared pieces, at this level: the jinja2 pages (:mod:`.page_writer`), the progress on the terminal
 (:mod:`.progress`), and what several renderers or other programs draw: call graphs through
 graphviz (:mod:`.callgraph_svg`, :mod:`.diffgraph_svg`), the timeline picture
-(:mod:`.timeline_svg`) and its Chrome trace (:mod:`.chrome_trace`), summary.json's document
+(:mod:`.timeline_svg`) and its Chrome trace (:mod:`.timeline_json`), summary.json's document
 (:mod:`.summary_schema`). No renderer aggregates traces or reads another's output; a drawing
 several renderers show is drawn once and kept on the inputs; the number formats they share are
 :mod:`viz.views.formatters`.

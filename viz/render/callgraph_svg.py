@@ -23,8 +23,9 @@ except ImportError:       # a machine without it still reads runs and writes sum
 
 from tracer.vocab.labels import PHASES
 
-from ..analysis.callgraph import COMM, CallGraph, EdgeData, FUNCTION, HIDDEN, NodeData, OPS
-from ..analysis.op_groups import Weights
+from ..analysis.callgraphs.callgraph import (COMM, CallGraph, EdgeData, FUNCTION, HIDDEN, NodeData,
+                                             OPS)
+from ..analysis.callgraphs.op_groups import Weights
 from ..views.formatters import (ITEM_MOST, bounded_lines, cut, first_of, fmt_bytes,
                                 fmt_count, fmt_flops, fmt_ranks, fmt_time, short_op)
 

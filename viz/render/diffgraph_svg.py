@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
-from ..analysis.callgraph import COMM, FUNCTION
-from ..diff.graph import ADDED, CHANGED, REMOVED, UNCHANGED, DiffGraph, DiffNode, Side
+from ..analysis.callgraphs.callgraph import COMM, FUNCTION
+from ..diff.diffgraph import ADDED, CHANGED, REMOVED, UNCHANGED, DiffGraph, DiffNode, Side
 from ..views.formatters import fmt_bytes, fmt_count, fmt_flops, fmt_time
 from .callgraph_svg import dot_text, graphviz, need_graphviz, render_svg
 

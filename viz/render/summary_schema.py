@@ -17,14 +17,14 @@ from typing import Optional
 
 from tracer.vocab.groups import group_ranks, group_text, process_group_name
 
-from ..analysis.critical_path import Path
-from ..analysis.crossrank import CrossRank, Mismatch
-from ..analysis.dimensions import OTHER
-from ..analysis.gpu_attribution import DeviceSummary, DeviceWhole
-from ..analysis.memory import RECORDING, MemoryProfile, PeakScope, peak_scope
-from ..analysis.metrics import PipelineBubble, RankMetrics, StepMetrics
+from ..analysis.crossrank.critical_path import Path
+from ..analysis.crossrank.dimensions import OTHER
+from ..analysis.crossrank.matching import CrossRank, Mismatch
+from ..analysis.device.gpu_attribution import DeviceSummary, DeviceWhole
+from ..analysis.memory.live_bytes import RECORDING, MemoryProfile, PeakScope, peak_scope
 from ..analysis.rank import LastOp
 from ..analysis.run_analysis import RunAnalysis
+from ..analysis.timeline.metrics import PipelineBubble, RankMetrics, StepMetrics
 from ..views.formatters import site_text
 from ..views.problems import mismatch_text, rank_error
 
@@ -145,8 +145,8 @@ def _dimension(names: Optional[dict], text: str) -> str:
 
 
 def memory_json(m: MemoryProfile, scope: PeakScope = PeakScope(RECORDING)) -> dict:
-    """A rank's ``memory`` (viz.analysis.memory.MemoryProfile; present only where memory was
-    recorded): the peak, what it covers (the recording, or memory made within an export, with
+    """A rank's ``memory`` (viz.analysis.memory.live_bytes.MemoryProfile; present only where memory
+    was recorded): the peak, what it covers (the recording, or memory made within an export, with
     the export's own total-allocated peak), when, what was live at it by category, module and
     phase, its top source sites, each category's own peak and each step's peak."""
     return {"peak_bytes": m.peak_bytes, "scope": scope.scope,
@@ -168,8 +168,9 @@ def _named(values: dict, none: str, most: Optional[int]) -> dict:
 
 
 def dimensions_json(costs: list) -> dict:
-    """A rank's ``dimensions``: per parallel dimension (viz.analysis.dimensions.DimensionCost,
-    most exposed first), its communication over the counted steps."""
+    """A rank's ``dimensions``: per parallel dimension
+    (viz.analysis.crossrank.dimensions.DimensionCost, most exposed first), its communication over
+    the counted steps."""
     return {c.dimension: {"count": c.count, "bytes": c.bytes, "comm_s": c.comm_s,
                           "overlapped_s": c.overlapped_s, "exposed_s": c.exposed_s,
                           "names": list(c.names)}

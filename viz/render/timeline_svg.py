@@ -4,8 +4,8 @@ memory by category where it was recorded.
 The measured pipeline-schedule picture: passes labelled with their micro-batch, compute and
 communication as they happened on rank 0's clock, idle time shaded, step boundaries dashed, each
 rank's metrics beside its row and a legend below. Written as SVG text directly (graphviz lays out
-graphs, not time axes); every block has a <title> tooltip. Only draws what viz.analysis.timeline
-computed.
+graphs, not time axes); every block has a <title> tooltip. Only draws what
+viz.analysis.timeline.assemble computed.
 """
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from xml.sax.saxutils import escape, quoteattr
 
 import numpy as np
 
-from ..analysis.intervals import gaps, intervals, length, union, window
-from ..analysis.lanes import Timeline
+from ..analysis.timeline.intervals import gaps, intervals, length, union, window
+from ..analysis.timeline.lanes import Timeline
 from ..views.formatters import bounded_lines, fmt_bytes, fmt_time, steps_text
 from ..views.memory_rows import COLOURS as MEMORY_COLOURS
 
@@ -118,10 +118,11 @@ def _metrics_text(m) -> list:
 
 
 def render(timeline: Timeline, metrics: dict, cross=None, paths=()) -> str:
-    """The SVG text of a timeline and its metrics (viz.analysis.metrics.metrics_of); with the
-    cross-rank matching (viz.analysis.crossrank) waiting inside a collective is drawn apart from
-    its transfer, with the critical paths (viz.analysis.critical_path) the path is drawn over
-    each row."""
+    """The SVG text of a timeline and its metrics (viz.analysis.timeline.metrics.metrics_of); with
+    the cross-rank matching (viz.analysis.crossrank.matching) waiting inside a collective is drawn
+    apart
+    from its transfer, with the critical paths (viz.analysis.crossrank.critical_path) the path is
+    drawn over each row."""
     shown = {r: [s.step for s in m.steps if s.step in m.counted_steps][:SHOWN_STEPS]
              for r, m in metrics.items()}
     windows = [timeline.ranks[r].steps[s] for r, steps in shown.items() for s in steps]

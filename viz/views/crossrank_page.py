@@ -1,7 +1,8 @@
 """What the report's cross-rank page shows (``crossrank.html``): a heat map of each rank's
 wait per step, the stragglers, each collective's bandwidth with its source line, the ranks that
 disagree, and each step's critical path. Rows and texts only, from a RunAnalysis
-(:mod:`viz.analysis.crossrank`, :mod:`viz.analysis.critical_path`); the template draws them."""
+(:mod:`viz.analysis.crossrank.matching`, :mod:`viz.analysis.crossrank.critical_path`); the template
+draws them."""
 from __future__ import annotations
 
 from tracer.vocab.groups import group_ranks, process_group_name
@@ -51,8 +52,8 @@ def stragglers(analysis: RunAnalysis) -> list:
 
 
 def bandwidth(analysis: RunAnalysis, paths: dict, href) -> list:
-    """The collectives table (:meth:`viz.analysis.crossrank.CrossRank.collectives`), each row
-    with its source line linked."""
+    """The collectives table (:meth:`viz.analysis.crossrank.matching.CrossRank.collectives`), each
+    row with its source line linked."""
     out = []
     for c in analysis.cross.collectives():
         file, line = (c.site.file, c.site.line) if c.site is not None else ("", 0)

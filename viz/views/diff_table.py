@@ -1,6 +1,7 @@
 """trace-diff's words: its largest changes, each figure and change as text, and the terminal
 table (the verdict, the largest changes, the time metrics) that
-:mod:`viz.render.diff.text` prints and diff.html (:mod:`viz.render.diff.html`) shows in part."""
+:mod:`viz.render.diff.terminal_table` prints and diff.html (:mod:`viz.render.diff.diff_html`) shows
+in part."""
 from __future__ import annotations
 
 from typing import Optional

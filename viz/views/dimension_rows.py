@@ -1,7 +1,7 @@
 """The front page's communication by parallel dimension: per rank, each dimension's exposed and
-overlapped time a mean counted step, its calls and bytes (viz.analysis.dimensions), in words
-("tp: 38 ms exposed; dp: 2 ms; pp: 11 ms") and as a table whose heads keep the user's own names
-beside each dimension ("dp (dp_shard)"); and how each dimension's groups were named, groups of
+overlapped time a mean counted step, its calls and bytes (viz.analysis.crossrank.dimensions), in
+words ("tp: 38 ms exposed; dp: 2 ms; pp: 11 ms") and as a table whose heads keep the user's own
+names beside each dimension ("dp (dp_shard)"); and how each dimension's groups were named, groups of
 one rank apart (no traffic). Built from a :class:`viz.analysis.RunAnalysis` alone; no I/O."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections import defaultdict
 
 from tracer.vocab.groups import group_label
 
-from ..analysis.dimensions import FROM_GRID, FROM_NAME, dimension_label
+from ..analysis.crossrank.dimensions import FROM_GRID, FROM_NAME, dimension_label
 from ..analysis.run_analysis import RunAnalysis
 from .formatters import fmt_bytes, fmt_count, fmt_time
 

@@ -1,13 +1,13 @@
 """The report's memory: on the front page a line per rank with its peak, the step it came in,
 and what was live at it by category (a stacked bar); on a rank's page what was live at its
 peak by category, module, phase and source line. From each rank's
-viz.analysis.memory.MemoryProfile (``trace-run --memory``); no I/O."""
+viz.analysis.memory.live_bytes.MemoryProfile (``trace-run --memory``); no I/O."""
 from __future__ import annotations
 
 import re
 from typing import Callable, Optional
 
-from ..analysis.memory import EXPORT, peak_scope
+from ..analysis.memory.live_bytes import EXPORT, peak_scope
 from ..analysis.run_analysis import RunAnalysis
 from .formatters import fmt_bytes
 
@@ -15,7 +15,7 @@ from .formatters import fmt_bytes
 COLOURS = {"parameters": "#4c72b0", "gradients": "#dd8452", "optimizer_state": "#55a868",
            "activations": "#c44e52", "temporaries": "#8c8c8c", "comm": "#937860"}
 LISTED = 10              # modules and source lines listed on a rank's page
-# a source site as viz.analysis.memory names it: "file:line function"
+# a source site as viz.analysis.memory.live_bytes names it: "file:line function"
 SITE = re.compile(r"^(?P<file>.+):(?P<line>\d+) (?P<function>\S+)$")
 
 

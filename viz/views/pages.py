@@ -14,7 +14,7 @@ from typing import Optional
 
 from tracer.vocab.labels import PHASES
 
-from ..analysis.op_groups import NO_STACK, Weights, total_of
+from ..analysis.callgraphs.op_groups import NO_STACK, Weights, total_of
 from ..analysis.run_analysis import RunAnalysis
 from .formatters import fmt_bytes, fmt_count, fmt_time, range_text, short_op
 from .problems import rank_error
@@ -104,7 +104,7 @@ def bubble_column(headline: list) -> dict:
 
 
 def _metrics(analysis: RunAnalysis, rank: int):
-    """A rank's time metrics (viz.analysis.metrics.RankMetrics), or None: a rank without a
+    """A rank's time metrics (viz.analysis.timeline.metrics.RankMetrics), or None: a rank without a
     readable trace has none."""
     return analysis.metrics.get(rank) if rank in analysis.ranks else None
 
@@ -144,7 +144,7 @@ def headline_rows(analysis: RunAnalysis) -> list:
 
 
 def _headline(m) -> dict:
-    """The headline's texts of one rank's metrics (viz.analysis.metrics.RankMetrics)."""
+    """The headline's texts of one rank's metrics (viz.analysis.timeline.metrics.RankMetrics)."""
     steps = len(m.counted_steps) or 1
     wall, compute, exposed = m.wall_s, m.compute_s, m.exposed_comm_s
     pipeline = m.pipeline.bubble_fraction if m.pipeline is not None else None

@@ -17,7 +17,7 @@ from tracer.vocab.groups import group_label
 from tracer.vocab.library import LibraryRule
 from tracer.vocab.user_frames import trim_dump
 
-from ..analysis.crossrank import Mismatch
+from ..analysis.crossrank.matching import Mismatch
 from ..analysis.run_analysis import RunAnalysis
 from .failures import banner, by_cause, rank_failed, reported_error
 from .formatters import rank_list, rank_run_text, site_text

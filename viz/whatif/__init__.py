@@ -21,8 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from ..analysis.lanes import Timeline
-from ..analysis.metrics import metrics_of
+from ..analysis.timeline.lanes import Timeline
+from ..analysis.timeline.metrics import metrics_of
 from .collectives import step_rows
 from .measures import measures
 from .megatron import shape_of
@@ -45,7 +45,7 @@ class Prediction:
     config: dict
     changes: dict
     timeline: Timeline
-    metrics: dict                    # rank -> viz.analysis.metrics.RankMetrics
+    metrics: dict                    # rank -> viz.analysis.timeline.metrics.RankMetrics
     measures: dict                   # whatif.json's M
     assumptions: list
     memory: Optional[dict] = None    # rank -> predicted peak by category (viz.whatif.memory)

@@ -36,8 +36,8 @@ import numpy as np
 from tracer.vocab.groups import group_ranks
 from tracer.vocab.ops import P2P_KINDS
 
-from ..analysis.intervals import Prefix, gaps
-from ..analysis.lanes import Timeline, counted_steps
+from ..analysis.timeline.intervals import Prefix, gaps
+from ..analysis.timeline.lanes import Timeline, counted_steps
 from .waits import RankView, hidden_waits, rank_view
 
 COMPUTE, IDLE, LAUNCH, WAIT, BEGIN, END, STEP = range(7)
@@ -115,7 +115,7 @@ class ExecutionGraph:
 
 def execution_graph(timeline: Timeline, matched: list,
                     late: frozenset = frozenset()) -> ExecutionGraph:
-    """The graph of every rank's counted steps. ``matched``: viz.analysis.crossrank's matched
+    """The graph of every rank's counted steps. ``matched``: viz.analysis.crossrank.matching's matched
     collectives (:attr:`viz.analysis.crossrank.CrossRank.matched`); ``late``: the ranks whose
     recorded completions may have come late (:func:`viz.whatif.waits.late_completions`), whose
     hidden waits are taken out of their compute."""

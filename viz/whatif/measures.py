@@ -1,5 +1,5 @@
 """M, the measures whatif.json gives of a configuration (measured, replayed or predicted), from
-the timeline metrics (:mod:`viz.analysis.metrics`) of its run: per rank the mean counted step,
+the timeline metrics (:mod:`viz.analysis.timeline.metrics`) of its run: per rank the mean counted step,
 the share of it without compute (summary.json's ``bubble_fraction``), the exposed communication
 per step and the pipeline bubble; over ranks the slowest rank's step and the means of the others
 (whatif.json's M: docs/architecture.md's contract, docs/whatif.md)."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Optional
 
 def rank_measures(m) -> dict:
-    """One rank's measures from its :class:`viz.analysis.metrics.RankMetrics`."""
+    """One rank's measures from its :class:`viz.analysis.timeline.metrics.RankMetrics`."""
     n = len(m.counted_steps) or 1
     return {"step_s": m.wall_s / n, "bubble_fraction": m.bubble_fraction,
             "exposed_comm_s": m.exposed_comm_s / n, "compute_s": m.compute_s / n,

@@ -15,8 +15,8 @@ from typing import Optional
 from tracer.vocab.groups import group_text
 from tracer.vocab.model_paths import model_path
 
-from ..analysis.dimensions import WORLD
-from ..analysis.metrics import metrics_of
+from ..analysis.crossrank.dimensions import WORLD
+from ..analysis.timeline.metrics import metrics_of
 from .axis import Axis
 from .compose import Programs
 from .dp_plan import is_dp_comm, plan_dp
@@ -216,7 +216,7 @@ def _rows(model: ModelRecording, tgt: Setup, detail, axis: Axis, planned: list,
 
 
 def _dimension(model: ModelRecording, group: tuple, world: int, role: str) -> str:
-    """The dimension summary.json would give the group (viz.analysis.dimensions): a group
+    """The dimension summary.json would give the group (viz.analysis.crossrank.dimensions): a group
     of every rank is ``world`` (the default process group, as DDP and a mesh of one
     dimension use it, names none), the recorded one's where the world keeps its size, else
     its role (a DeviceMesh names the groups of its dimensions). A TP plan runs over a

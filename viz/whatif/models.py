@@ -22,7 +22,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from ..analysis.flops import flops as op_flops, parse_shapes, base_name
+from ..analysis.callgraphs.flops import flops as op_flops, parse_shapes, base_name
 
 RING_KINDS = ("all_reduce", "all_gather", "reduce_scatter")   # the ring's step counts apply
 # A fit over fewer samples is named so where a derived kind leans on it: a pp 2 recording's one

@@ -26,7 +26,7 @@ from typing import Optional
 from tracer.vocab.ops import P2P_KINDS
 from tracer.vocab.schedules import schedule_actions
 
-from ..analysis.grid import Grid
+from ..analysis.timeline.grid import Grid
 from .anatomy import mean, mean_part
 from .compose import Body, Call, Programs, spread
 from .graph import LAUNCH, PassKey, WAIT

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from ..analysis.grid import Grid, grid_of
-from ..analysis.lanes import counted_steps
+from ..analysis.timeline.grid import Grid, grid_of
+from ..analysis.timeline.lanes import counted_steps
 from .anatomy import anatomy
 from .costs import PartCosts, part_costs
 from .graph import ExecutionGraph, execution_graph
@@ -62,7 +62,7 @@ class Recording:
 
 def study(timeline, matched: list, groups: dict, world: int,
           late: frozenset = frozenset(), backend: Optional[str] = None) -> Recording:
-    """``timeline``: the run's viz.analysis.lanes.Timeline; ``matched``: viz.analysis.crossrank's
+    """``timeline``: the run's viz.analysis.timeline.lanes.Timeline; ``matched``: viz.analysis.crossrank.matching's
     matched collectives; ``groups``: rank -> its op groups over its counted steps; ``world``: the
     run's world size; ``late``: the ranks whose completions may have come late
     (viz.whatif.waits.late_completions); ``backend``: the process groups' backend, when every

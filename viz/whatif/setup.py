@@ -24,7 +24,7 @@ import numpy as np
 from tracer.vocab.labels import PHASES
 from tracer.vocab.model_paths import model_path, unwrap
 
-from ..analysis.flops import parse_shapes
+from ..analysis.callgraphs.flops import parse_shapes
 from .layout import ROOT, Layout, fsdp_bytes, itemsize
 
 SHARDINGS = ("replicate", "optimizer", "gradients", "full")

@@ -5,8 +5,8 @@ Each rank runs its program as far as it can: compute and idle take their time, a
 the rank's arrival, a wait blocks until the communication completed for this rank. When no rank
 can move and a program is unfinished, the graph deadlocks (a prediction whose ranks disagree
 about the collectives they issue): :class:`SimulationError` names where. The result is laid out
-as a :class:`viz.analysis.lanes.Timeline`, so the timeline's own metrics
-(:func:`viz.analysis.metrics.metrics_of`) and drawing (:mod:`viz.render.timeline_svg`) read a
+as a :class:`viz.analysis.timeline.lanes.Timeline`, so the timeline's own metrics
+(:func:`viz.analysis.timeline.metrics.metrics_of`) and drawing (:mod:`viz.render.timeline_svg`) read a
 simulated run as they read a measured one.
 """
 from __future__ import annotations
@@ -17,8 +17,8 @@ import numpy as np
 
 from tracer.vocab.groups import group_text
 
-from ..analysis.intervals import intervals, union
-from ..analysis.lanes import CommSpan, Pass, RankLanes, Timeline
+from ..analysis.timeline.intervals import intervals, union
+from ..analysis.timeline.lanes import CommSpan, Pass, RankLanes, Timeline
 from .graph import BEGIN, COMPUTE, END, ExecutionGraph, IDLE, LAUNCH, STEP, WAIT
 
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from tracer.vocab.model_paths import matches, model_path
 
-from ..analysis.flops import base_name, parse_shapes
+from ..analysis.callgraphs.flops import base_name, parse_shapes
 from .checkpointing import replayed
 from .dp_plan import Planned
 from .layout import Layout, itemsize

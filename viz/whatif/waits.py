@@ -32,7 +32,7 @@ import numpy as np
 
 from tracer.vocab.ops import P2P_KINDS
 
-from ..analysis.intervals import gaps, intersect, intervals, union
+from ..analysis.timeline.intervals import gaps, intersect, intervals, union
 
 WAIT_FACTOR = 4
 MIN_WAIT_NS = 50_000
@@ -89,7 +89,7 @@ def hidden_waits(lane) -> dict:
 
 
 def rank_view(lane, waits: dict) -> RankView:
-    """The RankView of one rank's lanes (viz.analysis.lanes.RankLanes) with ``waits`` (trace row ->
+    """The RankView of one rank's lanes (viz.analysis.timeline.lanes.RankLanes) with ``waits`` (trace row ->
     (start, end), from :func:`hidden_waits`) taken out of its compute."""
     done = {s.index: s.end for s in lane.comm}
     for index, (_, end) in waits.items():

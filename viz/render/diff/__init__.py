@@ -1,19 +1,20 @@
 """trace-diff's renderers, each named after what it writes: the table on the terminal
-(:mod:`.text`, always), and with ``--out DIR`` the diff call graphs (:mod:`.svg`:
-``diff-callgraph*.svg``), ``diff.json`` (:mod:`.json`, schema ``paratrace.diff/1``,
-docs/diff.md) and ``diff.html`` (:mod:`.html`). Each takes a :class:`DiffInput`; the registry
-is :data:`RENDERERS`, :data:`TERMINAL` then :data:`FILES`, in the order trace-diff runs them."""
+(:mod:`.terminal_table`, always), and with ``--out DIR`` the diff call graphs
+(:mod:`.diff_callgraphs`: ``diff-callgraph*.svg``), ``diff.json`` (:mod:`.diff_json`, schema
+``paratrace.diff/1``, docs/diff.md) and ``diff.html`` (:mod:`.diff_html`). Each takes a
+:class:`DiffInput`; the registry is :data:`RENDERERS`, :data:`TERMINAL` then :data:`FILES`, in the
+order trace-diff runs them."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Callable
 
-from ...diff.graph import prune_diff
+from ...diff.diffgraph import prune_diff
 from ...diff.result import DiffResult
 from ..diffgraph_svg import diff_svgs
 from ..progress import Progress
-from . import html, json, svg, text
+from . import diff_callgraphs, diff_html, diff_json, terminal_table
 
 
 @dataclass
@@ -40,7 +41,7 @@ class DiffInput:
         return diff_svgs([prune_diff(g) for g in r.graphs], r.a.dir, r.b.dir)
 
 
-TERMINAL = (text,)              # always
-FILES = (svg, json, html)       # with --out DIR
+TERMINAL = (terminal_table,)    # always
+FILES = (diff_callgraphs, diff_json, diff_html)   # with --out DIR
 RENDERERS = TERMINAL + FILES
 PAGE = "diff.html"              # the page trace-diff prints last

@@ -5,9 +5,9 @@ after a run. Each is named after what it writes into ``out_dir``::
     callgraphs/all.html        callgraphs: call graph of all ranks merged, training steps
                                (+ all.svg); setup.html, the other steps: setup, step 0,
                                unfinished; rank-R.html (+ rank-R.svg), standing for every rank
-                               that did the same work (viz.views.callgraph_pages.same_work);
+                               that did the same work (viz.analysis.report_callgraphs.same_work);
                                fn-N.html, a function zoomed in; mod-N.html, one nn.Module subtree
-    modules.html               modules: the nn.Module tree: ops, FLOPs, time, communication
+    modules.html               modules_html: the nn.Module tree: ops, FLOPs, time, communication
     source/<file>.html         source: a source file, each line with the ops and collectives it
                                issued
     ranks/rank-R.html          ranks: one rank: status, error, metadata, ops, collectives, modules
@@ -33,11 +33,12 @@ from functools import cached_property
 from typing import Callable, ClassVar, Optional
 
 from ...analysis import RunAnalysis
-from ...analysis.source import RecordedSources
+from ...analysis.callgraphs.source_files import RecordedSources
 from ...views.callgraph_pages import ReportViews
 from ..progress import Progress
 from ..timeline_svg import render as draw_timeline
-from . import callgraphs, crossrank, index, modules, ranks, source, summary_json, timeline
+from . import (callgraphs, crossrank, index, modules_html, ranks, source, summary_json,
+               timeline)
 
 
 @dataclass
@@ -48,8 +49,8 @@ class ReportInput:
     # what the pages draw (viz.views.callgraph_pages.report_views); None: only the renderers
     # that draw the analysis alone (summary.json, the timeline) can run
     views: Optional[ReportViews] = None
-    # the source files the recording allows reading (viz.analysis.source); None: none at all
-    # (--no-source)
+    # the source files the recording allows reading (viz.analysis.callgraphs.source_files); None:
+    # none at all (--no-source)
     sources: Optional[RecordedSources] = None
     progress: Progress = field(default_factory=Progress)
     # what could not be written, one line each naming the page (a picture graphviz's dot failed
@@ -79,5 +80,5 @@ class ReportInput:
         return href
 
 
-RENDERERS = (summary_json, callgraphs, modules, source, ranks, crossrank, timeline, index)
+RENDERERS = (summary_json, callgraphs, modules_html, source, ranks, crossrank, timeline, index)
 PAGE = "index.html"     # the page trace-report prints (the last line on stdout)

@@ -11,9 +11,10 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from ...views.callgraph_pages import GraphPage, ReportViews
+from ...views.formatters import steps_text
 from .. import inline_svg
 from ..callgraph_svg import DotFailed, render_svg, to_dot
-from ..html import PageWriter
+from ..page_writer import PageWriter
 
 if TYPE_CHECKING:
     from . import ReportInput
@@ -61,12 +62,12 @@ def _steps_note(views: ReportViews, page) -> dict:
     """Which steps a graph covers, and where the others are drawn."""
     split = views.split
     if page is views.setup:
-        return dict(text=f"{split.text(split.other)}: the steps the time metrics leave out",
+        return dict(text=f"{steps_text(split.other)}: the steps the time metrics leave out",
                     other="all.html",
-                    other_text=f"the training steps ({split.text(split.counted)})")
+                    other_text=f"the training steps ({steps_text(split.counted)})")
     if views.setup is None:
-        return dict(text=f"{split.text(split.counted)} (every recorded step)", other=None,
+        return dict(text=f"{steps_text(split.counted)} (every recorded step)", other=None,
                     other_text="")
-    return dict(text=f"{split.text(split.counted)}, the steps the time metrics count",
+    return dict(text=f"{steps_text(split.counted)}, the steps the time metrics count",
                 other="setup.html", other_text=f"setup and uncounted steps "
-                f"({split.text(split.other)})")
+                f"({steps_text(split.other)})")

@@ -16,7 +16,7 @@ from ...views.dimension_rows import dimension_table
 from ...views.memory_rows import memory_table
 from ...views.problems import problems
 from .. import inline_svg
-from ..html import PageWriter
+from ..page_writer import PageWriter
 
 if TYPE_CHECKING:
     from . import ReportInput

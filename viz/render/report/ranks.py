@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 from ...views import pages
 from ...views.memory_rows import rank_memory
-from ..html import PageWriter
+from ..page_writer import PageWriter
 
 if TYPE_CHECKING:
     from . import ReportInput

@@ -1,14 +1,15 @@
 """source/<file>.html: a page per source file the call graphs show, each line with the ops and
 collectives it issued, the functions defined in it and their zoomed call graphs. The text is
-read only as the recording allows (viz.analysis.source); with ``--no-source`` none is."""
+read only as the recording allows (viz.analysis.callgraphs.source_files); with ``--no-source`` none
+is."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ...analysis.source import SourceText
+from ...analysis.callgraphs.source_files import SourceText
 from ...views import pages
 from ...views.callgraph_pages import defined_functions
-from ..html import PageWriter
+from ..page_writer import PageWriter
 
 if TYPE_CHECKING:
     from . import ReportInput

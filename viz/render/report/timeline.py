@@ -1,14 +1,14 @@
 """The timeline's files: ``timeline.svg`` (the picture, :mod:`viz.render.timeline_svg`, drawn
 once and shown inline on the front page too), ``timeline.json`` (its Chrome trace for
-Perfetto, :mod:`viz.render.chrome_trace`, written rank by rank) and ``timeline.html`` (the page
+Perfetto, :mod:`viz.render.timeline_json`, written rank by rank) and ``timeline.html`` (the page
 to pan and zoom it). Draws the analysis alone: no views needed."""
 from __future__ import annotations
 
 import os
 from typing import TYPE_CHECKING
 
-from .. import chrome_trace, inline_svg
-from ..html import PageWriter
+from .. import inline_svg, timeline_json
+from ..page_writer import PageWriter
 
 if TYPE_CHECKING:
     from . import ReportInput
@@ -25,7 +25,7 @@ def render(report: ReportInput, out_dir: str) -> list:
     with open(written[0], "w") as fh:
         fh.write(report.timeline_svg)
     with open(written[1], "w") as fh:
-        chrome_trace.write(report.analysis.timeline, fh, report.analysis.cross.matched)
+        timeline_json.write(report.analysis.timeline, fh, report.analysis.cross.matched)
     written.append(PageWriter(out_dir).write("timeline.html", "timeline.html", title="Timeline",
                                              svg=inline_svg(report.timeline_svg), files=files))
     report.progress.advance()

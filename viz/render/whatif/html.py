@@ -10,7 +10,7 @@ import os
 from typing import TYPE_CHECKING
 
 from ...views.whatif_rows import ranking, recorded_text
-from ..html import PageWriter
+from ..page_writer import PageWriter
 
 if TYPE_CHECKING:
     from . import WhatIfInput

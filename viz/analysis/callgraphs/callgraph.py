@@ -1,6 +1,7 @@
 """Call graphs: where in the user's code every op and collective of a run comes from.
 
-Built from :mod:`viz.analysis.op_groups` (one rank's events aggregated by attribution path):
+Built from :mod:`viz.analysis.callgraphs.op_groups` (one rank's events aggregated by attribution
+path):
 
 1. :func:`build_callgraph` turns groups (of one rank, or of all ranks merged) into a networkx
    DiGraph: a node per Python function, edges caller -> callee weighted by ops, time, bytes and
@@ -21,7 +22,7 @@ import networkx as nx
 
 from .op_groups import Frame, MEASURES, NO_STACK, OpGroup, Weights, total_of
 from .rank_weights import freeze_per_rank, total_over_ranks
-from .source import definition_line
+from .source_files import definition_line
 
 FUNCTION, OPS, COMM, HIDDEN = "function", "ops", "comm", "hidden"
 
@@ -31,7 +32,7 @@ FUNCTION, OPS, COMM, HIDDEN = "function", "ops", "comm", "hidden"
 class NodeData:
     """A call-graph node: a function, the ops or a collective of a call site, or a note of what
     pruning hid. Weights are inclusive (everything issued below the node). Once the graph is
-    built, ``per_rank`` is a read-only :class:`viz.analysis.rank_weights.RankWeights`."""
+    built, ``per_rank`` is a read-only :class:`viz.analysis.callgraphs.rank_weights.RankWeights`."""
 
     id: str
     type: str

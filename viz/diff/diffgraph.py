@@ -16,8 +16,8 @@ from typing import Iterable, Mapping, Optional
 
 import networkx as nx
 
-from ..analysis.callgraph import COMM, FUNCTION, OPS
-from ..analysis.op_groups import OpGroup
+from ..analysis.callgraphs.callgraph import COMM, FUNCTION, OPS
+from ..analysis.callgraphs.op_groups import OpGroup
 from .profile import function_key
 
 ADDED, REMOVED, CHANGED, UNCHANGED = "added", "removed", "changed", "unchanged"
@@ -50,7 +50,7 @@ class DiffNode:
     """A function, or the ops / a collective kind one function issued in one direction."""
 
     id: str
-    type: str                  # viz.analysis.callgraph FUNCTION | OPS | COMM
+    type: str                  # viz.analysis.callgraphs.callgraph FUNCTION | OPS | COMM
     name: str                  # qualified name, "ops", or the communication kind
     file: str                  # short display path
     direction: str = ""        # leaves: the phase (tracer.vocab.labels.PHASES)

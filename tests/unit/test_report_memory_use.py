@@ -1,7 +1,8 @@
 """What the report process holds of many ranks grows with their distinct call sites, not with
 the ranks: each rank's op groups, as its result comes in from a worker, are rebuilt on one
-shared copy of the frames, paths and names (viz.analysis.op_groups.SharedOpGroups, applied through
-Engine.map's ``then``); the sends and receives of the first pass arrive as columns."""
+shared copy of the frames, paths and names (viz.analysis.callgraphs.op_groups.SharedOpGroups,
+applied through Engine.map's ``then``); the sends and receives of the first pass arrive as
+columns."""
 from __future__ import annotations
 
 import pickle
@@ -10,7 +11,7 @@ import pytest
 
 from support.constructed.workloads import Pipeline, pipeline_run
 from viz.analysis import analyse
-from viz.analysis.op_groups import NO_STACK, Frame, OpGroup, SharedOpGroups
+from viz.analysis.callgraphs.op_groups import NO_STACK, Frame, OpGroup, SharedOpGroups
 from viz.run import open_run
 
 CFG = Pipeline(pp=2, dp=2, steps=3, microbatches=4, ops_per_pass=8)
@@ -52,7 +53,7 @@ def run(tmp_path_factory) -> str:
 
 
 def test_groups_trimmed_together_share_each_trimmed_path():
-    from viz.analysis.callgraph import trim_common_prefix
+    from viz.analysis.callgraphs.callgraph import trim_common_prefix
     leaf = Frame("/work/model.py", 30, "forward", "Layer.forward")
     path = (MAIN, STEP, leaf)
     groups = [OpGroup(rank, path, None, None, "aten.mm.default", "forward", None, None, None,
@@ -66,7 +67,7 @@ def test_groups_trimmed_together_share_each_trimmed_path():
 
 
 def test_a_page_written_in_pieces_is_the_page_rendered_whole(tmp_path):
-    from viz.render.html import PageWriter
+    from viz.render.page_writer import PageWriter
     writer = PageWriter(str(tmp_path))
     svg = "<svg>" + "<g/>" * 10_000 + "</svg>"
     context = dict(title="Timeline", svg=svg, files={"svg": "t.svg", "chrome_trace": "t.json"})
@@ -77,7 +78,7 @@ def test_a_page_written_in_pieces_is_the_page_rendered_whole(tmp_path):
 
 
 def test_metrics_build_passes_and_p2p_times_one_step_at_a_time(run):
-    from viz.analysis.metrics import _Index
+    from viz.analysis.timeline.metrics import _Index
     analysis = analyse(open_run(run))
     timeline = analysis.timeline
     index = _Index(timeline)

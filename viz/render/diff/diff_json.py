@@ -1,6 +1,6 @@
 """diff.json (schema ``paratrace.diff/1``, docs/diff.md): a :class:`viz.diff.result.DiffResult`
 written as JSON, every key spelled here, with the names of its diff call graphs' files
-(:mod:`.svg`)."""
+(:mod:`.diff_callgraphs`)."""
 from __future__ import annotations
 
 import json

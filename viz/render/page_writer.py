@@ -16,7 +16,7 @@ import shutil
 import jinja2
 from markupsafe import Markup, escape
 
-from ..views.formatters import fmt_bytes, fmt_count, fmt_flops, fmt_ranks, fmt_time
+from ..views.formatters import fmt_bytes, fmt_count, fmt_flops, fmt_ranks, fmt_time, steps_text
 
 _TEMPLATES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                           "templates")
@@ -46,7 +46,8 @@ def environment() -> jinja2.Environment:
                              undefined=jinja2.StrictUndefined, trim_blocks=True,
                              lstrip_blocks=True)
     env.filters.update(time=fmt_time, bytes=fmt_bytes, count=fmt_count, flops=fmt_flops,
-                       ranks=fmt_ranks, brief=_brief, breakable=_breakable)
+                       ranks=fmt_ranks, steps=steps_text, brief=_brief,
+                       breakable=_breakable)
     return env
 
 

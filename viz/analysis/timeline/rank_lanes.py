@@ -1,14 +1,14 @@
 """One rank's lanes on rank 0's clock: its compute, communication, passes and steps, built from
-its trace alone (the map; :mod:`.timeline` puts every rank's lanes together).
+its trace alone (the map; :mod:`.assemble` puts every rank's lanes together).
 
 Built in two per-rank phases around one cross-rank step, so that each rank's trace can be
 analysed on its own (in a worker process, one trace in memory at a time):
 
 1. :func:`p2p_endpoints` lists one rank's sends and receives (small);
-2. :func:`.timeline.match_p2p` pairs them across ranks and says where each send really ended;
+2. :func:`.assemble.match_p2p` pairs them across ranks and says where each send really ended;
 3. :func:`rank_lanes` builds one rank's :class:`~.lanes.RankLanes` given those send ends.
 
-:mod:`.map_reduce` runs them, rank by rank. Definitions and worked examples are in
+:mod:`..map_reduce` runs them, rank by rank. Definitions and worked examples are in
 docs/metrics.md. All times are integer nanoseconds on rank 0's clock (``Trace.global_times``).
 """
 from __future__ import annotations
@@ -138,7 +138,7 @@ def _op_args(rows: RankRows, drawn: np.ndarray) -> tuple:
     """(a code per drawn op, the JSON texts they index): each op's module, phase, source line
     (the innermost user frame; a backward op's forward's) and input shapes, and its step, as
     the Chrome trace's ``args``; a combination many ops share is made into text once."""
-    from .op_groups import site_of
+    from ..callgraphs.op_groups import site_of
 
     trace = rows.trace
     at = np.nonzero(drawn)[0]
@@ -212,7 +212,7 @@ def _compute_spans(rows: RankRows, comm: list) -> np.ndarray:
 
 
 def _comm_spans(rows: RankRows, send_ends: dict) -> list:
-    from .op_groups import site_of
+    from ..callgraphs.op_groups import site_of
 
     last = int(max(rows.t1.max(initial=0), rows.t0.max(initial=0), rows.t_ret.max(initial=0)))
     trace = rows.trace

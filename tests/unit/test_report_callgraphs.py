@@ -1,13 +1,15 @@
-"""Which ranks share a call graph (viz.views.callgraph_pages.same_work): ranks that did the same
-work (the same attribution paths, ops, phases, shapes, modules, counts, bytes and FLOPs) get one
-graph, drawn once; a rank that did anything else gets its own. Times do not split ranks. The
-report built from a real run (test_report.py) checks the pages that say so."""
+"""The call graphs the report draws (viz.analysis.report_callgraphs) and their pages
+(viz.views.callgraph_pages): ranks that did the same work (the same attribution paths, ops,
+phases, shapes, modules, counts, bytes and FLOPs) share one graph, drawn once (same_work); a
+rank that did anything else gets its own. Times do not split ranks. The report built from a
+real run (test_report.py) checks the pages that say so."""
 from __future__ import annotations
 
 from dataclasses import replace
 
-from viz.analysis.op_groups import Frame, OpGroup
-from viz.views.callgraph_pages import report_views, same_work
+from viz.analysis.callgraphs.op_groups import Frame, OpGroup
+from viz.analysis.report_callgraphs import report_callgraphs, same_work
+from viz.views.callgraph_pages import report_views
 
 MAIN = Frame("/work/train.py", 10, "main", "main")
 STEP = Frame("/work/train.py", 20, "step", "step")
@@ -54,7 +56,7 @@ def test_a_rank_that_did_anything_else_gets_its_own_graph():
 
 
 class _Analysis:
-    """What report_views reads of a RunAnalysis, for groups made by hand."""
+    """What report_callgraphs reads of a RunAnalysis, for groups made by hand."""
 
     def __init__(self, groups: dict):
         class Rank:
@@ -69,7 +71,7 @@ class _Analysis:
 def test_report_views_draws_one_graph_per_distinct_work_and_names_its_ranks():
     analysis = _Analysis({0: work(0), 1: work(1, time_scale=2.0), 2: work(2, count=9),
                           3: work(3, time_scale=5.0)})
-    views = report_views(analysis)
+    views = report_views(report_callgraphs(analysis))
     rank_pages = views.graphs[1:]
     assert [p.rel for p in rank_pages] == ["callgraphs/rank-0.html", "callgraphs/rank-2.html"]
     assert [p.ranks for p in rank_pages] == [(0, 1, 3), (2,)]
@@ -90,9 +92,9 @@ def test_report_views_keep_the_merged_graphs_pruned_and_their_functions():
     """The unpruned merged graphs are dropped once drawn pruned (tens of MiB for many ranks):
     the views keep every pruned page and, of the unpruned whole-recording graph, its functions
     and what they issued."""
-    from viz.analysis.callgraph import FUNCTION, CallGraph, build_callgraph
+    from viz.analysis.callgraphs.callgraph import FUNCTION, CallGraph, build_callgraph
     groups = {0: work(0), 1: work(1, time_scale=2.0), 2: work(2, count=9)}
-    views = report_views(_Analysis(groups))
+    views = report_views(report_callgraphs(_Analysis(groups)))
     graphs = [p.graph for p in views.graphs] + [p.graph for p in views.zooms.values()] + \
         [p.graph for p in views.module_zooms.values()]
     assert all(g.hidden is not None for g in graphs)           # pruned, every one
@@ -109,7 +111,7 @@ def test_labels_and_tooltips_are_bounded_for_graphviz():
     listed every one, past graphviz's 16,384-character quoted string (issue 50)."""
     import re
 
-    from viz.analysis.callgraph import build_callgraph
+    from viz.analysis.callgraphs.callgraph import build_callgraph
     from viz.render.callgraph_svg import to_dot
     from viz.views.formatters import bounded_lines, first_of
     groups = [group(0, op=f"aten.op_number_{i}.default", count=3000 - i) for i in range(3000)]
@@ -125,3 +127,36 @@ def test_labels_and_tooltips_are_bounded_for_graphviz():
     assert bounded_lines(["x" * 10], line_most=4) == ["xxxx... (6 more characters)"]
     assert bounded_lines([str(i) for i in range(5)], lines_most=3) == \
         ["0", "1", "2", "and 2 more lines"]
+
+
+def test_a_rank_that_counts_other_steps_is_recounted_and_only_it(tmp_path):
+    """The training steps are every step some rank's time metrics count: here rank 0 counts
+    steps 1-2 (0 is setup, 3 unfinished) and rank 1 only step 1 (its step 2 is unfinished), so
+    rank 1's trace is read again over steps 1-2 and rank 0 keeps its own counted groups; the
+    setup graph holds what steps 0 and 3 did."""
+    from support.constructed_timelines import analysed, synthetic
+    from viz.analysis.report_callgraphs import (StepSplit, recounts, step_split, to_recount,
+                                                training)
+    stack = [("train.py", 12, "step", "step"), ("train.py", 30, "main", "main")]
+    ranks = []
+    for rank, steps, closed in ((0, 4, 3), (1, 3, 2)):
+        r = synthetic(rank, 2)
+        for step in range(steps):
+            r.op(100 * step, 100 * step + 10, stack=stack, module="Net.fc")
+            r.op(100 * step + 10, 100 * step + 15, name="aten.add.Tensor", stack=stack,
+                 module="Net.fc")
+            if step < closed:
+                r.next_step(100 * step + 50)
+        ranks.append(r)
+    analysis = analysed(tmp_path, ranks)
+    assert step_split(analysis) == StepSplit(counted=(1, 2), other=(0, 3))
+    assert to_recount(analysis, frozenset({1, 2})) == {1} and recounts(analysis)
+    counted = training(analysis)
+    assert counted.ranks[0].op_groups is analysis.ranks[0].counted_op_groups
+    # one mm and one add a step, over steps 1 and 2 on both ranks
+    assert {(g.rank, g.op): g.count for r in counted.ranks.values() for g in r.op_groups} == {
+        (0, "aten.mm.default"): 2, (0, "aten.add.Tensor"): 2,
+        (1, "aten.mm.default"): 2, (1, "aten.add.Tensor"): 2}
+    graphs = report_callgraphs(analysis, counted)
+    assert graphs.setup is not None and graphs.setup.total.ops == 2 * (2 + 1)   # 0, 3; 0
+    assert graphs.merged.total.ops == 2 * (2 + 2)

@@ -22,7 +22,7 @@ def replayed_bubbles(timeline: Timeline, passes: dict, sends: dict, compute: dic
     """(rank, step) -> replayed bubble fraction (None where passes do not form a schedule).
 
     ``passes``: (rank, step) -> passes in start order; ``sends``: (rank, step) -> sorted send
-    starts; ``compute``: rank -> viz.analysis.intervals.Prefix of its compute."""
+    starts; ``compute``: rank -> viz.analysis.timeline.intervals.Prefix of its compute."""
     out = {}
     done: dict = {}
     for rank, lane in timeline.ranks.items():

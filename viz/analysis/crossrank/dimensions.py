@@ -10,7 +10,7 @@ A group's dimension comes from, in order:
    (``mesh_tp``, torchtitan's ``mesh_dp_shard``); the first that names a dimension
    (:func:`tracer.vocab.groups.dimension_of_desc`) gives it. The user's own names are kept
    beside it (:func:`user_names`);
-2. the run's rank grid (``tracer.record_config`` of tp, cp, dp, pp; :mod:`.grid`): the one
+2. the run's rank grid (``tracer.record_config`` of tp, cp, dp, pp; :mod:`..timeline.grid`): the one
    axis along which the group's ranks differ;
 3. its ranks alone: ``world`` for a group of every rank, else ``other``.
 
@@ -18,10 +18,10 @@ Sequence parallelism's collectives run on tensor parallelism's group: a group na
 sp, but SP traffic on the TP group counts under tp. A group of one rank (a DeviceMesh dimension
 of size 1) carries no traffic: its collectives are no cost of any dimension. A rank's cost per
 dimension is taken over
-its counted steps (:func:`.lanes.counted_steps`), each step's window as the time metrics take
-it (:mod:`.metrics`, docs/metrics.md): the union of the dimension's communication spans, the
-part of it overlapped by compute, and the rest, exposed. Spans of different dimensions may
-overlap each other, so the dimensions' exposed times can add up to more than the rank's.
+its counted steps (:func:`..timeline.lanes.counted_steps`), each step's window as the time metrics
+take it (:mod:`..timeline.metrics`, docs/metrics.md): the union of the dimension's communication
+spans, the part of it overlapped by compute, and the rest, exposed. Spans of different dimensions
+may overlap each other, so the dimensions' exposed times can add up to more than the rank's.
 """
 from __future__ import annotations
 
@@ -33,9 +33,9 @@ import numpy as np
 
 from tracer.vocab.groups import dimension_of_desc, group_ranks
 
-from .grid import AXES, Grid
-from .intervals import intersect, intervals, length, union, window
-from .lanes import RankLanes, Timeline, counted_steps
+from ..timeline.grid import AXES, Grid
+from ..timeline.intervals import intersect, intervals, length, union, window
+from ..timeline.lanes import RankLanes, Timeline, counted_steps
 
 WORLD, OTHER = "world", "other"
 FROM_NAME, FROM_GRID, FROM_RANKS = "name", "grid", "ranks"

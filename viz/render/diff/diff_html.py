@@ -3,7 +3,7 @@
 Only arranges what viz.diff computed: the step range, what was matched through wrappers and
 renamed files, the verdict, the cost per step, the largest changes, the time metrics of
 both runs side by side per rank role, the structural differences, the diff call graphs (inline,
-as :mod:`.svg` writes them), links to each run's own report.
+as :mod:`.diff_callgraphs` writes them), links to each run's own report.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from ...diff.result import ALL_RANKS
 from ...views.diff_table import (context_lines, cost_rows, fmt_rel, fmt_value,
                                   largest_changes, step_range)
 from .. import inline_svg
-from ..html import PageWriter
+from ..page_writer import PageWriter
 
 if TYPE_CHECKING:
     from . import DiffInput

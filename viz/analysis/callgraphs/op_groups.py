@@ -10,6 +10,7 @@ module view, source pages and diffs are all built from these groups.
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Callable, Iterable, NamedTuple, Optional, Sequence
 
@@ -21,9 +22,12 @@ from tracer.vocab.library import LibraryRule
 from tracer.vocab.ops import PSEUDO_OPS
 
 from .flops import flops as op_flops
-from .lanes import SLOTS
-from .source import is_library
+from .source_files import is_library
 
+# Records made by the hundred thousand (op groups of many ranks; a 64-rank run holds ~0.5M
+# CommSpans and Passes, viz.analysis.timeline.lanes): slots save their per-instance dict. Python
+# 3.11+ only, where frozen slotted dataclasses pickle (worker processes and Dask send them back).
+SLOTS = {"slots": True} if sys.version_info >= (3, 11) else {}
 MEASURES = ("ops", "time_ns", "bytes")
 VIA_FRAMES = 2   # frames of a backward op's live stack kept to say which backward code ran it
 
@@ -226,7 +230,7 @@ class RegionSite(NamedTuple):
 def kernel_groups(trace, work, keep: Optional[np.ndarray] = None,
                   split_cache: Optional[dict] = None) -> list:
     """GPU work launched inside annotation ranges and none of their events
-    (:meth:`viz.analysis.gpu_attribution.DeviceTime.in_regions`: a compiled region's fused
+    (:meth:`viz.analysis.device.gpu_attribution.DeviceTime.in_regions`: a compiled region's fused
     kernels, a CUDA graph replayed, a Triton kernel called directly) as op groups named by
     kernel: a range's activities of one kernel name are one group (``count``: launches), under
     the range's site (:func:`region_sites`). ``keep``: which trace rows count (a step range)."""

@@ -1,6 +1,6 @@
-"""viz.analysis.memory on constructed memory events with known answers (the peak, the split at
-the peak, frees, reclasses), and the memory rows' round trip through the trace format: written
-beside op rows, split off by the reader and linked to their ops' rows."""
+"""viz.analysis.memory.live_bytes on constructed memory events with known answers (the peak, the
+split at the peak, frees, reclasses), and the memory rows' round trip through the trace format:
+written beside op rows, split off by the reader and linked to their ops' rows."""
 from __future__ import annotations
 
 import numpy as np
@@ -9,7 +9,7 @@ import pyarrow as pa
 import tracer
 from tracer.files.format import MEMORY_CATEGORIES, MEMORY_KINDS, TraceWriter
 from tracer.files.reader import MemoryEvents
-from viz.analysis.memory import memory_profile, profile_events
+from viz.analysis.memory.live_bytes import memory_profile, profile_events
 
 A, F, R = (MEMORY_KINDS.index(k) for k in ("alloc", "free", "reclass"))
 TEMP, ACT, GRAD, PARAM = (MEMORY_CATEGORIES.index(c) for c in
@@ -122,7 +122,7 @@ def test_a_trace_without_memory_columns_reads_as_no_memory(tmp_path):
 
 
 def test_the_drawn_lane_keeps_the_peak_and_moves_to_rank_0s_clock():
-    from viz.analysis.memory import MAX_CORNERS, live_memory
+    from viz.analysis.memory.live_bytes import MAX_CORNERS, live_memory
     # 3 * MAX_CORNERS temporaries of 1..n bytes, each freed at once; one of 10**6 in the
     # middle: the lane has at most MAX_CORNERS corners and still its peak
     n, rows = 3 * MAX_CORNERS, []

@@ -26,7 +26,7 @@ import numpy as np
 from tracer.files.format import MEMORY_CATEGORIES
 from tracer.vocab.labels import PHASES
 
-from .op_groups import site_of
+from ..callgraphs.op_groups import site_of
 
 ALLOC, FREE, RECLASS = 0, 1, 2
 RECORDING, EXPORT = "recording", "export"     # what a peak covers (PeakScope.scope)
@@ -95,8 +95,8 @@ def peak_in(profile: MemoryProfile, steps: frozenset) -> tuple:
 class LiveMemory:
     """A rank's live bytes over time, to draw (the timeline's memory lane): at most
     MAX_CORNERS corners of the step function on rank 0's clock (and the first and the last),
-    each the largest total of its stretch of events (so the peak is kept); ``live[i, c]``: bytes of ``categories[c]`` from
-    ``times[i]`` to ``times[i + 1]``."""
+    each the largest total of its stretch of events (so the peak is kept); ``live[i, c]``: bytes of
+    ``categories[c]`` from ``times[i]`` to ``times[i + 1]``."""
 
     times: np.ndarray
     live: np.ndarray

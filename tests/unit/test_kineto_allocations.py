@@ -1,4 +1,4 @@
-"""An export's ``[memory]`` events imported as memory rows (tracer.kineto.memory): one device's
+"""An export's ``[memory]`` events imported as memory rows (tracer.kineto.allocations): one device's
 (CUDA's over the CPU's), an allocation linked to the op that holds it, a free of an address
 allocated before the export, the peak against a count made from the JSON apart, and each
 block's category told by the phases of the ops around it."""
@@ -12,7 +12,7 @@ from support.kineto_exports import BASE, export, json_memory_peak, write
 from tracer.files.format import MEMORY_CATEGORIES
 from tracer.files.reader import load
 from tracer.kineto.convert import import_export
-from viz.analysis.memory import memory_profile, peak_scope
+from viz.analysis.memory.live_bytes import memory_profile, peak_scope
 
 
 def _mem(ts: float, addr: int, nbytes: int, device_type: int = 0, tid: int = 1) -> dict:

@@ -1,7 +1,7 @@
 """Time metrics of a timeline: per rank and step, compute, communication, exposed communication,
 idle time, overlap and bubbles, the pipeline bubble split into warm-up, steady state and
 cool-down, the papers' theoretical bubble beside the measurement, and the replayed bubble
-(:mod:`viz.analysis.replay`). Definitions and worked examples: docs/metrics.md.
+(:mod:`viz.analysis.timeline.replay`). Definitions and worked examples: docs/metrics.md.
 
 Every query of a rank's compute inside a window goes through an index (:class:`_Index`), so the
 whole analysis is O(n log n) in the events of a step, however many steps and passes a run has.

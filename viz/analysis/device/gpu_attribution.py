@@ -16,7 +16,7 @@ ran, and which runtime or driver call launched it (the correlation id). Attribut
    fused kernels are no aten op, a higher-order operator, a CUDA graph replayed or a Triton
    kernel called directly under ``tracer.annotate`` or ``record_function``) goes to the
    innermost such range, and is counted apart: the range's row, shown by kernel name
-   (:func:`viz.analysis.op_groups.kernel_groups`).
+   (:func:`viz.analysis.callgraphs.op_groups.kernel_groups`).
 5. A launch between two events on its thread (host work no aten op covers: ``torch.tensor``'s
    host-to-device copy, NCCL's copies after a collective returned) goes to the nearer of the
    two, and is counted apart.
@@ -36,7 +36,7 @@ import numpy as np
 from tracer.files.device_format import DeviceRecords, KINDS
 from tracer.vocab import ops as _ops
 
-from .intervals import intersect, intervals, length, union
+from ..timeline.intervals import intersect, intervals, length, union
 
 SETUP = -2                    # attributed to process-group setup (no row records it)
 UNATTRIBUTED = -1
@@ -165,8 +165,8 @@ def nccl_names(names: list) -> np.ndarray:
 
 def whole(kind: np.ndarray, nccl: np.ndarray, start: np.ndarray, end: np.ndarray
           ) -> DeviceWhole:
-    """Every activity of the recording or export, counted and measured (docs/architecture.md): busy =
-    union of all activities; compute = union of the kernels that are not NCCL; comm = union of
+    """Every activity of the recording or export, counted and measured (docs/architecture.md): busy
+    = union of all activities; compute = union of the kernels that are not NCCL; comm = union of
     NCCL kernels; memory = union of memcpys and memsets; span = last end - first start; idle =
     span - busy; overlap = |comm ∩ compute| / |comm|, None without comm."""
     kernel = kind == KERNEL

@@ -1,8 +1,8 @@
 """One rank's lanes on the device clock: what the GPU did, where CUPTI says it did it.
 
-:func:`on_device` turns a rank's host lanes (:func:`viz.analysis.rank_lanes.rank_lanes`) and its
-attributed GPU activity (:mod:`viz.analysis.gpu_attribution`) into lanes every metric reads the
-same way:
+:func:`on_device` turns a rank's host lanes (:func:`viz.analysis.timeline.rank_lanes.rank_lanes`)
+and its attributed GPU activity (:mod:`viz.analysis.device.gpu_attribution`) into lanes every metric
+reads the same way:
 
 - compute: the union of the kernels that are not NCCL's;
 - memory: the union of the memcpys and memsets (never compute, never communication: the
@@ -15,8 +15,8 @@ same way:
 - steps: step s starts when its first GPU work starts (its host boundary when it has none);
 - the host's own compute is kept (``host_compute``) for drawing beside the device.
 
-Overlap, exposed communication, idle time and bubbles (:mod:`viz.analysis.metrics`) then come out in
-device time. All times on rank 0's clock.
+Overlap, exposed communication, idle time and bubbles (:mod:`viz.analysis.timeline.metrics`) then
+come out in device time. All times on rank 0's clock.
 """
 from __future__ import annotations
 
@@ -24,10 +24,10 @@ import dataclasses
 
 import numpy as np
 
+from ..timeline.intervals import intervals, union
+from ..timeline.lanes import DeviceLane, Pass, RankLanes, counted_steps
+from ..timeline.rank_lanes import RankRows
 from .gpu_attribution import SETUP, DeviceTime
-from .intervals import intervals, union
-from .lanes import DeviceLane, Pass, RankLanes, counted_steps
-from .rank_lanes import RankRows
 
 DRAWN_ACTIVITIES = 100_000      # per rank: GPU activities kept for the Chrome trace
 

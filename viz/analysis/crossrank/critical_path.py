@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .crossrank import P2P, CrossRank
-from .lanes import RankLanes, Timeline, counted_steps
+from ..timeline.lanes import RankLanes, Timeline, counted_steps
+from .matching import P2P, CrossRank
 
 COMPUTE, WAIT, TRANSFER, COMM, IDLE = "compute", "wait", "transfer", "comm", "idle"
 _MAX_SEGMENTS = 100_000          # per step: a bound against a malformed trace, never reached
@@ -114,7 +114,8 @@ class _Rank:
 
 
 def critical_paths(timeline: Timeline, cross: CrossRank) -> list:
-    """The critical path of every step that some rank counted (viz.analysis.lanes.counted_steps)."""
+    """The critical path of every step that some rank counted
+    (viz.analysis.timeline.lanes.counted_steps)."""
     ranks = {r: _Rank(lane) for r, lane in timeline.ranks.items()}
     sender = {(link.dst, link.dst_index): (link.src, link.src_index) for link in timeline.links}
     matched = {(r, c.index): m for m in cross.matched for r, c in m.spans.items()}

@@ -1,14 +1,14 @@
 """Per-rank weights of a built call graph, stored as columns.
 
 A merged call graph of many ranks holds, on every node and edge, what each rank put there
-(``per_rank``: rank -> :class:`viz.analysis.op_groups.Weights`, for the tooltips' top ranks, the
-nodes only some ranks reach, the notes of what pruning hid). As dicts of objects that is about
-200 bytes a node, edge and rank (a 64-rank run: tens of MiB a graph); once a graph is built they
-never change, so :func:`freeze_per_rank` moves them into one table of numpy columns per graph (44
-bytes an entry) and leaves each node and edge a read-only :class:`RankWeights` view of its rows,
+(``per_rank``: rank -> :class:`viz.analysis.callgraphs.op_groups.Weights`, for the tooltips' top
+ranks, the nodes only some ranks reach, the notes of what pruning hid). As dicts of objects that is
+about 200 bytes a node, edge and rank (a 64-rank run: tens of MiB a graph); once a graph is built
+they never change, so :func:`freeze_per_rank` moves them into one table of numpy columns per graph
+(44 bytes an entry) and leaves each node and edge a read-only :class:`RankWeights` view of its rows,
 in the order the ranks were first added, with its total summed once the way
-:func:`viz.analysis.op_groups.total_of` sums it (the same floating-point order, so every number
-drawn is the same as from the dicts).
+:func:`viz.analysis.callgraphs.op_groups.total_of` sums it (the same floating-point order, so every
+number drawn is the same as from the dicts).
 """
 from __future__ import annotations
 
@@ -71,7 +71,8 @@ class RankWeights(Mapping):
         return [w for _, w in self._table.rows(self._start, self._stop)]
 
     def total(self) -> Weights:
-        """The sum over ranks (a new Weights, as :func:`viz.analysis.op_groups.total_of` gives)."""
+        """The sum over ranks (a new Weights, as :func:`viz.analysis.callgraphs.op_groups.total_of`
+        gives)."""
         return total_of((self._total,))
 
 

@@ -1,9 +1,9 @@
 """Records held as numpy columns: a rank's collectives, passes and P2P links by the thousand.
 
-A 64-rank run holds about half a million :class:`viz.analysis.lanes.CommSpan` s and a quarter
-million passes and links. As Python objects each costs about 270 bytes, and unpickling them from
-the worker processes is much of the report process's work; as :class:`Records` they cost a tenth
-of that. ``Records`` is a read-only sequence of the dataclass it was made from: indexing and
+A 64-rank run holds about half a million :class:`viz.analysis.timeline.lanes.CommSpan` s and a
+quarter million passes and links. As Python objects each costs about 270 bytes, and unpickling them
+from the worker processes is much of the report process's work; as :class:`Records` they cost a
+tenth of that. ``Records`` is a read-only sequence of the dataclass it was made from: indexing and
 iteration give records built on the fly, so code that walks a lane's records reads them as it
 always did, while code that needs many of them at once reads :meth:`Records.column`.
 

@@ -1,20 +1,15 @@
 """The timeline's records: passes, communication spans, P2P links, each rank's lanes, the
-timeline of all ranks. Plain data, built by :mod:`viz.analysis.timeline` (host clock) and
-:mod:`viz.analysis.device_lanes` (device clock), read by the metrics and the renderers."""
+timeline of all ranks. Plain data, built by :mod:`viz.analysis.timeline.assemble` (host clock) and
+:mod:`viz.analysis.device.device_lanes` (device clock), read by the metrics and the renderers."""
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
 
+from ..callgraphs.op_groups import SLOTS
 from .columns import Records
-
-# Records made by the hundred thousand (a 64-rank run holds ~0.5M CommSpans and Passes): slots
-# save their per-instance dict. Python 3.11+ only, where frozen slotted dataclasses pickle
-# (worker processes and Dask send them back).
-SLOTS = {"slots": True} if sys.version_info >= (3, 11) else {}
 
 
 @dataclass(frozen=True, **SLOTS)
@@ -108,9 +103,11 @@ class RankLanes:
     device: Optional["DeviceLane"] = None       # on the device clock: the GPU activities
     # on the device clock: memcpys and memsets outside collectives (never compute)
     memory: np.ndarray = field(default_factory=lambda: np.zeros((0, 2), dtype=np.int64))
-    # live bytes over time by category (trace-run --memory; viz.analysis.memory.LiveMemory)
+    # live bytes over time by category (trace-run --memory;
+    # viz.analysis.memory.live_bytes.LiveMemory)
     live_memory: Optional["LiveMemory"] = None
-    # step -> phase -> seconds of its host step window (viz.analysis.phase_time), every clock
+    # step -> phase -> seconds of its host step window (viz.analysis.timeline.phase_time), every
+    # clock
     phase_s: dict = field(default_factory=dict)
     # per drawn op, a code into op_arg_texts: its module, phase, source line, shapes and step
     # as the JSON object of its Chrome-trace args (each distinct one once)
@@ -118,7 +115,8 @@ class RankLanes:
     op_arg_texts: list = field(default_factory=list)
 
     def __post_init__(self):
-        # Held as columns (viz.analysis.columns): a 64-rank run has half a million spans and passes.
+        # Held as columns (viz.analysis.timeline.columns): a 64-rank run has half a million spans
+        # and passes.
         self.comm = Records.of(CommSpan, self.comm)
         self.passes = Records.of(Pass, self.passes)
         self.inferred_passes = Records.of(Pass, self.inferred_passes)

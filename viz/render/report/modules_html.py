@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from ..html import PageWriter
+from ...views.formatters import steps_text
+from ..page_writer import PageWriter
 
 if TYPE_CHECKING:
     from . import ReportInput
@@ -22,6 +23,6 @@ def render(report: ReportInput, out_dir: str) -> list:
         links={path: f"callgraphs/{os.path.basename(p.rel)}"
                for path, p in views.module_zooms.items()},
         world=tuple(sorted(report.analysis.ranks)),    # the ranks the module tables sum over
-        steps=views.split.text(views.split.counted))
+        steps=steps_text(views.split.counted))
     report.progress.advance()
     return [path]

@@ -1,4 +1,4 @@
-"""The Perfetto export (viz.render.chrome_trace, the report's timeline.json) on a constructed
+"""The Perfetto export (viz.render.timeline_json, the report's timeline.json) on a constructed
 run, against the Chrome trace event format (support.chrome_trace_checks): each op slice carries
 its module, phase, source line, shapes and step; each collective matched across ranks is one
 flow through its members' slices (start on the lowest rank, a step on each rank between,
@@ -11,7 +11,7 @@ import pytest
 
 from support.chrome_trace_checks import check_chrome_trace, check_op_args
 from support.constructed_timelines import analysed, synthetic
-from viz.render import chrome_trace
+from viz.render import timeline_json
 
 SITE = [("/src/train.py", 12, "forward", "Block.forward")]
 BACKWARD_SITE = [("/src/train.py", 20, "step", "step")]
@@ -37,8 +37,8 @@ def three_ranks():
 def test_ops_carry_their_args_and_collectives_are_flows(tmp_path):
     analysis = analysed(tmp_path, three_ranks())
     assert len(analysis.cross.matched) == 2
-    events = json.loads(chrome_trace.render(analysis.timeline,
-                                            analysis.cross.matched))["traceEvents"]
+    events = json.loads(timeline_json.render(analysis.timeline,
+                                             analysis.cross.matched))["traceEvents"]
     check_chrome_trace(events, expected_flows=2)
     ops = check_op_args(events)
     assert len(ops) == 6
@@ -60,5 +60,5 @@ def test_ops_carry_their_args_and_collectives_are_flows(tmp_path):
             comm = slices[(e["pid"], "all_reduce")]
             assert e["ts"] == pytest.approx(comm["ts"] + comm["dur"] - 0.001)
     # without the matching, no collective flow
-    bare = json.loads(chrome_trace.render(analysis.timeline))["traceEvents"]
+    bare = json.loads(timeline_json.render(analysis.timeline))["traceEvents"]
     assert not [e for e in bare if e.get("cat") == "collective"]

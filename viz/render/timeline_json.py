@@ -6,8 +6,8 @@ its ``args``: module, phase, source line and function, input shapes, step), as m
 threads as it takes to lay out overlapping communications without overlap, and, where memory
 was recorded, a "memory" counter track (live bytes by category). Every pipeline send is joined
 to the recv that consumed it by a flow arrow, and every collective matched across ranks
-(viz.analysis.crossrank) by one flow through its members' slices, lowest rank to highest, each
-at the member's completion. Times are microseconds from the first event of the run, on rank
+(viz.analysis.crossrank.matching) by one flow through its members' slices, lowest rank to highest,
+each at the member's completion. Times are microseconds from the first event of the run, on rank
 0's clock. Only draws what viz.analysis computed.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..analysis.lanes import Timeline
+from ..analysis.timeline.lanes import Timeline
 
 _PASS_TID = 0
 _OPS_TID = 1          # + recording thread number
@@ -48,7 +48,7 @@ def _lane_of(spans: list) -> list:
 
 def render(timeline: Timeline, matched: Sequence = ()) -> str:
     """The Chrome trace JSON text; ``matched``: the collectives matched across ranks
-    (viz.analysis.crossrank.CrossRank.matched), each drawn as a flow."""
+    (viz.analysis.crossrank.matching.CrossRank.matched), each drawn as a flow."""
     out = io.StringIO()
     write(timeline, out, matched)
     return out.getvalue()
@@ -73,7 +73,7 @@ class _Events:
 
 def write(timeline: Timeline, fh, matched: Sequence = ()) -> None:
     """Write the Chrome trace JSON to ``fh``, rank by rank: a run can have hundreds of
-    thousands of op slices (viz.analysis.rank_lanes.DRAWN_OPS caps how many); ``matched``:
+    thousands of op slices (viz.analysis.timeline.rank_lanes.DRAWN_OPS caps how many); ``matched``:
     the collectives matched across ranks, each a flow."""
     firsts = [int(lane.op_start.min()) for lane in timeline.ranks.values() if len(lane.op_start)]
     firsts += [c.start for lane in timeline.ranks.values() for c in lane.comm[:1]]
@@ -185,7 +185,7 @@ def _members(ends: Sequence, rank: int, where: dict, us) -> list:
 
 def _memory(rank: int, lane, us) -> list:
     """The rank's "memory" counter track: live bytes by category at each corner of the step
-    function (viz.analysis.memory.LiveMemory), where memory was recorded."""
+    function (viz.analysis.memory.live_bytes.LiveMemory), where memory was recorded."""
     live = lane.live_memory
     if live is None:
         return []

@@ -19,12 +19,12 @@ interrupted, was killed, or its file is truncated) and issued nothing more in th
 "unknown" for the collectives it never reached, a consequence of the stop rather than a
 disagreement: not missing. Whether the others launched them before or after it stopped does not
 matter (that race made the verdict change from run to run). P2P is matched by (sender, receiver,
-per-pair order) in :func:`viz.analysis.timeline.match_p2p`; unmatched sends and receives are
-counted here.
+per-pair order) in :func:`viz.analysis.timeline.assemble.match_p2p`; unmatched sends and receives
+are counted here.
 
 All times are on rank 0's clock (host clocks aligned by the recorder). A pure function of the
-timeline (:mod:`viz.analysis.timeline`), which carries each collective's group, sequence number,
-dtype and source line.
+timeline (:mod:`viz.analysis.timeline.assemble`), which carries each collective's group, sequence
+number, dtype and source line.
 """
 from __future__ import annotations
 
@@ -36,7 +36,8 @@ from typing import Optional
 from tracer.vocab.groups import group_ranks
 from tracer.vocab.ops import P2P_KINDS
 
-from .lanes import SLOTS, Timeline
+from ..callgraphs.op_groups import SLOTS
+from ..timeline.lanes import Timeline
 
 P2P = P2P_KINDS       # the kinds matched by peer, not by group
 _UNSIZED = ("barrier",)
@@ -183,7 +184,7 @@ class CollectiveStats:
     median_s: float              # median transfer
     algbw_GBps: Optional[float]
     busbw_GBps: Optional[float]
-    site: Optional[tuple]        # the commonest source line (viz.analysis.op_groups.Frame)
+    site: Optional[tuple]        # the commonest source line (callgraphs.op_groups.Frame)
 
 
 def cross_rank(timeline: Timeline) -> CrossRank:
