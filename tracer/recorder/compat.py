@@ -12,7 +12,8 @@ how it is bridged here:
 - storages' identity for memory recording: ``UntypedStorage._cdata`` (the StorageImpl's
   address, in every torch of the range; :data:`STORAGE_KEYED` says it is there), the same key
   straight from a tensor (:func:`storage_key`: ``torch._C._storage_id`` where torch has it) and
-  a DTensor's local shard (``_local_tensor``): :func:`local_tensor`.
+  a DTensor's local shard (``_local_tensor``): :func:`local_tensor`; an op that only returns
+  aliases of its arguments (its schema's ``alias_info``): :func:`returns_only_aliases`.
 - what autograd saved for backward, read without unpacking it: a node type's
   ``_raw_saved_<name>`` getters (:func:`saved_tensor_names`, :func:`saved_tensors`), and a
   non-reentrant checkpoint's inputs (:func:`checkpoint_inputs`: its frame's ``saved_args``
@@ -88,6 +89,16 @@ def _key_through_storage(tensor) -> int:
 storage_key = getattr(torch._C, "_storage_id", _key_through_storage)
 
 
+def returns_only_aliases(func) -> bool:
+    """Every value op overload ``func`` returns is one of its arguments or a view of one (the
+    alias annotations of its schema: views, in-place and ``out=`` ops): it makes no storage.
+    Not ``aten.lift_fresh``: its argument is a tensor just made from Python data
+    (``torch.tensor``), outside the dispatcher, which it is the first op to return."""
+    returns = getattr(getattr(func, "_schema", None), "returns", None)
+    return bool(returns) and all(ret.alias_info is not None for ret in returns) and \
+        func._schema.name != "aten::lift_fresh"
+
+
 def local_tensor(tensor):
     """A DTensor's local shard (what this rank allocates), else ``tensor`` itself."""
     local = getattr(tensor, "_local_tensor", None)
@@ -96,10 +107,10 @@ def local_tensor(tensor):
 
 # a node's saved tensors: its type's getters named _raw_saved_<name> (an op's node: one a
 # SavedVariable, a tuple for a list of them; a custom Function's node: _raw_saved_tensors)
-# give torch's SavedTensor, whose ``data`` is the tensor (None once released, or never saved)
-# and ``unpack_hook`` the saved_tensors_hooks it was saved under (None: none), without
-# unpacking it: nothing is dispatched, no unpack hook runs (checkpointing's raises when its
-# tensor is unpacked twice)
+# give torch's SavedTensor, whose ``data`` is what autograd holds without unpacking it:
+# nothing is dispatched, no unpack hook runs (checkpointing's raises when its tensor is
+# unpacked twice). That is the tensor (None once released, or never saved), or, saved under
+# saved_tensors_hooks, what their pack hook returned (checkpointing's: a holder, no tensor)
 _SAVED = "_raw_saved_"
 SavedTensor = getattr(torch._C._autograd, "SavedTensor", None)
 
@@ -111,14 +122,13 @@ def saved_tensor_names(node_type: type) -> tuple[str, ...]:
 
 
 def saved_tensors(saved) -> list:
-    """The tensors a node's saved-tensor getter gave (a SavedTensor or a tuple of them) that
-    were saved without a saved_tensors_hooks of their own and are still held."""
+    """The tensors autograd holds for a node's saved-tensor getter (a SavedTensor or a tuple
+    of them): each one's ``data`` that is a tensor."""
     out = []
     for one in saved if isinstance(saved, (tuple, list)) else (saved,):
-        if one is not None and one.unpack_hook is None:
-            data = one.data
-            if data is not None:
-                out.append(data)
+        data = one.data if one is not None else None
+        if isinstance(data, torch.Tensor):
+            out.append(data)
     return out
 
 

@@ -23,8 +23,8 @@ move a ``reclass`` row:
 
 - ``activations``: a temporary or comm storage autograd saved for a backward that ran: read
   from each node when it runs, and from a non-reentrant checkpoint's frame when it recomputes
-  (its inputs); a tensor saved under ``saved_tensors_hooks`` of its own, such as
-  torch.utils.checkpoint's inside the checkpointed region, is not read;
+  (its inputs); under ``saved_tensors_hooks`` of the program's own, what their pack hook
+  kept (torch.utils.checkpoint's, inside the checkpointed region: a holder, no storage);
 - ``optimizer_state``: a tensor in an optimizer's ``state`` after its step;
 - ``gradients``: a parameter's ``.grad`` (or ``.main_grad``), before each optimizer step and
   when its module is first seen;
@@ -46,9 +46,12 @@ import weakref
 import numpy as np
 import pyarrow as pa
 import torch
+from torch.nn.modules import module as _module
+from torch.optim.optimizer import (register_optimizer_step_post_hook,
+                                   register_optimizer_step_pre_hook)
 
 from ._native import native_hot_path
-from .compat import STORAGE_KEYED, checkpoint_inputs, storage_key
+from .compat import STORAGE_KEYED, checkpoint_inputs, returns_only_aliases, storage_key
 from .storage_table import (EVENT, GRADIENTS, OPTIMIZER_STATE, PARAMETERS, PyStorageTable)
 
 _Tensor = torch.Tensor
@@ -75,9 +78,10 @@ class MemoryRecorder:
         self._session = session
         hot = native_hot_path()
         self.in_c = bool(in_c and hot is not None)
-        self.table = hot.StorageTable(session, storage_key, _Tensor) if self.in_c else \
-            PyStorageTable(session)
+        self.table = hot.StorageTable(session, storage_key, _Tensor, returns_only_aliases) \
+            if self.in_c else PyStorageTable(session)
         self._modules: dict = {}     # id(module) -> weakref: modules walked
+        self._module_hooks: list = []   # the global module hooks' handles, in recorded steps
         self._undo: list = []
         self._open = False
 
@@ -90,17 +94,26 @@ class MemoryRecorder:
     def start(self) -> None:
         """Install the hooks (before the session's own optimizer hooks, so a step's walks
         land in that step)."""
-        from torch.nn.modules import module as _module
-        from torch.optim.optimizer import (register_optimizer_step_post_hook,
-                                           register_optimizer_step_pre_hook)
         if not STORAGE_KEYED:
-            raise RuntimeError("memory=True: this torch's storages have no _cdata to key "
-                               "them by (docs/compat.md)")
+            raise RuntimeError("memory recording: this torch's storages have no _cdata to key "
+                               "them by (docs/compat.md); memory=False (trace-run "
+                               "--no-memory) records ops only")
         self._open = True
-        self._undo = [_module.register_module_forward_pre_hook(self._module_called).remove,
-                      _module.register_module_forward_hook(self._module_returned).remove,
-                      register_optimizer_step_pre_hook(self._optimizer_begins).remove,
+        self._undo = [register_optimizer_step_pre_hook(self._optimizer_begins).remove,
                       register_optimizer_step_post_hook(self._optimizer_ends).remove]
+        self.follow_window(self._session._recording)
+
+    def follow_window(self, recording: bool) -> None:
+        """The global module hooks are on in recorded steps only: outside them a step runs as
+        it would untraced (the optimizer walks skip those steps; frees are still seen)."""
+        if recording and not self._module_hooks:
+            self._module_hooks = [
+                _module.register_module_forward_pre_hook(self._module_called),
+                _module.register_module_forward_hook(self._module_returned)]
+        elif not recording:
+            for handle in self._module_hooks:
+                handle.remove()
+            self._module_hooks = []
 
     def close(self, flusher, dictionaries: dict) -> None:
         """Remove the hooks, forget the table (its weakrefs go: no more frees) and write the
@@ -108,6 +121,7 @@ class MemoryRecorder:
         self._open = False
         if self.in_c:
             self._session._memory_table = None     # the C on_op stops calling the table
+        self.follow_window(False)
         for undo in reversed(self._undo):
             undo()
         self._undo = []
@@ -145,27 +159,34 @@ class MemoryRecorder:
                     self.table.claim(param, PARAMETERS)
 
     def _parameter(self, param) -> None:
-        self.table.claim(param, PARAMETERS)
+        """A parameter and its gradients (``.grad``; Megatron's ``.main_grad``). The table's
+        claim of a storage it holds at that category already is one lookup: a walk costs
+        little where nothing changed (a step's new gradients are the usual change)."""
+        claim = self.table.claim
+        claim(param, PARAMETERS)
         for grad in (param.grad, getattr(param, "main_grad", None)):
             if isinstance(grad, _Tensor):
-                self.table.claim(grad, GRADIENTS)
+                claim(grad, GRADIENTS)
 
     def _optimizer_begins(self, optimizer, args, kwargs) -> None:
-        if not self._open:
+        if not self._open or self._session._passthrough:    # not a recorded step
             return
+        walked = set()
         for group in optimizer.param_groups:
             for param in group["params"]:
+                walked.add(id(param))
                 self._parameter(param)
-        # the modules' own parameters too: under ZeRO the optimizer steps shards of them,
+        # the modules' other parameters too: under ZeRO the optimizer steps shards of them,
         # and their full gradients are gradients all the same
         for ref in list(self._modules.values()):
             module = ref()
-            if module is not None:
-                for param in module.parameters(recurse=False):
+            for param in module._parameters.values() if module is not None else ():
+                if param is not None and id(param) not in walked:
+                    walked.add(id(param))
                     self._parameter(param)
 
     def _optimizer_ends(self, optimizer, args, kwargs) -> None:
-        if not self._open:
+        if not self._open or self._session._passthrough:
             return
         for state in list(optimizer.state.values()):
             for value in state.values() if isinstance(state, dict) else ():

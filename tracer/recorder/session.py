@@ -89,8 +89,7 @@ class Session(_SessionState):
         # id(op overload) -> (op id, CommSpec, special, call, the overload). NOTE: by id: an
         # OpOverload hashes in Python; torch keeps overloads alive, and so does the entry.
         self._specs: dict = {}
-        self._funcol = self._comm.funcol   # the hot path reads both on every op
-        self._futures = self._comm.futures
+        self._funcol, self._futures = self._comm.funcol, self._comm.futures   # read every op
         self._threads: dict = {}           # thread ident -> small thread number
         # forward autograd node sequence number -> its origin, (stack + 1) << 32 | (module + 1)
         # (an int: ints are not objects the garbage collector tracks), this step and the last
@@ -133,9 +132,8 @@ class Session(_SessionState):
         # NOTE: the first op dispatched through any Python mode imports torch._dynamo (seconds);
         # pay that before recording so it does not distort the first step's timeline.
         importlib.import_module("torch._dynamo")
-        # the C on_op where the C stack walk and shape keys run (their Python twins: on_op)
         in_c = C_ON_OP and isinstance(self._stacks, _HOT.StackWalk) and \
-            isinstance(self._signatures, _HOT.ShapeKeys)
+            isinstance(self._signatures, _HOT.ShapeKeys)     # the C on_op (else Python twins)
         self._memory = memory.recording(self, in_c)   # hooks before the patches' optimizer's
         self._flusher.open(self.path, meta)
         self._open = True
@@ -340,7 +338,7 @@ class Session(_SessionState):
                          self._annotations.current, self.step_index, thread, shapes, cid))
         self._last_event_ns = t1
         if self._memory is not None:     # the storages it made (memory.py)
-            self._memory.table.outputs(out, t0, thread, comm is not None)
+            self._memory.table.outputs(func, out, t0, thread, comm is not None)
         if len(self._queue) > MAX_QUEUE:
             self._flusher.flush()
         return out
@@ -384,6 +382,8 @@ class Session(_SessionState):
             self._recording = recording
             self._passthrough = not recording or self._paused > 0
             self._annotations.set_live(recording)
+            if self._memory is not None:     # its module hooks: on in recorded steps only
+                self._memory.follow_window(recording)
             if recording:
                 self._enter_window()
             else:

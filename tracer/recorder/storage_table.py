@@ -11,14 +11,17 @@ What a table does, in both:
 - an op's outputs (:meth:`~PyStorageTable.outputs`): a storage not in the table is an
   allocation by the op (its ``t0`` and thread link it to the op's row), whose entry is a weak
   reference with a callback: torch keeps a storage's Python object alive as long as its C++
-  storage lives, so the callback records the real free;
+  storage lives, so the callback records the real free. An op whose schema says it returns
+  only its arguments or views of them (views, in-place and ``out=`` ops: more than half the
+  ops of a training step) makes no storage and is not looked at, unless a collective wrote
+  into it;
 - a node of the autograd graph running in backward (:meth:`~PyStorageTable.node_runs`, at its
   first op): what it saved for backward is activations. The saved tensors are read from the
-  node itself (compat.saved_tensors), not through a ``saved_tensors_hooks`` pack hook: hooks
-  change what autograd dispatches (each saved tensor unpacked in backward becomes an
-  ``aten.detach`` through the recording mode, the saved outputs' in forward do not), so the
-  recording would differ with memory on. A tensor saved under a hook of its own
-  (checkpointing's) is not read;
+  node itself (compat.saved_tensors: what autograd holds, without unpacking it), not through
+  a ``saved_tensors_hooks`` pack hook: hooks change what autograd dispatches (each saved
+  tensor unpacked in backward becomes an ``aten.detach`` through the recording mode, the saved
+  outputs' in forward do not), so the recording would differ with memory on. What a pack hook
+  of the program's own kept instead of a tensor (checkpointing's holder) is no storage here;
 - walks (:meth:`~PyStorageTable.claim`): a storage is at least a category; one not seen before
   is an allocation with no op;
 - ``resize_`` (:meth:`~PyStorageTable.resized`), and :meth:`~PyStorageTable.take` for the
@@ -32,7 +35,8 @@ import weakref
 
 import torch
 
-from .compat import local_tensor, saved_tensor_names, saved_tensors, storage_key
+from .compat import (local_tensor, returns_only_aliases, saved_tensor_names, saved_tensors,
+                     storage_key)
 
 TEMPORARIES, COMM, ACTIVATIONS, OPTIMIZER_STATE, GRADIENTS, PARAMETERS = range(6)
 ALLOC, FREE, RECLASS = range(3)
@@ -63,13 +67,21 @@ class PyStorageTable:
         self._next_id = 0
         self._events: list = []       # packed EVENTs since the last take
         self._names: dict = {}        # node type -> its saved tensors' names
+        self._aliasing: dict = {}     # id(op overload) -> it returns only aliases
         self._last_node = (-1, None)  # (sequence number, type) of the node last read
         self._open = True
 
     # ------------------------------------------------------------------ hot path
-    def outputs(self, out, t0: int, thread: int, comm: bool) -> None:
-        """An op's result: each tensor's storage seen for the first time is an allocation by
-        the op; a storage a collective wrote into is at least comm (DDP's gradient bucket)."""
+    def outputs(self, func, out, t0: int, thread: int, comm: bool) -> None:
+        """Op overload ``func``'s result: each tensor's storage seen for the first time is an
+        allocation by the op; a storage a collective wrote into is at least comm (DDP's
+        gradient bucket)."""
+        if not comm:
+            only = self._aliasing.get(id(func))
+            if only is None:     # NOTE: by id: an overload hashes in Python; torch keeps it
+                only = self._aliasing[id(func)] = returns_only_aliases(func)
+            if only:
+                return
         if type(out) is _Tensor:
             self._see(out, t0, thread, comm)
         elif isinstance(out, (tuple, list)):
@@ -100,9 +112,9 @@ class PyStorageTable:
         self._new(storage, key, t0, thread, COMM if comm else TEMPORARIES)
 
     def node_runs(self, node, nseq: int) -> None:
-        """``node`` (its sequence number ``nseq``) runs in backward: the tensors it saved for
-        it, but those saved under a hook of their own, are activations (read once a node:
-        again only when another node ran in between)."""
+        """``node`` (its sequence number ``nseq``) runs in backward: the tensors autograd holds
+        for it are activations (read once a node: again only when another node ran in
+        between)."""
         kind = type(node)
         if not self._open or (nseq, kind) == self._last_node:
             return

@@ -133,8 +133,8 @@ extern PyTypeObject SessionStateType, OpDispatchType;   /* sessiontypes.c */
 /* memory recording's storage table (storagetable.c; recorder/storage_table.py its twin) */
 extern PyTypeObject StorageTableType, StorageRefType;
 int storage_table_ready(void);      /* the types and names, once (module.c) */
-int storage_table_outputs(PyObject *table, PyObject *out, long long t0, long long thread,
-                          int comm);
+int storage_table_outputs(PyObject *table, PyObject *func, PyObject *out, long long t0,
+                          long long thread, int comm);
 int storage_table_node_runs(PyObject *table, PyObject *node, unsigned long long nseq);
 PyObject *hot_now(PyObject *module, PyObject *unused);
 int add_onop_constants(PyObject *module);

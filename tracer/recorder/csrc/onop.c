@@ -290,7 +290,8 @@ record(SessionState *s, PyObject *entry, PyObject *args, PyObject *out, PyFrameO
     if ((v[2] == -1 && PyErr_Occurred()) || queue_row(s, v) < 0)
         goto done;
     s->last_event_ns = t1;
-    if (memory_on(s) && storage_table_outputs(s->memory_table, out, t0, thread, 0) < 0)
+    if (memory_on(s) && storage_table_outputs(s->memory_table, PyTuple_GET_ITEM(entry, 4), out,
+                                              t0, thread, 0) < 0)
         goto done;                                   /* the storages it made (memory.py) */
     Py_ssize_t queued = PyObject_Length(s->queue);
     if (queued < 0)

@@ -139,10 +139,32 @@ see_item(StorageTable *t, PyObject *item, long long t0, long long thread, int co
     return see_tensor(t, item, t0, thread, comm) < 0 ? -1 : 1;
 }
 
+/* the op overload returns only its arguments or views of them: 1, not: 0, an error: -1 */
+static int
+only_aliases(StorageTable *t, PyObject *func)
+{
+    Slot *slot = map_find(&t->aliasing, func, 0);
+    if (slot != NULL)
+        return slot->value == (void *)1;
+    PyObject *answer = PyObject_CallOneArg(t->only_aliases, func);
+    int only = answer == NULL ? -1 : PyObject_IsTrue(answer);
+    Py_XDECREF(answer);
+    void *value = (void *)(uintptr_t)(only ? 1 : 2);
+    if (only < 0 || map_add(&t->aliasing, func, 0, value, func) < 0)
+        return -1;
+    return only;
+}
+
 int
-storage_table_outputs(PyObject *table, PyObject *out, long long t0, long long thread, int comm)
+storage_table_outputs(PyObject *table, PyObject *func, PyObject *out, long long t0,
+                      long long thread, int comm)
 {
     StorageTable *t = (StorageTable *)table;
+    if (!comm) {
+        int only = only_aliases(t, func);
+        if (only != 0)
+            return only < 0 ? -1 : 0;     /* an error, or no storage made */
+    }
     if (Py_IS_TYPE(out, (PyTypeObject *)t->tensor_type))
         return see_tensor(t, out, t0, thread, comm);
     if (!PyTuple_Check(out) && !PyList_Check(out))
@@ -183,23 +205,17 @@ table_saved(StorageTable *t, PyObject *tensor)
     return entry->category < ACTIVATIONS ? reclass(t, entry, ACTIVATIONS) : 0;
 }
 
-/* compat.saved_tensors for one SavedTensor: its tensor unless saved under hooks of its own */
+/* compat.saved_tensors for one SavedTensor: what autograd holds for it, when a tensor (a
+   pack hook's holder is not; table_saved takes plain tensors only) */
 static int
 saved_one(StorageTable *t, PyObject *one)
 {
     if (one == Py_None)
         return 0;
-    PyObject *hook = PyObject_GetAttr(one, str_unpack_hook);
-    if (hook == NULL)
-        return -1;
-    int hooked = hook != Py_None;
-    Py_DECREF(hook);
-    if (hooked)
-        return 0;
     PyObject *data = PyObject_GetAttr(one, str_data);
     if (data == NULL)
         return -1;
-    int failed = data == Py_None ? 0 : table_saved(t, data);
+    int failed = table_saved(t, data);
     Py_DECREF(data);
     return failed;
 }

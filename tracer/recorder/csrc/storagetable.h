@@ -34,6 +34,8 @@ typedef struct {
     PyObject *session;        /* a SessionState: each event's step */
     PyObject *storage_key;    /* compat.storage_key */
     PyObject *tensor_type;    /* torch.Tensor */
+    PyObject *only_aliases;   /* compat.returns_only_aliases */
+    PtrMap aliasing;          /* op overload -> 1: it returns only aliases, 2: not (held) */
     long long next_id;
     unsigned long long last_seq;
     PyObject *last_type;      /* borrowed, only compared: the type of the node last read */
@@ -43,8 +45,8 @@ typedef struct {
 } StorageTable;
 
 /* attribute and method names, interned once (storagetypes.c) */
-extern PyObject *str_untyped_storage, *str_nbytes, *str_is_meta, *str_cdata, *str_unpack_hook,
-    *str_data, *str_local_tensor, *str_raw_saved;
+extern PyObject *str_untyped_storage, *str_nbytes, *str_is_meta, *str_cdata, *str_data,
+    *str_local_tensor, *str_raw_saved;
 
 /* storagetable.c: what the Python side's methods (storagetypes.c) call */
 int table_saved(StorageTable *t, PyObject *tensor);

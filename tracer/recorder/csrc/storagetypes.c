@@ -3,7 +3,7 @@
  * up. StorageRef, a table's entry, is a subclass of weakref.ref with the entry's fields. */
 #include "storagetable.h"
 
-PyObject *str_untyped_storage, *str_nbytes, *str_is_meta, *str_cdata, *str_unpack_hook, *str_data,
+PyObject *str_untyped_storage, *str_nbytes, *str_is_meta, *str_cdata, *str_data,
     *str_local_tensor, *str_raw_saved;
 
 static PyMethodDef freed_def = {"freed", (PyCFunction)table_freed, METH_O,
@@ -15,15 +15,15 @@ table_outputs(StorageTable *t, PyObject *const *args, Py_ssize_t n)
 {
     long long t0, thread;
     int comm;
-    if (n != 4) {
-        PyErr_SetString(PyExc_TypeError, "outputs(out, t0, thread, comm)");
+    if (n != 5) {
+        PyErr_SetString(PyExc_TypeError, "outputs(func, out, t0, thread, comm)");
         return NULL;
     }
-    t0 = PyLong_AsLongLong(args[1]);
-    thread = PyLong_AsLongLong(args[2]);
-    comm = PyObject_IsTrue(args[3]);
-    if (PyErr_Occurred() || comm < 0 || storage_table_outputs((PyObject *)t, args[0], t0,
-                                                               thread, comm) < 0)
+    t0 = PyLong_AsLongLong(args[2]);
+    thread = PyLong_AsLongLong(args[3]);
+    comm = PyObject_IsTrue(args[4]);
+    if (PyErr_Occurred() || comm < 0 || storage_table_outputs((PyObject *)t, args[0], args[1],
+                                                               t0, thread, comm) < 0)
         return NULL;
     Py_RETURN_NONE;
 }
@@ -69,7 +69,7 @@ table_close(StorageTable *t, PyObject *unused)
 
 static PyMethodDef table_methods[] = {
     {"outputs", (PyCFunction)(void (*)(void))table_outputs, METH_FASTCALL,
-     "outputs(out, t0, thread, comm): an op's result (PyStorageTable.outputs)."},
+     "outputs(func, out, t0, thread, comm): an op's result (PyStorageTable.outputs)."},
     {"node_runs", (PyCFunction)(void (*)(void))table_node_runs, METH_FASTCALL,
      "node_runs(node, nseq): a node runs in backward (PyStorageTable.node_runs)."},
     {"saved", (PyCFunction)saved_method, METH_O, "autograd keeps the tensor for backward."},
@@ -85,9 +85,9 @@ static PyMethodDef table_methods[] = {
 static PyObject *
 table_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
-    PyObject *session, *storage_key, *tensor_type;
-    if (!PyArg_ParseTuple(args, "O!OO!:StorageTable", &SessionStateType, &session,
-                          &storage_key, &PyType_Type, &tensor_type))
+    PyObject *session, *storage_key, *tensor_type, *only_aliases;
+    if (!PyArg_ParseTuple(args, "O!OO!O:StorageTable", &SessionStateType, &session,
+                          &storage_key, &PyType_Type, &tensor_type, &only_aliases))
         return NULL;
     StorageTable *t = (StorageTable *)type->tp_alloc(type, 0);
     if (t == NULL)
@@ -95,6 +95,7 @@ table_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     t->session = Py_NewRef(session);
     t->storage_key = Py_NewRef(storage_key);
     t->tensor_type = Py_NewRef(tensor_type);
+    t->only_aliases = Py_NewRef(only_aliases);
     t->live = PyDict_New();
     t->names = PyDict_New();
     t->on_free = PyCFunction_New(&freed_def, (PyObject *)t);
@@ -115,7 +116,8 @@ table_traverse(StorageTable *t, visitproc visit, void *arg)
     Py_VISIT(t->session);
     Py_VISIT(t->storage_key);
     Py_VISIT(t->tensor_type);
-    return 0;
+    Py_VISIT(t->only_aliases);
+    return map_traverse(&t->aliasing, visit, arg);
 }
 
 static int
@@ -128,6 +130,8 @@ table_clear(StorageTable *t)
     Py_CLEAR(t->session);
     Py_CLEAR(t->storage_key);
     Py_CLEAR(t->tensor_type);
+    Py_CLEAR(t->only_aliases);
+    map_clear(&t->aliasing);
     return 0;
 }
 
@@ -151,8 +155,9 @@ PyTypeObject StorageTableType = {
     .tp_name = "tracer.recorder._hotpath.StorageTable",
     .tp_basicsize = sizeof(StorageTable),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "StorageTable(session, storage_key, tensor_type): memory recording's storage "
-              "table (tracer/recorder/storage_table.py's PyStorageTable in C).",
+    .tp_doc = "StorageTable(session, storage_key, tensor_type, returns_only_aliases): memory "
+              "recording's storage table (tracer/recorder/storage_table.py's PyStorageTable in "
+              "C).",
     .tp_new = table_new,
     .tp_traverse = (traverseproc)table_traverse,
     .tp_clear = (inquiry)table_clear,
@@ -191,7 +196,7 @@ storage_table_ready(void)
     StorageRefType.tp_base = &_PyWeakref_RefType;
     return (intern(&str_untyped_storage, "untyped_storage") < 0 ||
             intern(&str_nbytes, "nbytes") < 0 || intern(&str_is_meta, "is_meta") < 0 ||
-            intern(&str_cdata, "_cdata") < 0 || intern(&str_unpack_hook, "unpack_hook") < 0 ||
+            intern(&str_cdata, "_cdata") < 0 ||
             intern(&str_data, "data") < 0 || intern(&str_local_tensor, "_local_tensor") < 0 ||
             intern(&str_raw_saved, "_raw_saved_") < 0 ||
             PyType_Ready(&StorageRefType) < 0 || PyType_Ready(&StorageTableType) < 0) ? -1 : 0;
