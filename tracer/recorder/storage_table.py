@@ -123,7 +123,11 @@ class PyStorageTable:
         if names is None:
             names = self._names[kind] = saved_tensor_names(kind)
         for name in names:
-            for tensor in saved_tensors(getattr(node, name)):
+            try:
+                saved = getattr(node, name)
+            except RuntimeError:   # released already: AOT autograd's backward frees its first
+                continue           # (compiled.py read them before, in the node's pre-hook)
+            for tensor in saved_tensors(saved):
                 self.saved(tensor)
 
     def saved(self, tensor) -> None:

@@ -266,8 +266,12 @@ storage_table_node_runs(PyObject *table, PyObject *node, unsigned long long nseq
     int failed = 0;
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(names) && !failed; i++) {
         PyObject *value = PyObject_GetAttr(node, PyTuple_GET_ITEM(names, i));
-        if (value == NULL)
-            failed = 1;
+        if (value == NULL) {      /* released already (PyStorageTable.node_runs): nothing */
+            if (PyErr_ExceptionMatches(PyExc_RuntimeError))
+                PyErr_Clear();
+            else
+                failed = 1;
+        }
         else if (PyTuple_Check(value) || PyList_Check(value)) {
             for (Py_ssize_t j = 0; j < PySequence_Fast_GET_SIZE(value) && !failed; j++)
                 failed = saved_one(t, PySequence_Fast_GET_ITEM(value, j)) < 0;
