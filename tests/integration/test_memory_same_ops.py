@@ -1,5 +1,6 @@
 """Memory recording changes nothing else in a recording (issue 51, item 1): the same runs traced
-with and without ``--memory`` record the same ops, in the same phases, on the same modules.
+with and without memory (``--memory``, the default, and ``--no-memory``) record the same ops,
+in the same phases, on the same modules.
 
 Two runs of each, 2 gloo ranks on the CPU: the reference GPT (tiny, data parallel) and a script
 with DDP, FSDP2 and non-reentrant activation checkpointing (tests/scripts/memory_same_ops.py).
@@ -30,9 +31,10 @@ SCRIPT = ("ddp", "fsdp2", "checkpoint")
 
 
 def _record(out, memory: bool, *target) -> list:
-    """trace-run (with ``--memory`` or not) of ``target`` on 2 ranks: each rank's trace."""
-    proc = trace_run(*(["--memory"] if memory else []), "--nproc-per-node", "2", "--out", out,
-                     "--no-report", *target, timeout=300)
+    """trace-run (``--memory``, the default, or ``--no-memory``) of ``target`` on 2 ranks:
+    each rank's trace."""
+    proc = trace_run("--memory" if memory else "--no-memory", "--nproc-per-node", "2", "--out",
+                     out, "--no-report", *target, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return [tracer.load(rundir.trace_file(str(out / "traces"), r)) for r in range(2)]
 

@@ -369,3 +369,27 @@ def test_an_error_after_trace_run_died_leaves_the_trace_interrupted(tmp_path, mo
     alive = tracer.load(str(tmp_path / "alive" / "rank-0.arrow"))
     assert (alive.status, alive.meta["error"]) == ("failed",
                                                    "RuntimeError: Connection closed by peer")
+
+
+@pytest.mark.parametrize("given, recorded", [([], True), (["--memory"], True),
+                                             (["--no-memory"], False)])
+def test_memory_is_on_unless_no_memory_and_the_old_flag_still_parses(given, recorded):
+    """Memory is recorded by default (docs/overhead.md, "Memory by default"); ``--memory``, the
+    flag old command lines carry, changes nothing; ``--no-memory`` reaches every worker's
+    bootstrap, which records ops only."""
+    from instrument import bootstrap
+    from instrument.cli import Target, worker_args
+    args = build_parser().parse_args([*given, "train.py"])
+    argv = worker_args(args, "/tmp/out", Target(script="train.py", module=None, args=[]))
+    assert ("--no-memory" in argv) is not recorded and "--memory" not in argv
+    own = argv[argv.index("instrument.bootstrap") + 1:]
+    assert bootstrap.parse(own).memory is recorded
+
+
+def test_the_help_names_where_memory_costs_are_and_states_no_number_of_its_own():
+    """One place for the number (docs/overhead.md): --help says where, so it cannot disagree
+    with the measurement there (it said "about 3x" while the doc said 2.2)."""
+    text = " ".join(build_parser().format_help().split())
+    entry = text[text.index("--memory, --no-memory"):text.index("--compile-eagerly")]
+    assert "On by default" in entry and 'docs/overhead.md, "Memory by default"' in entry
+    assert not any(ch.isdigit() for ch in entry.replace("docs/overhead.md", ""))

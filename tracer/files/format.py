@@ -134,7 +134,7 @@ class TraceWriter:
         self._writer = pa.ipc.new_stream(self._sink, self.schema.with_metadata(metadata),
                                          options=write_options(dictionary_deltas=True))
         self._dictionaries: dict = {}      # column -> (its value list, that list as Arrow)
-        self.events = 0
+        self.events = 0                    # op rows written (the status file's events)
 
     def write(self, rows: list, dictionaries: dict, meta: Optional[dict] = None) -> None:
         """Write rows (tuples in COLUMNS order, shorter rows padded with nulls).
@@ -170,7 +170,8 @@ class TraceWriter:
         batch = pa.RecordBatch.from_arrays(columns, schema=self.schema)
         custom = {META_KEY: json.dumps(meta).encode()} if meta else None
         self._writer.write_batch(batch, custom_metadata=custom)
-        self.events += n
+        if arrays.get("mem_kind") is None:  # not memory.py's batch of memory rows
+            self.events += n
 
     def _dictionary(self, name: str, dictionaries: dict) -> pa.Array:
         """A column's dictionary as an Arrow array, converting only the values it gained (they

@@ -108,7 +108,7 @@ class RankLanes:
     device: Optional["DeviceLane"] = None       # on the device clock: the GPU activities
     # on the device clock: memcpys and memsets outside collectives (never compute)
     memory: np.ndarray = field(default_factory=lambda: np.zeros((0, 2), dtype=np.int64))
-    # live bytes over time by category (trace-run --memory; viz.analysis.memory.LiveMemory)
+    # live bytes over time by category (recorded by default; viz.analysis.memory.LiveMemory)
     live_memory: Optional["LiveMemory"] = None
 
     def __post_init__(self):
