@@ -192,3 +192,32 @@ def test_memory_trace_reads_as_version_4_with_op_rows_unchanged(tmp_path):
     assert [tuple(r[k] for k in fields) for r in mem.records()] == \
         [tuple(r[k] for k in fields) for r in plain.records()]
     assert set(MEMORY_CATEGORIES[c] for c in mem.memory.category) <= set(MEMORY_CATEGORIES)
+
+
+def test_a_child_forked_while_recording_memory_records_none(tmp_path):
+    """A DataLoader worker is a fork of a recording process: its copy of memory recording
+    forgets its table and its module hooks (exits.py detaches the whole session there), and
+    the parent's trace is whole."""
+    import os
+    from torch.nn.modules import module as nn_module
+    with tracer.trace(str(tmp_path)) as session:
+        kept = torch.randn(B, D) @ torch.randn(D, D)
+        memory = session._memory
+        hooks = len(nn_module._global_forward_hooks)
+        assert len(memory.live) and memory._module_hooks
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:                                   # the child: report, then leave at once
+            torch.ones(3).sum()
+            detached = not memory.live and not memory._module_hooks and \
+                len(nn_module._global_forward_hooks) == hooks - 1
+            os.write(write, b"1" if detached else b"0")
+            os._exit(0)
+        os.close(write)
+        answer = os.read(read, 1)
+        os.waitpid(pid, 0)
+        assert memory.live and memory._module_hooks    # the parent records on
+    assert answer == b"1"
+    trace = tracer.load(str(tmp_path / "rank-0.arrow"))
+    assert trace.status == "ok" and trace.complete and len(trace.memory)
+    assert kept.shape == (B, D)

@@ -129,6 +129,14 @@ class MemoryRecorder:
         self._modules.clear()
         self.write(flusher, dictionaries)
 
+    def detach(self) -> None:
+        """In a child forked while recording (exits.py): nothing more is recorded or written
+        (the module hooks go, the optimizer hooks stay and do nothing, the table forgets its
+        storages: no free is seen)."""
+        self._open = False
+        self.follow_window(False)
+        self.table.close()
+
     def recomputes(self, frame) -> None:
         """A non-reentrant checkpoint recomputes: the inputs it saved for that are
         activations (patches/autograd.py; its input saver's node never runs)."""
