@@ -7,13 +7,14 @@ import sysconfig
 from setuptools import Extension, find_packages, setup
 
 # The recorder's hot path in C (tracer/recorder/csrc/: on_op's common path, the stack walk, the
-# shape keys), for CPython >= 3.11. Optional: where it does
+# shape keys, memory recording's storage table), for CPython >= 3.11. Optional: where it does
 # not build (no compiler) the install goes on and the recorder runs the same code in Python.
 HOT_PATH_SOURCES = [f"tracer/recorder/csrc/{name}.c"
                     for name in ("module", "ptrmap", "walk_tables", "stackwalk", "shapekeys",
-                                  "onop", "sessiontypes")]
+                                  "onop", "sessiontypes", "storagetable", "storagetypes")]
 HOT_PATH = [Extension("tracer.recorder._hotpath", HOT_PATH_SOURCES,
-                      depends=["tracer/recorder/csrc/hotpath.h"],
+                      depends=["tracer/recorder/csrc/hotpath.h",
+                               "tracer/recorder/csrc/storagetable.h"],
                       # only PyInit__hotpath is exported (its helpers' names are plain)
                       extra_compile_args=[] if os.name == "nt" else ["-fvisibility=hidden"],
                       optional=True)]

@@ -18,6 +18,8 @@ second). Four ways of closing a window, run in turn on the same model, round aft
 - ``cupti-direct`` (CUDA only): no window at all. CUPTI's activity API driven directly
   (tracer/recorder/device_direct.py, ``PARATRACE_DEVICE_SOURCE=cupti``): CUPTI's own thread
   hands its buffers back, the flusher drains the rows; nothing is cut on the training thread.
+- ``cupti-memory`` (CUDA only): ``cupti-direct`` with memory recorded too, the default
+  recording (the other paths record ops only, ``memory=False``): issue 55's targets on a GPU.
 - ``host-only`` (a baseline): the recorder with device time off (``device_time=False``), so
   that what device time adds shows apart from what the host recording costs.
 - ``untraced`` (a baseline): the same steps with no recorder.
@@ -74,6 +76,7 @@ PATHS = {"torch.profiler": ("torch.profiler", "flusher", "cut"),
          "flusher-save": ("binding", "worker", "flusher"),
          "worker": ("binding", "worker", "cut"),
          "cupti-direct": ("binding", "worker", "cut"),
+         "cupti-memory": ("binding", "worker", "cut"),
          "host-only": ("binding", "worker", "cut"),
          "untraced": ("binding", "worker", "cut")}
 DEFAULT_PATHS = ("torch.profiler", "binding", "flusher-save", "worker")
@@ -83,11 +86,13 @@ LABELS = {"torch.profiler": "torch.profiler, export at the cut, parse on the flu
                           "lost on CUDA)",
           "worker": "binding, export at the cut, parse in the worker (now)",
           "cupti-direct": "CUPTI directly: no window, the flusher drains CUPTI's rows",
+          "cupti-memory": "CUPTI directly, memory recorded too (the default recording)",
           "host-only": "the recorder without device time (its host cost alone)",
           "untraced": "untraced (no recorder)"}
 SHORT = {"torch.profiler": "torch.profiler (first)", "binding": "binding, parse here (second)",
          "flusher-save": "binding, save on the flusher (third)",
          "worker": "binding, save at the cut (now)", "cupti-direct": "CUPTI directly",
+         "cupti-memory": "CUPTI directly, memory",
          "host-only": "host only (no device time)", "untraced": "untraced"}
 
 
@@ -150,9 +155,10 @@ def run_once(model: str, steps: int, path: str, out: str, probe: Probe) -> tuple
     def mark():
         marks.append((time.perf_counter(), time.thread_time()))
     probe.events = []
-    os.environ[SOURCE_ENV] = "cupti" if path == "cupti-direct" else "kineto"
+    os.environ[SOURCE_ENV] = "cupti" if path.startswith("cupti-") else "kineto"
     recorder = contextlib.nullcontext if path == "untraced" else \
-        (lambda: tracer.trace(out, clock_sync=False, device_time=path != "host-only"))
+        (lambda: tracer.trace(out, clock_sync=False, device_time=path != "host-only",
+                              memory=path == "cupti-memory"))
     closed = step_times(model, steps, recorder, mark)[2]
     shutil.rmtree(out, ignore_errors=True)
     return ([(a[0], b[0], b[1] - a[1]) for a, b in zip(marks, marks[1:])], list(probe.events),
@@ -293,10 +299,11 @@ def main() -> None:
     args.paths = [p for p in args.paths.split(",") if p]
     if not args.paths or any(p not in PATHS for p in args.paths):
         parser.error(f"--paths: a comma-separated list of {', '.join(PATHS)}")
-    if "cupti-direct" in args.paths and args.device != "cuda":
-        parser.error("--paths cupti-direct: CUPTI records CUDA only (--device cuda)")
-    if "cupti-direct" in args.paths and device_direct.native()[0] is None:
-        parser.error(f"--paths cupti-direct: {device_direct.native()[1]}")
+    cupti = [p for p in args.paths if p.startswith("cupti-")]
+    if cupti and args.device != "cuda":
+        parser.error(f"--paths {cupti[0]}: CUPTI records CUDA only (--device cuda)")
+    if cupti and device_direct.native()[0] is None:
+        parser.error(f"--paths {cupti[0]}: {device_direct.native()[1]}")
     if args.model not in MODELS:
         parser.error(f"--model: no model named {args.model} (choose from {', '.join(MODELS)})")
     if args.rounds < 1 or args.steps < 3 or args.window < 0:

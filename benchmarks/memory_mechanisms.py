@@ -148,24 +148,10 @@ class MemoryRecorders(Recorders):
             "paratrace, memory, Python hot path": self.paratrace_memory_python,
         }
 
-    def paratrace_memory(self):
-        """paratrace with memory recording (the C on_op looks the outputs up)."""
-        return tracer.trace(self._out(), clock_sync=False, flush_interval=self.flush_interval,
-                            memory=True)
-
     def paratrace_memory_python(self):
         """paratrace with memory recording on the Python twins of its hot path (as before the
         C on_op took memory, and where it is not built)."""
         return self.paratrace_python(memory=True)
-
-    @contextlib.contextmanager
-    def memory_profiler(self):
-        prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
-                                      profile_memory=True, record_shapes=False,
-                                      with_stack=False)
-        with prof:
-            yield prof
-        prof.export_chrome_trace(os.path.join(self.tmp, "profiler.json"))
 
 
 def report(times: dict, seen: dict, names: list, model: str) -> None:

@@ -16,6 +16,8 @@ where it fell (round and counted step: a one-time cost falls in the same place i
 - paratrace outside its recorded steps (``steps="0"``: only the warm-up step is recorded, the
   timed steps are not), against untraced: what a ``--steps`` window costs the other steps;
 - torch.profiler(with_stack=True, record_shapes=True);
+- paratrace recording memory too (``memory=True``: tracer/recorder/memory.py), beside
+  torch.profiler(profile_memory=True), the memory tool users compare it with;
 - optionally DebugMode(record_stack_trace=True) (``--debug-mode``: slow).
 
 Then paratrace's bytes per event on disk and the reader's events per second on a
@@ -26,8 +28,9 @@ Then paratrace's bytes per event on disk and the reader's events per second on a
     python benchmarks/overhead.py --device cuda --models small,large    # on a GPU
 
 Targets (docs/overhead.md): paratrace's extra time <= 2x the no-op mode's (stretch 1.5x) and <= the
-profiler's; an unrecorded step costs what an untraced one does; <= 48 bytes/event; the reader
-loads >= 1,000,000 events/s. The machine is noisy: every round runs every recorder on every model
+profiler's; with memory, <= 2x the no-op mode's (stretch 1.5x) and <= profile_memory's; an
+unrecorded step costs what an untraced one does; <= 48 bytes/event; the reader loads
+>= 1,000,000 events/s. The machine is noisy: every round runs every recorder on every model
 in turn, so load drifts hit all of them alike, and medians over rounds are reported.
 """
 from __future__ import annotations
@@ -46,8 +49,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import overhead_recorders  # noqa: E402
 import tracer  # noqa: E402
-from overhead_recorders import (MODELS, UNWRAPPED, Recorders, ops_per_step,  # noqa: E402
-                                step_times)
+from overhead_recorders import (MEMORY, MODELS, PROFILE_MEMORY, UNWRAPPED,  # noqa: E402
+                                Recorders, ops_per_step, step_times)
 from tracer.files.format import TraceWriter  # noqa: E402
 
 
@@ -104,13 +107,19 @@ def report(times: dict, seen: dict, recorders: Recorders, models: list) -> None:
         for i, clock in enumerate(clocks):
             floor, para = extra["no-op dispatch mode"][i], extra["paratrace"][i]
             prof, off = extra["torch.profiler"][i], extra["paratrace, unrecorded step"][i]
+            memory, profile_memory = extra[MEMORY][i], extra[PROFILE_MEMORY][i]
             print(f"{clock:4s}: paratrace extra / no-op mode extra {para / floor:5.2f} (target "
                   f"<= 2, stretch 1.5); / profiler extra {para / prof:5.2f} (target <= 1); "
                   f"unrecorded / untraced step {1 + off:5.3f} (target 1)")
+            print(f"{clock:4s}: paratrace with memory: extra / no-op mode extra "
+                  f"{memory / floor:5.2f} (target <= 2, stretch 1.5); / profile_memory extra "
+                  f"{memory / profile_memory:5.2f} (target <= 1)")
         low = [extra["paratrace"][i] / extra[UNWRAPPED][i] for i in range(3)]
         print(f"paratrace extra / extra of the no-op mode without torch's Dynamo wrapper: "
               f"wall {low[0]:.2f}, main {low[1]:.2f}, cpu {low[2]:.2f}")
         print(paired_line(times, model, clocks))
+        print(paired_line(times, model, clocks, MEMORY))
+        print(paired_line(times, model, clocks, MEMORY, PROFILE_MEMORY))
         print(worst_lines(seen, model))
 
 
@@ -136,18 +145,18 @@ def worst_lines(seen: dict, model: str) -> str:
     return "\n".join(lines)
 
 
-def paired_line(times: dict, model: str, clocks: tuple) -> str:
-    """paratrace's extra over the floor's within each round (the three run back to back, so a
-    drift of the machine between rounds cancels): median and quartiles over rounds, per clock.
-    On a model whose floor adds a fifth to the step, a 2 % wobble of one step moves that ratio
-    by a tenth, which the ratio of medians above hides."""
+def paired_line(times: dict, model: str, clocks: tuple, name: str = "paratrace",
+                against: str = "no-op dispatch mode") -> str:
+    """Recorder ``name``'s extra over ``against``'s (the floor) within each round (they run
+    back to back, so a drift of the machine between rounds cancels): median and quartiles over
+    rounds, per clock. On a model whose floor adds a fifth to the step, a 2 % wobble of one
+    step moves that ratio by a tenth, which the ratio of medians above hides."""
     parts = []
     for i, clock in enumerate(clocks):
         ratios = sorted(
             (para[i] - base[i]) / (floor[i] - base[i])
-            for base, floor, para in zip(times[model, "untraced"],
-                                         times[model, "no-op dispatch mode"],
-                                         times[model, "paratrace"])
+            for base, floor, para in zip(times[model, "untraced"], times[model, against],
+                                         times[model, name])
             if floor[i] > base[i])
         if not ratios:
             parts.append(f"{clock} -")
@@ -155,7 +164,8 @@ def paired_line(times: dict, model: str, clocks: tuple) -> str:
         q1, q3 = np.percentile(ratios, [25, 75])
         parts.append(f"{clock} {statistics.median(ratios):.2f} [{q1:.2f}, {q3:.2f}]")
     rounds = len(times[model, "untraced"])
-    return (f"per round: paratrace extra / no-op mode extra, median [quartiles] of {rounds} "
+    floor = "no-op mode" if against == "no-op dispatch mode" else against
+    return (f"per round: {name} extra / {floor} extra, median [quartiles] of {rounds} "
             f"rounds: {', '.join(parts)}")
 
 

@@ -17,7 +17,8 @@ import tempfile
 import time
 
 import tracer
-from overhead_recorders import UNWRAPPED, Recorders, ops_per_step, step_times
+from overhead_recorders import (MEMORY, PROFILE_MEMORY, UNWRAPPED, Recorders, ops_per_step,
+                                step_times)
 
 OVERHEAD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "overhead.py")
 
@@ -29,7 +30,7 @@ def instructions(recorders: Recorders, models: list, steps: int = 4) -> None:
     and off (callgrind_control) when the run says it reached them, so imports and warm-up cost
     little."""
     names = ["untraced", "no-op dispatch mode", UNWRAPPED, "paratrace",
-             "paratrace, unrecorded step",
+             "paratrace, unrecorded step", MEMORY, PROFILE_MEMORY,
              *[n for n in recorders.factories if n.endswith("Python hot path")],
              *recorders.ablations]
     for model in models:

@@ -41,6 +41,7 @@ MODELS = {
 }
 DEVICE = torch.device("cpu")     # --device; on CUDA every step stamp waits for the GPU
 UNWRAPPED = "no-op mode, no Dynamo wrapper"
+MEMORY, PROFILE_MEMORY = "paratrace, memory", "torch.profiler, profile_memory"
 
 
 class NoopMode(TorchDispatchMode):
@@ -109,7 +110,9 @@ class Recorders:
         self.factories = {"untraced": contextlib.nullcontext, "no-op dispatch mode": NoopMode,
                           UNWRAPPED: UnwrappedNoopMode,
                           "paratrace": self.paratrace, "paratrace, unrecorded step":
-                          self.paratrace_unrecorded, "torch.profiler": self.profiler}
+                          self.paratrace_unrecorded, "torch.profiler": self.profiler,
+                          # memory (tracer/recorder/memory.py) beside torch's memory profiler
+                          MEMORY: self.paratrace_memory, PROFILE_MEMORY: self.memory_profiler}
         if StackInterner.HOT_PATH == "c":      # what the C hot path buys (tracer/recorder/csrc/)
             self.factories["paratrace, Python hot path"] = self.paratrace_python
         if debug_mode:
@@ -122,10 +125,22 @@ class Recorders:
         self.runs += 1
         return os.path.join(self.tmp, f"run{self.runs}")
 
+    def _trace(self, **options):
+        """tracer.trace into a fresh directory; ops only unless ``memory=True`` is given, so a
+        recorder's name keeps its meaning whatever the default is."""
+        options.setdefault("memory", False)
+        return tracer.trace(self._out(), clock_sync=False, flush_interval=self.flush_interval,
+                            **options)
+
     def paratrace(self):
-        out = self._out()
-        self.last_trace[self.model] = os.path.join(out, "rank-0.arrow")
-        return tracer.trace(out, clock_sync=False, flush_interval=self.flush_interval)
+        """paratrace recording ops only (``memory=False``)."""
+        self.last_trace[self.model] = os.path.join(self.tmp, f"run{self.runs + 1}",
+                                                   "rank-0.arrow")
+        return self._trace()
+
+    def paratrace_memory(self):
+        """paratrace recording ops and memory (``memory=True``)."""
+        return self._trace(memory=True)
 
     def paratrace_python(self, **options):
         """paratrace with the Python twins of its C hot path (as where it is not built)."""
@@ -133,19 +148,15 @@ class Recorders:
         tracer.recorder.session.StackInterner = PyStackInterner     # and so Python's on_op
         tracer.recorder.session.ShapeSignatures = PyShapeSignatures
         try:
-            return tracer.trace(self._out(), clock_sync=False,
-                                flush_interval=self.flush_interval, **options)
+            return self._trace(**options)
         finally:
             tracer.recorder.session.StackInterner, tracer.recorder.session.ShapeSignatures = saved
 
     def _without(self, part: str):
-        return lambda: tracer.trace(self._out(), clock_sync=False,
-                                    flush_interval=self.flush_interval,
-                                    **{f"record_{part}": False})
+        return lambda: self._trace(**{f"record_{part}": False})
 
     def paratrace_unrecorded(self):
-        return tracer.trace(self._out(), clock_sync=False, steps="0",
-                            flush_interval=self.flush_interval)
+        return self._trace(steps="0")
 
     @contextlib.contextmanager
     def profiler(self):
@@ -158,6 +169,17 @@ class Recorders:
         with prof:
             yield prof
         prof.export_chrome_trace(os.path.join(self.tmp, "profiler.json"))
+
+    @contextlib.contextmanager
+    def memory_profiler(self):
+        """torch.profiler with ``profile_memory=True`` (its allocations and frees, no stacks,
+        no shapes), until its recording is in a file: the memory tool users compare with."""
+        prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                      profile_memory=True, record_shapes=False,
+                                      with_stack=False)
+        with prof:
+            yield prof
+        prof.export_chrome_trace(os.path.join(self.tmp, "profiler-memory.json"))
 
     @staticmethod
     def debug_mode():

@@ -11,7 +11,8 @@
 # Parts (docs/gpu.md says what each measured, with versions):
 #   install   only the install above and versions.txt (every other part does it first)
 #   tests     pytest -m gpu: device time (CUPTI directly, and Kineto's windows) attributes every
-#             kernel; trace-run on one GPU (NCCL); memory against max_memory_allocated
+#             kernel; trace-run on one GPU (NCCL); memory against max_memory_allocated (an MLP,
+#             and the reference GPT at hidden 1024)
 #   trace     trace-run of the reference GPT at hidden 1024 on one GPU, 4 steps, its summary
 #             (activities attributed, device compute a step; each trace's device_time: the CUPTI
 #             version the C module accepted, rows lost, records dropped, foreign buffers),
@@ -22,12 +23,13 @@
 #             configuration (benchmarks/gpu_device_time.py)
 #   windows   what device time costs the training thread, side by side: no recorder, the
 #             recorder without device time, Kineto's windows (PARATRACE_DEVICE_SOURCE=kineto) and
-#             CUPTI driven directly (the default) (benchmarks/device_windows.py; on an H200 a step
-#             in which a window closed took 347-422 ms against 141; directly, no such step, the
-#             worst 1.19x its median beside a 29.9 ms drain: not run yet since the drain waits
-#             without the GIL, 2026-11-28)
+#             CUPTI driven directly (the default), without and with memory (the default
+#             recording) (benchmarks/device_windows.py; on an H200 a step in which a window
+#             closed took 347-422 ms against 141; directly, no such step, the worst 1.19x its
+#             median beside a 29.9 ms drain: not run yet since the drain waits without the GIL,
+#             2026-11-28)
 #   overhead  the recorders side by side with each one's worst step (benchmarks/overhead.py)
-#   memory    what recording memory costs on the GPU: paratrace with and without --memory
+#   memory    what recording memory costs on the GPU: paratrace with and without memory
 #             against torch.profiler(profile_memory) (benchmarks/memory_mechanisms.py); not in
 #             `all` (the six above fill one command's 10 minutes): name it
 #   kineto    Kineto's windows, the fallback where the C extension or torch's libcupti is
@@ -111,8 +113,8 @@ for part in ${PARTS//,/ }; do
             > "$DIR/devtime.log" 2>&1
         status devtime $? ;;
     windows)
-        timeout 150 python3 benchmarks/device_windows.py --device cuda --model large \
-            --rounds 2 --steps 30 --paths untraced,host-only,worker,cupti-direct \
+        timeout 180 python3 benchmarks/device_windows.py --device cuda --model large \
+            --rounds 2 --steps 30 --paths untraced,host-only,worker,cupti-direct,cupti-memory \
             > "$DIR/windows.log" 2>&1
         status windows $? ;;
     overhead)

@@ -30,7 +30,7 @@ _NULL = contextlib.nullcontext()
 def trace(out_dir: str, *, steps=None, stack_depth: int = 64, library_frames: bool = False,
           record_shapes: bool = True, record_stacks: bool = True, record_modules: bool = True,
           user_paths=(), library=(), clock_sync: bool = True, flush_interval: float = 0.25,
-          device_time: bool = True, compiled: str = "compiled", memory: bool = False):
+          device_time: bool = True, compiled: str = "compiled", memory: bool = True):
     """Record this process into ``out_dir/rank-<R>.arrow`` while the ``with`` block runs.
 
     Rank and world size come from torch.distributed once it is initialized (a process group
@@ -61,8 +61,9 @@ def trace(out_dir: str, *, steps=None, stack_depth: int = 64, library_frames: bo
             collectives); ``"eager"``: it runs eagerly, every op recorded (docs/phases.md).
         memory: record each storage's allocation, free and category (parameters, gradients,
             optimizer state, activations, temporaries, comm) into the trace (format version
-            4; docs/trace-format.md, "Memory"); off by default (docs/overhead.md: about
-            2.2 times a bare dispatch mode's extra time).
+            4; docs/trace-format.md, "Memory"). On by default; ``memory=False`` records ops
+            only, for less overhead (what each costs: docs/overhead.md, "Memory by
+            default").
     """
     from .recorder.session import Session     # torch is imported only to record, not to read
     return Session(out_dir, TraceOptions(

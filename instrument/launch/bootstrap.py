@@ -67,7 +67,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--library", action="append", default=[])
     parser.add_argument("--no-device-time", action="store_true")
     parser.add_argument("--compile-eagerly", action="store_true")
-    parser.add_argument("--memory", action="store_true")
+    parser.add_argument("--no-memory", dest="memory", action="store_false")
     opts = parser.parse_args(argv[:split])
     target = argv[split + 1:]
     opts.module = None

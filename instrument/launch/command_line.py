@@ -24,9 +24,6 @@ from tracer.files.run_record import RunTarget
 from tracer.vocab.console_errors import CommandParser, as_command_parser
 
 DEFAULT_MODULE = "sample_runs.train"
-# what memory recording costs, as docs/overhead.md measured it (its "In short" line): times a bare
-# dispatch mode's extra time; tracer.trace's docstring quotes it too (a unit test keeps them equal)
-MEMORY_COST = 2.2
 USAGE = "trace-run [torchrun options] [trace-run options] [SCRIPT | -m MODULE] [ARGS...]"
 
 
@@ -85,11 +82,12 @@ def build_parser() -> CommandParser:
                      help="on CUDA, do not record GPU activity (CUPTI, driven directly; "
                      "PARATRACE_DEVICE_SOURCE=kineto takes it through torch's Kineto instead); "
                      "op times are then host launch times")
-    own.add_argument("--memory", action="store_true",
+    own.add_argument("--memory", action=argparse.BooleanOptionalAction, default=True,
                      help="record every storage's bytes, free and category (parameters, "
                      "gradients, optimizer state, activations, temporaries, comm): the report's "
-                     f"memory peaks; costs about {MEMORY_COST:g} times a bare dispatch mode's "
-                     "extra time (docs/overhead.md)")
+                     "memory peaks. On by default (--memory is accepted and changes nothing); "
+                     "it adds to the recorder's cost, --no-memory records ops only (the "
+                     "numbers: docs/overhead.md, \"Memory by default\")")
     own.add_argument("--compile-eagerly", action="store_true",
                      help="run torch.compile'd code eagerly, op by op, for full op detail "
                      "(default: compiled code runs compiled, one range per compiled graph)")
@@ -222,8 +220,8 @@ def worker_args(args: argparse.Namespace, out: str, target: Target) -> list[str]
         own.append("--no-device-time")
     if args.compile_eagerly:
         own.append("--compile-eagerly")
-    if args.memory:
-        own.append("--memory")
+    if not args.memory:
+        own.append("--no-memory")
     run = ["-m", target.module] if target.module else [target.script]
     # NOTE: -u keeps the launcher's workers' output in step; --no-launcher runs as python does
     unbuffered = [] if args.no_launcher else ["-u"]

@@ -26,7 +26,8 @@ def test_overhead_prints_every_recorder_and_every_target():
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = proc.stdout
     recorders = ["untraced", "no-op dispatch mode", "no-op mode, no Dynamo wrapper", "paratrace",
-                 "paratrace, unrecorded step", "torch.profiler"]
+                 "paratrace, unrecorded step", "torch.profiler", "paratrace, memory",
+                 "torch.profiler, profile_memory"]
     for name in recorders:
         # wall, main-thread CPU and all-thread CPU: step, extra, extra/op each
         assert re.search(rf"^{re.escape(name)}\s+(?:{NUMBER}ms\s+{NUMBER}\s+{NUMBER}us\s+)"
@@ -35,12 +36,17 @@ def test_overhead_prints_every_recorder_and_every_target():
         assert re.search(rf"^{clock}: paratrace extra / no-op mode extra\s+{NUMBER} .*"
                          rf"/ profiler extra\s+{NUMBER} .*unrecorded / untraced step\s+"
                          rf"{NUMBER}", out, re.M), (clock, out)
+        assert re.search(rf"^{clock}: paratrace with memory: extra / no-op mode extra\s+"
+                         rf"{NUMBER} .*/ profile_memory extra\s+{NUMBER} ", out, re.M), out
     assert re.search(rf"^paratrace extra / extra of the no-op mode without torch's Dynamo "
                      rf"wrapper: wall {NUMBER}, main {NUMBER}, cpu {NUMBER}$", out, re.M), out
     # paired within each round: median [quartiles], or '-' where the floor added nothing
     paired = rf"(?:{NUMBER} \[{NUMBER}, {NUMBER}\]|-)"
-    assert re.search(rf"^per round: paratrace extra / no-op mode extra, median \[quartiles\] "
-                     rf"of 1 rounds: wall {paired}, main {paired}, cpu {paired}$", out, re.M), out
+    for name, floor in (("paratrace", "no-op mode"), ("paratrace, memory", "no-op mode"),
+                        ("paratrace, memory", "torch.profiler, profile_memory")):
+        assert re.search(rf"^per round: {name} extra / {floor} extra, median \[quartiles\] "
+                         rf"of 1 rounds: wall {paired}, main {paired}, cpu {paired}$", out,
+                         re.M), (name, floor, out)
     assert re.search(rf"^bytes per event on disk: {NUMBER} \(\d+ events", out, re.M), out
     match = re.search(r"^reader: [\d,]+ events/s on a ([\d,]+)-event trace", out, re.M)
     assert match and int(match.group(1).replace(",", "")) >= 20000, out

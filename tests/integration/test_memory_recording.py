@@ -148,10 +148,21 @@ def test_checkpointing_keeps_fewer_activations_by_the_derived_ratio(tmp_path):
     assert ckpt / plain == pytest.approx((k + 2) / (2 * k + 2))
 
 
-def test_without_memory_no_memory_data_and_old_format(tmp_path):
+def test_memory_is_recorded_by_default(tmp_path):
     model = mlp()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     with tracer.trace(str(tmp_path)):
+        train(model, optimizer, torch.randn(B, D), steps=1)
+    trace = tracer.load(str(tmp_path / "rank-0.arrow"))
+    assert trace.meta["options"]["memory"] is True
+    assert memory_profile(trace).category_peaks["parameters"] == \
+        sum(p.nbytes for p in model.parameters())
+
+
+def test_without_memory_no_memory_data_and_old_format(tmp_path):
+    model = mlp()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with tracer.trace(str(tmp_path), memory=False):
         train(model, optimizer, torch.randn(B, D), steps=1)
     path = tmp_path / "rank-0.arrow"
     with pa.OSFile(str(path)) as fh:
@@ -175,9 +186,38 @@ def test_memory_trace_reads_as_version_4_with_op_rows_unchanged(tmp_path):
     with pa.OSFile(str(tmp_path / "True" / "rank-0.arrow")) as fh:
         assert pa.ipc.open_stream(fh).schema.metadata[b"paratrace.version"] == b"4"
     assert mem.table.schema.names == plain.table.schema.names      # memory rows split off
-    # the same ops in the same order, but for the detaches of saved outputs: under the
-    # saved-tensor hooks autograd makes them when it unpacks (in backward), not when it saves
-    ops = [(r["op"], r["phase"]) for r in plain.records() if r["op"] != "aten.detach.default"]
-    assert [(r["op"], r["phase"]) for r in mem.records()
-            if r["op"] != "aten.detach.default"] == ops
+    # the same ops in the same order, phases and modules (issue 51: saved-tensor hooks made
+    # autograd detach each saved output in backward, not in forward, with memory on)
+    fields = ("op", "phase", "module", "step", "shapes")
+    assert [tuple(r[k] for k in fields) for r in mem.records()] == \
+        [tuple(r[k] for k in fields) for r in plain.records()]
     assert set(MEMORY_CATEGORIES[c] for c in mem.memory.category) <= set(MEMORY_CATEGORIES)
+
+
+def test_a_child_forked_while_recording_memory_records_none(tmp_path):
+    """A DataLoader worker is a fork of a recording process: its copy of memory recording
+    forgets its table and its module hooks (exits.py detaches the whole session there), and
+    the parent's trace is whole."""
+    import os
+    from torch.nn.modules import module as nn_module
+    with tracer.trace(str(tmp_path)) as session:
+        kept = torch.randn(B, D) @ torch.randn(D, D)
+        memory = session._memory
+        hooks = len(nn_module._global_forward_hooks)
+        assert len(memory.live) and memory._module_hooks
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:                                   # the child: report, then leave at once
+            torch.ones(3).sum()
+            detached = not memory.live and not memory._module_hooks and \
+                len(nn_module._global_forward_hooks) == hooks - 1
+            os.write(write, b"1" if detached else b"0")
+            os._exit(0)
+        os.close(write)
+        answer = os.read(read, 1)
+        os.waitpid(pid, 0)
+        assert memory.live and memory._module_hooks    # the parent records on
+    assert answer == b"1"
+    trace = tracer.load(str(tmp_path / "rank-0.arrow"))
+    assert trace.status == "ok" and trace.complete and len(trace.memory)
+    assert kept.shape == (B, D)

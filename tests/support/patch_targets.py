@@ -28,6 +28,8 @@ CORE = [
     ["os", "_exit"],
     ["torch.autograd.profiler", "_prepare_profiler"],
     ["torch.autograd.profiler", "_disable_profiler"],
+    # while memory is recorded, the default (tracer/recorder/patches/storage.py)
+    ["torch.storage.UntypedStorage", "resize_"],
     # FSDP2 (tracer/recorder/patches/fsdp.py): imported with torch._dynamo, before any trace starts
     ["torch.distributed.fsdp._fully_shard._fsdp_param_group.FSDPParamGroup", "unshard"],
     ["torch.distributed.fsdp._fully_shard._fsdp_param_group.FSDPParamGroup", "post_backward"],

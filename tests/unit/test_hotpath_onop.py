@@ -40,7 +40,7 @@ def test_the_c_path_is_built_wherever_it_can_be():
 
 
 # set only while memory is recorded (csrc/hotpath.h)
-MEMORY_FIELDS = ("_memory_live", "_memory_seen", "_storage_key", "_tensor_type")
+MEMORY_FIELDS = ("_memory_table",)
 
 
 def _unset_c_fields(session, memory: bool = False) -> list:
@@ -71,19 +71,21 @@ def test_an_ordinary_session_is_ready_for_the_c_path(tmp_path):
 
 @needs_c_path
 def test_a_session_recording_memory_is_ready_for_the_c_path(tmp_path):
-    """With memory on, the C on_op needs the memory table too; without one set, the ops go to
-    the Python twin rather than lose their storages."""
+    """With memory on, the C on_op calls the memory recorder's C storage table
+    (csrc/storagetable.c); set to anything else, the ops go to the Python twin rather than
+    lose their storages."""
     with tracer.trace(tmp_path, clock_sync=False, memory=True) as session:
         _loop(steps=1)
         assert session._c_ready and _unset_c_fields(session, memory=True) == []
-        assert session._memory_live is session._memory.table and len(session._memory_live)
-        table = session._memory_live
-        session._memory_live = None
+        assert session._memory_table is session._memory.table and len(session._memory.live)
+        table = session._memory_table
+        session._memory_table = {}
         try:
             assert not session._c_ready
         finally:
-            session._memory_live = table
+            session._memory_table = table
         assert session._c_ready
+    assert session._memory_table is None           # closed: the C on_op stops calling it
 
 
 @pytest.fixture

@@ -98,10 +98,36 @@ def plant_classify(session):
     session._stacks.classify = boom
 
 
+# the storage table's key lookup, armed by plant_first_sight to fail once: the storage table
+# (C or its Python twin) takes the function when a trace starts, so the fixture puts it in first
+_ARMED: list = []
+
+
+# a LookupError: the table reads a RuntimeError, NotImplementedError or TypeError as a tensor
+# without a storage (sparse, nested), which it passes over
+PlantedInTable = type("Planted", (LookupError,), {})
+
+
+def _once_armed(real):
+    def storage_key(tensor):
+        if _ARMED:
+            _ARMED.clear()
+            raise PlantedInTable("planted in the recorder")
+        return real(tensor)
+    return storage_key
+
+
+@pytest.fixture(autouse=True)
+def plantable_storage_key(monkeypatch):
+    from tracer.recorder import memory as memory_module, storage_table
+    for module in (memory_module, storage_table):
+        monkeypatch.setattr(module, "storage_key", _once_armed(module.storage_key))
+    yield
+    _ARMED.clear()
+
+
 def plant_first_sight(session):
-    session._memory.first_sight = boom
-    if session._memory_seen is not None:
-        session._memory_seen = boom         # what the C path calls
+    _ARMED.append(True)               # the next storage the table looks up: a new one
 
 
 def plant_shape_key(session):

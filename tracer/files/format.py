@@ -135,7 +135,7 @@ class TraceWriter:
                                          options=write_options(dictionary_deltas=True))
         # column -> (its value list, that list as Arrow)
         self._dictionaries: dict[str, tuple[list[str], Any]] = {}
-        self.events = 0
+        self.events = 0                    # op rows written (the status file's events)
 
     def write(self, rows: list[tuple[Any, ...]], dictionaries: dict[str, list[str]],
               meta: Optional[dict[str, Any]] = None) -> None:
@@ -172,7 +172,8 @@ class TraceWriter:
         batch = pa.RecordBatch.from_arrays(columns, schema=self.schema)
         custom = {META_KEY: json.dumps(meta).encode()} if meta else None
         self._writer.write_batch(batch, custom_metadata=custom)
-        self.events += n
+        if arrays.get("mem_kind") is None:  # not memory.py's batch of memory rows
+            self.events += n
 
     def _dictionary(self, name: str, dictionaries: dict[str, list[str]]) -> pa.Array:
         """A column's dictionary as an Arrow array, converting only the values it gained (they

@@ -12,8 +12,13 @@ how it is bridged here:
 - storages' identity for memory recording: ``UntypedStorage._cdata`` (the StorageImpl's
   address, in every torch of the range; :data:`STORAGE_KEYED` says it is there), the same key
   straight from a tensor (:func:`storage_key`: ``torch._C._storage_id`` where torch has it) and
-  a DTensor's local shard (``_local_tensor``): :func:`storage_of`, and its shape
-  (:func:`local_shape`, for the parameter layout: no op dispatched).
+  a DTensor's local shard (``_local_tensor``): :func:`local_tensor`; an op that only returns
+  aliases of its arguments (its schema's ``alias_info``): :func:`returns_only_aliases`; a DTensor's
+  local shard's shape (:func:`local_shape`, for the parameter layout: no op dispatched).
+- what autograd saved for backward, read without unpacking it: a node type's
+  ``_raw_saved_<name>`` getters (:func:`saved_tensor_names`, :func:`saved_tensors`), and a
+  non-reentrant checkpoint's inputs (:func:`checkpoint_inputs`: its frame's ``saved_args``
+  from 2.13, its input saver Function's before).
 - torchrun's ``--shutdown-timeout`` (not in 2.10 or 2.11) and ``--signals-to-handle`` (not in
   2.9): :func:`launcher_option` reads an option the running torch's launcher may not define.
 - a user's torch.profiler under the recording mode (user_profile.py): a range recorded without
@@ -94,16 +99,59 @@ def _key_through_storage(tensor) -> int:
 storage_key = getattr(torch._C, "_storage_id", _key_through_storage)
 
 
-def storage_of(tensor):
-    """The untyped storage behind ``tensor`` (a DTensor's: its local shard's), or None where it
-    has none (sparse, nested, meta-less subclasses)."""
+def returns_only_aliases(func) -> bool:
+    """Every value op overload ``func`` returns is one of its arguments or a view of one (the
+    alias annotations of its schema: views, in-place and ``out=`` ops): it makes no storage.
+    Not ``aten.lift_fresh``: its argument is a tensor just made from Python data
+    (``torch.tensor``), outside the dispatcher, which it is the first op to return."""
+    returns = getattr(getattr(func, "_schema", None), "returns", None)
+    return bool(returns) and all(ret.alias_info is not None for ret in returns) and \
+        func._schema.name != "aten::lift_fresh"
+
+
+def local_tensor(tensor):
+    """A DTensor's local shard (what this rank allocates), else ``tensor`` itself."""
     local = getattr(tensor, "_local_tensor", None)
-    if isinstance(local, torch.Tensor):
-        tensor = local
-    try:
-        return tensor.untyped_storage()
-    except (RuntimeError, NotImplementedError, TypeError, AttributeError):
-        return None
+    return local if isinstance(local, torch.Tensor) else tensor
+
+
+# a node's saved tensors: its type's getters named _raw_saved_<name> (an op's node: one a
+# SavedVariable, a tuple for a list of them; a custom Function's node: _raw_saved_tensors)
+# give torch's SavedTensor, whose ``data`` is what autograd holds without unpacking it:
+# nothing is dispatched, no unpack hook runs (checkpointing's raises when its tensor is
+# unpacked twice). That is the tensor (None once released, or never saved), or, saved under
+# saved_tensors_hooks, what their pack hook returned (checkpointing's: a holder, no tensor)
+_SAVED = "_raw_saved_"
+SavedTensor = getattr(torch._C._autograd, "SavedTensor", None)
+
+
+def saved_tensor_names(node_type: type) -> tuple[str, ...]:
+    """The names of the saved-tensor getters of an autograd node type, sorted (() where this
+    torch has none)."""
+    return tuple(name for name in dir(node_type) if name.startswith(_SAVED))
+
+
+def saved_tensors(saved) -> list:
+    """The tensors autograd holds for a node's saved-tensor getter (a SavedTensor or a tuple
+    of them): each one's ``data`` that is a tensor."""
+    out = []
+    for one in saved if isinstance(saved, (tuple, list)) else (saved,):
+        data = one.data if one is not None else None
+        if isinstance(data, torch.Tensor):
+            out.append(data)
+    return out
+
+
+def checkpoint_inputs(frame) -> list:
+    """The inputs a non-reentrant checkpoint (torch.utils.checkpoint's ``_CheckpointFrame``)
+    saved to recompute from: from 2.13 SavedTensors in the frame's ``saved_args``, before it the
+    saved tensors of its input saver Function's node (``input_saver.grad_fn``)."""
+    saved = [arg for arg in getattr(frame, "saved_args", None) or ()
+             if SavedTensor is not None and isinstance(arg, SavedTensor)]
+    node = getattr(getattr(frame, "input_saver", None), "grad_fn", None)
+    for name in saved_tensor_names(type(node)) if node is not None else ():
+        saved.extend(getattr(node, name) or ())
+    return saved_tensors(tuple(saved))
 
 
 _RecordFunctionFast = getattr(getattr(torch._C, "_profiler", None), "_RecordFunctionFast", None)

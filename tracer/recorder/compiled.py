@@ -172,9 +172,13 @@ def _hook_backward(session, out, attrs: dict) -> None:
         if node is not None and "CompiledFunction" in node.name():
             nodes[id(node)] = node
     state = {}
+    memory = session._memory
 
     def pre(grad_outputs):
         if not session._passthrough and session._open:
+            if memory is not None:     # what it saved, before its backward frees it (memory.py)
+                node = torch._C._current_autograd_node()
+                memory.table.node_runs(node, node._sequence_nr())
             state["open"] = (session.open_range(LABEL, attrs), _now())
 
     def post(grad_inputs, grad_outputs):

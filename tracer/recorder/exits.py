@@ -62,6 +62,8 @@ def detach_forked_child() -> None:
     session._window = lambda step: False     # no step boundary turns recording back on
     session._recording, session._passthrough = False, True
     session._open = False                    # close() and os._exit's close write nothing
+    if session._memory is not None:          # nor does memory recording's hooks or table
+        session._memory.detach()
     _active.ACTIVE = None
 
 

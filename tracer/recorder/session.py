@@ -90,8 +90,7 @@ class Session(_SessionState):
         # id(op overload) -> (op id, CommSpec, special, call, the overload). NOTE: by id: an
         # OpOverload hashes in Python; torch keeps overloads alive, and so does the entry.
         self._specs: dict = {}
-        self._funcol = self._comm.funcol   # the hot path reads both on every op
-        self._futures = self._comm.futures
+        self._funcol, self._futures = self._comm.funcol, self._comm.futures   # read every op
         self._threads: dict = {}           # thread ident -> small thread number
         # forward autograd node sequence number -> its origin, (stack + 1) << 32 | (module + 1)
         # (an int: ints are not objects the garbage collector tracks), this step and the last
@@ -135,7 +134,9 @@ class Session(_SessionState):
         # NOTE: the first op dispatched through any Python mode imports torch._dynamo (seconds);
         # pay that before recording so it does not distort the first step's timeline.
         importlib.import_module("torch._dynamo")
-        self._memory = memory.recording(self)     # hooks before the patches' optimizer hooks
+        in_c = C_ON_OP and isinstance(self._stacks, _HOT.StackWalk) and \
+            isinstance(self._signatures, _HOT.ShapeKeys)     # the C on_op (else Python twins)
+        self._memory = memory.recording(self, in_c)   # hooks before the patches' optimizer's
         self._flusher.open(self.path, meta)
         self._open = True
         _active.ACTIVE = self
@@ -147,12 +148,7 @@ class Session(_SessionState):
         self._mode = RecordingMode(self.on_op, compiled=self.options.compiled != "eager")
         self._mode._on_subclass = SubclassOps(self, self._mode)     # DTensor (dtensor.py)
         self._hops = hops.HigherOrderOps(self, self._mode)          # torch.cond... (hops.py)
-        # the C on_op calls the C stack walk and shape keys; with their Python twins (the
-        # Python hot path benchmarks/overhead.py measures) this module's on_op takes every op
-        if C_ON_OP and isinstance(self._stacks, _HOT.StackWalk) and \
-                isinstance(self._signatures, _HOT.ShapeKeys):
-            if self._memory is not None:     # the C on_op looks the outputs up (memory.py)
-                self._memory.hand_to_c()
+        if in_c:
             self._mode.dispatch_in_c(_HOT.OpDispatch, self)
         self._mode.__enter__()
         self._owner = threading.get_ident()
@@ -295,6 +291,8 @@ class Session(_SessionState):
             else:   # annotations naming a phase past backward (grad_sync...) win
                 phase = hint if hint is not None and hint > PHASE_BACKWARD else PHASE_BACKWARD
                 nseq = node._sequence_nr()
+                if self._memory is not None:    # what the node saved for it: activations
+                    self._memory.table.node_runs(node, nseq)
                 origin = self._fwd_of_node.get(nseq)
                 if origin is None:
                     origin = self._fwd_prev.get(nseq, 0)
@@ -319,7 +317,7 @@ class Session(_SessionState):
                              self._annotations.current, self.step_index, thread, shapes, cid))
             self._last_event_ns = t1
             if self._memory is not None:     # the storages it made (memory.py)
-                self._memory.outputs(out, t0, thread, comm is not None)
+                self._memory.table.outputs(func, out, t0, thread, comm is not None)
             if len(self._queue) > MAX_QUEUE:
                 self._flusher.flush()
         except Exception as exc:
@@ -368,6 +366,8 @@ class Session(_SessionState):
             self._recording = recording
             self._passthrough = not recording or self._paused > 0
             self._annotations.set_live(recording)
+            if self._memory is not None:     # its module hooks: on in recorded steps only
+                self._memory.follow_window(recording)
             if recording:
                 self._enter_window()
             else:

@@ -56,7 +56,7 @@ class RankAnalysis:
     export_errors: list = field(default_factory=list)   # exports that could not be used
     op_counts_by_phase: dict = field(default_factory=dict)   # phase -> op -> calls
     send_caps: dict = field(default_factory=dict)  # row -> a capped send's duration (host)
-    memory: Optional[MemoryProfile] = None   # its memory, where recorded (trace-run --memory)
+    memory: Optional[MemoryProfile] = None   # its memory, where recorded (the default)
 
     @property
     def status(self) -> str:

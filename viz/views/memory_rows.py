@@ -1,7 +1,7 @@
 """The report's memory: on the front page a line per rank with its peak, the step it came in,
 and what was live at it by category (a stacked bar); on a rank's page what was live at its
 peak by category, module, phase and source line. From each rank's
-viz.analysis.memory.live_bytes.MemoryProfile (``trace-run --memory``); no I/O."""
+viz.analysis.memory.live_bytes.MemoryProfile (memory is recorded by default); no I/O."""
 from __future__ import annotations
 
 import re

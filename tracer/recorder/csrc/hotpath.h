@@ -1,5 +1,6 @@
 /* tracer.recorder._hotpath: the recorder's hot path in C: the common path of Session.on_op
- * (onop.c), the stack capture's walk and the shape signature's key.
+ * (onop.c), the stack capture's walk, the shape signature's key and memory recording's storage
+ * table (storagetable.c, storagetable.h).
  *
  * Each is a base class whose Python twin (recorder/session.py: Session.on_op, recorder/stacks.py:
  * _PyStackWalk, recorder/shapes.py: _PyShapeKeys) does the same, step for step, on the same
@@ -118,10 +119,7 @@ typedef struct {
     PyObject *futures;        /* c10d works' futures not yet seen done (comm.py) */
     PyObject *modules, *annotations, *stacks, *signatures, *rules;
     PyObject *torch_state;    /* (current node, grad enabled, graph task id, sequence number) */
-    /* memory recording (recorder/memory.py), all NULL or None when it is off: the recorder's
-       storage table (storage key -> entry), its first_sight, torch's storage key of a tensor
-       (compat.storage_key) and torch.Tensor */
-    PyObject *memory_live, *memory_seen, *storage_key, *tensor_type;
+    PyObject *memory_table;   /* memory recording's StorageTable, or NULL/None: off */
     PtrMap entries;           /* op overload -> its entry of specs (held) */
 } SessionState;
 
@@ -132,6 +130,13 @@ PyObject *session_on_op(SessionState *s, PyObject *func, PyObject *args, PyObjec
 long long now_ns(void);
 
 extern PyTypeObject SessionStateType, OpDispatchType;   /* sessiontypes.c */
+
+/* memory recording's storage table (storagetable.c; recorder/storage_table.py its twin) */
+extern PyTypeObject StorageTableType, StorageRefType;
+int storage_table_ready(void);      /* the types and names, once (module.c) */
+int storage_table_outputs(PyObject *table, PyObject *func, PyObject *out, long long t0,
+                          long long thread, int comm);
+int storage_table_node_runs(PyObject *table, PyObject *node, unsigned long long nseq);
 PyObject *hot_now(PyObject *module, PyObject *unused);
 int add_onop_constants(PyObject *module);
 

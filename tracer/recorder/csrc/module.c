@@ -1,4 +1,4 @@
-/* The tracer.recorder._hotpath module: its two types and the names they look up (hotpath.h). */
+/* The tracer.recorder._hotpath module: its types and the names they look up (hotpath.h). */
 #include "hotpath.h"
 
 PyObject *str_classify, *str_new_node, *str_sid, *str_root, *str_dtype, *str_shape,
@@ -38,7 +38,8 @@ PyInit__hotpath(void)
         intern(&str_recorder_failed, "_recorder_failed") < 0)
         return NULL;
     if (PyType_Ready(&StackWalkType) < 0 || PyType_Ready(&ShapeKeysType) < 0 ||
-        PyType_Ready(&SessionStateType) < 0 || PyType_Ready(&OpDispatchType) < 0)
+        PyType_Ready(&SessionStateType) < 0 || PyType_Ready(&OpDispatchType) < 0 ||
+        storage_table_ready() < 0)
         return NULL;
     PyObject *module = PyModule_Create(&hotpath_module);
     if (module == NULL)
@@ -47,6 +48,7 @@ PyInit__hotpath(void)
         PyModule_AddObjectRef(module, "ShapeKeys", (PyObject *)&ShapeKeysType) < 0 ||
         PyModule_AddObjectRef(module, "SessionState", (PyObject *)&SessionStateType) < 0 ||
         PyModule_AddObjectRef(module, "OpDispatch", (PyObject *)&OpDispatchType) < 0 ||
+        PyModule_AddObjectRef(module, "StorageTable", (PyObject *)&StorageTableType) < 0 ||
         add_onop_constants(module) < 0) {
         Py_DECREF(module);
         return NULL;

@@ -9,8 +9,8 @@ everything
  * OpDispatch is what torch calls as the recording mode's __torch_dispatch__ (an instance
  * attribute; torch only asks that its __self__ be the mode). It records an op on plain tensors
  * that is neither a collective nor special, with no GPU window to open and no functional
- * collective pending, step for step as on_op does, the storages it made included when memory
- * is recorded (memory.py's MemoryRecorder.outputs: the table lookup here, a first sight there).
+ * collective pending, step for step as on_op does, the storages it made and the tensors a
+ * backward node saved included when memory is recorded (storagetable.c).
  * Everything else (tensor subclasses, an op not
  * classified yet, collectives, a dispatch with no Python frame to attribute it to) goes to the
  * mode's Python __torch_dispatch__, which hands it to on_op. The choice is made before the op
@@ -78,11 +78,11 @@ entry_of(SessionState *s, PyObject *func)
     return map_add(&s->entries, func, 0, entry, entry) < 0 ? NULL : entry;
 }
 
-/* memory is recorded (the Python side set first_sight; session_is_ready checks the rest) */
+/* memory is recorded (memory.py set the table; session_is_ready checks its type) */
 static int
 memory_on(SessionState *s)
 {
-    return s->memory_seen != NULL && s->memory_seen != Py_None;
+    return s->memory_table != NULL && s->memory_table != Py_None;
 }
 
 int
@@ -95,8 +95,7 @@ session_is_ready(SessionState *s)
         PyObject_TypeCheck(s->stacks, &StackWalkType) &&
         PyObject_TypeCheck(s->signatures, &ShapeKeysType) &&
         s->torch_state && PyTuple_Check(s->torch_state) && PyTuple_GET_SIZE(s->torch_state) == 4 &&
-        (!memory_on(s) || (s->memory_live && PyDict_Check(s->memory_live) && s->storage_key &&
-                           s->tensor_type && PyType_Check(s->tensor_type)));
+        (!memory_on(s) || Py_IS_TYPE(s->memory_table, &StorageTableType));
 }
 
 static int
@@ -172,13 +171,20 @@ remember_nodes(SessionState *s, PyFrameObject *frame, long long stack, long long
     return 0;
 }
 
-/* on_op's backward branch: the forward stack and module of the node running */
+/* on_op's backward branch: the forward stack and module of the node running (*seq: its
+   sequence number; AccumulateGrad's is UINT64_MAX) */
 static int
-node_origin(SessionState *s, PyObject *node, long long *fwd_stack, long long *module)
+node_origin(SessionState *s, PyObject *node, long long *fwd_stack, long long *module,
+            unsigned long long *seq)
 {
     PyObject *nseq = PyObject_CallMethodNoArgs(node, str_sequence_nr);
     if (nseq == NULL)
         return -1;
+    *seq = PyLong_AsUnsignedLongLong(nseq);
+    if (*seq == (unsigned long long)-1 && PyErr_Occurred()) {
+        Py_DECREF(nseq);
+        return -1;
+    }
     PyObject *origin = PyDict_GetItemWithError(s->fwd_of_node, nseq);
     if (origin == NULL && !PyErr_Occurred())
         origin = PyDict_GetItemWithError(s->fwd_prev, nseq);
@@ -233,73 +239,6 @@ queue_row(SessionState *s, const long long *values)
     return 0;
 }
 
-/* ------------------------------------------------------------------ memory (memory.py) */
-/* MemoryRecorder.outputs for one tensor of a plain op's result: its storage, when the table
-   does not hold it, goes to the recorder's first_sight (a plain op never writes into a comm
-   buffer, so a storage the table holds needs nothing). A tensor with no storage (sparse,
-   nested) is skipped, as memory.py skips it. */
-static int
-see_tensor(SessionState *s, PyObject *tensor, long long t0, long long thread)
-{
-    PyObject *key = PyObject_CallOneArg(s->storage_key, tensor);
-    if (key == NULL) {
-        if (!PyErr_ExceptionMatches(PyExc_RuntimeError) &&
-            !PyErr_ExceptionMatches(PyExc_NotImplementedError) &&
-            !PyErr_ExceptionMatches(PyExc_TypeError))
-            return -1;
-        PyErr_Clear();
-        return 0;
-    }
-    int held = PyDict_Contains(s->memory_live, key);
-    if (held != 0) {
-        Py_DECREF(key);
-        return held < 0 ? -1 : 0;
-    }
-    PyObject *at = PyLong_FromLongLong(t0), *number = PyLong_FromLongLong(thread), *done = NULL;
-    if (at != NULL && number != NULL)
-        done = PyObject_CallFunctionObjArgs(s->memory_seen, tensor, key, at, number, NULL);
-    Py_XDECREF(at);
-    Py_XDECREF(number);
-    Py_DECREF(key);
-    if (done == NULL)
-        return -1;
-    Py_DECREF(done);
-    return 0;
-}
-
-/* see_tensor for a tuple's or list's item that is a tensor (a subclass too, as isinstance):
-   1 when it was one, 0 when not, -1 on an error */
-static int
-see_item(SessionState *s, PyObject *item, long long t0, long long thread)
-{
-    int is = PyObject_IsInstance(item, s->tensor_type);
-    if (is <= 0)
-        return is;
-    return see_tensor(s, item, t0, thread) < 0 ? -1 : 1;
-}
-
-/* MemoryRecorder.outputs: a tensor, or the tensors of a tuple or list, one level nested */
-static int
-see_outputs(SessionState *s, PyObject *out, long long t0, long long thread)
-{
-    if (Py_IS_TYPE(out, (PyTypeObject *)s->tensor_type))
-        return see_tensor(s, out, t0, thread);
-    if (!PyTuple_Check(out) && !PyList_Check(out))
-        return 0;
-    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(out); i++) {
-        PyObject *value = PySequence_Fast_GET_ITEM(out, i);
-        int is = see_item(s, value, t0, thread);
-        if (is < 0)
-            return -1;
-        if (is || (!PyTuple_Check(value) && !PyList_Check(value)))
-            continue;
-        for (Py_ssize_t j = 0; j < PySequence_Fast_GET_SIZE(value); j++)
-            if (see_item(s, PySequence_Fast_GET_ITEM(value, j), t0, thread) < 0)
-                return -1;
-    }
-    return 0;
-}
-
 /* Everything on_op does after the op ran, for a plain op (no comm, no special). */
 static int
 record(SessionState *s, PyObject *entry, PyObject *args, PyObject *out, PyFrameObject *frame,
@@ -307,6 +246,7 @@ record(SessionState *s, PyObject *entry, PyObject *args, PyObject *out, PyFrameO
 {
     PyObject *ts = s->torch_state, *hint_obj = NULL;
     long long v[ROW_FIELDS], hint = -1, module, stack, fwd_stack = -1, enabled, phase;
+    unsigned long long nseq;
     long long thread, shapes, annotation;
     int failed = -1, has_hint, made = 0;
     PyObject *node = PyObject_CallNoArgs(PyTuple_GET_ITEM(ts, 0));
@@ -339,7 +279,9 @@ record(SessionState *s, PyObject *entry, PyObject *args, PyObject *out, PyFrameO
     }
     else {
         phase = has_hint && hint > PHASE_BACKWARD ? hint : PHASE_BACKWARD;
-        if (node_origin(s, node, &fwd_stack, &module) < 0 || capture(s, frame, &stack) < 0)
+        if (node_origin(s, node, &fwd_stack, &module, &nseq) < 0 ||   /* its saved: memory */
+            (memory_on(s) && storage_table_node_runs(s->memory_table, node, nseq) < 0) ||
+            capture(s, frame, &stack) < 0)
             goto done;
     }
     if (thread_number(s, &thread) < 0 || shape_id(s, args, &shapes) < 0 ||
@@ -351,8 +293,9 @@ record(SessionState *s, PyObject *entry, PyObject *args, PyObject *out, PyFrameO
     if ((v[2] == -1 && PyErr_Occurred()) || queue_row(s, v) < 0)
         goto done;
     s->last_event_ns = t1;
-    if (memory_on(s) && see_outputs(s, out, t0, thread) < 0)   /* the storages it made */
-        goto done;
+    if (memory_on(s) && storage_table_outputs(s->memory_table, PyTuple_GET_ITEM(entry, 4), out,
+                                              t0, thread, 0) < 0)
+        goto done;                                   /* the storages it made (memory.py) */
     Py_ssize_t queued = PyObject_Length(s->queue);
     if (queued < 0)
         goto done;

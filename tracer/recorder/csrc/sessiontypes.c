@@ -21,10 +21,7 @@ state_traverse(SessionState *s, visitproc visit, void *arg)
     Py_VISIT(s->signatures);
     Py_VISIT(s->rules);
     Py_VISIT(s->torch_state);
-    Py_VISIT(s->memory_live);
-    Py_VISIT(s->memory_seen);
-    Py_VISIT(s->storage_key);
-    Py_VISIT(s->tensor_type);
+    Py_VISIT(s->memory_table);
     return map_traverse(&s->entries, visit, arg);
 }
 
@@ -45,10 +42,7 @@ state_clear(SessionState *s)
     Py_CLEAR(s->signatures);
     Py_CLEAR(s->rules);
     Py_CLEAR(s->torch_state);
-    Py_CLEAR(s->memory_live);
-    Py_CLEAR(s->memory_seen);
-    Py_CLEAR(s->storage_key);
-    Py_CLEAR(s->tensor_type);
+    Py_CLEAR(s->memory_table);
     map_clear(&s->entries);
     return 0;
 }
@@ -88,10 +82,7 @@ static PyMemberDef state_members[] = {
     FIELD("_signatures", T_OBJECT_EX, signatures),
     FIELD("_rules", T_OBJECT_EX, rules),
     FIELD("_torch_state", T_OBJECT_EX, torch_state),
-    FIELD("_memory_live", T_OBJECT, memory_live),
-    FIELD("_memory_seen", T_OBJECT, memory_seen),
-    FIELD("_storage_key", T_OBJECT, storage_key),
-    FIELD("_tensor_type", T_OBJECT, tensor_type),
+    FIELD("_memory_table", T_OBJECT, memory_table),
     {NULL},
 };
 

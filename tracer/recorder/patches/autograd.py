@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 def install(patches: "Patches", session) -> None:
     rules = session._rules
     _optimizer_steps(patches, rules, session._optimizer_post)
-    _recomputation(patches, rules)
+    _recomputation(patches, rules, session._memory)
     _reentrant_replay(patches, rules)
     # loss.backward() makes the gradient seed (ones_like) before the autograd engine runs
     patches.wrap(torch.autograd, "_make_grads", rules.as_gradient_seed)
@@ -30,9 +30,10 @@ def _optimizer_steps(patches: "Patches", rules, after_step) -> None:
     patches.on_undo(register_optimizer_step_post_hook(after_step).remove)
 
 
-def _recomputation(patches: "Patches", rules) -> None:
+def _recomputation(patches: "Patches", rules, memory) -> None:
     """Checkpointing's frame and recomputation hook as subclasses: the frame keeps the modules
-    of the forward, the hook tells the rules a recomputation runs, under those modules."""
+    of the forward, the hook tells the rules a recomputation runs, under those modules, and the
+    memory recorder (when there is one) that the inputs it recomputes from are activations."""
     frame_cls = getattr(_checkpoint, "_CheckpointFrame", None)
     hook_cls = getattr(_checkpoint, "_recomputation_hook", None)
     if frame_cls is None or hook_cls is None:   # another torch: recomputation stays backward
@@ -48,6 +49,8 @@ def _recomputation(patches: "Patches", rules) -> None:
             super().__init__(target_frame_ref, gid)
             frame = target_frame_ref()
             self._paratrace_stack = getattr(frame, "paratrace_modules", None)
+            if memory is not None and frame is not None:
+                memory.recomputes(frame)
 
         def __enter__(self):
             self._paratrace_saved = rules.recompute_begins(self._paratrace_stack)

@@ -17,7 +17,7 @@ def install(patches, session) -> None:
         @functools.wraps(original)
         def resize_(storage, *args, **kwargs):
             out = original(storage, *args, **kwargs)
-            recorder.resized(storage)
+            recorder.table.resized(storage)
             return out
         return resize_
     patches.wrap(getattr(torch, "UntypedStorage", None), "resize_", make)

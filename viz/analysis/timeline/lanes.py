@@ -103,7 +103,7 @@ class RankLanes:
     device: Optional["DeviceLane"] = None       # on the device clock: the GPU activities
     # on the device clock: memcpys and memsets outside collectives (never compute)
     memory: np.ndarray = field(default_factory=lambda: np.zeros((0, 2), dtype=np.int64))
-    # live bytes over time by category (trace-run --memory;
+    # live bytes over time by category (recorded by default;
     # viz.analysis.memory.live_bytes.LiveMemory)
     live_memory: Optional["LiveMemory"] = None
     # step -> phase -> seconds of its host step window (viz.analysis.timeline.phase_time), every
