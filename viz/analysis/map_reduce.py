@@ -135,15 +135,20 @@ def world_of(run: Run, ranks: dict) -> tuple:
 def recount(analysis: RunAnalysis, steps: frozenset,
             engine: Optional[Engine] = None) -> RunAnalysis:
     """The same analysis with its counts (op groups, op and communication counts) over
-    ``steps`` only: runs are compared over the steps both recorded (trace-diff). The timeline
-    and its metrics are kept as they are; each trace is read once more."""
+    ``steps`` only: runs are compared over the steps both count (trace-diff). The timeline
+    and its metrics are kept as they are. A rank whose own counted steps are ``steps`` keeps
+    the counts it made of them while it was read; only the others' traces are read again."""
     engine = engine or Engine(jobs=1)
-    order = sorted(analysis.ranks)
+    kept = {r: mine.counted_counts for r, mine in analysis.ranks.items()
+            if mine.counted_counts is not None
+            and set(mine.counted_steps) == set(steps) & set(mine.steps)}
+    order = sorted(set(analysis.ranks) - set(kept))
     shared = SharedOpGroups()
     counts, _ = _split(order, engine.map(count_rank_file, [
         (analysis.ranks[r].path, r, steps, analysis.ranks[r].exports,
          analysis.ranks[r].send_caps) for r in order],
-        then=lambda result: _shared(result, shared)))
+        then=lambda result: _shared(result, shared))) if order else ({}, None)
+    counts.update(kept)
     ranks = {rank: replace(mine, op_groups=counts[rank].op_groups,
                            op_counts=counts[rank].op_counts,
                            op_counts_by_phase=counts[rank].op_counts_by_phase,

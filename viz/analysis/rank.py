@@ -57,6 +57,7 @@ class RankAnalysis:
     op_counts_by_phase: dict = field(default_factory=dict)   # phase -> op -> calls
     send_caps: dict = field(default_factory=dict)  # row -> a capped send's duration (host)
     memory: Optional[MemoryProfile] = None   # its memory, where recorded (the default)
+    counted_counts: Optional[RankCounts] = None   # its counts over counted_steps only
 
     @property
     def status(self) -> str:
@@ -164,6 +165,8 @@ def analyse_rank(trace: Trace, rank: int, send_ends: dict, op_budget: int = DRAW
     frames: dict = {}         # the stacks' frames, shared by both groupings
     work = dev.in_regions() if dev is not None else None
     groups = group_ops(trace, durations, frames) + kernel_groups(trace, work, None, frames)
+    counted_groups = _groups_over(trace, counted, durations, frames, all_steps=groups,
+                                  work=work)
     return RankAnalysis(
         rank=rank, path=trace.path, meta=trace.meta,
         warnings=list(trace.warnings) + list((trace.meta.get("imported") or {}).get("damage")
@@ -172,9 +175,8 @@ def analyse_rank(trace: Trace, rank: int, send_ends: dict, op_budget: int = DRAW
         op_counts=op_counts(trace), op_counts_by_phase=op_counts_by_phase(trace),
         comm=comm_rows(trace), lanes=lanes, last_op=last_op(trace),
         device=None if dev is None else dev.summary(trace.dictionary("op"), trace.col("op")),
-        counted_steps=counted, send_caps=caps, memory=memory,
-        counted_op_groups=_groups_over(trace, counted, durations, frames, all_steps=groups,
-                                       work=work))
+        counted_steps=counted, send_caps=caps, memory=memory, counted_op_groups=counted_groups,
+        counted_counts=_counts_over(trace, counted, counted_groups))
 
 
 def send_caps(lanes: RankLanes) -> dict:
@@ -236,6 +238,12 @@ def count_rank_file(path: str, rank: int, steps: frozenset, kineto: tuple = (),
     groups = _groups_over(trace, steps, dev.row_ns if dev is not None
                           else host_durations(trace, caps or {}),
                           work=dev.in_regions() if dev is not None else None)
+    return _counts_over(trace, steps, groups)
+
+
+def _counts_over(trace: Trace, steps, groups: list) -> RankCounts:
+    """The op and communication counts of ``trace`` over ``steps`` only, beside their op
+    ``groups``."""
     mask = np.isin(trace.col("step"), sorted(steps))
     if not mask.all():
         trace = trace.select(mask)
