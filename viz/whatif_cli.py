@@ -4,7 +4,7 @@
                  [--schedule S] [--virtual-stages V] [--microbatches M]
                  [--shard S] [--shard-units P] [--param-dtype D] [--checkpoint P]
                  [--no-checkpoint] [--microbatch-size N] [--grad-accum N] [--tp-plan FILE]
-                 [--target "OPTIONS"]...
+                 [--split PATTERN] [--target "OPTIONS"]...
 
 The options given directly are one target; each ``--target "OPTIONS"`` (the same option names)
 is another; with none, only the replay is predicted. Every target changes only what it names
@@ -32,7 +32,7 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
 SHARDINGS = ("replicate", "optimizer", "gradients", "full")
 KEYS = ("tp", "sp", "pp", "dp", "schedule", "virtual_stages", "microbatches", "shard",
         "shard_units", "param_dtype", "checkpoint", "no_checkpoint", "microbatch_size",
-        "grad_accum", "tp_plan")
+        "grad_accum", "tp_plan", "split")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -84,6 +84,8 @@ def _target_options(parser: argparse.ArgumentParser) -> None:
                         help="micro-batches per optimizer step (gradient accumulation)")
     parser.add_argument("--tp-plan", type=_plan, metavar="FILE", help="with --tp, on any model: "
                         "a JSON object of module PATTERN -> colwise | rowwise")
+    parser.add_argument("--split", metavar="PATTERN", help="with --pp, on any model: the "
+                        "modules where pipeline stages begin (torch.distributed.pipelining)")
 
 
 def _plan(path: str) -> dict:

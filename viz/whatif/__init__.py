@@ -92,9 +92,9 @@ def what_if(analysis, targets: list, details: Optional[dict] = None,
     sim = simulate(rec.graph, rec.graph.starts)
     model = study_model(rec, sim, details or {}, analysis.world_size, rec.config,
                         {t: g.dimension for t, g in analysis.group_dimensions.items()})
-    configs = [None if is_model_target(t, gpt) else target_config(rec.config, dict(t),
-                                                                   rec.world)
-               for t in targets]
+    pipelined = int(rec.config.get("pp") or 1) > 1
+    configs = [None if is_model_target(t, gpt, pipelined) else
+               target_config(rec.config, dict(t), rec.world) for t in targets]
     setups = [model_setup(model, dict(t), run_dir) if c is None else None
               for t, c in zip(targets, configs)]
     replay = as_timeline(rec.graph, sim, rec.config)
@@ -128,7 +128,8 @@ def model_setup(model, changes: dict, run_dir: str):
         raise TargetError(f"{title(changes)}: predictions on any model need the recording's "
                           "step detail (trace-whatif reads it)")
     return model_target(model.setup, changes, model.layout, model.modules(),
-                        model.has_memory, run_dir)
+                        model.has_memory, run_dir,
+                        model.sequence() if "split" in changes else None)
 
 
 def _on_model(rec: Recording, model, setup, changes: dict) -> Prediction:

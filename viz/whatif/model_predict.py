@@ -24,6 +24,8 @@ from .edit import StepEdit, checkpoint_edits, dp_owned, emit, micro_scale, timed
 from .layout import Layout
 from .memory_replay import held_elements
 from .measures import measures
+from .pp_predict import predict_pipeline
+from .pp_stages import top_level
 from .setup import Setup, one_step, recorded_setup
 from .simulate import SimulationError, as_timeline, simulate
 from .step_memory import step_memory
@@ -51,6 +53,13 @@ class ModelRecording:
     @property
     def has_memory(self) -> bool:
         return any(d.storages for d in self.details.values())
+
+    def sequence(self) -> list:
+        """The model's top-level sequence (viz.whatif.pp_stages.top_level), from the first
+        rank's last counted step."""
+        rank = min(self.details)
+        windows = self.windows_of(rank, max(self.details[rank].steps))
+        return top_level(windows, self.layout, self.modules())
 
     def modules(self) -> list:
         """Every module path of the model: those holding parameters and those ops ran in."""
@@ -88,6 +97,8 @@ class ModelPrediction:
 
 def predict_model(rec, model: ModelRecording, tgt: Setup) -> ModelPrediction:
     """One target's prediction (``rec``: the viz.whatif.recording.Recording)."""
+    if tgt.pp > 1:
+        return ModelPrediction(*predict_pipeline(rec, model, tgt, batch_ratio(model, tgt)))
     source_world = rec.world
     programs = Programs(rec.graph.clock)
     memory, collectives = {}, {}
@@ -125,7 +136,10 @@ def predict_model(rec, model: ModelRecording, tgt: Setup) -> ModelPrediction:
 
 
 def replayed_memory(model: ModelRecording) -> Optional[dict]:
-    """Each recorded rank's peak as the memory model replays the recorded setup."""
+    """Each recorded rank's peak as the memory model replays the recorded setup (None for a
+    pipeline's: its runtime's storages are modelled for a predicted pipeline only)."""
+    if model.setup.pp > 1:
+        return None
     out = {}
     for rank, detail in sorted(model.details.items()):
         if not detail.storages:
@@ -153,7 +167,7 @@ def _step(rec, model: ModelRecording, tgt: Setup, rank: int, src: int, step: int
     edit = StepEdit(axis, windows, dp_owned(nodes, comms, model.setup), planned, transfer,
                     src, lambda g: _regroup(g, rank, rec.world, tgt.world))
     checkpoint_edits(edit, nodes, model.setup.checkpointed, tgt.checkpointed)
-    edit.scaled += micro_scale(detail.ops, windows, nodes, rec.ops, _batch(model, tgt),
+    edit.scaled += micro_scale(detail.ops, windows, nodes, rec.ops, batch_ratio(model, tgt),
                                tgt.tp_plan, step)
     held = held_elements(model.setup, model.layout, src)
     if windows.optimizer is not None and held:
@@ -164,7 +178,7 @@ def _step(rec, model: ModelRecording, tgt: Setup, rank: int, src: int, step: int
     return edit.items(nodes, rec.graph)
 
 
-def _batch(model: ModelRecording, tgt: Setup) -> float:
+def batch_ratio(model: ModelRecording, tgt: Setup) -> float:
     """The micro-batch size's ratio, target over recorded."""
     rec = model.setup.microbatch_size
     return tgt.microbatch_size / rec if tgt.microbatch_size and rec else 1.0
@@ -176,7 +190,7 @@ def planned_comms(model: ModelRecording, tgt: Setup, detail, windows, axis, step
     local = local_layout(model.layout, tgt.tp_plan)
     return plan_dp(model.setup, tgt, local, windows, axis, one_step(detail.comms, step),
                    rank) + plan_tp(tgt, model.layout, windows, axis, detail.ops, step, rank,
-                                   _batch(model, tgt))
+                                   batch_ratio(model, tgt))
 
 
 def _regroup(group: tuple, rank: int, recorded: int, world: int) -> tuple:
