@@ -153,5 +153,22 @@ def test_a_pipelining_recording_says_its_pipeline(models, tmp_path):
     assert setup.startswith("world 2, dp 1, no data parallelism, pp 2 (1f1b, 4 micro-batches")
     proc = run("trace-whatif", root / "pp", "--target", "--pp 2 --split layers.3", timeout=600)
     assert proc.returncode == 2
-    assert proc.stderr.strip() == ("trace-whatif: error: the recording runs a pipeline (pp 2): "
-                                   "another split is predicted from a recording without one")
+    assert proc.stderr.strip() == ("trace-whatif: error: --split: the recording runs a "
+                                   "pipeline (pp 2) already: another split is predicted from a "
+                                   "recording without one")
+
+
+def test_pipelines_the_recording_cannot_support_are_one_line(models, tmp_path):
+    """On a recording without a pipeline: a --split naming no module, and a --pp larger than
+    the stages the split makes, each one line naming the option, exit status 2."""
+    root = models["llama"]["root"]
+    for options, message in (
+            ("--pp 2 --split blocks.2", "--split 'blocks.2' matches no module of the model"),
+            ("--pp 4 --dp 1 --split layers.2", "--pp 4 is more than the 2 stages --split "
+             "makes (name 3 modules in --split for --pp 4)")):
+        proc = run("trace-whatif", root / "ddp", "--out", tmp_path / "out", "--target",
+                   options, timeout=600)
+        assert proc.returncode == 2, (options, proc.stderr[-3000:])
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"trace-whatif: error: {message}"), \
+            (options, lines)

@@ -169,8 +169,9 @@ def pipeline_stages(model: nn.Module, splits: str, rank: int, world: int, exampl
     """(stage index, its module, its input and output as meta tensors) of this rank's stages:
     the model cut before each module ``splits`` names; stage i on rank i mod world. The shapes
     are handed to PipelineStage, as torchtitan once did: no shape inference at the first step
-    (whose forward with autograd, on torch >= 2.13, the memory recorder's saved-tensor hook
-    keeps alive on the first stage)."""
+    (whose forward with autograd stayed alive on the first stage under trace-run --memory,
+    observed with torch 2.13 on paratrace 1ee8db1, whose recorder took saved tensors with a
+    saved-tensor hook; trace-whatif does not model that forward)."""
     import copy
     sequence = top_level(model)
     cuts = [i for i, (path, _, _) in enumerate(sequence)

@@ -59,10 +59,14 @@ def test_a_split_cuts_the_top_level_sequence_where_stages_begin(layout):
      "--split: layers.1.attention is not an item of the model's top-level sequence"),
     ({"pp": 2, "split": "tok_embeddings"}, "--split: tok_embeddings is the model's first "
      "module"),
-    ({"pp": 4, "split": "layers.2", "dp": 1}, "--split makes 2 stages (1 cuts), not a "
-     "multiple of --pp 4"),
-    ({"pp": 8, "split": "layers.*,norm,output", "dp": 1}, "--split makes 7 stages (6 cuts), "
-     "not a multiple of --pp 8"),
+    ({"pp": 4, "split": "layers.2", "dp": 1}, "--pp 4 is more than the 2 stages --split "
+     "makes (name 3 modules in --split for --pp 4)"),
+    ({"pp": 2, "split": "layers.1,layers.2", "dp": 1}, "--split makes 3 stages (2 cuts), not "
+     "a multiple of --pp 2"),
+    ({"pp": 8, "split": "layers.*,norm,output", "dp": 1}, "--pp 8 is more than the 7 "
+     "stages --split makes"),
+    ({"pp": 2, "split": "layers.*,norm,output", "dp": 1}, "--split makes 7 stages (6 cuts), "
+     "not a multiple of --pp 2"),
     ({"pp": 4, "split": "layers.2"}, "world size 2 is not a multiple of --pp 4 (name --dp 1 "
      "to predict a world of 4)"),
     ({"pp": 2}, "a pipeline on any model needs --pp N and --split MODULE[,...]"),
@@ -90,9 +94,11 @@ def test_pipelines_the_recording_cannot_support_are_refused(layout, changes, mes
 
 def test_a_recorded_pipeline_is_not_split_again(layout):
     recorded = Setup(world=2, pp=2, schedule="1f1b", microbatches=4)
-    for changes, message in (({"pp": 2, "split": "layers.3"}, "the recording runs a pipeline "
-                              "(pp 2): another split is predicted from a recording without "
-                              "one"),
+    for changes, message in (({"pp": 2, "split": "layers.3"}, "--split: the recording runs "
+                              "a pipeline (pp 2) already: another split is predicted from a "
+                              "recording without one"),
+                             ({"pp": 4}, "--pp: the recording runs a pipeline (pp 2) "
+                              "already"),
                              ({"shard": "full"}, "the recording runs a pipeline (pp 2, 1f1b)")):
         with pytest.raises(TargetError) as found:
             target(layout, changes, recorded)

@@ -153,12 +153,13 @@ def model_target(rec: Setup, changes: dict, layout: Optional[Layout], modules: l
 def _pipeline(rec: Setup, changes: dict, modules: list, sequence: list) -> Setup:
     """``--pp N --split PATTERN[,...] [--schedule S] [--microbatches M]``: the model cut into
     stages on N ranks of torch.distributed.pipelining, without data parallelism."""
+    if rec.pp > 1 and ("split" in changes or "pp" in changes):
+        raise TargetError(f"{flag('split' if 'split' in changes else 'pp')}: the recording "
+                          f"runs a pipeline (pp {rec.pp}) already: another split is "
+                          "predicted from a recording without one")
     if "split" not in changes or "pp" not in changes:
         raise TargetError("a pipeline on any model needs --pp N and --split MODULE[,...] (the "
                           "modules where stages begin, e.g. --pp 2 --split layers.2)")
-    if rec.pp > 1:
-        raise TargetError(f"the recording runs a pipeline (pp {rec.pp}): another split is "
-                          "predicted from a recording without one")
     mixed = [k for k in changes if k not in PIPELINE + ("dp", "microbatch_size")]
     if mixed:
         raise TargetError(f"{flag(mixed[0])} with --pp: a pipeline on any model is predicted "

@@ -183,7 +183,7 @@ def _freed(w, tgt, axis: PassAxis, stage: int, kind: str, mb: int, outputs: dict
     if ended == (stage, kind):
         return w.category, axis.at(kind, mb, stage, w.end, w.freed_order)
     if kind == "F" and stage < last and outputs.get(stage) is w:
-        release = output_freed(axis, tgt.schedule, stage, mb)
+        release = output_freed(axis, tgt.schedule, stage, last + 1, mb, tgt.microbatches)
         if ended == (stage, "B"):             # its own stage saved it too
             return w.category, max(release, axis.at("B", mb, stage, w.end, w.freed_order))
         return "temporaries", release

@@ -9,11 +9,16 @@ the same in all four for the schedules here), as lives on the rank's pass axis
   tensor; kept for the run. An activation buffer is the stage's input itself (made a leaf with
   ``requires_grad_``), saved for backward where the stage's first op saves its input;
 - a stage's output: in ``fwd_cache`` from its forward until its backward has run, and in its
-  send's ``Work`` (gloo's keeps its tensor) as long as the schedule keeps that: under 1F1B
-  not longer, under GPipe (``fwd_sends_to_wait``) and ScheduleInterleaved1F1B
-  (``send_ops``, waited at the step's end) until the schedule returns. On the last stage, in
-  ``output_chunks`` until the next step's ``clear_runtime_states``, and ``step()`` returns
-  them merged (``merge_chunks``: a ``torch.cat`` of all micro-batches, after the last pass);
+  send's ``P2POp`` and ``Work`` (gloo's keeps its tensor) as long as the schedule keeps
+  those: under GPipe (``fwd_sends_to_wait``) and ScheduleInterleaved1F1B (``send_ops``,
+  waited at the step's end) until the schedule returns; under 1F1B (stage s of p runs
+  w = min(m, p - s) forwards before its first backward) the warm-up's fired sends stay in
+  ``send_work`` until the next one is fired, the last fired (micro-batch w - 2) until the
+  steady phase ends (after backward m - w), and a steady forward's ``fwd_sends`` (the last
+  warm-up one's too) until the next forward has made its own, the last until the schedule
+  returns. On the last stage, in ``output_chunks`` until the next step's
+  ``clear_runtime_states``, and ``step()`` returns them merged (``merge_chunks``: a
+  ``torch.cat`` of all micro-batches, after the last pass);
 - the gradient of a stage's input (``stage_backward`` takes it off the leaf, ``bwd_cache``
   then the send's ``P2POp`` and ``Work`` hold it): under GPipe (``bwd_sends_to_wait``) and
   ScheduleInterleaved1F1B (``send_ops``) until the schedule returns; under 1F1B the
@@ -43,11 +48,19 @@ def receive_buffers(stage: int, stages: int, microbatches: int, in_bytes: int,
     return out
 
 
-def output_freed(axis, schedule: str, stage: int, microbatch: int) -> tuple:
+def output_freed(axis, schedule: str, stage: int, stages: int, microbatch: int,
+                 microbatches: int) -> tuple:
     """Where a non-last stage's output of ``microbatch`` goes (module docstring)."""
-    if schedule == "1f1b":
-        return axis.end("B", microbatch, stage)
-    return axis.post(RETURNED)
+    if schedule != "1f1b":
+        return axis.post(RETURNED)
+    warmup = min(microbatches, stages - stage)
+    if microbatch == warmup - 2:            # send_work keeps its works through the steady phase
+        held = axis.end("B", microbatches - warmup, stage)
+    elif microbatch + 1 < microbatches:
+        held = axis.end("F", microbatch + 1, stage)
+    else:
+        held = axis.post(RETURNED)
+    return max(axis.end("B", microbatch, stage), held)
 
 
 def input_grad_freed(axis, schedule: str, stage: int, microbatch: int,

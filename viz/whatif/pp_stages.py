@@ -92,7 +92,10 @@ def cut(patterns: str, sequence: list, modules: list, pp: int) -> StageCut:
             starts.append(sequence.index(module))
     bounds = [0] + sorted(set(starts)) + [len(sequence)]
     stages = tuple(tuple(sequence[a:b]) for a, b in zip(bounds, bounds[1:]))
-    if len(stages) < pp or len(stages) % pp:
+    if len(stages) < pp:
+        raise TargetError(f"--pp {pp} is more than the {len(stages)} stages --split makes "
+                          f"(name {pp - 1} modules in --split for --pp {pp})")
+    if len(stages) % pp:
         raise TargetError(f"--split makes {len(stages)} stages ({len(stages) - 1} cuts), not a "
                           f"multiple of --pp {pp} (name one cut fewer than the stages: "
                           f"--split with {pp - 1} modules for --pp {pp})")
