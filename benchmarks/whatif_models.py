@@ -13,7 +13,7 @@ and counted, with memory: sharding and checkpointing targets are memory question
 recording without it), runs every target configuration for real, traced the same way,
 predicts each target from the DDP recording (trace-whatif's rules for any model,
 docs/whatif.md) and prints the step error (predicted / real - 1 of the slowest
-rank's mean counted step, viz.whatif.measures): the median over repeats per target, and the
+rank's mean counted step, viz.whatif.replay.measures): the median over repeats per target, and the
 worst repeat. Goal: the median within 10 % on every target, the worst within 20 %. The runs
 of a repeat alternate, so every configuration sees the same machine; the load average before
 and during the runs is printed: the numbers hold only on a quiet machine. A second table sets
@@ -43,7 +43,7 @@ from viz.analysis import analyse  # noqa: E402
 from viz.engine import Engine  # noqa: E402
 from viz.run import open_run  # noqa: E402
 from viz.whatif import what_if  # noqa: E402
-from viz.whatif.measures import measures  # noqa: E402
+from viz.whatif.replay.measures import measures  # noqa: E402
 from viz.whatif_cli import step_details  # noqa: E402
 
 TRAIN = os.path.join(REPO, "tests", "scripts", "whatif_train.py")

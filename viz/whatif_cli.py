@@ -6,14 +6,14 @@
                  [--no-checkpoint] [--microbatch-size N] [--grad-accum N] [--tp-plan FILE]
                  [--split PATTERN] [--target "OPTIONS"]...
 
-The options given directly are one target; each ``--target "OPTIONS"`` (the same option names)
-is another; with none, only the replay is predicted. Every target changes only what it names
-from the recorded configuration (viz.whatif.targets, viz.whatif.model_targets). Open the run
--> analyse it once -> (for targets on any model, each rank's step detail) -> replay and
-predict (viz.whatif) -> the renderers of :mod:`viz.render.whatif`: with ``--out DIR``
-DIR/whatif/*.svg, DIR/whatif.json and DIR/whatif.html, and the page's path on stdout; without
-it the ranking on stdout and no file (as trace-diff without --out: a table, no file).
-Bad options and targets that cannot be predicted are one line on stderr and exit status 2.
+The options given directly are one target; each ``--target "OPTIONS"`` (the same option names) is
+another; with none, only the replay is predicted. Every target changes only what it names from the
+recorded configuration (viz.whatif.reference_gpt.targets, viz.whatif.model_targets). Open the run
+-> analyse it once -> (for targets on any model, each rank's step detail) -> replay and predict
+(viz.whatif) -> the renderers of :mod:`viz.render.whatif`: with ``--out DIR`` DIR/whatif/*.svg,
+DIR/whatif.json and DIR/whatif.html, and the page's path on stdout; without it the ranking on
+stdout and no file (as trace-diff without --out: a table, no file). Bad options and targets that
+cannot be predicted are one line on stderr and exit status 2.
 """
 from __future__ import annotations
 
@@ -207,7 +207,7 @@ def run(run_dir: str, out_dir: Optional[str], targets: list,
 
 
 def _reference_gpt(config: dict) -> bool:
-    from .whatif.megatron import shape_of
+    from .whatif.reference_gpt.megatron import shape_of
     return shape_of(config) is not None
 
 

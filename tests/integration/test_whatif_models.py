@@ -22,7 +22,7 @@ from support.cli import run
 from support.paths import SCRIPTS
 from support.whatif_models import memory_misses, predicted_rows, real_step, record
 from tracer.files import rundir
-from viz.whatif.layout import Layout
+from viz.whatif.recorded.layout import Layout
 
 pytestmark = pytest.mark.integration
 

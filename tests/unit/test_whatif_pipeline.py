@@ -1,5 +1,5 @@
 """A pipeline on any model (``--pp N --split MODULE[,...]``, viz.whatif.model_targets and
-viz.whatif.pp_stages): the stages a split makes of the model's top-level sequence, and the
+viz.whatif.pipeline.pp_stages): the stages a split makes of the model's top-level sequence, and the
 targets the recording cannot support refused with one line. The predictions themselves are
 checked against real torch.distributed.pipelining runs (tests/integration/
 test_whatif_models.py)."""
@@ -11,17 +11,17 @@ import pytest
 
 from support.paths import SCRIPTS
 from tracer.recorder.parameters import describe
-from viz.whatif.layout import Layout
 from viz.whatif.model_targets import is_model_target, model_target
-from viz.whatif.pp_predict import _rows, schedule_order
-from viz.whatif.setup import Setup
-from viz.whatif.targets import TargetError
+from viz.whatif.pipeline.pp_predict import _rows, schedule_order
+from viz.whatif.recorded.layout import Layout
+from viz.whatif.recorded.setup import Setup
+from viz.whatif.reference_gpt.targets import TargetError
 
 sys.path.insert(0, str(SCRIPTS))
 from whatif_models import build  # noqa: E402
 
 SETUP = Setup(world=2, dp=2, shard="replicate", dp_group=(0, 1), microbatch_size=4)
-# the Llama's top-level sequence as its forward runs it (viz.whatif.pp_stages.top_level)
+# the Llama's top-level sequence as its forward runs it (viz.whatif.pipeline.pp_stages.top_level)
 SEQUENCE = ["tok_embeddings", "layers.0", "layers.1", "layers.2", "layers.3", "norm", "output"]
 
 

@@ -44,7 +44,7 @@ def ranking(result, replay_svg: Optional[str] = None, target_svg=None) -> list:
 
 def recorded_text(result) -> str:
     """What the recorded configuration was, in words: the reference GPT's options it names,
-    else the setup read from the recording (viz.whatif.setup), else that none is known."""
+    else the setup read from the recording (viz.whatif.recorded.setup), else that none is known."""
     if result.setup:
         return result.setup
     keys = ("tp", "sp", "pp", "dp", "schedule", "virtual_stages", "microbatches")

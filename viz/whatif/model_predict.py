@@ -1,6 +1,6 @@
 """Predictions on any model (viz.whatif.model_targets): each predicted rank's steps edited
-from its source rank's recorded ones (viz.whatif.edit), simulated; its peak memory replayed
-from the recorded step's storages (viz.whatif.step_memory); its collectives of one step,
+from its source rank's recorded ones (viz.whatif.edits.edit), simulated; its peak memory replayed
+from the recorded step's storages (viz.whatif.memory.step_memory); its collectives of one step,
 shaped as summary.json's ``ranks.R.comm``.
 
 Predicted rank r takes its work from recorded rank r modulo the recorded world (data
@@ -17,21 +17,21 @@ from tracer.vocab.model_paths import model_path
 
 from ..analysis.dimensions import WORLD
 from ..analysis.metrics import metrics_of
-from .axis import Axis
-from .compose import Programs
-from .dp_plan import is_dp_comm, plan_dp
-from .edit import StepEdit, checkpoint_edits, dp_owned, emit, micro_scale, timed_nodes
-from .layout import Layout
-from .memory_replay import held_elements
-from .measures import measures
-from .pp_predict import predict_pipeline
-from .pp_stages import top_level
-from .setup import Setup, one_step, recorded_setup
-from .simulate import SimulationError, as_timeline, simulate
-from .step_memory import step_memory
-from .targets import TargetError
-from .tp_plan import local_layout, plan_tp
-from .windows import step_windows
+from .edits.dp_plan import is_dp_comm, plan_dp
+from .edits.edit import StepEdit, checkpoint_edits, dp_owned, emit, micro_scale, timed_nodes
+from .edits.tp_plan import local_layout, plan_tp
+from .memory.memory_replay import held_elements
+from .memory.step_memory import step_memory
+from .pipeline.pp_predict import predict_pipeline
+from .pipeline.pp_stages import top_level
+from .recorded.axis import Axis
+from .recorded.layout import Layout
+from .recorded.setup import Setup, one_step, recorded_setup
+from .recorded.windows import step_windows
+from .reference_gpt.targets import TargetError
+from .replay.compose import Programs
+from .replay.measures import measures
+from .replay.simulate import SimulationError, as_timeline, simulate
 
 
 @dataclass
@@ -55,7 +55,7 @@ class ModelRecording:
         return any(d.storages for d in self.details.values())
 
     def sequence(self) -> list:
-        """The model's top-level sequence (viz.whatif.pp_stages.top_level), from the first
+        """The model's top-level sequence (viz.whatif.pipeline.pp_stages.top_level), from the first
         rank's last counted step."""
         rank = min(self.details)
         windows = self.windows_of(rank, max(self.details[rank].steps))
@@ -73,7 +73,8 @@ class ModelRecording:
 
 def study_model(rec, sim, details: dict, world: int, config: dict,
                 dimensions: dict) -> Optional[ModelRecording]:
-    """``rec``: the viz.whatif.recording.Recording; ``sim``: its replay; ``details``: rank ->
+    """``rec``: the viz.whatif.reference_gpt.recording.Recording; ``sim``: its replay; ``details``:
+    rank ->
     step detail. None without details."""
     if not details:
         return None
@@ -96,7 +97,7 @@ class ModelPrediction:
 
 
 def predict_model(rec, model: ModelRecording, tgt: Setup) -> ModelPrediction:
-    """One target's prediction (``rec``: the viz.whatif.recording.Recording)."""
+    """One target's prediction (``rec``: the viz.whatif.reference_gpt.recording.Recording)."""
     if tgt.pp > 1:
         return ModelPrediction(*predict_pipeline(rec, model, tgt, batch_ratio(model, tgt)))
     source_world = rec.world

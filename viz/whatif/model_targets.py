@@ -1,15 +1,15 @@
-"""Targets on any model: the recorded setup (viz.whatif.setup) with what a target names
+"""Targets on any model: the recorded setup (viz.whatif.recorded.setup) with what a target names
 changed, checked against what the recording holds, so that a target it cannot support is
 refused with one line saying what is missing.
 
 Options: ``dp`` (the data-parallel degree: a world of dp x tp ranks), ``tp`` with
-``tp_plan`` (tensor parallelism: module PATTERN -> colwise | rowwise, viz.whatif.tp_plan),
+``tp_plan`` (tensor parallelism: module PATTERN -> colwise | rowwise, viz.whatif.edits.tp_plan),
 ``shard``
 (replicate, optimizer, gradients, full), ``shard_units`` (PATTERNs of FSDP2's units),
 ``param_dtype`` (bf16, fp32: FSDP2's mixed precision), ``checkpoint`` (PATTERNs of the
 modules to checkpoint, non-reentrant), ``no_checkpoint``, ``microbatch_size``,
 ``grad_accum``; ``pp`` with ``split`` (PATTERNs of the modules where stages begin),
-``schedule`` and ``microbatches`` (torch.distributed.pipelining, viz.whatif.pp_stages).
+``schedule`` and ``microbatches`` (torch.distributed.pipelining, viz.whatif.pipeline.pp_stages).
 PATTERNs match module paths on the unwrapped model (tracer.vocab.model_paths.matches):
 ``layers.*``, ``**.mlp``, comma-separated.
 """
@@ -20,11 +20,11 @@ from typing import Optional
 
 from tracer.vocab.model_paths import matches
 
-from .layout import Layout
-from .pp_stages import cut
-from .setup import SHARDINGS, Setup
-from .targets import TargetError
-from .tp_plan import tp_plan
+from .edits.tp_plan import tp_plan
+from .pipeline.pp_stages import cut
+from .recorded.layout import Layout
+from .recorded.setup import SHARDINGS, Setup
+from .reference_gpt.targets import TargetError
 
 OPTIONS = ("dp", "shard", "shard_units", "param_dtype", "checkpoint", "no_checkpoint",
            "microbatch_size", "grad_accum", "tp_plan", "split")
@@ -40,7 +40,7 @@ def is_model_target(changes: dict, reference_gpt: bool, pipelined: bool = False)
     """Whether a target is predicted by these rules: it names one of their own options, or
     names only ``dp`` (and ``tp``) on a run that is not the reference GPT's, or pipeline
     options on a run of neither the reference GPT nor a pipeline (``pipelined``: a recording
-    of torch.distributed.pipelining, whose schedule and micro-batches viz.whatif.plan
+    of torch.distributed.pipelining, whose schedule and micro-batches viz.whatif.reference_gpt.plan
     predicts)."""
     if any(k in OPTIONS and k != "dp" for k in changes):
         return True
@@ -88,7 +88,7 @@ def model_target(rec: Setup, changes: dict, layout: Optional[Layout], modules: l
                  has_memory: bool, run_dir: str = "the recording",
                  sequence: Optional[list] = None) -> Setup:
     """The target's setup; TargetError (one line) for one the recording cannot support.
-    ``sequence``: the model's top-level sequence (viz.whatif.pp_stages.top_level)."""
+    ``sequence``: the model's top-level sequence (viz.whatif.pipeline.pp_stages.top_level)."""
     unknown = [k for k in changes if k in GPT_ONLY]
     if unknown:
         raise TargetError(f"{flag(unknown[0])} is the reference GPT's option: a target on "

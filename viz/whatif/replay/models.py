@@ -22,7 +22,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from ..analysis.flops import flops as op_flops, parse_shapes, base_name
+from ...analysis.flops import flops as op_flops, parse_shapes, base_name
 
 RING_KINDS = ("all_reduce", "all_gather", "reduce_scatter")   # the ring's step counts apply
 # A fit over fewer samples is named so where a derived kind leans on it: a pp 2 recording's one
@@ -116,7 +116,7 @@ class CollectiveModel:
     def from_graph(cls, graph, link: LinkModel, backend: Optional[str] = None,
                    role_of: Optional[Callable] = None) -> "CollectiveModel":
         """Fitted on the matched collectives some member waited for (a completion no one
-        waited for may have been reported late: viz.whatif.waits), each taken from its last
+        waited for may have been reported late: viz.whatif.replay.waits), each taken from its last
         member's launch to the earliest completion; their jitter (:func:`jitter`) apart, per
         role (``role_of(comm)``: tp, dp, embedding, ...): how late the last member comes
         depends on what the members did before, a gradient bucket launched amid a backward

@@ -2,14 +2,14 @@
 from the storages of a recorded step without a pipeline (viz.analysis.step_detail):
 
 - the model's working storages of each stage the rank runs, taken from the stage's windows of
-  the recorded micro-batch (viz.whatif.pp_stages), one copy per micro-batch at that micro-batch's
-  pass in the schedule's order (a :class:`PassAxis`), scaled by the micro-batch size; what a
-  stage hands on (its output) and hands back (its input's gradient) lives as long as
-  torch.distributed.pipelining keeps it (viz.whatif.pp_runtime), and on the stage that made
-  it is a temporary unless that stage's own backward freed it (saved it);
+  the recorded micro-batch (viz.whatif.pipeline.pp_stages), one copy per micro-batch at that
+  micro-batch's pass in the schedule's order (a :class:`PassAxis`), scaled by the micro-batch size;
+  what a stage hands on (its output) and hands back (its input's gradient) lives as long as
+  torch.distributed.pipelining keeps it (viz.whatif.pipeline.pp_runtime), and on the stage that
+  made it is a temporary unless that stage's own backward freed it (saved it);
 - the data of a step (made before the first forward) on every rank, for all micro-batches;
 - torch.distributed.pipelining's receive buffers and the last stage's outputs
-  (viz.whatif.pp_runtime);
+  (viz.whatif.pipeline.pp_runtime);
 - the model states of the stages' modules: parameters and buffers (the root's own on every
   rank), gradients from where the recording made them in the first micro-batch's backward to
   the next step's ``zero_grad``, optimizer state by the recorded bytes per element, its
@@ -22,13 +22,13 @@ from typing import Optional
 
 from tracer.vocab.model_paths import model_path
 
-from .layout import Layout
-from .memory_replay import Life, StatesModel, peak
+from ..memory.memory_replay import Life, StatesModel, peak
+from ..memory.working_memory import gradient_storages, scaled, working
+from ..recorded.layout import Layout
+from ..recorded.windows import BACKWARD
 from .pp_runtime import (input_grad_freed, last_stage_outputs, output_freed,
                          receive_buffers)
 from .pp_stages import StageCut, StageWindows
-from .windows import BACKWARD
-from .working_memory import gradient_storages, scaled, working
 
 
 class PassAxis:
@@ -72,7 +72,7 @@ class PassAxis:
 def pipeline_memory(rec, tgt, layout: Layout, detail, windows, axis: PassAxis,
                     mine: list, cut_bytes: list, batch: float) -> dict:
     """``{"peak_bytes", "by_category"}`` of a pipeline rank running stages ``mine`` of
-    ``tgt.stages`` (``rec``, ``tgt``: the recorded and target viz.whatif.setup.Setup;
+    ``tgt.stages`` (``rec``, ``tgt``: the recorded and target viz.whatif.recorded.setup.Setup;
     ``detail``: the step detail of the recorded rank it takes its work from, ``windows`` its
     memory step's; ``cut_bytes``: each cut's activation, one micro-batch of the target)."""
     stages: StageCut = tgt.stages

@@ -1,7 +1,7 @@
 """The storages torch.distributed.pipelining keeps itself, beside the model's, on a pipeline
 rank (read from torch 2.10's, 2.11's, 2.13's and 2.14.1's ``stage.py`` and ``schedules.py``,
 the same in all four for the schedules here), as lives on the rank's pass axis
-(viz.whatif.pp_memory.PassAxis):
+(viz.whatif.pipeline.pp_memory.PassAxis):
 
 - receive buffers (``_RecvInfo.buffer``, ``_make_tensor_from_meta``): at the first step, one
   per micro-batch for the activation a stage receives (all but the first stage) and one per
@@ -30,7 +30,7 @@ gloo's P2P warm-up: neither outlives it.
 """
 from __future__ import annotations
 
-from .memory_replay import Life
+from ..memory.memory_replay import Life
 
 # order of what happens at one instant at the end of the passes: the merged output is made,
 # then the schedule returns (its works and lists of sends go), then the merged output is freed

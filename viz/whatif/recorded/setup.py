@@ -24,7 +24,7 @@ import numpy as np
 from tracer.vocab.labels import PHASES
 from tracer.vocab.model_paths import model_path, unwrap
 
-from ..analysis.flops import parse_shapes
+from ...analysis.flops import parse_shapes
 from .layout import ROOT, Layout, fsdp_bytes, itemsize
 
 SHARDINGS = ("replicate", "optimizer", "gradients", "full")
@@ -46,10 +46,11 @@ class Setup:
     microbatch_size: Optional[int] = None
     dp_group: tuple = ()
     tp: int = 1
-    tp_plan: Optional[object] = None     # viz.whatif.tp_plan.TPPlan
+    tp_plan: Optional[object] = None     # viz.whatif.edits.tp_plan.TPPlan
     pp: int = 1
     schedule: Optional[str] = None       # a pipeline's: gpipe, 1f1b, interleaved
-    stages: Optional[object] = None      # viz.whatif.pp_stages.StageCut of a predicted split
+    # viz.whatif.pipeline.pp_stages.StageCut of a predicted split
+    stages: Optional[object] = None
 
     def config(self) -> dict:
         """whatif.json's ``config`` keys of this setup."""

@@ -9,17 +9,17 @@ amount per op (``gap_ns``). A part's cost per pass is then its op time plus its 
 that, over the passes that ran it. Layers are taken as equal: the per-layer cost is the mean over
 every recorded layer; the embedding and the head come from the ranks that ran them.
 
-Tensor parallelism scales each op's time by the op-cost model (:class:`viz.whatif.models
-.OpCostModel`) at its work on the new shard (:func:`viz.whatif.megatron.shard_factor`); the
-host time per op stays.
+Tensor parallelism scales each op's time by the op-cost model (:class:`viz.whatif.replay.models
+.OpCostModel`) at its work on the new shard
+(:func:`viz.whatif.reference_gpt.megatron.shard_factor`); the host time per op stays.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Optional
 
+from ..replay.models import OpCostModel, work_of
 from .megatron import Shape, module_part, shard_factor
-from .models import OpCostModel, work_of
 
 PHASE_KINDS = {"forward": ("F",), "backward": ("B", "W")}
 _LINEAR = ("qkv", "proj", "fc1", "fc2")

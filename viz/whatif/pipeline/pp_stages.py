@@ -5,11 +5,11 @@ the container) is cut before each module a PATTERN names; stage i runs the items
 to the next, the ops the root runs between them (a pooling before the head) with the items
 after them.
 
-On the recorded step (viz.whatif.windows), each stage's forward and backward of a micro-batch
-are windows of time: the forward from its first item's first op to the next stage's, the
-backward from the end of the next stage's first item's backward (the gradient it hands back)
-to the end of its own first item's. What crosses a cut is one activation: the first input of
-the next stage's first op (its recorded shape), and its gradient back.
+On the recorded step (viz.whatif.recorded.windows), each stage's forward and backward of a
+micro-batch are windows of time: the forward from its first item's first op to the next stage's,
+the backward from the end of the next stage's first item's backward (the gradient it hands back) to
+the end of its own first item's. What crosses a cut is one activation: the first input of the next
+stage's first op (its recorded shape), and its gradient back.
 """
 from __future__ import annotations
 
@@ -21,10 +21,10 @@ import numpy as np
 
 from tracer.vocab.model_paths import matches, model_path
 
-from ..analysis.flops import parse_shapes
-from .layout import DTYPE_BYTES, Layout
-from .targets import TargetError
-from .windows import BACKWARD, FORWARD, Micro, StepWindows
+from ...analysis.flops import parse_shapes
+from ..recorded.layout import DTYPE_BYTES, Layout
+from ..recorded.windows import BACKWARD, FORWARD, Micro, StepWindows
+from ..reference_gpt.targets import TargetError
 
 DTYPES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16", "f64": "float64",
           "i64": "int64", "i32": "int32", "i16": "int16", "i8": "int8", "u8": "uint8",

@@ -1,35 +1,35 @@
 """A pipeline on any model (``--pp N --split MODULE[,...] --schedule S --microbatches M``),
 predicted from a recording without one: the model cut into stages at module boundaries
-(viz.whatif.pp_stages), stage i on rank i mod N (torch.distributed.pipelining's placement; an
-interleaved rank runs several), no data parallelism.
+(viz.whatif.pipeline.pp_stages), stage i on rank i mod N (torch.distributed.pipelining's placement;
+an interleaved rank runs several), no data parallelism.
 
 Each rank's step: the recorded work before the first micro-batch (the data, made for all
-micro-batches at once), its passes in the schedule's order (tracer.vocab.schedules' GPipe and
-1F1B, which are torch's; viz.whatif.torch_plans' ScheduleInterleaved1F1B), each a stage's
+micro-batches at once), its passes in the schedule's order (tracer.vocab.schedules' GPipe and 1F1B,
+which are torch's; viz.whatif.reference_gpt.torch_plans' ScheduleInterleaved1F1B), each a stage's
 forward or backward of one micro-batch with the compute its window of the recorded micro-batch
-holds (the op-cost model scaling it to another micro-batch size), the activation received
-before a forward and sent after it, its gradient received before a backward and sent after,
-their bytes from the recorded shapes and their time from the P2P link model; then the work after
-the passes (the optimizer's in proportion to the parameters the rank holds). Then the same
-simulation as every other target (viz.whatif.simulate). Memory: viz.whatif.pp_memory.
+holds (the op-cost model scaling it to another micro-batch size), the activation received before a
+forward and sent after it, its gradient received before a backward and sent after, their bytes from
+the recorded shapes and their time from the P2P link model; then the work after the passes (the
+optimizer's in proportion to the parameters the rank holds). Then the same simulation as every
+other target (viz.whatif.replay.simulate). Memory: viz.whatif.pipeline.pp_memory.
 """
 from __future__ import annotations
 
 from tracer.vocab.schedules import schedule_actions
 
-from ..analysis.dimensions import WORLD
-from ..analysis.metrics import metrics_of
-from .compose import Body, Call, Programs
-from .edit import compute_in
-from .graph import PassKey
-from .measures import measures
-from .models import work_of
+from ...analysis.dimensions import WORLD
+from ...analysis.metrics import metrics_of
+from ..edits.edit import compute_in
+from ..recorded.windows import GRAD_SYNC
+from ..reference_gpt.targets import TargetError
+from ..reference_gpt.torch_plans import torch_order
+from ..replay.compose import Body, Call, Programs
+from ..replay.graph import PassKey
+from ..replay.measures import measures
+from ..replay.models import work_of
+from ..replay.simulate import SimulationError, as_timeline, simulate
 from .pp_memory import PassAxis, pipeline_memory
 from .pp_stages import boundary_bytes, stage_windows
-from .simulate import SimulationError, as_timeline, simulate
-from .targets import TargetError
-from .torch_plans import torch_order
-from .windows import GRAD_SYNC
 
 
 def schedule_order(schedule: str, pp: int, rank: int, microbatches: int, chunks: int) -> list:
