@@ -8,7 +8,7 @@
 Each repeat records two base configurations with trace-run (2 ranks, gloo, CPU,
 OMP_NUM_THREADS=1): A = pp 2 (1F1B, m=4) and B = dp 2, then runs every target configuration
 for real, traced the same way, and compares the prediction made from the base with the real
-run's measurement (viz.whatif.measures: the slowest rank's mean counted step, the share of
+run's measurement (viz.whatif.replay.measures: the slowest rank's mean counted step, the share of
 the step without compute, averaged over ranks). Targets, all on 2 ranks (4 processes on 2
 cores would make contention dominate: the pipeline and tensor degree changes keep the world
 at 2 by moving the data-parallel degree the other way):
@@ -18,19 +18,18 @@ at 2 by moving the data-parallel degree the other way):
 - pipeline and data degree: A -> pp 1 (dp 2); B -> pp 2 (dp 1);
 - tensor degree: A -> tp 2 + SP (pp 1, dp 1); B -> tp 2 + SP (dp 1).
 
-The runs of one repeat alternate, so every configuration sees the same machine; the load
-average before the first run is printed. The two bases run once first, not counted
-(--warmup): on a machine that sat idle the first runs were 13-25 % slower (the first
-repeat's pp 2 base 684 ms against 545 and 503 in the next two). Errors are medians over
-repeats: step error is predicted / real - 1, bubble error predicted - real in points. Predictions and real runs are both traced (the
-recording's durations carry the tracer's cost, so the prediction is of a traced step).
-With --memory every run records memory (trace-run --memory: slower steps, so the step table
-is not comparable with one without it) and a second table sets each target's predicted peak
-per rank (viz.whatif.memory) beside the real run's: the median and the worst rank's error
-(goal: within 10 %). Memory does not depend on the machine's load: one repeat is enough.
-Default sizes (8 layers, hidden 256, seq 64, micro-batch 8) take about 4 minutes at
---repeat 3 on a quiet 2-core machine (more under load); --model tiny checks the script in
-about a minute.
+The runs of one repeat alternate, so every configuration sees the same machine; the load average
+before the first run is printed. The two bases run once first, not counted (--warmup): on a machine
+that sat idle the first runs were 13-25 % slower (the first repeat's pp 2 base 684 ms against 545
+and 503 in the next two). Errors are medians over repeats: step error is predicted / real - 1,
+bubble error predicted - real in points. Predictions and real runs are both traced (the recording's
+durations carry the tracer's cost, so the prediction is of a traced step). With --memory every run
+records memory (trace-run's default; without --memory the runs use --no-memory: slower steps,
+so the step table is not comparable with one without it) and a second table sets each target's predicted peak per rank
+(viz.whatif.reference_gpt.gpt_memory) beside the real run's: the median and the worst rank's error
+(goal: within 10 %). Memory does not depend on the machine's load: one repeat is enough. Default
+sizes (8 layers, hidden 256, seq 64, micro-batch 8) take about 4 minutes at --repeat 3 on a quiet
+2-core machine (more under load); --model tiny checks the script in about a minute.
 """
 from __future__ import annotations
 
@@ -49,7 +48,7 @@ sys.path.insert(0, REPO)
 from viz.analysis import analyse  # noqa: E402
 from viz.run import open_run  # noqa: E402
 from viz.whatif import what_if  # noqa: E402
-from viz.whatif.measures import measures  # noqa: E402
+from viz.whatif.replay.measures import measures  # noqa: E402
 
 MODELS = {"default": ["--layers", "8", "--hidden", "256", "--heads", "4", "--seq-len", "64",
                       "--micro-batch-size", "8"],
@@ -97,7 +96,7 @@ def trace(out: str, config: dict, model: list, steps: int) -> str:
     env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", PYTHONPATH=REPO)
     proc = subprocess.run(
         [sys.executable, "-m", "instrument.launch", "--nproc-per-node", "2", "--out", out,
-         "--steps", "2-", "--no-report", *(["--memory"] if MEMORY else []),
+         "--steps", "2-", "--no-report", *([] if MEMORY else ["--no-memory"]),
          "-m", "sample_runs.train", *model,
          "--steps", str(steps), *flags(config)],
         env=env, cwd=REPO, capture_output=True, text=True)

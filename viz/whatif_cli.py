@@ -4,16 +4,16 @@
                  [--schedule S] [--virtual-stages V] [--microbatches M]
                  [--shard S] [--shard-units P] [--param-dtype D] [--checkpoint P]
                  [--no-checkpoint] [--microbatch-size N] [--grad-accum N] [--tp-plan FILE]
-                 [--target "OPTIONS"]...
+                 [--split PATTERN] [--target "OPTIONS"]...
 
-The options given directly are one target; each ``--target "OPTIONS"`` (the same option names)
-is another; with none, only the replay is predicted. Every target changes only what it names
-from the recorded configuration (viz.whatif.targets, viz.whatif.model_targets). Open the run
--> analyse it once -> (for targets on any model, each rank's step detail) -> replay and
-predict (viz.whatif) -> the renderers of :mod:`viz.render.whatif`: with ``--out DIR``
-DIR/whatif/*.svg, DIR/whatif.json and DIR/whatif.html, and the page's path on stdout; without
-it the ranking on stdout and no file (as trace-diff without --out: a table, no file).
-Bad options and targets that cannot be predicted are one line on stderr and exit status 2.
+The options given directly are one target; each ``--target "OPTIONS"`` (the same option names) is
+another; with none, only the replay is predicted. Every target changes only what it names from the
+recorded configuration (viz.whatif.reference_gpt.targets, viz.whatif.model_targets). Open the run
+-> analyse it once -> (for targets on any model, each rank's step detail) -> replay and predict
+(viz.whatif) -> the renderers of :mod:`viz.render.whatif`: with ``--out DIR`` DIR/whatif/*.svg,
+DIR/whatif.json and DIR/whatif.html, and the page's path on stdout; without it the ranking on
+stdout and no file (as trace-diff without --out: a table, no file). Bad options and targets that
+cannot be predicted are one line on stderr and exit status 2.
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
 SHARDINGS = ("replicate", "optimizer", "gradients", "full")
 KEYS = ("tp", "sp", "pp", "dp", "schedule", "virtual_stages", "microbatches", "shard",
         "shard_units", "param_dtype", "checkpoint", "no_checkpoint", "microbatch_size",
-        "grad_accum", "tp_plan")
+        "grad_accum", "tp_plan", "split")
 
 
 class _UsageError(Exception):
@@ -78,6 +78,8 @@ def _target_options(parser: argparse.ArgumentParser) -> None:
                         help="micro-batches per optimizer step (gradient accumulation)")
     parser.add_argument("--tp-plan", type=_plan, metavar="FILE", help="with --tp, on any model: "
                         "a JSON object of module PATTERN -> colwise | rowwise")
+    parser.add_argument("--split", metavar="PATTERN", help="with --pp, on any model: the "
+                        "modules where pipeline stages begin (torch.distributed.pipelining)")
 
 
 def _plan(path: str) -> dict:
@@ -199,7 +201,7 @@ def run(run_dir: str, out_dir: Optional[str], targets: list,
 
 
 def _reference_gpt(config: dict) -> bool:
-    from .whatif.megatron import shape_of
+    from .whatif.reference_gpt.megatron import shape_of
     return shape_of(config) is not None
 
 

@@ -146,4 +146,37 @@ def test_the_whatif_models_benchmark_tables_medians_and_worst_errors(monkeypatch
     assert rows[("llama", "FSDP2")][2:] == ["1050.0m", "1000.0m", "+5.0%", "+30.0%", "NO"]
     assert rows[("cnn", "ZeRO-1")][2:] == ["540.0m", "500.0m", "+8.0%", "+8.0%", "yes"]
     assert bench.detail(found).splitlines()[1].split()[2:] == ["+5.0", "-10.0", "+30.0"]
-    assert bench.resolved("gpt2", ["--checkpoint", None]) == ["--checkpoint", "transformer.h.*"]
+    assert bench.resolved("gpt2", ["--checkpoint", "CKPT"]) == ["--checkpoint", "transformer.h.*"]
+
+
+def test_the_whatif_models_benchmark_sets_pipelines_beside_real_runs(monkeypatch):
+    """The pipelines' table of benchmarks/whatif_models.py on made-up measures: ratios
+    predicted / real of the step (one a repeat), each rank's peak and P2P bytes (one a rank
+    and repeat), each the median and the one farthest from 1; pipelines only where the model
+    has a split (GPT-2 has none)."""
+    monkeypatch.syspath_prepend(REPO)
+    from benchmarks import whatif_models as bench
+
+    def m(step_s, peaks, p2p):
+        return {"step_s": step_s, "memory": {r: {"peak_bytes": b} for r, b in peaks.items()},
+                "p2p": p2p}
+
+    def real(step_s, peaks, p2p):
+        return {"step_s": step_s, "memory": peaks, "p2p": p2p}
+    found = {("llama", "pp 2 1F1B m4"): [
+        (m(1.05, {"0": 110, "1": 100}, {"0": 64, "1": 64}), real(1.0, {"0": 100, "1": 100},
+                                                            {"0": 64, "1": 64})),
+        (m(0.90, {"0": 100, "1": 96}, {"0": 64, "1": 64}), real(1.0, {"0": 100, "1": 100},
+                                                           {"0": 64, "1": 32})),
+        (m(1.30, {"0": 100, "1": 100}, {"0": 64, "1": 64}), real(1.0, {"0": 100, "1": 100},
+                                                            {"0": 64, "1": 64}))],
+        ("llama", "FSDP2"): [(m(1.0, {}, {}), real(1.0, {}, {}))]}
+    lines = bench.pipeline_table(found).splitlines()
+    assert len(lines) == 3                                  # the title, the header, one row
+    # steps 1.05, 0.90, 1.30; peaks 1.10, 1.00, 1.00, 0.96, 1.00, 1.00; P2P 1 five times, 2
+    assert lines[2].split() == ["llama", "pp", "2", "1F1B", "m4", "1.0500", "1.3000", "1.0000",
+                                "1.1000", "1.0000", "2.0000"]
+    names = {name: args for name, _, args, _ in bench.targets_of("llama")}
+    assert names["pp 2 interl. m4"] == ["--pp", "2", "--split", "layers.1,layers.2,layers.3",
+                                        "--schedule", "interleaved", "--microbatches", "4"]
+    assert not [n for n, *_ in bench.targets_of("gpt2") if n.startswith("pp")]

@@ -18,7 +18,7 @@ import pytest
 from support.gpt_helpers import env, free_port
 from viz.analysis import analyse
 from viz.run import open_run
-from viz.whatif.graph import BEGIN, END, LAUNCH, STEP, WAIT, execution_graph
+from viz.whatif.replay.graph import BEGIN, END, LAUNCH, STEP, WAIT, execution_graph
 from support.paths import REPO
 
 M = 4
@@ -73,9 +73,9 @@ def test_the_execution_graph_holds_passes_p2p_edges_and_steps(run):
 def test_the_recorder_says_its_completions_need_no_correction(run):
     """The recorder writes how it stamps completions (tracer.recorder.process_info.COMPLETION) into
     every trace it starts, and viz.whatif reads such traces as they are: no rank's waits are
-    re-read from its host time (viz.whatif.waits.late_completions)."""
+    re-read from its host time (viz.whatif.replay.waits.late_completions)."""
     from tracer.recorder.process_info import COMPLETION
-    from viz.whatif.waits import late_completions
+    from viz.whatif.replay.waits import late_completions
     out, _ = run
     analysis = analyse(open_run(str(out / "run")))
     assert sorted(analysis.ranks) == [0, 1]

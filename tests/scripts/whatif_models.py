@@ -9,7 +9,8 @@ against real runs (tests/integration/test_whatif_models.py, benchmarks/whatif_mo
   ends set to None, as torchtitan's pipeline splitting leaves it;
 - ``gpt2``: transformers' GPT2LMHeadModel built from a GPT2Config (no download);
 - ``cnn``: a CNN in stages (a stem, a ModuleList of stages of Conv2d + BatchNorm2d + ReLU
-  blocks, a pooled linear head), BatchNorm's running statistics being buffers.
+  blocks, a pooled linear head), BatchNorm's running statistics being buffers; a pipeline
+  stage has its ends set to None and the stages it does not run deleted, as the Llama's.
 
 Every model takes a batch from :func:`batch` and returns its loss through :func:`loss_of`.
 """
@@ -166,10 +167,11 @@ class StagedCNN(nn.Module):
         self.head = nn.Linear(widths[-1], classes)
 
     def forward(self, x):
-        x = self.stem(x)
+        # a pipeline stage has its ends set to None, as torchtitan leaves its models' ends
+        x = self.stem(x) if self.stem else x
         for stage in self.stages:
             x = stage(x)
-        return self.head(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+        return self.head(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1)) if self.head else x
 
 
 # ----------------------------------------------------------------------------- common

@@ -14,13 +14,10 @@ MOST_FLAT = 15
 # name -> the exact paths sharing it that issue 53's other parts rename (an entry lets that set
 # of paths through, no other)
 SHARED_NAMES = {
-    "collectives.py": {"tracer/kineto/collectives.py", "viz/whatif/collectives.py"},  # whatif/
     "fsdp.py": {"tracer/recorder/fsdp.py", "tracer/recorder/patches/fsdp.py"},   # recorder/
-    "memory.py": {"tracer/recorder/memory.py", "viz/whatif/memory.py"},          # in rooms
 }
 # folder -> why it may hold more than MOST_FLAT modules flat, for now
-CROWDED = {"tracer/recorder": "recorder/ in rooms, with the Session split (issue 53)",
-           "viz/whatif": "whatif/ in rooms, once its pipeline target lands (issue 54)"}
+CROWDED = {"tracer/recorder": "recorder/ in rooms, with the Session split (issue 53)"}
 
 
 def module_paths(roots=ROOTS) -> list:
@@ -61,11 +58,11 @@ def test_no_folder_holds_more_than_15_modules_flat():
 
 
 def test_the_checks_see_a_planted_name_and_a_planted_crowd():
-    """Planted: a second graph.py beside viz/whatif/graph.py, a third memory.py beside the two
-    let through, and 16 modules in one folder; 15 stay allowed, and so does __init__.py."""
+    """Planted: a second graph.py beside viz/whatif/replay/graph.py, a second memory.py, and 16
+    modules in one folder; 15 stay allowed, and so does __init__.py."""
     paths = module_paths()
     assert shared_names(paths + ["viz/diff/graph.py"]) == {
-        "graph.py": ["viz/diff/graph.py", "viz/whatif/graph.py"]}
+        "graph.py": ["viz/diff/graph.py", "viz/whatif/replay/graph.py"]}
     assert set(shared_names(paths + ["viz/analysis/memory.py"])) == {"memory.py"}
     room = [f"viz/hall/m{i}.py" for i in range(MOST_FLAT)] + ["viz/hall/__init__.py"]
     assert crowded_folders(paths + room) == {}

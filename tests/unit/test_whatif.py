@@ -165,8 +165,8 @@ def test_alpha_beta_fit_and_the_ring_for_another_group_size():
     """Collectives over 2 ranks taking 2a + S*b (a ring all-reduce: 2(n-1) steps of latency a,
     2(n-1)/n * S bytes at b ns/byte): the fit recovers them; over 4 ranks the model gives the
     ring's 6a + 1.5*S*b; a reduce-scatter (n-1 steps, (n-1)/n * S) over 2 ranks a + S*b/2."""
-    from viz.whatif.graph import Comm, ExecutionGraph
-    from viz.whatif.models import CollectiveModel, LinkModel
+    from viz.whatif.replay.graph import Comm, ExecutionGraph
+    from viz.whatif.replay.models import CollectiveModel, LinkModel
     a, b = 40_000, 0.5
     graph = ExecutionGraph({}, [], [], {})
     for size in (1 << 14, 1 << 16, 1 << 18):
@@ -197,8 +197,8 @@ def test_a_gloo_reduce_scatter_recorded_is_read_as_the_all_reduce_it_ran():
     """Reduce-scatters recorded on gloo taking 2a + S*b (the all-reduce ProcessGroupGloo runs):
     an all-gather derived from them is the ring's: one step of latency a, and each rank
     moves the shard S it hands in, a + S*b."""
-    from viz.whatif.graph import Comm, ExecutionGraph
-    from viz.whatif.models import CollectiveModel, LinkModel
+    from viz.whatif.replay.graph import Comm, ExecutionGraph
+    from viz.whatif.replay.models import CollectiveModel, LinkModel
     a, b = 40_000, 0.5
     graph = ExecutionGraph({}, [], [], {})
     for size in (1 << 14, 1 << 16, 1 << 18):
@@ -213,8 +213,8 @@ def test_jitter_is_added_only_to_collectives_of_its_role():
     """Gradient buckets (dp) whose last member comes 10 to 30 units late against blocking TP
     all-reduces of the same size 1 to 3 units late: each role gets its own jitter (a mean of
     5 and 0.5 units over the steady lateness), and a role with none recorded gets none."""
-    from viz.whatif.graph import Comm, ExecutionGraph
-    from viz.whatif.models import CollectiveModel, LinkModel
+    from viz.whatif.replay.graph import Comm, ExecutionGraph
+    from viz.whatif.replay.models import CollectiveModel, LinkModel
     graph = ExecutionGraph({}, [], [], {})
     for group, spread in (((0, 1), 10), ((2, 3), 1)):
         for late in (spread, 3 * spread):
@@ -308,8 +308,8 @@ def test_jitter_is_the_lateness_a_simulation_cannot_have():
     average (steady: the simulation keeps it); the jitter of a collective is its last
     member's lateness less that, and a collective nobody waited for where it was launched
     (a gradient bucket) has none."""
-    from viz.whatif.graph import Comm
-    from viz.whatif.models import jitter
+    from viz.whatif.replay.graph import Comm
+    from viz.whatif.replay.models import jitter
     lateness = [{0: -5, 1: 5}, {0: 10, 1: -10}, {0: -5, 1: 5}, {0: -20, 1: 20}]
     comms = [Comm("all_reduce", (0, 1), 64, (0, 1), {0: 1, 1: 1}, lateness=late, prompt=True)
              for late in lateness]

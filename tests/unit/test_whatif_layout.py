@@ -1,4 +1,4 @@
-"""The parameter layout trace-whatif re-shards (viz.whatif.layout), from what the recorder
+"""The parameter layout trace-whatif re-shards (viz.whatif.recorded.layout), from what the recorder
 writes of a root module (tracer.recorder.parameters), against torch's own computations: its
 bucket assignment for DDP (torch.distributed._compute_bucket_assignment_by_size), torch.chunk
 for FSDP2's shards, the models' named_parameters; and the targets on any model refused with
@@ -14,10 +14,10 @@ import torch.distributed as dist
 
 from support.paths import SCRIPTS
 from tracer.recorder.parameters import describe
-from viz.whatif.layout import Layout, ddp_buckets, fsdp_bytes, zero_partition
 from viz.whatif.model_targets import model_target
-from viz.whatif.setup import Setup
-from viz.whatif.targets import TargetError
+from viz.whatif.recorded.layout import Layout, ddp_buckets, fsdp_bytes, zero_partition
+from viz.whatif.recorded.setup import Setup
+from viz.whatif.reference_gpt.targets import TargetError
 
 sys.path.insert(0, str(SCRIPTS))
 from whatif_models import build  # noqa: E402
@@ -101,8 +101,8 @@ SETUP = Setup(world=2, dp=2, shard="replicate", dp_group=(0, 1), microbatch_size
      "--shard-units 'layer.*' matches no module"),
     ({"param_dtype": "bf16"}, True, "--param-dtype is FSDP2's mixed precision"),
     ({"shard": "full"}, False,
-     "--shard is a memory question and runs/x has no memory recorded (record it with "
-     "trace-run --memory)"),
+     "--shard is a memory question and runs/x has no memory recorded (it was recorded with "
+     "--no-memory: record it without)"),
     ({"no_checkpoint": True}, True, "--no-checkpoint: the recording checkpoints no module"),
     ({"shard_units": "layers.*"}, True, "--shard-units names FSDP2's units: it needs"),
     ({"grad_accum": 0}, True, "--grad-accum must be >= 1"),
@@ -150,7 +150,7 @@ def test_a_tp_plan_shards_what_torch_shards(llama):
     """The parameters one TP rank holds are the local shards of torch's ColwiseParallel
     and RowwiseParallel: a column-parallel weight's dim 0, a row-parallel weight's dim 1, cut
     as torch.chunk cuts them."""
-    from viz.whatif.tp_plan import local_layout
+    from viz.whatif.edits.tp_plan import local_layout
     layout = layout_of(llama)
     tgt = model_target(SETUP, {"tp": 2, "tp_plan": PLAN}, layout, layout.modules(), True)
     assert (tgt.world, tgt.dp, tgt.tp, tgt.shard) == (2, 1, 2, None)

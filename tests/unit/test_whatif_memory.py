@@ -1,4 +1,5 @@
-"""What-if memory (viz.whatif.memory): the micro-batches a stage holds at its peak per schedule
+"""What-if memory (viz.whatif.reference_gpt.gpt_memory): the micro-batches a stage holds at its
+peak per schedule
 (docs/oracles.md), and a model fitted on constructed peaks with known rates predicting a target
 exactly, ZB-H1's deferred weight gradients included."""
 from __future__ import annotations
@@ -6,10 +7,11 @@ from __future__ import annotations
 import pytest
 
 from viz.analysis.timeline.grid import Grid
-from viz.whatif.megatron import Shape
-from viz.whatif.megatron import shape_of
+from viz.whatif.reference_gpt.megatron import Shape
+from viz.whatif.reference_gpt.megatron import shape_of
 from tracer.vocab.schedules import zb_h1
-from viz.whatif.memory import MemoryModel, elements, in_flight, unit, w_pending, w_store
+from viz.whatif.reference_gpt.gpt_memory import (MemoryModel, elements, in_flight, unit,
+                                                  w_pending, w_store)
 
 BASE = Shape(layers=4, hidden=32, seq_len=16, vocab=256, micro_batch_size=2, pp=2,
              microbatches=4, schedule="1f1b")

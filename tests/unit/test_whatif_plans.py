@@ -1,4 +1,5 @@
-"""viz.whatif.torch_plans against torch.distributed.pipelining's own plans: the compute
+"""viz.whatif.reference_gpt.torch_plans against torch.distributed.pipelining's own plans: the
+compute
 actions each rank runs under ScheduleInterleaved1F1B and ScheduleInterleavedZeroBubble, from
 torch's ``_calculate_single_rank_operations`` (the function its schedules build
 ``pipeline_order`` with), with its no-op padding left out."""
@@ -8,7 +9,7 @@ import pytest
 
 torch_schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
 
-from viz.whatif.torch_plans import torch_order  # noqa: E402
+from viz.whatif.reference_gpt.torch_plans import torch_order  # noqa: E402
 
 KIND = {"FORWARD": "F", "FULL_BACKWARD": "B", "BACKWARD_INPUT": "B", "BACKWARD_WEIGHT": "W"}
 

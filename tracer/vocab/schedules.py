@@ -2,8 +2,9 @@
 
 The passes the labels name (:mod:`.labels`), in the order each schedule runs them. The reference
 GPT's executor (sample_runs.parallel.pipeline_parallel) runs any such list, and trace-whatif
-(viz.whatif.plan) predicts a target's step from the same orders; keeping the order apart makes
-each schedule a few lines that can be checked against the papers without running a model.
+(viz.whatif.reference_gpt.plan) predicts a target's step from the same orders; keeping the order
+apart makes each schedule a few lines that can be checked against the papers without running a
+model.
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """One rank's counted steps op by op, for trace-whatif's predictions on any model
-(viz/whatif/setup.py and the modules it feeds): each compute op with its module, phase and
+(viz/whatif/recorded/setup.py and the modules it feeds): each compute op with its module, phase and
 time; each collective with its kind, phase, group, bytes and module; the storages live in one
 step with their category and the op that made them (a recording with memory); the parameters
 each root module holds (the trace's ``parameters`` metadata, tracer/recorder/parameters.py).

@@ -4,7 +4,7 @@ dimension and memory peak by category, per step over the compared steps, side by
 From the totals' profiles (:mod:`.profile`): times are the mean over ranks of each rank's sum
 over the compared steps, divided by the steps summed; memory is the largest rank's peak over
 those steps (the rank that runs out first), present only where every rank recorded it
-(``trace-run --memory``).
+(the default; not under ``--no-memory``).
 """
 from __future__ import annotations
 

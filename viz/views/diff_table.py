@@ -123,8 +123,8 @@ def cost_rows(result: DiffResult) -> list:
 def _memory_rows(a: Cost, b: Cost) -> list:
     if a.memory is None or b.memory is None:
         which = "A" if a.memory is not None else "B" if b.memory is not None else ""
-        return [("memory peak", f"recorded in {which} only (trace-run --memory on both "
-                                "compares it)" if which else "not recorded (trace-run --memory)")]
+        return [("memory peak", f"recorded in {which} only (the other ran with --no-memory)"
+                                if which else "not recorded (both ran with --no-memory)")]
     rows = [("memory peak", _pair(a.memory.peak_bytes, b.memory.peak_bytes, fmt_bytes))]
     for category in reversed(list(a.memory.by_category)):     # parameters first
         va, vb = a.memory.by_category.get(category, 0), b.memory.by_category.get(category, 0)

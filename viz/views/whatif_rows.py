@@ -18,7 +18,7 @@ def _row(name: str, measures: dict, base_step, kind: str, memory=None, **extra) 
             "pipeline": measures.get("pipeline_bubble_fraction"),
             "exposed_s": measures.get("exposed_comm_s"),
             "ranks": sorted(measures.get("ranks", {}).items(), key=lambda kv: int(kv[0])),
-            # the largest peak memory of any rank (trace-run --memory), and which rank
+            # the largest peak memory of any rank (recorded by default), and which rank
             "memory": max(peaks, key=lambda p: p[1]) if peaks else None,
             **extra}
 
@@ -44,7 +44,7 @@ def ranking(result, replay_svg: Optional[str] = None, target_svg=None) -> list:
 
 def recorded_text(result) -> str:
     """What the recorded configuration was, in words: the reference GPT's options it names,
-    else the setup read from the recording (viz.whatif.setup), else that none is known."""
+    else the setup read from the recording (viz.whatif.recorded.setup), else that none is known."""
     if result.setup:
         return result.setup
     keys = ("tp", "sp", "pp", "dp", "schedule", "virtual_stages", "microbatches")

@@ -4,17 +4,18 @@
     result = what_if(analysis, [{"schedule": "gpipe"}, {"pp": 1, "dp": 2}])
     result.replayed, result.targets[0].measures, result.targets[0].assumptions
 
-The recording becomes an execution graph (:mod:`viz.whatif.graph`: each rank's program of
+The recording becomes an execution graph (:mod:`viz.whatif.replay.graph`: each rank's program of
 compute, launches, waits and passes; collectives and P2P messages tying the programs), which
-replays with its measured durations (:mod:`viz.whatif.simulate`) to reproduce the step before
-any prediction is trusted. A target changes the reference GPT's options (:mod:`viz.whatif
-.targets`); its programs are rebuilt from the recorded parts of a step (:mod:`viz.whatif
-.anatomy`, :mod:`viz.whatif.plan`, :mod:`viz.whatif.compose`) with models fitted on the same
-recording (:mod:`viz.whatif.models`, :mod:`viz.whatif.costs`) and Megatron's rules
-(:mod:`viz.whatif.megatron`), then simulated the same way. A recording with memory
-(``trace-run --memory``) also gets each target's peak memory by category
-(:mod:`viz.whatif.memory`). Pure: no file is read or written
-here (the command, :mod:`viz.whatif_cli`, and the renderers, :mod:`viz.render.whatif`, do).
+replays with its measured durations (:mod:`viz.whatif.replay.simulate`) to reproduce the step
+before any prediction is trusted. A target changes the reference GPT's options
+(:mod:`viz.whatif.reference_gpt.targets`); its programs are rebuilt from the recorded parts of a
+step (:mod:`viz.whatif.reference_gpt.anatomy`, :mod:`viz.whatif.reference_gpt.plan`,
+:mod:`viz.whatif.replay.compose`) with models fitted on the same recording
+(:mod:`viz.whatif.replay.models`, :mod:`viz.whatif.reference_gpt.costs`) and Megatron's rules
+(:mod:`viz.whatif.reference_gpt.megatron`), then simulated the same way. A recording with memory
+(the default; not under ``--no-memory``) also gets each target's peak memory by category
+(:mod:`viz.whatif.reference_gpt.gpt_memory`). Pure: no file is read or written here (the command,
+:mod:`viz.whatif_cli`, and the renderers, :mod:`viz.render.whatif`, do).
 """
 from __future__ import annotations
 
@@ -23,17 +24,17 @@ from typing import Optional
 
 from ..analysis.timeline.lanes import Timeline
 from ..analysis.timeline.metrics import metrics_of
-from .collectives import step_rows
-from .measures import measures
-from .megatron import shape_of
-from .memory import memory_model, predicted, recorded_peaks
 from .model_predict import predict_model, replayed_memory, study_model
 from .model_targets import is_model_target, model_target, title
-from .plan import Plan
-from .recording import Recording, study
-from .simulate import SimulationError, as_timeline, simulate
-from .targets import TargetError, describe, target_config
-from .waits import late_completions
+from .reference_gpt.gpt_comm_rows import step_rows
+from .reference_gpt.gpt_memory import memory_model, predicted, recorded_peaks
+from .reference_gpt.megatron import shape_of
+from .reference_gpt.plan import Plan
+from .reference_gpt.recording import Recording, study
+from .reference_gpt.targets import TargetError, describe, target_config
+from .replay.measures import measures
+from .replay.simulate import SimulationError, as_timeline, simulate
+from .replay.waits import late_completions
 
 __all__ = ["what_if", "WhatIf", "Prediction", "TargetError", "SimulationError"]
 
@@ -48,7 +49,8 @@ class Prediction:
     metrics: dict                    # rank -> viz.analysis.timeline.metrics.RankMetrics
     measures: dict                   # whatif.json's M
     assumptions: list
-    memory: Optional[dict] = None    # rank -> predicted peak by category (viz.whatif.memory)
+    # rank -> predicted peak by category (viz.whatif.reference_gpt.gpt_memory)
+    memory: Optional[dict] = None
     collectives: Optional[dict] = None   # rank -> one step's comm rows (summary.json's)
     name: Optional[str] = None       # the title, where the changes do not make it
 
@@ -71,7 +73,7 @@ class WhatIf:
     replay_metrics: dict
     models: list                     # how well each fitted model describes the recording
     targets: list = field(default_factory=list)   # Prediction
-    memory: Optional[dict] = None    # rank -> the recording's peak by category (--memory)
+    memory: Optional[dict] = None    # rank -> the recording's peak by category
     memory_replayed: Optional[dict] = None   # the same, predicted for the recorded config
     setup: Optional[str] = None      # the recorded setup in words, read from the recording
 
@@ -92,9 +94,9 @@ def what_if(analysis, targets: list, details: Optional[dict] = None,
     sim = simulate(rec.graph, rec.graph.starts)
     model = study_model(rec, sim, details or {}, analysis.world_size, rec.config,
                         {t: g.dimension for t, g in analysis.group_dimensions.items()})
-    configs = [None if is_model_target(t, gpt) else target_config(rec.config, dict(t),
-                                                                   rec.world)
-               for t in targets]
+    pipelined = int(rec.config.get("pp") or 1) > 1
+    configs = [None if is_model_target(t, gpt, pipelined) else
+               target_config(rec.config, dict(t), rec.world) for t in targets]
     setups = [model_setup(model, dict(t), run_dir) if c is None else None
               for t, c in zip(targets, configs)]
     replay = as_timeline(rec.graph, sim, rec.config)
@@ -128,7 +130,8 @@ def model_setup(model, changes: dict, run_dir: str):
         raise TargetError(f"{title(changes)}: predictions on any model need the recording's "
                           "step detail (trace-whatif reads it)")
     return model_target(model.setup, changes, model.layout, model.modules(),
-                        model.has_memory, run_dir)
+                        model.has_memory, run_dir,
+                        model.sequence() if "split" in changes else None)
 
 
 def _on_model(rec: Recording, model, setup, changes: dict) -> Prediction:

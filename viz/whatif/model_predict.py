@@ -1,6 +1,6 @@
 """Predictions on any model (viz.whatif.model_targets): each predicted rank's steps edited
-from its source rank's recorded ones (viz.whatif.edit), simulated; its peak memory replayed
-from the recorded step's storages (viz.whatif.step_memory); its collectives of one step,
+from its source rank's recorded ones (viz.whatif.edits.edit), simulated; its peak memory replayed
+from the recorded step's storages (viz.whatif.memory.step_memory); its collectives of one step,
 shaped as summary.json's ``ranks.R.comm``.
 
 Predicted rank r takes its work from recorded rank r modulo the recorded world (data
@@ -17,19 +17,21 @@ from tracer.vocab.model_paths import model_path
 
 from ..analysis.crossrank.dimensions import WORLD
 from ..analysis.timeline.metrics import metrics_of
-from .axis import Axis
-from .compose import Programs
-from .dp_plan import is_dp_comm, plan_dp
-from .edit import StepEdit, checkpoint_edits, dp_owned, emit, micro_scale, timed_nodes
-from .layout import Layout
-from .memory_replay import held_elements
-from .measures import measures
-from .setup import Setup, one_step, recorded_setup
-from .simulate import SimulationError, as_timeline, simulate
-from .step_memory import step_memory
-from .targets import TargetError
-from .tp_plan import local_layout, plan_tp
-from .windows import step_windows
+from .edits.dp_plan import is_dp_comm, plan_dp
+from .edits.edit import StepEdit, checkpoint_edits, dp_owned, emit, micro_scale, timed_nodes
+from .edits.tp_plan import local_layout, plan_tp
+from .memory.memory_replay import held_elements
+from .memory.step_memory import step_memory
+from .pipeline.pp_predict import predict_pipeline
+from .pipeline.pp_stages import top_level
+from .recorded.axis import Axis
+from .recorded.layout import Layout
+from .recorded.setup import Setup, one_step, recorded_setup
+from .recorded.windows import step_windows
+from .reference_gpt.targets import TargetError
+from .replay.compose import Programs
+from .replay.measures import measures
+from .replay.simulate import SimulationError, as_timeline, simulate
 
 
 @dataclass
@@ -52,6 +54,13 @@ class ModelRecording:
     def has_memory(self) -> bool:
         return any(d.storages for d in self.details.values())
 
+    def sequence(self) -> list:
+        """The model's top-level sequence (viz.whatif.pipeline.pp_stages.top_level), from the first
+        rank's last counted step."""
+        rank = min(self.details)
+        windows = self.windows_of(rank, max(self.details[rank].steps))
+        return top_level(windows, self.layout, self.modules())
+
     def modules(self) -> list:
         """Every module path of the model: those holding parameters and those ops ran in."""
         found = set(self.layout.modules())
@@ -64,7 +73,8 @@ class ModelRecording:
 
 def study_model(rec, sim, details: dict, world: int, config: dict,
                 dimensions: dict) -> Optional[ModelRecording]:
-    """``rec``: the viz.whatif.recording.Recording; ``sim``: its replay; ``details``: rank ->
+    """``rec``: the viz.whatif.reference_gpt.recording.Recording; ``sim``: its replay; ``details``:
+    rank ->
     step detail. None without details."""
     if not details:
         return None
@@ -87,7 +97,9 @@ class ModelPrediction:
 
 
 def predict_model(rec, model: ModelRecording, tgt: Setup) -> ModelPrediction:
-    """One target's prediction (``rec``: the viz.whatif.recording.Recording)."""
+    """One target's prediction (``rec``: the viz.whatif.reference_gpt.recording.Recording)."""
+    if tgt.pp > 1:
+        return ModelPrediction(*predict_pipeline(rec, model, tgt, batch_ratio(model, tgt)))
     source_world = rec.world
     programs = Programs(rec.graph.clock)
     memory, collectives = {}, {}
@@ -125,7 +137,10 @@ def predict_model(rec, model: ModelRecording, tgt: Setup) -> ModelPrediction:
 
 
 def replayed_memory(model: ModelRecording) -> Optional[dict]:
-    """Each recorded rank's peak as the memory model replays the recorded setup."""
+    """Each recorded rank's peak as the memory model replays the recorded setup (None for a
+    pipeline's: its runtime's storages are modelled for a predicted pipeline only)."""
+    if model.setup.pp > 1:
+        return None
     out = {}
     for rank, detail in sorted(model.details.items()):
         if not detail.storages:
@@ -153,7 +168,7 @@ def _step(rec, model: ModelRecording, tgt: Setup, rank: int, src: int, step: int
     edit = StepEdit(axis, windows, dp_owned(nodes, comms, model.setup), planned, transfer,
                     src, lambda g: _regroup(g, rank, rec.world, tgt.world))
     checkpoint_edits(edit, nodes, model.setup.checkpointed, tgt.checkpointed)
-    edit.scaled += micro_scale(detail.ops, windows, nodes, rec.ops, _batch(model, tgt),
+    edit.scaled += micro_scale(detail.ops, windows, nodes, rec.ops, batch_ratio(model, tgt),
                                tgt.tp_plan, step)
     held = held_elements(model.setup, model.layout, src)
     if windows.optimizer is not None and held:
@@ -164,7 +179,7 @@ def _step(rec, model: ModelRecording, tgt: Setup, rank: int, src: int, step: int
     return edit.items(nodes, rec.graph)
 
 
-def _batch(model: ModelRecording, tgt: Setup) -> float:
+def batch_ratio(model: ModelRecording, tgt: Setup) -> float:
     """The micro-batch size's ratio, target over recorded."""
     rec = model.setup.microbatch_size
     return tgt.microbatch_size / rec if tgt.microbatch_size and rec else 1.0
@@ -176,7 +191,7 @@ def planned_comms(model: ModelRecording, tgt: Setup, detail, windows, axis, step
     local = local_layout(model.layout, tgt.tp_plan)
     return plan_dp(model.setup, tgt, local, windows, axis, one_step(detail.comms, step),
                    rank) + plan_tp(tgt, model.layout, windows, axis, detail.ops, step, rank,
-                                   _batch(model, tgt))
+                                   batch_ratio(model, tgt))
 
 
 def _regroup(group: tuple, rank: int, recorded: int, world: int) -> tuple:

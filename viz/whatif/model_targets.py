@@ -1,15 +1,17 @@
-"""Targets on any model: the recorded setup (viz.whatif.setup) with what a target names
+"""Targets on any model: the recorded setup (viz.whatif.recorded.setup) with what a target names
 changed, checked against what the recording holds, so that a target it cannot support is
 refused with one line saying what is missing.
 
 Options: ``dp`` (the data-parallel degree: a world of dp x tp ranks), ``tp`` with
-``tp_plan`` (tensor parallelism: module PATTERN -> colwise | rowwise, viz.whatif.tp_plan),
+``tp_plan`` (tensor parallelism: module PATTERN -> colwise | rowwise, viz.whatif.edits.tp_plan),
 ``shard``
 (replicate, optimizer, gradients, full), ``shard_units`` (PATTERNs of FSDP2's units),
 ``param_dtype`` (bf16, fp32: FSDP2's mixed precision), ``checkpoint`` (PATTERNs of the
 modules to checkpoint, non-reentrant), ``no_checkpoint``, ``microbatch_size``,
-``grad_accum``. PATTERNs match module paths on the unwrapped model
-(tracer.vocab.model_paths.matches): ``layers.*``, ``**.mlp``, comma-separated.
+``grad_accum``; ``pp`` with ``split`` (PATTERNs of the modules where stages begin),
+``schedule`` and ``microbatches`` (torch.distributed.pipelining, viz.whatif.pipeline.pp_stages).
+PATTERNs match module paths on the unwrapped model (tracer.vocab.model_paths.matches):
+``layers.*``, ``**.mlp``, comma-separated.
 """
 from __future__ import annotations
 
@@ -18,23 +20,31 @@ from typing import Optional
 
 from tracer.vocab.model_paths import matches
 
-from .layout import Layout
-from .setup import SHARDINGS, Setup
-from .targets import TargetError
-from .tp_plan import tp_plan
+from .edits.tp_plan import tp_plan
+from .pipeline.pp_stages import cut
+from .recorded.layout import Layout
+from .recorded.setup import SHARDINGS, Setup
+from .reference_gpt.targets import TargetError
 
 OPTIONS = ("dp", "shard", "shard_units", "param_dtype", "checkpoint", "no_checkpoint",
-           "microbatch_size", "grad_accum", "tp_plan")
-GPT_ONLY = ("sp", "pp", "schedule", "virtual_stages", "microbatches")
+           "microbatch_size", "grad_accum", "tp_plan", "split")
+PIPELINE = ("pp", "split", "schedule", "microbatches", "virtual_stages")
+GPT_ONLY = ("sp",)
+PP_SCHEDULES = ("gpipe", "1f1b", "interleaved")
 MEMORY_QUESTIONS = ("shard", "shard_units", "param_dtype", "checkpoint", "no_checkpoint")
 DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16",
           "float16": "float16", "fp32": None, "float32": None}
 
 
-def is_model_target(changes: dict, reference_gpt: bool) -> bool:
+def is_model_target(changes: dict, reference_gpt: bool, pipelined: bool = False) -> bool:
     """Whether a target is predicted by these rules: it names one of their own options, or
-    names only ``dp`` (and ``tp``) on a run that is not the reference GPT's."""
+    names only ``dp`` (and ``tp``) on a run that is not the reference GPT's, or pipeline
+    options on a run of neither the reference GPT nor a pipeline (``pipelined``: a recording
+    of torch.distributed.pipelining, whose schedule and micro-batches viz.whatif.reference_gpt.plan
+    predicts)."""
     if any(k in OPTIONS and k != "dp" for k in changes):
+        return True
+    if not reference_gpt and not pipelined and any(k in PIPELINE for k in changes):
         return True
     return not reference_gpt and bool(changes) and set(changes) <= {"dp", "tp"}
 
@@ -75,17 +85,25 @@ def _sample(modules: list) -> str:
 
 
 def model_target(rec: Setup, changes: dict, layout: Optional[Layout], modules: list,
-                 has_memory: bool, run_dir: str = "the recording") -> Setup:
-    """The target's setup; TargetError (one line) for one the recording cannot support."""
+                 has_memory: bool, run_dir: str = "the recording",
+                 sequence: Optional[list] = None) -> Setup:
+    """The target's setup; TargetError (one line) for one the recording cannot support.
+    ``sequence``: the model's top-level sequence (viz.whatif.pipeline.pp_stages.top_level)."""
     unknown = [k for k in changes if k in GPT_ONLY]
     if unknown:
         raise TargetError(f"{flag(unknown[0])} is the reference GPT's option: a target on "
                           "any model names only " + ", ".join(flag(k) for k in OPTIONS) +
-                          " and --tp")
+                          ", --tp, --pp, --schedule and --microbatches")
+    if any(k in PIPELINE for k in changes):
+        return _pipeline(rec, changes, modules, sequence or [])
+    if rec.pp > 1:
+        raise TargetError(f"the recording runs a pipeline (pp {rec.pp}, {rec.schedule}): of "
+                          "the options on any model, none is predicted from it (its schedule "
+                          "and micro-batches are: --schedule, --microbatches)")
     asks = [k for k in changes if k in MEMORY_QUESTIONS]
     if asks and not has_memory:
         raise TargetError(f"{flag(asks[0])} is a memory question and {run_dir} has no memory "
-                          "recorded (record it with trace-run --memory)")
+                          "recorded (it was recorded with --no-memory: record it without)")
     out = replace(rec)
     needs_layout = "shard" in changes or "shard_units" in changes or "param_dtype" in changes \
         or ("dp" in changes and rec.shard is not None)
@@ -129,6 +147,65 @@ def model_target(rec: Setup, changes: dict, layout: Optional[Layout], modules: l
     for key in ("dp", "microbatch_size", "grad_accum"):
         if key in changes and int(changes[key]) < 1:
             raise TargetError(f"{flag(key)} must be >= 1, got {changes[key]}")
+    return out
+
+
+def _pipeline(rec: Setup, changes: dict, modules: list, sequence: list) -> Setup:
+    """``--pp N --split PATTERN[,...] [--schedule S] [--microbatches M]``: the model cut into
+    stages on N ranks of torch.distributed.pipelining, without data parallelism."""
+    if rec.pp > 1 and ("split" in changes or "pp" in changes):
+        raise TargetError(f"{flag('split' if 'split' in changes else 'pp')}: the recording "
+                          f"runs a pipeline (pp {rec.pp}) already: another split is "
+                          "predicted from a recording without one")
+    if "split" not in changes or "pp" not in changes:
+        raise TargetError("a pipeline on any model needs --pp N and --split MODULE[,...] (the "
+                          "modules where stages begin, e.g. --pp 2 --split layers.2)")
+    mixed = [k for k in changes if k not in PIPELINE + ("dp", "microbatch_size")]
+    if mixed:
+        raise TargetError(f"{flag(mixed[0])} with --pp: a pipeline on any model is predicted "
+                          "alone (with --microbatches and --microbatch-size), not with "
+                          "sharding, checkpointing or TP changes")
+    pp = int(changes["pp"])
+    if pp < 2:
+        raise TargetError(f"--pp {pp} with --split: a pipeline needs 2 ranks or more")
+    if "dp" not in changes and rec.world % pp:
+        raise TargetError(f"world size {rec.world} is not a multiple of --pp {pp} (name --dp 1 "
+                          f"to predict a world of {pp})")
+    dp = int(changes.get("dp", rec.world // pp))
+    if dp != 1:
+        raise TargetError(f"--pp {pp} on a world of {dp * pp} leaves dp {dp}: a pipeline with "
+                          "data parallelism is not predicted on any model (name --dp 1 for a "
+                          f"world of {pp})")
+    schedule = str(changes.get("schedule", "1f1b"))
+    if schedule not in PP_SCHEDULES:
+        raise TargetError(f"--schedule {schedule}: on any model one of "
+                          f"{', '.join(PP_SCHEDULES)}")
+    stages = cut(changes["split"], sequence, modules, pp)
+    chunks = len(stages) // pp
+    if "virtual_stages" in changes and int(changes["virtual_stages"]) != chunks:
+        raise TargetError(f"--virtual-stages {changes['virtual_stages']}: --split makes "
+                          f"{len(stages)} stages, {chunks} a rank of {pp}")
+    if (chunks > 1) != (schedule == "interleaved"):
+        runs = "2 stages a rank or more" if schedule == "interleaved" else "one stage a rank"
+        raise TargetError(f"--schedule {schedule} runs {runs}: --split makes {len(stages)} "
+                          f"stages for --pp {pp}")
+    microbatches = int(changes.get("microbatches", rec.microbatches))
+    if microbatches < 1:
+        raise TargetError(f"--microbatches must be >= 1, got {microbatches}")
+    if schedule == "1f1b" and microbatches < pp:
+        raise TargetError(f"--schedule 1f1b needs --microbatches >= --pp {pp} (torch's "
+                          f"Schedule1F1B refuses fewer), got {microbatches}")
+    rounds = max(1, microbatches // pp)
+    if schedule == "interleaved" and microbatches % rounds:
+        raise TargetError(f"--schedule interleaved runs --microbatches in rounds of "
+                          f"{microbatches // rounds} (torch's ScheduleInterleaved1F1B): "
+                          f"{microbatches} is not a multiple of {rounds}")
+    out = replace(rec, world=pp, dp=1, shard=None, units=(), param_dtype=None, dp_group=(),
+                  pp=pp, schedule=schedule, stages=stages, microbatches=microbatches)
+    if "microbatch_size" in changes:
+        if not rec.microbatch_size:
+            raise TargetError("--microbatch-size: the recorded micro-batch size is unknown")
+        out.microbatch_size = int(changes["microbatch_size"])
     return out
 
 

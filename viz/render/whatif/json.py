@@ -8,13 +8,13 @@ docs/architecture.md's contract fixes them::
                   "timeline": "whatif/target-1.svg", "memory": MEM,
                   "collectives": COMM}, ...]}
 
-M = {"step_s", "bubble_fraction", "exposed_comm_s", "pipeline_bubble_fraction",
-"ranks": {"R": {...the same per rank, and compute_s}}} (viz.whatif.measures).
-MEM = {"R": {"peak_bytes", "by_category": {category: bytes}}} per rank, or null when the
-recording has no memory (viz.whatif.memory, viz.whatif.memory_replay).
-COMM = {"R": [{"kind", "phase", "group", "dimension", "count", "bytes"}, ...]}: each rank's
-communications of one predicted step, as summary.json's ``ranks.R.comm`` rows.
-``setup``: the recorded setup in words, read from the recording (viz.whatif.setup), or null.
+M = {"step_s", "bubble_fraction", "exposed_comm_s", "pipeline_bubble_fraction", "ranks": {"R":
+{...the same per rank, and compute_s}}} (viz.whatif.replay.measures). MEM = {"R": {"peak_bytes",
+"by_category": {category: bytes}}} per rank, or null when the recording has no memory
+(viz.whatif.reference_gpt.gpt_memory, viz.whatif.memory.memory_replay). COMM = {"R": [{"kind",
+"phase", "group", "dimension", "count", "bytes"}, ...]}: each rank's communications of one
+predicted step, as summary.json's ``ranks.R.comm`` rows. ``setup``: the recorded setup in words,
+read from the recording (viz.whatif.recorded.setup), or null.
 """
 from __future__ import annotations
 

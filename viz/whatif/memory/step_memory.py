@@ -1,18 +1,19 @@
-"""A predicted rank's peak memory by category (viz.whatif.memory_replay), from the recorded
+"""A predicted rank's peak memory by category (viz.whatif.memory.memory_replay), from the recorded
 step's storages of the rank it takes its work from: the working storages moved and scaled
-(viz.whatif.working_memory, viz.whatif.checkpointing) plus the target's model states."""
+(viz.whatif.memory.working_memory, viz.whatif.edits.checkpointing) plus the target's model
+states."""
 from __future__ import annotations
 
 from typing import Optional
 
-from .axis import Axis
-from .checkpointing import recheckpoint
-from .dp_plan import fsdp_units
-from .layout import Layout
+from ..edits.checkpointing import recheckpoint
+from ..edits.dp_plan import fsdp_units
+from ..edits.tp_plan import local_layout
+from ..recorded.axis import Axis
+from ..recorded.layout import Layout
+from ..recorded.setup import Setup
+from ..recorded.windows import BACKWARD, StepWindows
 from .memory_replay import StatesModel, peak, states
-from .setup import Setup
-from .tp_plan import local_layout
-from .windows import BACKWARD, StepWindows
 from .working_memory import (dtensor_saved, dtype_ratio, gradient_storages, on_axis, scaled,
                              working)
 

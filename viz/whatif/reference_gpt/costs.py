@@ -2,24 +2,24 @@
 embedding and the head, per pass kind, from the recording's per-module op times.
 
 A pass's measured compute is its ops plus the host time between them. Each rank's op groups
-(:class:`viz.analysis.op_groups.OpGroup`, over its counted steps) give the op time and count of
+(:class:`viz.analysis.callgraphs.op_groups.OpGroup`, over its counted steps) give the op time and count of
 each part by phase (forward ops ran in F passes, backward ops in B and W passes); the rest of the
 passes' compute (host time, ops outside any module) is spread over the module ops, the same
 amount per op (``gap_ns``). A part's cost per pass is then its op time plus its op count times
 that, over the passes that ran it. Layers are taken as equal: the per-layer cost is the mean over
 every recorded layer; the embedding and the head come from the ranks that ran them.
 
-Tensor parallelism scales each op's time by the op-cost model (:class:`viz.whatif.models
-.OpCostModel`) at its work on the new shard (:func:`viz.whatif.megatron.shard_factor`); the
-host time per op stays.
+Tensor parallelism scales each op's time by the op-cost model (:class:`viz.whatif.replay.models
+.OpCostModel`) at its work on the new shard
+(:func:`viz.whatif.reference_gpt.megatron.shard_factor`); the host time per op stays.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Optional
 
+from ..replay.models import OpCostModel, work_of
 from .megatron import Shape, module_part, shard_factor
-from .models import OpCostModel, work_of
 
 PHASE_KINDS = {"forward": ("F",), "backward": ("B", "W")}
 _LINEAR = ("qkv", "proj", "fc1", "fc2")

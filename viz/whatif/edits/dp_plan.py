@@ -1,12 +1,12 @@
 """The data-parallel collectives of a predicted step, each anchored to the recorded step
-(viz.whatif.axis positions), as DDP, ZeroRedundancyOptimizer and FSDP2 issue them:
+(viz.whatif.recorded.axis positions), as DDP, ZeroRedundancyOptimizer and FSDP2 issue them:
 
 - DDP (``replicate``): the buffers' broadcast at the start of the forward that synchronises
   (one per dtype; under ``no_sync`` only the last micro-batch's) and the gradient buckets'
   all-reduces in its backward, each launched once its last gradient is ready and waited at the
-  backward's end. A recording of DDP lends its own (same buckets, same places); else the
-  buckets come from torch's assignment (viz.whatif.layout.ddp_buckets) over the parameters in
-  the order their modules' backward ended.
+  backward's end. A recording of DDP lends its own (same buckets, same places); else the buckets
+  come from torch's assignment (viz.whatif.recorded.layout.ddp_buckets) over the parameters in the
+  order their modules' backward ended.
 - ZeRO-1 (``optimizer``): DDP's, and after the optimizer step a broadcast of every parameter
   from the rank that owns it (ZeroRedundancyOptimizer._sync_params), owners' lists in order,
   one after the other (issued at once, they run in turn on the group's backend).
@@ -25,10 +25,10 @@ from typing import Optional
 
 from tracer.vocab.model_paths import unwrap
 
-from .axis import Axis
-from .layout import ROOT, Layout, ddp_buckets, fsdp_bytes, zero_partition
-from .setup import Setup
-from .windows import BACKWARD, FORWARD, StepWindows
+from ..recorded.axis import Axis
+from ..recorded.layout import ROOT, Layout, ddp_buckets, fsdp_bytes, zero_partition
+from ..recorded.setup import Setup
+from ..recorded.windows import BACKWARD, FORWARD, StepWindows
 
 DP_KINDS = ("all_reduce", "broadcast", "all_gather", "reduce_scatter")
 

@@ -1,5 +1,5 @@
 """What each rank of a target configuration does in a step, from a studied recording
-(:mod:`viz.whatif.recording`), and the assumptions that took.
+(:mod:`viz.whatif.reference_gpt.recording`), and the assumptions that took.
 
 Each target rank takes its parts from a *source*: the recorded rank at the same place of the
 grid (its pipeline rank, TP and DP indices folded onto the recorded degrees); when the pipeline
@@ -7,14 +7,14 @@ layout changes, the first and last stages take the recorded first and last stage
 outside passes, and the middle ones a middle stage's (else the nearer end's). Then:
 
 - passes: the source's mean compute per (kind, chunk) while the pipeline layout and the TP
-  shard stay; else the part model (:mod:`viz.whatif.costs`): the chunk's layers, plus the
-  embedding or the head; a TP change scales each part by the op-cost model; ZB-H1's W is the
+  shard stay; else the part model (:mod:`viz.whatif.reference_gpt.costs`): the chunk's layers, plus
+  the embedding or the head; a TP change scales each part by the op-cost model; ZB-H1's W is the
   weight-gradient share of a layer's backward (measured where the recording had W passes);
 - communication inside passes: the recorded TP collectives while the TP layout and the passes'
-  kinds stay, else Megatron's (:func:`viz.whatif.megatron.tp_calls`), blocking and spread over
-  the pass; P2P between virtual stages by the schedule; the gradient buckets at their recorded
-  places in the last backward while the parameters a rank holds stay, else at the places the
-  reference GPT's bucketing gives them;
+  kinds stay, else Megatron's (:func:`viz.whatif.reference_gpt.megatron.tp_calls`), blocking and
+  spread over the pass; P2P between virtual stages by the schedule; the gradient buckets at their
+  recorded places in the last backward while the parameters a rank holds stay, else at the places
+  the reference GPT's bucketing gives them;
 - after the last pass: the buckets' waits, then the source's compute (scaled by the
   parameters a rank holds, the optimizer's work), with the sequence-parallel and tied-embedding
   all-reduces where the recording's first one was and the loss all-reduce at the end.
@@ -26,10 +26,10 @@ from typing import Optional
 from tracer.vocab.ops import P2P_KINDS
 from tracer.vocab.schedules import schedule_actions
 
-from ..analysis.timeline.grid import Grid
+from ...analysis.timeline.grid import Grid
+from ..replay.compose import Body, Call, Programs, spread
+from ..replay.graph import LAUNCH, PassKey, WAIT
 from .anatomy import mean, mean_part
-from .compose import Body, Call, Programs, spread
-from .graph import LAUNCH, PassKey, WAIT
 from .megatron import (BYTES, Shape, buckets, rank_params, role_of, roles, shape_of,
                        sp_grad_elements, tied_elements, tp_calls)
 from .recording import Recording

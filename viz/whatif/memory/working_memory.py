@@ -1,6 +1,6 @@
 """The recorded step's *working* storages (what the model's ops made: activations and
-temporaries), laid on a predicted step (viz.whatif.axis): the recorded data parallelism's own
-buffers and gradients left out (viz.whatif.memory_replay makes the target's), those of a
+temporaries), laid on a predicted step (viz.whatif.recorded.axis): the recorded data parallelism's
+own buffers and gradients left out (viz.whatif.memory.memory_replay makes the target's), those of a
 micro-batch copied with it, and scaled: by the micro-batch size where the batch makes them
 (forward, backward, recompute, the data) and by the parameters' dtype under mixed precision
 (forward, backward, recompute).
@@ -12,12 +12,12 @@ from typing import Optional
 
 from tracer.vocab.model_paths import model_path
 
-from .axis import Axis
-from .layout import Layout, itemsize
+from ..edits.tp_plan import work_factor
+from ..recorded.axis import Axis
+from ..recorded.layout import Layout, itemsize
+from ..recorded.setup import Setup
+from ..recorded.windows import BACKWARD
 from .memory_replay import Life
-from .setup import Setup
-from .tp_plan import work_factor
-from .windows import BACKWARD
 
 BATCH_PHASES = ("forward", "backward", "recompute", "other")
 DTYPE_PHASES = ("forward", "backward", "recompute")
@@ -75,7 +75,7 @@ def working(storages: list, rec: Setup, grads: dict) -> list:
 def scaled(works: list, batch: float, dtype: float, plan=None) -> list:
     """Each work's bytes times the micro-batch ratio and the dtype ratio, where they apply
     (storages made before the step: the previous step's loss and outputs, batch-sized), and
-    the share a TP rank keeps of it (viz.whatif.tp_plan.work_factor)."""
+    the share a TP rank keeps of it (viz.whatif.edits.tp_plan.work_factor)."""
     out = []
     for w in works:
         factor = work_factor(plan, w.module, w.phase)

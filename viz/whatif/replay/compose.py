@@ -2,11 +2,11 @@
 
 Every rank of the target's grid gets, per step: the recorded work before the first pass (its
 compute scaled by the micro-batch count), its schedule's passes in order (the reference GPT's
-orders, tracer.vocab.schedules), the host work between passes, and the work after
-the last pass. A pass is a :class:`Body`: its compute and, at their places in it, its
-communications: the P2P receive of its input (waited at its start) and the send of its output
-(at its end) between virtual stages, the tensor-parallel collectives inside it, and the
-data-parallel gradient buckets a last backward launches. :mod:`viz.whatif.plan` decides what
+orders, tracer.vocab.schedules), the host work between passes, and the work after the last pass. A
+pass is a :class:`Body`: its compute and, at their places in it, its communications: the P2P
+receive of its input (waited at its start) and the send of its output (at its end) between virtual
+stages, the tensor-parallel collectives inside it, and the data-parallel gradient buckets a last
+backward launches. :mod:`viz.whatif.reference_gpt.plan` decides what
 each body holds; this module lays the programs out and ties their communications together:
 the k-th collective a rank issues on a group is the k-th of every member (as c10d matches
 them), a send and its receive share (step, pass kind, micro-batch, receiving virtual stage).

@@ -1,10 +1,10 @@
 """Each rank's peak memory by category in a predicted step of any model, replayed from the
-storages of the recorded step (``trace-run --memory``; viz.analysis.step_detail).
+storages of the recorded step (recorded by default; viz.analysis.step_detail).
 
 A step's memory is the recorded *working* storages (activations, temporaries: what the
-model's ops made, at their recorded places on the predicted step's axis, viz.whatif.axis;
+model's ops made, at their recorded places on the predicted step's axis, viz.whatif.recorded.axis;
 scaled with the micro-batch size and the parameters' dtype; moved by checkpointing,
-viz.whatif.checkpointing) plus the *model states* the target's sharding holds, made anew:
+viz.whatif.edits.checkpointing) plus the *model states* the target's sharding holds, made anew:
 
 - parameters: every parameter whole (DDP, ZeRO-1) or its padded shard (FSDP2), and the
   buffers; FSDP2's unsharded parameters of a unit from its all-gather's copy-out to its
@@ -27,9 +27,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from .axis import Axis
-from .layout import ROOT, Layout, itemsize, zero_partition
-from .setup import Setup
+from ..recorded.axis import Axis
+from ..recorded.layout import ROOT, Layout, itemsize, zero_partition
+from ..recorded.setup import Setup
 
 CATEGORIES = ("temporaries", "comm", "activations", "optimizer_state", "gradients",
               "parameters")

@@ -1,5 +1,5 @@
 """Activation checkpointing (non-reentrant) added to or taken from modules, on the recorded
-step's working storages (viz.whatif.working_memory.Work).
+step's working storages (viz.whatif.memory.working_memory.Work).
 
 Checkpointing a module M: what its forward saved for backward (made in its forward, freed in
 its backward) is no longer kept: in the forward it lives only until M's forward ends, as a
@@ -22,7 +22,7 @@ import numpy as np
 
 from tracer.vocab.model_paths import model_path
 
-from .windows import BACKWARD, FORWARD, RECOMPUTE, StepWindows
+from ..recorded.windows import BACKWARD, FORWARD, RECOMPUTE, StepWindows
 
 RECOMPUTED = -2          # the recomputation's place: before M's backward's first op
 

@@ -17,8 +17,8 @@ import numpy as np
 
 from tracer.vocab.groups import group_text
 
-from ..analysis.timeline.intervals import intervals, union
-from ..analysis.timeline.lanes import CommSpan, Pass, RankLanes, Timeline
+from ...analysis.timeline.intervals import intervals, union
+from ...analysis.timeline.lanes import CommSpan, Pass, RankLanes, Timeline
 from .graph import BEGIN, COMPUTE, END, ExecutionGraph, IDLE, LAUNCH, STEP, WAIT
 
 

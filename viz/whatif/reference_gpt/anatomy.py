@@ -2,8 +2,8 @@
 compute and, at their places in it, the communications it launched and waited for), the host
 work between passes, and the work after the last pass (gradient synchronisation, optimizer).
 
-Read from a rank's program (:mod:`viz.whatif.graph`); the transformations rebuild programs of
-another configuration from these parts (:mod:`viz.whatif.compose`). A place inside a part is
+Read from a rank's program (:mod:`viz.whatif.replay.graph`); the transformations rebuild programs of
+another configuration from these parts (:mod:`viz.whatif.replay.compose`). A place inside a part is
 the compute done in the part before it, so parts can be stretched (another compute time) and
 their communications stay at the same share of the work.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from .graph import BEGIN, COMPUTE, END, IDLE, LAUNCH, STEP, WAIT, ExecutionGraph
+from ..replay.graph import BEGIN, COMPUTE, END, IDLE, LAUNCH, STEP, WAIT, ExecutionGraph
 
 
 @dataclass

@@ -22,12 +22,12 @@ import numpy as np
 
 from tracer.vocab.model_paths import matches, model_path
 
-from ..analysis.callgraphs.flops import base_name, parse_shapes
+from ...analysis.callgraphs.flops import base_name, parse_shapes
+from ..recorded.layout import Layout, itemsize
+from ..recorded.windows import BACKWARD, FORWARD, RECOMPUTE
+from ..reference_gpt.targets import TargetError
 from .checkpointing import replayed
 from .dp_plan import Planned
-from .layout import Layout, itemsize
-from .targets import TargetError
-from .windows import BACKWARD, FORWARD, RECOMPUTE
 
 STYLES = ("colwise", "rowwise")
 LINEAR_OPS = ("mm", "addmm", "linear", "matmul", "bmm")
@@ -198,7 +198,7 @@ def _run(windows, phase: int, module: str, bounds: tuple) -> Optional[tuple]:
 def _recomputed(tgt, windows, module: str, micro, fwd: tuple) -> Optional[tuple]:
     """(time, order) where a checkpointed module's recomputation reaches the end of
     ``module``'s forward again: in the recorded recomputation, or in the one inserted
-    before the checkpointed module's backward (viz.whatif.checkpointing)."""
+    before the checkpointed module's backward (viz.whatif.edits.checkpointing)."""
     outer = next((c for c in tgt.checkpointed if under(module, [c])), None)
     if outer is None:
         return None

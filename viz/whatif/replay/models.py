@@ -7,7 +7,7 @@
   collectives; a (kind, size) the recording lacks is derived from what it has, by the ring
   algorithm's step counts and bus factors (nccl-tests' ``busbw``), and says so; on gloo a
   reduce-scatter is what ProcessGroupGloo runs, an all-reduce of its whole input;
-- :class:`OpCostModel`: an op's time against its work (FLOPs where :mod:`viz.analysis.flops` has a
+- :class:`OpCostModel`: an op's time against its work (FLOPs where :mod:`viz.analysis.callgraphs.flops` has a
   formula, else the elements of its largest input), a + b x work per op kind, fitted on the
   recording's op groups (count-weighted).
 
@@ -22,7 +22,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from ..analysis.callgraphs.flops import flops as op_flops, parse_shapes, base_name
+from ...analysis.callgraphs.flops import flops as op_flops, parse_shapes, base_name
 
 RING_KINDS = ("all_reduce", "all_gather", "reduce_scatter")   # the ring's step counts apply
 # A fit over fewer samples is named so where a derived kind leans on it: a pp 2 recording's one
@@ -116,7 +116,7 @@ class CollectiveModel:
     def from_graph(cls, graph, link: LinkModel, backend: Optional[str] = None,
                    role_of: Optional[Callable] = None) -> "CollectiveModel":
         """Fitted on the matched collectives some member waited for (a completion no one
-        waited for may have been reported late: viz.whatif.waits), each taken from its last
+        waited for may have been reported late: viz.whatif.replay.waits), each taken from its last
         member's launch to the earliest completion; their jitter (:func:`jitter`) apart, per
         role (``role_of(comm)``: tp, dp, embedding, ...): how late the last member comes
         depends on what the members did before, a gradient bucket launched amid a backward
@@ -230,7 +230,7 @@ def jitter(comms: list) -> dict:
 
 
 def work_of(op: str, shapes: Optional[str]) -> float:
-    """An op's work: its FLOPs (viz.analysis.flops) where a formula applies, else the elements of
+    """An op's work: its FLOPs (viz.analysis.callgraphs.flops) where a formula applies, else the elements of
     its largest input tensor."""
     f = op_flops(op, shapes)
     if f:
@@ -252,7 +252,7 @@ class OpCostModel:
 
     @classmethod
     def from_groups(cls, groups: list) -> "OpCostModel":
-        """Fit on op groups (viz.analysis.op_groups.OpGroup: op, shapes, count, time_ns) of
+        """Fit on op groups (viz.analysis.callgraphs.op_groups.OpGroup: op, shapes, count, time_ns) of
         compute ops."""
         by_kind: dict = {}
         for g in groups:

@@ -10,13 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from ..analysis.timeline.grid import Grid, grid_of
-from ..analysis.timeline.lanes import counted_steps
+from ...analysis.timeline.grid import Grid, grid_of
+from ...analysis.timeline.lanes import counted_steps
+from ..replay.graph import ExecutionGraph, execution_graph
+from ..replay.models import CollectiveModel, LinkModel, OpCostModel
 from .anatomy import anatomy
 from .costs import PartCosts, part_costs
-from .graph import ExecutionGraph, execution_graph
 from .megatron import Shape, role_of, roles, shape_of
-from .models import CollectiveModel, LinkModel, OpCostModel
 
 
 @dataclass
@@ -24,7 +24,7 @@ class Recording:
     """A recording, studied once for every target."""
 
     graph: ExecutionGraph
-    anatomies: dict                  # rank -> viz.whatif.anatomy.RankAnatomy
+    anatomies: dict                  # rank -> viz.whatif.reference_gpt.anatomy.RankAnatomy
     config: dict
     world: int
     grid: Optional[Grid]
@@ -65,8 +65,8 @@ def study(timeline, matched: list, groups: dict, world: int,
     """``timeline``: the run's viz.analysis.timeline.lanes.Timeline; ``matched``: viz.analysis.crossrank.matching's
     matched collectives; ``groups``: rank -> its op groups over its counted steps; ``world``: the
     run's world size; ``late``: the ranks whose completions may have come late
-    (viz.whatif.waits.late_completions); ``backend``: the process groups' backend, when every
-    rank recorded the same (gloo runs some collectives as others: viz.whatif.models)."""
+    (viz.whatif.replay.waits.late_completions); ``backend``: the process groups' backend, when every
+    rank recorded the same (gloo runs some collectives as others: viz.whatif.replay.models)."""
     graph = execution_graph(timeline, matched, late)
     config = graph.config = recorded_config(timeline, world)
     grid = grid_of(config, world)

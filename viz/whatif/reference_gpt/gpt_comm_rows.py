@@ -1,6 +1,7 @@
 """A predicted run's communications of one step per rank, shaped as summary.json's
-``ranks.R.comm`` rows (kind, phase, group, dimension, count, bytes), from its simulation: for
-the reference GPT's targets (viz.whatif.plan), whose graphs say each communication's role.
+``ranks.R.comm`` rows (kind, phase, group, dimension, count, bytes), from its simulation: for the
+reference GPT's targets (viz.whatif.reference_gpt.plan), whose graphs say each communication's
+role.
 
 A launch inside an F pass is ``forward``, inside a B or W pass ``backward``; outside the
 passes the gradient buckets, the sequence-parallel gradients' and the tied embedding's
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from .graph import ExecutionGraph
+from ..replay.graph import ExecutionGraph
 
 DIMENSIONS = {"tp": "tp", "dp": "dp", "bucket": "dp", "pp": "pp", "embedding": "pp"}
 OUTSIDE = {"bucket": "grad_sync", "tp": "grad_sync", "embedding": "grad_sync", "dp": "other"}

@@ -32,7 +32,7 @@ import numpy as np
 
 from tracer.vocab.ops import P2P_KINDS
 
-from ..analysis.timeline.intervals import gaps, intersect, intervals, union
+from ...analysis.timeline.intervals import gaps, intersect, intervals, union
 
 WAIT_FACTOR = 4
 MIN_WAIT_NS = 50_000

@@ -24,7 +24,7 @@ import numpy as np
 from tracer.vocab.labels import PHASES
 from tracer.vocab.model_paths import model_path, unwrap
 
-from ..analysis.callgraphs.flops import parse_shapes
+from ...analysis.callgraphs.flops import parse_shapes
 from .layout import ROOT, Layout, fsdp_bytes, itemsize
 
 SHARDINGS = ("replicate", "optimizer", "gradients", "full")
@@ -46,21 +46,35 @@ class Setup:
     microbatch_size: Optional[int] = None
     dp_group: tuple = ()
     tp: int = 1
-    tp_plan: Optional[object] = None     # viz.whatif.tp_plan.TPPlan
+    tp_plan: Optional[object] = None     # viz.whatif.edits.tp_plan.TPPlan
+    pp: int = 1
+    schedule: Optional[str] = None       # a pipeline's: gpipe, 1f1b, interleaved
+    # viz.whatif.pipeline.pp_stages.StageCut of a predicted split
+    stages: Optional[object] = None
 
     def config(self) -> dict:
         """whatif.json's ``config`` keys of this setup."""
-        return {"world": self.world, "dp": self.dp, "shard": self.shard,
-                "shard_units": list(self.units), "param_dtype": self.param_dtype,
-                "checkpoint": list(self.checkpointed), "grad_accum": self.microbatches,
-                "microbatch_size": self.microbatch_size, "tp": self.tp,
-                "tp_plan": dict(self.tp_plan.styles) if self.tp_plan is not None else None}
+        out = {"world": self.world, "dp": self.dp, "shard": self.shard,
+               "shard_units": list(self.units), "param_dtype": self.param_dtype,
+               "checkpoint": list(self.checkpointed), "grad_accum": self.microbatches,
+               "microbatch_size": self.microbatch_size, "tp": self.tp,
+               "tp_plan": dict(self.tp_plan.styles) if self.tp_plan is not None else None}
+        if self.pp > 1:
+            out.update(pp=self.pp, schedule=self.schedule, microbatches=self.microbatches,
+                       virtual_stages=len(self.stages) // self.pp if self.stages else 1,
+                       split=[items[0] for items in self.stages.stages[1:]]
+                       if self.stages else None)
+        return out
 
     def describe(self) -> str:
         shard = {"replicate": "DDP", "optimizer": "ZeRO-1 (DDP + ZeroRedundancyOptimizer)",
                  "gradients": "ZeRO-2 (FSDP2 without resharding after forward)",
                  "full": "FSDP2", None: "no data parallelism"}[self.shard]
         out = f"world {self.world}, dp {self.dp}, {shard}"
+        if self.pp > 1:
+            out += f", pp {self.pp} ({self.schedule}, {self.microbatches} micro-batches" + (
+                f", {len(self.stages)} stages cut before "
+                f"{', '.join(s[0] for s in self.stages.stages[1:])})" if self.stages else ")")
         if self.tp > 1:
             out += f", tp {self.tp}" + (f" ({len(self.tp_plan.styles)} linears sharded)"
                                         if self.tp_plan is not None else "")
@@ -69,7 +83,7 @@ class Setup:
                                                   if self.param_dtype else "") + ")"
         if self.checkpointed:
             out += f", checkpointing {', '.join(self.checkpointed)}"
-        if self.microbatches > 1:
+        if self.microbatches > 1 and self.pp == 1:
             out += f", {self.microbatches} micro-batches a step"
         if self.microbatch_size:
             out += f", micro-batch size {self.microbatch_size}"
@@ -108,9 +122,13 @@ def recorded_setup(detail, world: int, layout: Layout, config: dict) -> Setup:
             else "replicate"
     out.dp = len(out.dp_group) if out.dp_group else 1
     out.tp = recorded_tp(layout)
+    if config.get("pp") and int(config["pp"]) > 1 and config.get("schedule"):
+        # torch.distributed.pipelining's, as tracer.recorder.pipelining recorded it
+        out.pp, out.schedule = int(config["pp"]), str(config["schedule"])
     mine = detail.ops.step == step
     out.checkpointed = checkpointed_modules(detail.ops, mine)
-    out.microbatches = forward_passes(detail.ops.phase[mine])
+    out.microbatches = (_int(config.get("microbatches")) or 1) if out.pp > 1 else \
+        forward_passes(detail.ops.phase[mine])
     out.microbatch_size = _int(config.get("micro_batch_size")) or leading_dim(detail.ops, mine)
     return out
 

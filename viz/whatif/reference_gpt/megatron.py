@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from ..analysis.timeline.grid import Grid
+from ...analysis.timeline.grid import Grid
 
 BYTES = 4                          # float32
 DEFAULT_BUCKET = 16_384            # sample_runs' --bucket-size default (elements)

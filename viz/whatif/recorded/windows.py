@@ -1,8 +1,8 @@
 """When each module ran in a recorded step: per micro-batch, the forward and backward of the
 whole model, and every module's runs of ops per phase, on the unwrapped model's paths
 (tracer.vocab.model_paths), from a rank's step detail (viz.analysis.step_detail). The
-transformations anchor what they add or move to these times (viz.whatif.dp_plan,
-viz.whatif.memory_replay, viz.whatif.edit).
+transformations anchor what they add or move to these times (viz.whatif.edits.dp_plan,
+viz.whatif.memory.memory_replay, viz.whatif.edits.edit).
 """
 from __future__ import annotations
 

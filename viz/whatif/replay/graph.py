@@ -19,12 +19,13 @@ A :class:`Comm` is one collective over its members (matched across ranks by grou
 number, :mod:`viz.analysis.crossrank`) or one send matched with its receive
 (:func:`viz.analysis.timeline.match_p2p`): it completes for member r at the last member's launch
 plus ``transfer[r]``, the measured time from the last arrival to r's completion (when r had
-the result; in traces whose completions may be late, :mod:`viz.whatif.waits`). A
+the result; in traces whose completions may be late, :mod:`viz.whatif.replay.waits`). A
 communication whose other members are not in the graph (their step was not counted, the
 collective did not match) completes its own measured duration after its launch.
 
 Replaying these programs with their measured durations reproduces the recording
-(:mod:`viz.whatif.simulate`); the transformations edit them (:mod:`viz.whatif.compose`).
+(:mod:`viz.whatif.replay.simulate`); the transformations edit them
+(:mod:`viz.whatif.replay.compose`).
 """
 from __future__ import annotations
 
@@ -36,8 +37,8 @@ import numpy as np
 from tracer.vocab.groups import group_ranks
 from tracer.vocab.ops import P2P_KINDS
 
-from ..analysis.timeline.intervals import Prefix, gaps
-from ..analysis.timeline.lanes import Timeline, counted_steps
+from ...analysis.timeline.intervals import Prefix, gaps
+from ...analysis.timeline.lanes import Timeline, counted_steps
 from .waits import RankView, hidden_waits, rank_view
 
 COMPUTE, IDLE, LAUNCH, WAIT, BEGIN, END, STEP = range(7)
@@ -117,7 +118,8 @@ def execution_graph(timeline: Timeline, matched: list,
                     late: frozenset = frozenset()) -> ExecutionGraph:
     """The graph of every rank's counted steps. ``matched``: viz.analysis.crossrank.matching's matched
     collectives (:attr:`viz.analysis.crossrank.CrossRank.matched`); ``late``: the ranks whose
-    recorded completions may have come late (:func:`viz.whatif.waits.late_completions`), whose
+    recorded completions may have come late (:func:`viz.whatif.replay.waits.late_completions`),
+    whose
     hidden waits are taken out of their compute."""
     ranks = timeline.ranks
     windows = {r: {s: lane.steps[s] for s in counted_steps(lane)} for r, lane in ranks.items()}
@@ -139,7 +141,7 @@ def _clock(timeline: Timeline) -> str:
 
 
 def _views(ranks: dict, matched: list, late: frozenset) -> dict:
-    """rank -> RankView; on the ``late`` ranks with the hidden waits (viz.whatif.waits) that
+    """rank -> RankView; on the ``late`` ranks with the hidden waits (viz.whatif.replay.waits) that
     end after the last member of their collective launched it: a rank cannot have had the
     result before."""
     last = {(r, c.index): m.last_arrival for m in matched for r, c in m.spans.items()}

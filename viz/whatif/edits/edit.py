@@ -1,10 +1,10 @@
 """A predicted step's program, edited from the recorded one: the source rank's program as its
-replay ran it (viz.whatif.graph, viz.whatif.simulate), cut into the predicted step's
-segments (viz.whatif.axis: a micro-batch copied or dropped), with
+replay ran it (viz.whatif.replay.graph, viz.whatif.replay.simulate), cut into the predicted step's
+segments (viz.whatif.recorded.axis: a micro-batch copied or dropped), with
 
 - the recorded data parallelism's collectives taken out and the target's put in at their
-  positions (viz.whatif.dp_plan), their transfer from the collective model fitted on the
-  recording (viz.whatif.models);
+  positions (viz.whatif.edits.dp_plan), their transfer from the collective model fitted on the
+  recording (viz.whatif.replay.models);
 - a checkpointed module's forward compute inserted before its backward (its recomputation);
   a module no longer checkpointed: recomputation taken out;
 - the micro-batches' compute scaled to another micro-batch size: each op's time by the
@@ -16,14 +16,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from .axis import Axis
+from ..recorded.axis import Axis
+from ..recorded.windows import BACKWARD, FORWARD, RECOMPUTE, StepWindows
+from ..replay.compose import Call, Programs
+from ..replay.graph import COMPUTE, IDLE, LAUNCH, STEP, WAIT
+from ..replay.models import work_of
 from .checkpointing import RECOMPUTED
-from .compose import Call, Programs
 from .dp_plan import is_dp_comm
-from .graph import COMPUTE, IDLE, LAUNCH, STEP, WAIT
-from .models import work_of
 from .tp_plan import work_factor
-from .windows import BACKWARD, FORWARD, RECOMPUTE, StepWindows
 
 
 @dataclass
@@ -196,7 +196,7 @@ def micro_scale(ops, windows: StepWindows, nodes: list, cost, ratio: float, plan
     """(lo, hi, factor) of each recorded micro-batch whose compute takes ``ratio`` times the
     micro-batch size and the TP ``plan`` (None: none): each forward, backward and recompute
     op's time by the op-cost model at its work times ``ratio``, and by the share of it a TP
-    rank keeps (viz.whatif.tp_plan.work_factor); spread over the micro-batch's compute (host
+    rank keeps (viz.whatif.edits.tp_plan.work_factor); spread over the micro-batch's compute (host
     time between ops stays)."""
     if ratio == 1.0 and plan is None:
         return []

@@ -1,5 +1,5 @@
 """What-if memory: each target rank's peak, by category, from a recording made with memory
-(``trace-run --memory``; viz.analysis.memory) and Megatron's rules (:mod:`.megatron`).
+(the default; viz.analysis.memory) and Megatron's rules (:mod:`.megatron`).
 
 - **Model states** follow the parameter elements a rank holds (:func:`.megatron.rank_params`):
   the recording gives the bytes of parameters, gradients and optimizer state (each one's own
