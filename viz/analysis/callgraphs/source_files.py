@@ -133,8 +133,8 @@ class RecordedSources:
         if entry is None:
             return SourceText(None, why_not="the file here is not the one the recording saw "
                               "(its content hash differs): it changed since the run")
-        under = entry.get("under")
-        where = _ROOTS.get(entry.get("root"), "")
+        under, root = entry.get("under"), entry.get("root")
+        where = _ROOTS.get(root, "") if isinstance(root, str) else ""
         if isinstance(under, str) and file.startswith(under.rstrip("/") + "/"):
             where = f"{where} {under}, as {file[len(under.rstrip('/')) + 1:]}"
         return SourceText(data.decode("utf-8", errors="replace").splitlines(), where,
