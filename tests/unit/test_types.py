@@ -11,7 +11,8 @@ import pytest
 
 from support.paths import REPO
 
-ROOMS = {"tracer/vocab", "tracer/files", "tracer/kineto", "viz/analysis/callgraphs", "instrument"}
+ROOMS = {"tracer/vocab", "tracer/files", "tracer/kineto", "viz/analysis/callgraphs",
+         "viz/analysis/timeline", "viz/analysis/memory", "instrument"}
 
 
 def mypy_run(*extra: str) -> tuple[str, int]:

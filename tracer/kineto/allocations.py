@@ -38,16 +38,18 @@ from typing import Optional
 
 import numpy as np
 
-from tracer.files.format import MEMORY_CATEGORIES, MEMORY_KINDS
+from tracer.files.format import MEMORY_CATEGORIES, MEMORY_KINDS, MemoryCategory, MemoryKind
 from tracer.files.reader import latest_holding
 from tracer.vocab.labels import (PHASE_BACKWARD, PHASE_FORWARD, PHASE_GRAD_SYNC,
                                  PHASE_OPTIMIZER, PHASE_RECOMPUTE)
 
 CUDA = 1                                   # the profiler's Device Type of a CUDA allocation
-ALLOC, FREE = MEMORY_KINDS.index("alloc"), MEMORY_KINDS.index("free")
+ALLOC, FREE = MEMORY_KINDS.index(MemoryKind.ALLOC), MEMORY_KINDS.index(MemoryKind.FREE)
 TEMPORARIES, COMM, ACTIVATIONS, OPTIMIZER_STATE, GRADIENTS = (
-    MEMORY_CATEGORIES.index(c) for c in ("temporaries", "comm", "activations",
-                                         "optimizer_state", "gradients"))
+    MEMORY_CATEGORIES.index(c) for c in (MemoryCategory.TEMPORARIES, MemoryCategory.COMM,
+                                         MemoryCategory.ACTIVATIONS,
+                                         MemoryCategory.OPTIMIZER_STATE,
+                                         MemoryCategory.GRADIENTS))
 NEVER = np.iinfo(np.int64).max             # the time of a free the export does not hold
 
 

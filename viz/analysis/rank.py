@@ -31,7 +31,8 @@ from .memory.live_bytes import MemoryProfile, live_memory, memory_profile
 from .timeline.columns import Records
 from .timeline.intervals import Prefix
 from .timeline.lanes import P2PEnd, RankLanes, counted_steps
-from .timeline.rank_lanes import DRAWN_OPS, RankRows, p2p_endpoints, rank_lanes
+from .timeline.rank_lanes import DRAWN_OPS, p2p_endpoints, rank_lanes
+from .timeline.rank_rows import RankRows
 
 
 @dataclass

@@ -22,7 +22,7 @@ from tracer.vocab.labels import PHASES
 
 from .memory.live_bytes import ALLOC, FREE
 from .rank import check_identity
-from .timeline.rank_lanes import RankRows
+from .timeline.rank_rows import RankRows
 
 
 @dataclass
