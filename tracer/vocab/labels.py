@@ -16,11 +16,25 @@ import re
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from .strenum import StrEnum
+
+
+class Phase(StrEnum):
+    """Which part of the training step issued an op (docs/phases.md)."""
+
+    OTHER = "other"
+    FORWARD = "forward"
+    BACKWARD = "backward"
+    RECOMPUTE = "recompute"
+    GRAD_SYNC = "grad_sync"
+    OPTIMIZER = "optimizer"
+
+
 # NOTE: codes are stored in traces: append new phases, never renumber (0-2 predate the others)
-PHASES = ("other", "forward", "backward", "recompute", "grad_sync", "optimizer")
+PHASES: tuple[Phase, ...] = tuple(Phase)
 PHASE_OTHER, PHASE_FORWARD, PHASE_BACKWARD = 0, 1, 2
 PHASE_RECOMPUTE, PHASE_GRAD_SYNC, PHASE_OPTIMIZER = 3, 4, 5
-PHASE_CODES = {name: code for code, name in enumerate(PHASES)}
+PHASE_CODES: dict[str, int] = {name: code for code, name in enumerate(PHASES)}
 
 PASS_KINDS = ("F", "B", "W")
 

@@ -7,7 +7,7 @@ worked examples: docs/metrics.md.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from .columns import Records
@@ -15,7 +15,7 @@ from .grid import grid_of
 from .lanes import P2PEnd, P2PLink, RankLanes, Timeline, counted_steps
 
 
-def match_p2p(endpoints: Mapping[int, Sequence[P2PEnd]]
+def match_p2p(endpoints: Mapping[int, Iterable[P2PEnd]]
               ) -> tuple[list[P2PLink], dict[int, dict[int, int]]]:
     """(links, send ends): ``endpoints`` is rank -> :func:`.rank_lanes.p2p_endpoints`. The k-th
     send from a to b on a group pairs with the k-th receive on b from a; a send's data had
@@ -36,7 +36,7 @@ def match_p2p(endpoints: Mapping[int, Sequence[P2PEnd]]
     return links, send_ends
 
 
-def assemble(lanes: dict[int, RankLanes], links: Sequence[P2PLink], config: dict[str, Any],
+def assemble(lanes: dict[int, RankLanes], links: Iterable[P2PLink], config: dict[str, Any],
              world: int = 0) -> Timeline:
     """The timeline of every rank's lanes. When no rank's passes are named (annotations,
     pipelining labels), passes inferred from each rank's P2P order stand in. When the run

@@ -22,10 +22,10 @@ from .lanes import Annotation, CommSpan, Pass
 from .rank_rows import RankRows
 
 
-def annotation_spans(rows: RankRows
-                     ) -> tuple[list[Pass], list[Annotation], dict[int, Optional[tuple[Any, ...]]]]:
+def annotation_spans(rows: RankRows) -> tuple[
+        list[Pass], list[Annotation], dict[int, Optional[tuple[Any, ...]]]]:
     """(passes, other annotation ranges as (start, end, label, depth), step -> the pipeline
-    schedule it ran or None) of one rank's :class:`viz.analysis.timeline.rank_lanes.RankRows`.
+    schedule it ran or None) of one rank's :class:`viz.analysis.timeline.rank_rows.RankRows`.
 
     Passes named by tracer.recorder.pipelining (source "schedule") win over pipelining's own
     record_function labels in the steps that have both; the loss range after a forward

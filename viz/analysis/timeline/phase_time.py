@@ -31,7 +31,7 @@ OTHER = PHASES.index("other")
 
 def phase_spans(rows: RankRows, comm: Sequence[CommSpan], idle_gap_ns: int) -> np.ndarray:
     """(n, 3) int64 rows of (start, end, phase index into PHASES) covering the rank's time as
-    the module docstring says, in time order; ``rows`` a :class:`.rank_lanes.RankRows`,
+    the module docstring says, in time order; ``rows`` a :class:`.rank_rows.RankRows`,
     ``comm`` its CommSpans."""
     sel = np.nonzero(rows.real & (rows.t0 >= 0))[0]
     if not len(sel):
