@@ -9,7 +9,7 @@ import json
 import pyarrow as pa
 
 from tracer.files.format import MEMORY_CATEGORIES, MEMORY_KINDS, MemoryCategory, MemoryKind
-from tracer.vocab.labels import PHASE_CODES, PHASES, Phase
+from tracer.vocab.labels import PHASE_CODES, PHASES, PassSource, Phase
 from tracer.vocab.outcomes import FailureKind, RankStatus, TraceStatus
 from viz.analysis.callgraphs.callgraph import NodeType
 from viz.analysis.crossrank.critical_path import SegmentKind
@@ -17,10 +17,11 @@ from viz.analysis.crossrank.dimensions import DimensionSource
 from viz.analysis.crossrank.matching import MismatchKind
 from viz.analysis.memory.live_bytes import Scope
 from viz.analysis.run_analysis import RankVerdict
+from viz.analysis.timeline.lanes import Clock
 from viz.views.pages import _summarise
 
-ENUMS = (Phase, MemoryKind, MemoryCategory, Scope, MismatchKind, SegmentKind, DimensionSource,
-         RankVerdict, NodeType, FailureKind, RankStatus, TraceStatus)
+ENUMS = (Phase, PassSource, MemoryKind, MemoryCategory, Scope, Clock, MismatchKind, SegmentKind,
+         DimensionSource, RankVerdict, NodeType, FailureKind, RankStatus, TraceStatus)
 
 
 def test_stored_codes_keep_their_words_and_order():

@@ -38,6 +38,15 @@ PHASE_CODES: dict[str, int] = {name: code for code, name in enumerate(PHASES)}
 
 PASS_KINDS = ("F", "B", "W")
 
+
+class PassSource(StrEnum):
+    """What named a pipeline pass."""
+
+    ANNOTATION = "annotation"            # tracer.annotate("F", ...)
+    RECORD_FUNCTION = "record_function"  # torch.distributed.pipelining's labels
+    SCHEDULE = "schedule"                # tracer.recorder.pipelining's ranges
+    INFERRED = "inferred"                # nothing: viz inferred it from the P2P order
+
 # Labels that set the phase of the ops inside them.
 _PHASE_OF_LABEL = {"F": PHASE_FORWARD, "forward": PHASE_FORWARD, "B": PHASE_BACKWARD,
                    "W": PHASE_BACKWARD, "backward": PHASE_BACKWARD, "recompute": PHASE_RECOMPUTE,
@@ -70,7 +79,7 @@ class PassLabel:
     kind: str                    # "F" | "B" | "W"
     microbatch: Optional[int]
     chunk: int                   # annotations: the rank's model chunk; pipelining: the stage
-    source: str                  # "annotation" | "record_function" | "schedule"
+    source: PassSource           # never INFERRED: a label names the pass
     loss: bool = False           # the loss after a forward: the end of that forward pass
 
 
@@ -113,15 +122,16 @@ def pass_of(label: str, attrs: dict[str, Any]) -> Optional[PassLabel]:
         mb = attrs.get("microbatch")
         mb = mb if isinstance(mb, int) else None
         if attrs.get("source") == "pipelining":      # recorder.pipelining: chunk is the stage
-            return PassLabel(label, mb, int(attrs.get("stage") or 0), "schedule",
+            return PassLabel(label, mb, int(attrs.get("stage") or 0), PassSource.SCHEDULE,
                              bool(attrs.get("loss")))
-        return PassLabel(label, mb, int(attrs.get("chunk") or 0), "annotation")
+        return PassLabel(label, mb, int(attrs.get("chunk") or 0), PassSource.ANNOTATION)
     found = _pipelining(label)
     if found is None or found[0] not in _ACTIONS or found[2] < 0:
         return None
     action, stage, microbatch = found
     kind = _ACTIONS[action][1]
-    return None if kind is None else PassLabel(kind, microbatch, stage, "record_function")
+    return None if kind is None else PassLabel(kind, microbatch, stage,
+                                                         PassSource.RECORD_FUNCTION)
 
 
 def schedule_of(label: str, attrs: dict[str, Any]) -> Optional[tuple[Any, ...]]:

@@ -27,7 +27,7 @@ import numpy as np
 
 from ..timeline.columns import Records
 from ..timeline.intervals import intervals, union
-from ..timeline.lanes import CommSpan, DeviceLane, Pass, RankLanes, counted_steps
+from ..timeline.lanes import Clock, CommSpan, DeviceLane, Pass, RankLanes, counted_steps
 from ..timeline.rank_rows import RankRows
 from .gpu_attribution import SETUP, DeviceTime
 
@@ -56,7 +56,7 @@ def on_device(lanes: RankLanes, rows: RankRows, dev: DeviceTime,
     steps = _step_windows(lanes.steps, step_of, start, end)
     keep = _drawn(step_of, counted_steps(lanes), min(budget, DRAWN_ACTIVITIES))
     return dataclasses.replace(
-        lanes, clock="device", host_compute=lanes.compute,
+        lanes, clock=Clock.DEVICE, host_compute=lanes.compute,
         compute=union(intervals(start[~is_comm & ~is_memory], end[~is_comm & ~is_memory])),
         memory=union(intervals(start[is_memory], end[is_memory])),
         comm=Records.of(CommSpan, spans),

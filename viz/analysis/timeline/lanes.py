@@ -8,8 +8,19 @@ from typing import Any, Optional, Protocol
 
 import numpy as np
 
+from tracer.vocab.labels import PassSource
+from tracer.vocab.strenum import StrEnum
+
 from ..callgraphs.op_groups import SLOTS, Frame
 from .columns import Records
+
+
+class Clock(StrEnum):
+    """Whose clock a rank's lanes time: the host's (its ops) or the device's (their GPU work)."""
+
+    HOST = "host"
+    DEVICE = "device"
+
 
 Annotation = tuple[int, int, str, int]     # a range that names no pass: start, end, label, depth
 
@@ -40,7 +51,7 @@ class Pass:
     chunk: int                 # annotation: the rank's chunk; pipelining: the global stage
     start: int
     end: int
-    source: str                # "annotation" | "record_function" | "schedule" | "inferred"
+    source: PassSource
 
 
 @dataclass(frozen=True, **SLOTS)
@@ -117,7 +128,7 @@ class RankLanes:
     recorded_until: int = 0    # the last event's time: what happened later is not in the trace
     closed: bool = True        # the recorder closed the trace (the rank was not killed)
     stopped: bool = False      # the rank stopped early: killed, failed or interrupted
-    clock: str = "host"        # "device": compute, comm, passes and steps are GPU time
+    clock: Clock = Clock.HOST  # DEVICE: compute, comm, passes and steps are GPU time
     host_compute: Optional[np.ndarray] = None   # on the device clock: what the host did
     device: Optional[DeviceLane] = None         # on the device clock: the GPU activities
     # on the device clock: memcpys and memsets outside collectives (never compute)

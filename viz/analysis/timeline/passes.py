@@ -15,8 +15,8 @@ from typing import Any, Optional
 
 import numpy as np
 
-from tracer.vocab.labels import (PHASE_BACKWARD, PHASE_FORWARD, PHASE_RECOMPUTE, pass_of,
-                                 schedule_of)
+from tracer.vocab.labels import (PHASE_BACKWARD, PHASE_FORWARD, PHASE_RECOMPUTE, PassSource,
+                                 pass_of, schedule_of)
 
 from .lanes import Annotation, CommSpan, Pass
 from .rank_rows import RankRows
@@ -56,11 +56,11 @@ def annotation_spans(rows: RankRows) -> tuple[
 def _merged(found: list[tuple[Pass, bool]]) -> list[Pass]:
     """Passes in start order: record_function passes dropped from steps with schedule passes, a
     loss range merged into the forward pass it follows."""
-    by_schedule = {p.step for p, _ in found if p.source == "schedule"}
+    by_schedule = {p.step for p, _ in found if p.source == PassSource.SCHEDULE}
     out: list[Pass] = []
     last: dict[tuple[int, str, Optional[int], int], int] = {}   # pass -> its place in out
     for p, loss in sorted(found, key=lambda item: (item[0].start, -item[0].end)):
-        if p.source == "record_function" and p.step in by_schedule:
+        if p.source == PassSource.RECORD_FUNCTION and p.step in by_schedule:
             continue
         key = (p.step, p.kind, p.microbatch, p.chunk)
         if loss and key in last:
@@ -108,5 +108,6 @@ def infer_passes(rows: RankRows, comm: Sequence[CommSpan]) -> list[Pass]:
         s = int(step[a])
         k = counts.get((s, name), 0)
         counts[(s, name)] = k + 1
-        passes.append(Pass(rows.rank, s, name, k, 0, int(t0[a]), int(t1[b]), "inferred"))
+        passes.append(Pass(rows.rank, s, name, k, 0, int(t0[a]), int(t1[b]),
+                           PassSource.INFERRED))
     return passes

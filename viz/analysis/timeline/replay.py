@@ -16,6 +16,8 @@ from typing import Optional, Protocol, TypeVar
 
 import numpy as np
 
+from tracer.vocab.labels import PassSource
+
 from .intervals import Prefix
 from .lanes import Pass, Timeline
 
@@ -111,7 +113,8 @@ def _virtual_stage(p: Pass, stage: int, stages: int) -> int:
     """torch.distributed.pipelining's passes (its labels, tracer.recorder.pipelining's ranges) name
     the global stage; annotations the rank's chunk, which is virtual stage chunk*p + stage
     (Megatron's interleaving)."""
-    return p.chunk if p.source in ("record_function", "schedule") else p.chunk * stages + stage
+    return p.chunk if p.source in (PassSource.RECORD_FUNCTION, PassSource.SCHEDULE) \
+        else p.chunk * stages + stage
 
 
 def _dependency(kind: str, microbatch: Optional[int], stage: int, stages: int
