@@ -24,6 +24,7 @@ from typing import Any, Optional
 import numpy as np
 import pyarrow as pa
 
+from ..vocab.strenum import StrEnum
 from .rundir import not_regular
 
 FORMAT_NAME = "paratrace.trace"
@@ -77,11 +78,31 @@ MEMORY_COLUMNS = (
     ("mem_storage", pa.int32()),     # small storage id, unique per allocation in the file
     ("mem_category", pa.int8()),     # index into MEMORY_CATEGORIES
 )
-MEMORY_KINDS = ("alloc", "free", "reclass")
-# what a storage is kept for; a reclass only ever moves a storage to a later entry (the
-# recorder's rules: tracer/recorder/memory.py)
-MEMORY_CATEGORIES = ("temporaries", "comm", "activations", "optimizer_state", "gradients",
-                     "parameters")
+
+
+class MemoryKind(StrEnum):
+    """What a memory row records of a storage."""
+
+    ALLOC = "alloc"
+    FREE = "free"
+    RECLASS = "reclass"          # its category moved on
+
+
+class MemoryCategory(StrEnum):
+    """What a storage is kept for; a reclass only ever moves a storage to a later member (the
+    recorder's rules: tracer/recorder/memory.py)."""
+
+    TEMPORARIES = "temporaries"
+    COMM = "comm"
+    ACTIVATIONS = "activations"
+    OPTIMIZER_STATE = "optimizer_state"
+    GRADIENTS = "gradients"
+    PARAMETERS = "parameters"
+
+
+# NOTE: the codes traces store (mem_kind, mem_category index these): append, never reorder
+MEMORY_KINDS: tuple[MemoryKind, ...] = tuple(MemoryKind)
+MEMORY_CATEGORIES: tuple[MemoryCategory, ...] = tuple(MemoryCategory)
 MEMORY_SCHEMA = pa.schema([pa.field(name, typ) for name, typ in COLUMNS + MEMORY_COLUMNS])
 # Each column's index in a row, by name: ``row[COL.cid]``.
 COL = namedtuple("ColumnIndex", COLUMN_NAMES)(*range(NCOLS))

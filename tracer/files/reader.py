@@ -182,7 +182,7 @@ class Trace:
                     rec[name] = names[name][v] if v >= 0 else None
                 else:
                     rec[name] = None if v == -1 and name not in ("t0", "step") else v
-            rec["phase"] = PHASES[rec["phase"]]
+            rec["phase"] = PHASES[rec["phase"]].value     # a plain str, as load() gave
             rec["group"] = group_ranks(rec["group"]) or None
             rec["stack"] = self.stack(int(cols["stack"][i]))
             rec["fwd_stack"] = self.stack(int(cols["fwd_stack"][i]))

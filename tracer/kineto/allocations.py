@@ -38,27 +38,29 @@ from typing import Optional
 
 import numpy as np
 
-from tracer.files.format import MEMORY_CATEGORIES, MEMORY_KINDS
+from tracer.files.format import MEMORY_CATEGORIES, MEMORY_KINDS, MemoryCategory, MemoryKind
 from tracer.files.reader import latest_holding
 from tracer.vocab.labels import (PHASE_BACKWARD, PHASE_FORWARD, PHASE_GRAD_SYNC,
                                  PHASE_OPTIMIZER, PHASE_RECOMPUTE)
 
 CUDA = 1                                   # the profiler's Device Type of a CUDA allocation
-ALLOC, FREE = MEMORY_KINDS.index("alloc"), MEMORY_KINDS.index("free")
+ALLOC, FREE = MEMORY_KINDS.index(MemoryKind.ALLOC), MEMORY_KINDS.index(MemoryKind.FREE)
 TEMPORARIES, COMM, ACTIVATIONS, OPTIMIZER_STATE, GRADIENTS = (
-    MEMORY_CATEGORIES.index(c) for c in ("temporaries", "comm", "activations",
-                                         "optimizer_state", "gradients"))
+    MEMORY_CATEGORIES.index(c) for c in (MemoryCategory.TEMPORARIES, MemoryCategory.COMM,
+                                         MemoryCategory.ACTIVATIONS,
+                                         MemoryCategory.OPTIMIZER_STATE,
+                                         MemoryCategory.GRADIENTS))
 NEVER = np.iinfo(np.int64).max             # the time of a free the export does not hold
 
 
-def memory_device(mem: dict) -> Optional[str]:
+def memory_device(mem: dict[str, np.ndarray]) -> Optional[str]:
     """Which device's allocations an import keeps ("cuda" or "cpu"), None without any."""
     if not len(mem.get("t", ())):
         return None
     return "cuda" if (mem["device_type"] == CUDA).any() else "cpu"
 
 
-def allocated_peak(mem: dict) -> Optional[int]:
+def allocated_peak(mem: dict[str, np.ndarray]) -> Optional[int]:
     """The largest "Total Allocated" among the events of the device an import keeps (torch's
     own count of the device's allocated bytes, before the export included); None where the
     export says none."""
@@ -71,7 +73,8 @@ def allocated_peak(mem: dict) -> Optional[int]:
     return int(totals.max()) if len(totals) else None
 
 
-def memory_columns(mem: dict, base: int, rows: dict, thread_of_tid: dict) -> Optional[dict]:
+def memory_columns(mem: dict[str, np.ndarray], base: int, rows: dict[str, np.ndarray],
+                   thread_of_tid: dict[int, int]) -> Optional[dict[str, np.ndarray]]:
     """The memory rows of an export's allocator events (``mem``: events.collect's columns,
     times relative; ``base`` makes them Unix ns) beside its op rows (``rows``: the trace's
     columns, t0/t1/thread/kind/step/phase, ordered by t0; ``thread_of_tid``: Kineto tid -> the
@@ -88,7 +91,7 @@ def memory_columns(mem: dict, base: int, rows: dict, thread_of_tid: dict) -> Opt
     n = len(t)
     kind = np.where(nbytes > 0, ALLOC, FREE)
     storage = np.zeros(n, dtype=np.int64)
-    live: dict = {}                    # address -> its allocation's storage id
+    live: dict[int, int] = {}          # address -> its allocation's storage id
     next_id = 0
     for i, (a, b) in enumerate(zip(addr.tolist(), nbytes.tolist())):
         if b > 0:
@@ -109,8 +112,8 @@ def memory_columns(mem: dict, base: int, rows: dict, thread_of_tid: dict) -> Opt
             "bytes": np.abs(nbytes), "t0": t, "thread": thread, "step": step}
 
 
-def _enclosing_ops(t: np.ndarray, tid: np.ndarray, rows: dict, thread_of_tid: dict
-                   ) -> np.ndarray:
+def _enclosing_ops(t: np.ndarray, tid: np.ndarray, rows: dict[str, np.ndarray],
+                   thread_of_tid: dict[int, int]) -> np.ndarray:
     """Per event, the op row (innermost: the latest started) of its thread whose [t0, t1]
     holds it, else -1."""
     out = np.full(len(t), -1, dtype=np.int64)
@@ -127,7 +130,7 @@ def _enclosing_ops(t: np.ndarray, tid: np.ndarray, rows: dict, thread_of_tid: di
 
 
 def _categories(kind: np.ndarray, storage: np.ndarray, t: np.ndarray, made_in: np.ndarray,
-                rows: dict) -> np.ndarray:
+                rows: dict[str, np.ndarray]) -> np.ndarray:
     """Each event's category (module doc), one per storage: ``made_in``: the op row that holds
     an allocation, -1 for the rest."""
     allocs = np.nonzero((kind == ALLOC) & (made_in >= 0))[0]
@@ -167,7 +170,7 @@ def _next_start(starts: np.ndarray, t: np.ndarray) -> np.ndarray:
     return np.append(starts, NEVER)[np.searchsorted(starts, t, side="right")]
 
 
-def _steps_at(t: np.ndarray, rows: dict) -> np.ndarray:
+def _steps_at(t: np.ndarray, rows: dict[str, np.ndarray]) -> np.ndarray:
     """The step of the op row started last at or before each time (0 before any)."""
     if not len(rows["t0"]):
         return np.zeros(len(t), dtype=np.int64)

@@ -16,7 +16,7 @@ runs code, so a profile from someone else is safe to read.
 from __future__ import annotations
 
 from decimal import Decimal, InvalidOperation
-from typing import Optional
+from typing import Any, Optional
 
 from tracer.files.device_format import DeviceRecords, KINDS, empty
 
@@ -31,7 +31,7 @@ ACTIVITY_KINDS = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "mem
 ABSOLUTE_FROM_NS = 10 ** 17
 
 
-def export_head(path: str) -> dict:
+def export_head(path: str) -> dict[str, Any]:
     """The top-level fields an export writes before its events (torch writes
     ``distributedInfo`` there), read without reading the events. Raises KinetoError for a
     file that is not an export at all."""
@@ -44,7 +44,7 @@ def export_head(path: str) -> dict:
     return stream.top
 
 
-def rank_of(top: dict) -> Optional[int]:
+def rank_of(top: dict[str, Any]) -> Optional[int]:
     """``distributedInfo.rank`` when it is a whole number >= 0."""
     info = top.get("distributedInfo")
     rank = info.get("rank") if isinstance(info, dict) else None
@@ -59,12 +59,12 @@ def rank_of_export(path: str) -> Optional[int]:
         return None
 
 
-def time_base(top: dict, first_ns: Optional[int]) -> tuple:
+def time_base(top: dict[str, Any], first_ns: Optional[int]) -> tuple[Optional[int], list[str]]:
     """(ns to add to the export's times for Unix ns or None when they cannot be placed,
     notes): ``baseTimeNanoseconds`` when it is a whole number; without one (torch before 2.1),
     0 when the times are absolute already (``first_ns``, the earliest, is past 1973), else
     None: relative times with nothing to place them."""
-    notes = []
+    notes: list[str] = []
     base = top.get("baseTimeNanoseconds")
     if type(base) is ExactNumber:                # 1.7e18 written as a float: exact if whole
         try:
@@ -83,7 +83,7 @@ def time_base(top: dict, first_ns: Optional[int]) -> tuple:
     return None, notes
 
 
-def damage_notes(events: ExportEvents) -> list:
+def damage_notes(events: ExportEvents) -> list[str]:
     """What was wrong with an export, as parts of its one line: malformed top-level fields,
     events dropped by reason, why reading stopped."""
     top = events.top
@@ -104,7 +104,7 @@ def kept_events(events: ExportEvents) -> int:
                               if why.startswith("dropped"))
 
 
-def damage_line(events: ExportEvents, notes: list) -> Optional[str]:
+def damage_line(events: ExportEvents, notes: list[str]) -> Optional[str]:
     """The export's one line: what was wrong with it and what was kept; None if nothing."""
     notes = notes + damage_notes(events)
     if not notes:
@@ -138,7 +138,7 @@ def load_chrome_trace(path: str, limit: Optional[int] = None) -> DeviceRecords:
     return records
 
 
-def _devices(top: dict) -> list:
+def _devices(top: dict[str, Any]) -> list[str]:
     props = top.get("deviceProperties")
     if not isinstance(props, list):
         return []

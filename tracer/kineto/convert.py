@@ -17,7 +17,7 @@ import os
 import re
 import sys
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional, TypedDict
 
 import numpy as np
 
@@ -30,9 +30,9 @@ from tracer.vocab.ops import P2P_KINDS
 from .allocations import allocated_peak, memory_columns, memory_device
 from .chrome_trace import damage_line, device_records, rank_of, time_base
 from .collectives import ProcessGroups, kind_of_kernel
-from .events import ExportEvents, collect
-from .host import (ANN, OP, RPC, STEP, annotation_text, comm_rows, flow_links, frame_of, order_of,
-                   phases, role_of, stack_text, unfold, walk)
+from .events import ExportEvents, HostEvents, collect
+from .host import (ANN, OP, RPC, STEP, Walked, annotation_text, comm_rows, flow_links, frame_of,
+                   order_of, phases, role_of, stack_text, unfold, walk)
 from .stream import ExportStream
 
 _STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
@@ -52,7 +52,15 @@ class Imported:
     activities: int
     world_size: Optional[int]
     line: Optional[str] = None            # what was wrong with the export, one line
-    missing: list = field(default_factory=list)   # what it cannot tell (front page)
+    missing: list[str] = field(default_factory=list)   # what it cannot tell (front page)
+
+
+class HostRows(TypedDict):
+    """The trace rows of an export's host events."""
+
+    columns: dict[str, np.ndarray]          # numpy, -1 null, rows in start order
+    dictionaries: dict[str, list[str]]
+    threads: dict[str, int]                 # the trace's thread number (text) -> Kineto tid
 
 
 def import_export(path: str, out_dir: str, name: str, rank: Optional[int] = None,
@@ -64,7 +72,7 @@ def import_export(path: str, out_dir: str, name: str, rank: Optional[int] = None
     rank = rank if rank is not None else rank_of(events.top)
     first = _first_ns(events)
     base, notes = time_base(events.top, first)
-    missing = []
+    missing: list[str] = []
     if base is None:
         base = 0
         missing.append("how ranks line up in time (relative times without "
@@ -111,7 +119,7 @@ def _first_ns(events: ExportEvents) -> Optional[int]:
     return min(starts) if starts else None
 
 
-def _op_rows(rows: dict) -> dict:
+def _op_rows(rows: HostRows) -> dict[str, np.ndarray]:
     """The op rows' t0, t1, thread, kind, step and phase (pseudo-op rows left out), in t0
     order."""
     cols = rows["columns"]
@@ -121,7 +129,7 @@ def _op_rows(rows: dict) -> dict:
     return {k: cols[k][keep] for k in ("t0", "t1", "thread", "kind", "step", "phase")}
 
 
-def _memory_missing(memory: dict, phase: np.ndarray) -> list:
+def _memory_missing(memory: dict[str, np.ndarray], phase: np.ndarray) -> list[str]:
     if memory_device(memory) is None:
         return ["memory (profiled without profile_memory)"]
     if not np.isin(phase, (PHASE_FORWARD, PHASE_BACKWARD, PHASE_OPTIMIZER)).any():
@@ -134,7 +142,7 @@ def _memory_missing(memory: dict, phase: np.ndarray) -> list:
             "activations are told by the phases around each block, docs/kineto.md)"]
 
 
-def _missing(found: dict, activities: int) -> list:
+def _missing(found: dict[str, bool], activities: int) -> list[str]:
     """What the export cannot tell, for the report's front page."""
     out = []
     if not found["frames"]:
@@ -152,13 +160,15 @@ def _missing(found: dict, activities: int) -> list:
     return out
 
 
-def host_rows(events: ExportEvents, base: int) -> tuple:
-    """(columns and dictionaries of the trace rows, what was found) of a collected export."""
+def host_rows(events: ExportEvents, base: int) -> tuple[HostRows, dict[str, bool]]:
+    """(columns and dictionaries of the trace rows, what was found) of an export collected
+    with its host events."""
     host = events.host
+    assert host is not None, "collected without host events"
     names = host.names.values
     cats = np.frombuffer(host.cat, dtype=np.int8) if len(host) else np.zeros(0, np.int8)
     codes = np.frombuffer(host.name, dtype=np.int32) if len(host) else np.zeros(0, np.int32)
-    role_table = {}
+    role_table: dict[tuple[int, int], int] = {}
     for c, n in set(zip(cats.tolist(), codes.tolist())):
         role_table[(c, n)] = role_of(c, names[n])
     roles = np.array([role_table[k] for k in zip(cats.tolist(), codes.tolist())], np.int8)
@@ -172,16 +182,16 @@ def host_rows(events: ExportEvents, base: int) -> tuple:
     ann_chains = unfold(rows.anns, lambda chain: tuple(names[c] for c in chain))
     phase = phases(rows, host, roles, ann_chains, set(links.values()), comm)
     steps = _profiler_steps(host, roles, names)
-    columns, dictionaries = _columns(rows, host, roles, base, links, comm, phase, steps,
-                                     ann_chains)
+    columns, dictionaries, threads = _columns(rows, host, roles, base, links, comm, phase,
+                                              steps, ann_chains)
     found = {"frames": bool(rows.stacks), "modules": bool(rows.modules),
              "shapes": len(host.shape_texts.values) > 0, "steps": bool(steps),
              "unknown_groups": any(c["group"] == "?" for c in comm.values())}
-    return {"columns": columns, "dictionaries": dictionaries,
-            "threads": dictionaries.pop("_threads")}, found
+    return {"columns": columns, "dictionaries": dictionaries, "threads": threads}, found
 
 
-def _kernel_kinds(rows, host, events: ExportEvents, is_op: np.ndarray) -> dict:
+def _kernel_kinds(rows: Walked, host: HostEvents, events: ExportEvents, is_op: np.ndarray
+                  ) -> dict[int, str]:
     """op row -> the collective kind of the NCCL kernels it launched (where the name says)."""
     dev = events.device
     names = events.device_names
@@ -201,7 +211,7 @@ def _kernel_kinds(rows, host, events: ExportEvents, is_op: np.ndarray) -> dict:
     op_events = np.array(rows.event, dtype=np.int64)[op_rows]
     l_tid, l_at = dev["tid"][launch], dev["start"][launch]
     l_kind = [corr_kind[c] for c in dev["corr"][launch].tolist()]
-    out = {}
+    out: dict[int, str] = {}
     for t in np.unique(l_tid).tolist():
         mine = np.nonzero(tid[op_events] == t)[0]          # op rows do not nest on a thread
         mine = mine[np.argsort(start[op_events[mine]], kind="stable")]
@@ -209,12 +219,14 @@ def _kernel_kinds(rows, host, events: ExportEvents, is_op: np.ndarray) -> dict:
         j = np.searchsorted(start[op_events[mine]], l_at[here], side="right") - 1
         inside = (j >= 0) & (stop[op_events[mine[np.maximum(j, 0)]]] >= l_at[here])
         for k, jj in zip(here[inside].tolist(), j[inside].tolist()):
-            if l_kind[k]:
-                out.setdefault(int(op_rows[mine[jj]]), l_kind[k])
+            kind = l_kind[k]
+            if kind:
+                out.setdefault(int(op_rows[mine[jj]]), kind)
     return out
 
 
-def _profiler_steps(host, roles: np.ndarray, names: list) -> list:
+def _profiler_steps(host: HostEvents, roles: np.ndarray, names: list[str]
+                    ) -> list[tuple[int, int, int]]:
     """(N, start, end) of each ProfilerStep#N range, by start."""
     out = []
     for e in np.nonzero(roles == STEP)[0].tolist():
@@ -224,7 +236,8 @@ def _profiler_steps(host, roles: np.ndarray, names: list) -> list:
     return sorted(set(out), key=lambda s: s[1])
 
 
-def _steps_of(t0: np.ndarray, steps: list) -> tuple:
+def _steps_of(t0: np.ndarray, steps: list[tuple[int, int, int]]
+              ) -> tuple[np.ndarray, list[tuple[int, int]]]:
     """(step of each row, the step markers (step, time)): a row belongs to the last step
     started at or before it (the first step before any); after a step that no next step
     follows, to a step of its own."""
@@ -242,8 +255,12 @@ def _steps_of(t0: np.ndarray, steps: list) -> tuple:
     return numbers[np.maximum(j, 0)], markers
 
 
-def _columns(rows, host, roles, base, links, comm, phase, steps, ann_chains) -> tuple:
-    """The trace's columns (numpy, -1 null) and dictionaries, rows in start order."""
+def _columns(rows: Walked, host: HostEvents, roles: np.ndarray, base: int,
+             links: dict[int, int], comm: dict[int, dict[str, Any]], phase: list[int],
+             steps: list[tuple[int, int, int]], ann_chains: list[tuple[str, ...]]
+             ) -> tuple[dict[str, np.ndarray], dict[str, list[str]], dict[str, int]]:
+    """The trace's columns (numpy, -1 null) and dictionaries, rows in start order; the
+    trace's thread numbers (text) -> Kineto tids."""
     names = host.names.values
     events = np.array(rows.event, dtype=np.int64)
     start = np.frombuffer(host.start, dtype=np.int64)[events] if len(events) else \
@@ -255,9 +272,10 @@ def _columns(rows, host, roles, base, links, comm, phase, steps, ann_chains) -> 
     modules = unfold(rows.modules, lambda chain: ".".join(
         names[c][len("nn.Module: "):] for c in chain))
     anns = [annotation_text(c) for c in ann_chains]
-    op_names, op_code = [], {}
+    op_names: list[str] = []
+    op_code: dict[str, int] = {}
 
-    def code(name):
+    def code(name: str) -> int:
         if name not in op_code:
             op_code[name] = len(op_names)
             op_names.append(name)
@@ -278,14 +296,14 @@ def _columns(rows, host, roles, base, links, comm, phase, steps, ann_chains) -> 
             .astype(np.int64) if len(events) else np.zeros(0, np.int64)}
     threads = _threads(host, events)
     cols["thread"] = np.array([threads[host.tid[e]] for e in rows.event], dtype=np.int64)
-    dictionaries = {"op": op_names, "module": modules, "stack": stacks, "fwd_stack": stacks,
-                    "annotation": anns, "shapes": list(host.shape_texts.values)}
+    dictionaries: dict[str, list[str]] = {
+        "op": op_names, "module": modules, "stack": stacks, "fwd_stack": stacks,
+        "annotation": anns, "shapes": list(host.shape_texts.values)}
     _comm_columns(cols, dictionaries, comm, len(events))
     _add_markers(cols, dictionaries, markers, base)
     order = np.argsort(cols["t0"], kind="stable")
     cols = {k: v[order] for k, v in cols.items()}
-    dictionaries["_threads"] = {str(v): int(k) for k, v in threads.items()}
-    return cols, dictionaries
+    return cols, dictionaries, {str(v): int(k) for k, v in threads.items()}
 
 
 # ops whose overload the analyses name (a functional collective's wait blocks the host: it is
@@ -299,24 +317,27 @@ def op_name(kineto: str) -> str:
     return _OVERLOADS.get(kineto) or kineto.replace("::", ".", 1)
 
 
-def _threads(host, events: np.ndarray) -> dict:
+def _threads(host: HostEvents, events: np.ndarray) -> dict[int, int]:
     """Kineto thread id -> the trace's small thread number: the thread with the most rows
     first (the training loop's), then by first appearance."""
     tids = [host.tid[e] for e in events.tolist()]
-    counts: dict = {}
+    counts: dict[int, int] = {}
     for t in tids:
         counts[t] = counts.get(t, 0) + 1
     ordered = sorted(counts, key=lambda t: -counts[t])
     return {t: i for i, t in enumerate(ordered[:32767])}
 
 
-def _comm_columns(cols: dict, dictionaries: dict, comm: dict, n: int) -> None:
-    kinds, groups, dtypes = [], [], []
-    codes = {"kind": {}, "group": {}, "dtype": {}}
+def _comm_columns(cols: dict[str, np.ndarray], dictionaries: dict[str, list[str]],
+                  comm: dict[int, dict[str, Any]], n: int) -> None:
+    kinds: list[str] = []
+    groups: list[str] = []
+    dtypes: list[str] = []
+    codes: dict[str, dict[str, int]] = {"kind": {}, "group": {}, "dtype": {}}
     lists = {"kind": kinds, "group": groups, "dtype": dtypes}
     out = {k: np.full(n, -1, dtype=np.int64) for k in ("kind", "group", "dtype", "peer",
                                                          "bytes", "seq", "cid", "t_ret")}
-    counters: dict = {}
+    counters: dict[tuple[str, bool], int] = {}
     for cid, (r, c) in enumerate(sorted(comm.items(), key=lambda rc: cols["t0"][rc[0]])):
         for key in ("kind", "group", "dtype"):
             value = c[key]
@@ -343,7 +364,8 @@ def _comm_columns(cols: dict, dictionaries: dict, comm: dict, n: int) -> None:
     dictionaries.update(lists)
 
 
-def _add_markers(cols: dict, dictionaries: dict, markers: list, base: int) -> None:
+def _add_markers(cols: dict[str, np.ndarray], dictionaries: dict[str, list[str]],
+                 markers: list[tuple[int, int]], base: int) -> None:
     if not markers:
         return
     ops_list = dictionaries["op"]
@@ -361,19 +383,22 @@ def _add_markers(cols: dict, dictionaries: dict, markers: list, base: int) -> No
         cols[k] = np.concatenate([cols[k], extra[k]])
 
 
-def _meta(path, rank, world, info, rows, events, activities, missing) -> dict:
+def _meta(path: str, rank: Optional[int], world: Optional[int], info: dict[str, Any],
+          rows: HostRows, events: ExportEvents, activities: int, missing: list[str]
+          ) -> dict[str, Any]:
     t0 = rows["columns"]["t0"]
     start = int(t0.min()) if len(t0) else 0
     end = int(rows["columns"]["t1"].max()) if len(t0) else 0
     absolute = start >= 10 ** 17
-    meta = {"format_version": FORMAT_VERSION, "rank": rank if rank is not None else 0,
-            "world_size": world, "backend": info.get("backend"), "start_ns": start,
-            "end_ns": end, "status": "ok", "host": str(events.top.get("host_name") or ""),
-            "argv": [], "options": {"device_time": bool(activities)},
-            "clock_pairs": [{"perf_ns": 0, "unix_ns": 0}], "threads": rows["threads"],
-            "imported": {"from": "torch.profiler", "export": os.path.abspath(path),
-                         "bytes": events.bytes_read, "items": events.items,
-                         "missing": missing}}
+    meta: dict[str, Any] = {
+        "format_version": FORMAT_VERSION, "rank": rank if rank is not None else 0,
+        "world_size": world, "backend": info.get("backend"), "start_ns": start,
+        "end_ns": end, "status": "ok", "host": str(events.top.get("host_name") or ""),
+        "argv": [], "options": {"device_time": bool(activities)},
+        "clock_pairs": [{"perf_ns": 0, "unix_ns": 0}], "threads": rows["threads"],
+        "imported": {"from": "torch.profiler", "export": os.path.abspath(path),
+                     "bytes": events.bytes_read, "items": events.items,
+                     "missing": missing}}
     if absolute:
         meta["start_unix"] = start / 1e9
         meta["end_unix"] = end / 1e9

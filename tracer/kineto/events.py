@@ -25,7 +25,7 @@ from array import array
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from operator import itemgetter
-from typing import Optional
+from typing import Any, Callable, Optional, Union, overload
 
 import numpy as np
 
@@ -50,7 +50,7 @@ CPP_DTYPES = {"float": "f32", "double": "f64", "c10::Half": "f16", "c10::BFloat1
            "c10::Float8_e5m2": "f8e5m2"}
 
 
-def ns_of(value) -> Optional[int]:
+def ns_of(value: Any) -> Optional[int]:
     """Microseconds as JSON gave them (an int, or the text of a number with a fraction) ->
     integer nanoseconds, exactly; None for anything that is no finite time."""
     t = type(value)
@@ -73,7 +73,13 @@ def _decimal_ns(text: str) -> Optional[int]:
         return None
 
 
-def int64(value, default: int = -1) -> int:
+@overload
+def int64(value: Any, default: int = -1) -> int: ...
+@overload
+def int64(value: Any, default: None) -> Optional[int]: ...
+
+
+def int64(value: Any, default: Optional[int] = -1) -> Optional[int]:
     """An int argument (device, stream, correlation, bytes) if it is one that fits int64."""
     return value if type(value) is int and -_INT64 <= value < _INT64 else default
 
@@ -81,9 +87,9 @@ def int64(value, default: int = -1) -> int:
 class Interner:
     """Strings -> codes, in order of first appearance."""
 
-    def __init__(self):
-        self.codes: dict = {}
-        self.values: list = []
+    def __init__(self) -> None:
+        self.codes: dict[str, int] = {}
+        self.values: list[str] = []
 
     def __call__(self, value: str) -> int:
         code = self.codes.get(value)
@@ -98,16 +104,16 @@ class HostEvents:
     """Host events as columns (times relative, ns); ``comm`` maps an event's index to the
     arguments communication needs; ``shapes`` codes index ``shape_texts`` (-1: none)."""
 
-    cat: array = field(default_factory=lambda: array("b"))
-    name: array = field(default_factory=lambda: array("i"))
-    tid: array = field(default_factory=lambda: array("q"))
-    start: array = field(default_factory=lambda: array("q"))
-    dur: array = field(default_factory=lambda: array("q"))
-    shapes: array = field(default_factory=lambda: array("i"))
-    grad: array = field(default_factory=lambda: array("b"))   # ran through autograd
+    cat: array[int] = field(default_factory=lambda: array("b"))
+    name: array[int] = field(default_factory=lambda: array("i"))
+    tid: array[int] = field(default_factory=lambda: array("q"))
+    start: array[int] = field(default_factory=lambda: array("q"))
+    dur: array[int] = field(default_factory=lambda: array("q"))
+    shapes: array[int] = field(default_factory=lambda: array("i"))
+    grad: array[int] = field(default_factory=lambda: array("b"))   # ran through autograd
     names: Interner = field(default_factory=Interner)
     shape_texts: Interner = field(default_factory=Interner)
-    comm: dict = field(default_factory=dict)
+    comm: dict[int, dict[str, Any]] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.cat)
@@ -117,10 +123,10 @@ class HostEvents:
 class Flows:
     """fwdbwd flow points: the forward op ('s') and backward node ('f') ends of each id."""
 
-    id: array = field(default_factory=lambda: array("q"))
-    is_end: array = field(default_factory=lambda: array("b"))
-    tid: array = field(default_factory=lambda: array("q"))
-    ts: array = field(default_factory=lambda: array("q"))
+    id: array[int] = field(default_factory=lambda: array("q"))
+    is_end: array[int] = field(default_factory=lambda: array("b"))
+    tid: array[int] = field(default_factory=lambda: array("q"))
+    ts: array[int] = field(default_factory=lambda: array("q"))
 
 
 @dataclass
@@ -128,21 +134,21 @@ class ExportEvents:
     """What :func:`collect` kept of one export."""
 
     path: str
-    top: dict                   # the top-level fields other than traceEvents
-    device: dict                # DeviceRecords columns (numpy), times relative
-    device_names: list
+    top: dict[str, Any]         # the top-level fields other than traceEvents
+    device: dict[str, np.ndarray]   # DeviceRecords columns (numpy), times relative
+    device_names: list[str]
     host: Optional[HostEvents]
     flows: Flows
-    dropped: dict               # what was done and why -> events (dropped, or kept as read)
+    dropped: dict[str, int]     # what was done and why -> events (dropped, or kept as read)
     problem: Optional[str]      # why reading stopped early (None: read whole)
     items: int                  # traceEvents items read
     bytes_read: int
     # the allocator's ``[memory]`` instant events (profile_memory=True), host collection only:
     # name -> int64 column (t relative ns, addr, bytes, device_type, device_id, tid)
-    memory: dict = field(default_factory=dict)
+    memory: dict[str, np.ndarray] = field(default_factory=dict)
 
 
-def shapes_text(args: dict) -> Optional[str]:
+def shapes_text(args: dict[str, Any]) -> Optional[str]:
     """``Input Dims`` and ``Input type`` of a cpu_op as paratrace writes shapes
     (``f32[16,32] f32[32]``; a tensor list bracketed), None without any tensor."""
     dims, types = args.get("Input Dims"), args.get("Input type")
@@ -150,18 +156,21 @@ def shapes_text(args: dict) -> Optional[str]:
         return None
     # an export repeats a few thousand signatures: their text is made once
     key = (str(dims), tuple(types) if all(type(t) is str for t in types) else str(types))
-    text = _SHAPES.get(key, _SHAPES)
-    if text is _SHAPES:
-        text = _shapes_text(dims, types)
-        if len(_SHAPES) < 100_000:
-            _SHAPES[key] = text
+    try:
+        return _SHAPES[key]
+    except KeyError:
+        pass
+    text = _shapes_text(dims, types)
+    if len(_SHAPES) < 100_000:
+        _SHAPES[key] = text
     return text
 
 
-_SHAPES: dict = {}
+# (Input Dims text, Input types) -> the shapes' text
+_SHAPES: dict[tuple[str, Union[tuple[str, ...], str]], Optional[str]] = {}
 
 
-def _shapes_text(dims: list, types: list) -> Optional[str]:
+def _shapes_text(dims: list[Any], types: list[Any]) -> Optional[str]:
     parts = []
     for d, t in zip(dims, types):
         if type(d) is not list or not d and t in ("", "Scalar", None):
@@ -175,7 +184,7 @@ def _shapes_text(dims: list, types: list) -> Optional[str]:
     return " ".join(parts) or None
 
 
-def _tensor(dims: list, dtype: str) -> str:
+def _tensor(dims: list[Any], dtype: str) -> str:
     return f"{dtype or '?'}[{','.join(str(int64(x, 0)) for x in dims)}]"
 
 
@@ -188,8 +197,9 @@ def collect(stream: ExportStream, host: bool = True) -> ExportEvents:
     out = HostEvents() if host else None
     memory = {k: array("q") for k in MEMORY_FIELDS} if host else None
     flows = Flows()
-    dropped: dict = {}
+    dropped: dict[str, int] = {}
     take = _taker(dev, names, out)
+    why: Optional[str]
     for e in stream.events():
         if type(e) is not dict:
             why = "dropped (not an event object)"
@@ -222,18 +232,19 @@ def collect(stream: ExportStream, host: bool = True) -> ExportEvents:
 MEMORY_FIELDS = ("t", "addr", "bytes", "device_type", "device_id", "tid", "total")
 
 
-def _memory_point(e: dict, memory: dict) -> None:
+def _memory_point(e: dict[str, Any], memory: dict[str, array[int]]) -> None:
     """One ``[memory]`` event (``Bytes`` > 0 an allocation at ``Addr``, < 0 its free); one
     that cannot be read whole is left out."""
     args = e.get("args")
     t = ns_of(e.get("ts"))
     if type(args) is not dict or t is None:
         return
-    values = (t, int64(args.get("Addr"), None), int64(args.get("Bytes"), None),
-              int64(args.get("Device Type"), -1), int64(args.get("Device Id"), -1),
-              int64(e.get("tid"), -1), int64(args.get("Total Allocated"), -1))
-    if values[1] is None or values[2] is None:
+    addr, nbytes = int64(args.get("Addr"), None), int64(args.get("Bytes"), None)
+    if addr is None or nbytes is None:
         return
+    values = (t, addr, nbytes, int64(args.get("Device Type"), -1),
+              int64(args.get("Device Id"), -1), int64(e.get("tid"), -1),
+              int64(args.get("Total Allocated"), -1))
     for name, value in zip(MEMORY_FIELDS, values):
         memory[name].append(value)
 
@@ -244,7 +255,13 @@ _CLAMPED = "dropped (ts and dur 0: a time Kineto clamped to its base)"
 _UNLINKED = "kept unlinked (device, stream or correlation not a whole number)"
 
 
-def _taker(dev: dict, names: Interner, out: Optional[HostEvents]):
+# keeps one complete event: why it was dropped (or read only in part), else None
+_Take = Callable[[dict[str, Any]], Optional[str]]
+# keeps one host event: (event, category, start, duration, args)
+_KeepHost = Callable[[dict[str, Any], int, int, int, dict[str, Any]], None]
+
+
+def _taker(dev: dict[str, array[int]], names: Interner, out: Optional[HostEvents]) -> _Take:
     """The function that keeps one complete ('X') event and returns why it was dropped (or
     read only in part), else None. A closure over the columns' append methods: it runs once
     per event, and looking them up each time was a fifth of the reading time."""
@@ -254,10 +271,12 @@ def _taker(dev: dict, names: Interner, out: Optional[HostEvents]):
     activity, launch = ACTIVITY_CATS.get, LAUNCH_CATS.get
     fields = itemgetter("cat", "ts", "dur", "args")
     name_codes = names.codes
-    hostcat = HOST_CATS.get if out is not None else {}.get
-    keep_host = _host_taker(out) if out is not None else None
+    no_host: dict[Any, int] = {}
+    hostcat = (HOST_CATS if out is not None else no_host).get
+    # without host events no category is a host one: keep_host is never called
+    keep_host = _host_taker(out if out is not None else HostEvents())
 
-    def take(e: dict) -> Optional[str]:
+    def take(e: dict[str, Any]) -> Optional[str]:
         try:                             # one C call for the fields every event has
             cat, ts, dur, args = fields(e)
         except KeyError:
@@ -313,7 +332,7 @@ def _taker(dev: dict, names: Interner, out: Optional[HostEvents]):
     return take
 
 
-def _host_taker(out: HostEvents):
+def _host_taker(out: HostEvents) -> _KeepHost:
     """The function that keeps one host event (a closure, as :func:`_taker`). Shapes are
     made only for ops that may be a trace row: an op that starts strictly inside another op
     of its thread never is (tracer.kineto.host keeps the outermost), and torch writes each
@@ -322,12 +341,13 @@ def _host_taker(out: HostEvents):
         getattr(out, k).append for k in ("cat", "name", "tid", "start", "dur", "shapes",
                                          "grad"))
     codes, intern, shape_code, comm = out.names.codes, out.names, out.shape_texts, out.comm
-    is_comm: list = []          # per name code: whether its arguments are a collective's
-    is_op: list = []            # per name code: whether it names an op (ns::name)
-    named_tids: dict = {}
-    outer: dict = {}            # thread -> (start, end) of the last op that was no op's child
+    is_comm: list[bool] = []    # per name code: whether its arguments are a collective's
+    is_op: list[bool] = []      # per name code: whether it names an op (ns::name)
+    named_tids: dict[str, int] = {}
+    # thread -> (start, end) of the last op that was no op's child
+    outer: dict[int, tuple[int, int]] = {}
 
-    def keep(e: dict, cat: int, start: int, dur: int, args: dict) -> None:
+    def keep(e: dict[str, Any], cat: int, start: int, dur: int, args: dict[str, Any]) -> None:
         name = e.get("name")
         if type(name) is not str:
             name = str(name)

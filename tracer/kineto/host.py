@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, TypeVar, Union
 
 import numpy as np
 
@@ -47,6 +48,7 @@ _FRAME = re.compile(r"^(.*)\((\d+)\): (.*)$")
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
 _LIBRARY_TOPS = ("torch",)
 _OVERRIDE_BACKWARD = (PHASE_RECOMPUTE, PHASE_GRAD_SYNC, PHASE_OPTIMIZER)
+_Text = TypeVar("_Text")
 
 
 def role_of(cat: int, name: str) -> int:
@@ -69,12 +71,14 @@ def role_of(cat: int, name: str) -> int:
     return FRAME if _FRAME.match(name) else NONE
 
 
-def frame_of(name: str, stdlib: frozenset) -> list:
+def frame_of(name: str, stdlib: frozenset[str]) -> list[Union[str, int]]:
     """``torch/nn/modules/linear.py(125): forward`` -> [file, line, function, qualname]. The
     profiler writes paths relative to the sys.path entry they were found under; torch's and
     the standard library's are marked as library frames
     (viz.analysis.callgraphs.source_files.is_library) the way a recording's absolute paths are."""
-    file, line, function = _FRAME.match(name).groups()
+    match = _FRAME.match(name)
+    assert match is not None, f"not a frame: {name}"     # role_of said FRAME
+    file, line, function = match.groups()
     top = file.split("/", 1)[0]
     if not file.startswith(("/", "<")):
         if top in _LIBRARY_TOPS:
@@ -88,15 +92,16 @@ def frame_of(name: str, stdlib: frozenset) -> list:
 class Walked:
     """What the walk found, per op or annotation row (in row order)."""
 
-    event: list = field(default_factory=list)       # the row's event index
-    stack: list = field(default_factory=list)       # stack id (-1: none)
-    module: list = field(default_factory=list)      # module path id
-    ann: list = field(default_factory=list)         # annotation stack id
-    bwd: list = field(default_factory=list)         # enclosing evaluate_function event
-    owner: dict = field(default_factory=dict)       # comm event -> the row it belongs to
-    stacks: dict = field(default_factory=dict)      # (parent id, frame) -> id
-    modules: dict = field(default_factory=dict)     # (parent id, name) -> id
-    anns: dict = field(default_factory=dict)        # (parent id, label) -> id
+    event: list[int] = field(default_factory=list)      # the row's event index
+    stack: list[int] = field(default_factory=list)      # stack id (-1: none)
+    module: list[int] = field(default_factory=list)     # module path id
+    ann: list[int] = field(default_factory=list)        # annotation stack id
+    bwd: list[int] = field(default_factory=list)        # enclosing evaluate_function event
+    owner: dict[int, int] = field(default_factory=dict)     # comm event -> the row it is of
+    # (parent id, name code) -> id: of frames, module names, annotation labels
+    stacks: dict[tuple[int, int], int] = field(default_factory=dict)
+    modules: dict[tuple[int, int], int] = field(default_factory=dict)
+    anns: dict[tuple[int, int], int] = field(default_factory=dict)
 
 
 def walk(host: HostEvents, order: np.ndarray, roles: np.ndarray, end: np.ndarray) -> Walked:
@@ -104,7 +109,8 @@ def walk(host: HostEvents, order: np.ndarray, roles: np.ndarray, end: np.ndarray
     out = Walked()
     tid, start, name = host.tid, host.start, host.name
     stacks, modules, anns = out.stacks, out.modules, out.anns
-    open_, last_tid = [], None
+    open_: list[tuple[int, int, int, int, int, int]] = []
+    last_tid = None
     stack = module = ann = bwd = op_row = -1
     for e in order.tolist():
         t, s = tid[e], start[e]
@@ -119,20 +125,11 @@ def walk(host: HostEvents, order: np.ndarray, roles: np.ndarray, end: np.ndarray
             continue
         saved = (end[e], stack, module, ann, bwd, op_row)
         if role == FRAME:
-            key = (stack, name[e])
-            stack = stacks.get(key)
-            if stack is None:
-                stack = stacks[key] = len(stacks)
+            stack = stacks.setdefault((stack, name[e]), len(stacks))
         elif role == MODULE:
-            key = (module, name[e])
-            module = modules.get(key)
-            if module is None:
-                module = modules[key] = len(modules)
+            module = modules.setdefault((module, name[e]), len(modules))
         elif role == ANN:
-            key = (ann, name[e])
-            ann = anns.get(key)
-            if ann is None:
-                ann = anns[key] = len(anns)
+            ann = anns.setdefault((ann, name[e]), len(anns))
             _row(out, e, stack, module, ann, bwd)
         elif role == BWD:
             bwd = e
@@ -159,16 +156,17 @@ def _row(out: Walked, e: int, stack: int, module: int, ann: int, bwd: int) -> in
     return len(out.event) - 1
 
 
-def unfold(ids: dict, text) -> list:
-    """Texts of interned chains ((parent id, value) -> id): each id's values, outermost
-    first, made into a text by ``text``."""
-    chains: list = [None] * len(ids)
+def unfold(ids: dict[tuple[int, int], int], text: Callable[[tuple[int, ...]], _Text]
+           ) -> list[_Text]:
+    """Texts of interned chains ((parent id, value) -> id, ids 0 to n-1): each id's values,
+    outermost first, made into a text by ``text``."""
+    chains: list[tuple[int, ...]] = [()] * len(ids)
     for (parent, value), i in sorted(ids.items(), key=lambda kv: kv[1]):
         chains[i] = (chains[parent] if parent >= 0 else ()) + (value,)
     return [text(c) for c in chains]
 
 
-def order_of(host: HostEvents) -> tuple:
+def order_of(host: HostEvents) -> tuple[np.ndarray, np.ndarray]:
     """(start order of the events, thread by thread; their ends)."""
     start = np.frombuffer(host.start, dtype=np.int64) if len(host) else np.zeros(0, np.int64)
     dur = np.frombuffer(host.dur, dtype=np.int64) if len(host) else np.zeros(0, np.int64)
@@ -180,7 +178,8 @@ def order_of(host: HostEvents) -> tuple:
     return order, start + dur
 
 
-def flow_links(rows: Walked, host: HostEvents, flows: Flows, is_op: np.ndarray) -> dict:
+def flow_links(rows: Walked, host: HostEvents, flows: Flows, is_op: np.ndarray
+               ) -> dict[int, int]:
     """evaluate_function event -> the row of the forward op that created its autograd node,
     from the ``fwdbwd`` flows (start: in the forward op; end: at the backward node)."""
     if not len(flows.id):
@@ -196,14 +195,15 @@ def flow_links(rows: Walked, host: HostEvents, flows: Flows, is_op: np.ndarray) 
     return {b: row_of[f] for i, b in bwd.items() if (f := fwd.get(i)) is not None}
 
 
-def _point_owner(candidates: np.ndarray, start, end, tid, flows: Flows, is_end: bool) -> dict:
+def _point_owner(candidates: np.ndarray, start: np.ndarray, end: np.ndarray, tid: np.ndarray,
+                 flows: Flows, is_end: bool) -> dict[int, int]:
     """flow id -> the candidate event holding its start (or end) point on its thread."""
     ids = np.frombuffer(flows.id, dtype=np.int64)
     sel = np.frombuffer(flows.is_end, dtype=np.int8) == int(is_end)
     ftid = np.frombuffer(flows.tid, dtype=np.int64)[sel]
     fts = np.frombuffer(flows.ts, dtype=np.int64)[sel]
     fid = ids[sel]
-    out = {}
+    out: dict[int, int] = {}
     for t in np.unique(ftid).tolist():
         mine = candidates[tid[candidates] == t]
         mine = mine[np.argsort(start[mine], kind="stable")]
@@ -214,11 +214,11 @@ def _point_owner(candidates: np.ndarray, start, end, tid, flows: Flows, is_end: 
     return out
 
 
-def phases(rows: Walked, host: HostEvents, roles: np.ndarray, ann_labels: list,
-           created: set, comm: dict) -> list:
+def phases(rows: Walked, host: HostEvents, roles: np.ndarray, ann_labels: list[tuple[str, ...]],
+           created: set[int], comm: dict[int, dict[str, Any]]) -> list[int]:
     """Each row's phase (see the module docstring); ``created``: rows that created an
     autograd node; ``comm``: the collectives' rows."""
-    label_phase = [None] * len(ann_labels)
+    label_phase: list[Optional[int]] = [None] * len(ann_labels)
     for i, chain in enumerate(ann_labels):
         found = [p for p in (phase_of_label(label) for label in chain) if p is not None]
         label_phase[i] = found[-1] if found else None
@@ -243,16 +243,16 @@ def phases(rows: Walked, host: HostEvents, roles: np.ndarray, ann_labels: list,
 
 
 def comm_rows(rows: Walked, host: HostEvents, roles: np.ndarray, groups: ProcessGroups,
-              kernel_kind: dict) -> dict:
+              kernel_kind: dict[int, str]) -> dict[int, dict[str, Any]]:
     """row -> its collective: kind, group, bytes, dtype, peer (the columns of a recorded
     collective), from the c10d op and the record_param_comms and ranges inside it."""
     names = host.names.values
-    found: dict = {}
+    found: dict[int, dict[str, Any]] = {}
     for r, e in enumerate(rows.event):
         name = names[host.name[e]]
         if name.startswith("c10d::") and kind_of_name(name):
             found[r] = {"op": name, "args": host.comm.get(e, {}), "kind": kind_of_name(name)}
-    gloo_dtypes: dict = {}
+    gloo_dtypes: dict[str, list[Any]] = {}
     for e, r in sorted(rows.owner.items()):
         args, name = host.comm.get(e, {}), names[host.name[e]]
         if roles[e] == COMM_ANN:
@@ -277,7 +277,7 @@ def comm_rows(rows: Walked, host: HostEvents, roles: np.ndarray, groups: Process
     return out
 
 
-def _collective(entry: dict, groups: ProcessGroups) -> dict:
+def _collective(entry: dict[str, Any], groups: ProcessGroups) -> dict[str, Any]:
     rpc, args = entry.get("rpc") or {}, entry["args"]
     group = groups.of(rpc) if rpc else groups.of({})
     dtype, size = dtype_of(rpc.get("dtype"))
@@ -293,9 +293,9 @@ def _collective(entry: dict, groups: ProcessGroups) -> dict:
             "seq": seq if type(seq) is int and 0 <= seq < 1 << 31 else None}
 
 
-def _gloo_dtypes(found: dict, gloo: dict) -> None:
+def _gloo_dtypes(found: dict[int, dict[str, Any]], gloo: dict[str, list[Any]]) -> None:
     """Collectives with no dtype take that of gloo's range of the same kind, k-th to k-th."""
-    taken: dict = {}
+    taken: dict[str, int] = {}
     for entry in found.values():
         kind = entry["kind"]
         k = taken.get(kind, 0)
@@ -305,10 +305,10 @@ def _gloo_dtypes(found: dict, gloo: dict) -> None:
             entry["dtype"], entry["size"] = dtype_of(seen[k])
 
 
-def stack_text(frames: tuple) -> str:
+def stack_text(frames: tuple[list[Union[str, int]], ...]) -> str:
     return json.dumps([list(f) for f in reversed(frames)], separators=(",", ":"))
 
 
-def annotation_text(labels: tuple) -> str:
+def annotation_text(labels: tuple[str, ...]) -> str:
     return json.dumps([{"label": label} for label in labels], separators=(",", ":"))
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Callable, Optional, Protocol
 
 from tracer.files import rundir
 from tracer.files.format import META_KEY, TraceError
@@ -30,8 +30,16 @@ class ImportResult:
     """What importing the exports gave: the traces written, the files left out."""
 
     traces_dir: str
-    imported: list = field(default_factory=list)   # tracer.kineto.convert.Imported
-    left_out: list = field(default_factory=list)   # one line per file that is no export
+    imported: list[Imported] = field(default_factory=list)
+    left_out: list[str] = field(default_factory=list)   # one line per file that is no export
+
+
+class ImportEngine(Protocol):
+    """Where the imports run (viz.engine.Engine): one task per export."""
+
+    def plan(self, files: dict[int, str]) -> None: ...
+
+    def map(self, fn: Callable[..., Any], tasks: list[tuple[Any, ...]]) -> list[Any]: ...
 
 
 def is_imported_run(path: str) -> bool:
@@ -59,8 +67,8 @@ def has_traces(path: str) -> bool:
     return os.path.isdir(path) and bool(rundir.rank_files(rundir.traces_dir(path)))
 
 
-def import_exports(out_dir: str, entries: list, engine, limit: Optional[int] = None
-                   ) -> ImportResult:
+def import_exports(out_dir: str, entries: list[str], engine: ImportEngine,
+                   limit: Optional[int] = None) -> ImportResult:
     """Import the exports ``entries`` name into ``out_dir/traces`` (see the module
     docstring). Raises KinetoError (one line) when none can be used or ranks collide."""
     exports = parse_entries(entries)
@@ -75,7 +83,7 @@ def import_exports(out_dir: str, entries: list, engine, limit: Optional[int] = N
     results = engine.map(import_export, [(e.path, traces, f"{_TEMP}{k}", e.rank, limit)
                                          for k, e in enumerate(good)])
     out = ImportResult(traces, left_out=list(bad.values()))
-    done = []
+    done: list[Imported] = []
     for export, result in zip(good, results):
         if isinstance(result, TraceError):
             out.left_out.append(str(result))
@@ -94,16 +102,16 @@ def import_exports(out_dir: str, entries: list, engine, limit: Optional[int] = N
     return out
 
 
-def _assign_ranks(done: list) -> None:
+def _assign_ranks(done: list[Imported]) -> None:
     """Every import's rank: its own, or 0 for an export given alone; one export a rank."""
     unknown = [d for d in done if d.rank is None]
     if unknown and len(done) > 1:
         raise KinetoError(f"--kineto {unknown[0].export}: the export does not say its rank "
                        f"(distributedInfo.rank): give it as R={unknown[0].export}")
-    for d in unknown:
-        d.rank = 0
-    owner: dict = {}
+    owner: dict[int, str] = {}
     for d in done:
+        if d.rank is None:                  # given alone
+            d.rank = 0
         if d.rank in owner:
             raise KinetoError(f"--kineto {d.export}: rank {d.rank} has two exports "
                            f"({owner[d.rank]} and {d.export}): give one export per rank")
@@ -120,6 +128,7 @@ def _fresh(traces: str) -> None:
 
 
 def _rename(item: Imported, traces: str) -> None:
+    assert item.rank is not None, "ranks are assigned before"
     trace = os.path.join(traces, rundir.rank_file(item.rank))
     os.replace(item.trace, trace)
     item.trace = trace
@@ -129,7 +138,7 @@ def _rename(item: Imported, traces: str) -> None:
         item.device = device
 
 
-def _remove(done: list) -> None:
+def _remove(done: list[Imported]) -> None:
     for item in done:
         for path in (item.trace, item.device):
             if path and os.path.exists(path):

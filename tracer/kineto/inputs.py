@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Protocol
 
 from .chrome_trace import KinetoError, export_head, rank_of
 
@@ -28,12 +28,21 @@ class ExportArg:
     rank: Optional[int]          # given, or found in its head; None: not known yet
 
 
-def parse_entries(entries: list) -> list:
+class RunFiles(Protocol):
+    """A recording's traces (viz.run.Run) that exports merge into."""
+
+    dir: str
+    files: dict[int, str]                   # rank -> trace file
+
+
+def parse_entries(entries: list[str]) -> list[ExportArg]:
     """``[R=]FILE`` and ``DIR`` arguments -> one ExportArg per file, each file once."""
-    out, seen = [], {}
+    out: list[ExportArg] = []
+    seen: dict[tuple[int, int], str] = {}    # (device, inode) -> the file's path as given
     for entry in entries:
         head, sep, tail = entry.partition("=")
         path, rank = (tail, int(head)) if sep and head.isdigit() else (entry, None)
+        items: list[tuple[str, Optional[int]]]
         if os.path.isdir(path):
             if rank is not None:
                 raise KinetoError(f"--kineto {entry}: a directory, not one rank's export")
@@ -59,7 +68,7 @@ def parse_entries(entries: list) -> list:
     return out
 
 
-def read_heads(exports: list) -> dict:
+def read_heads(exports: list[ExportArg]) -> dict[str, str]:
     """Fill each export's rank from its head where none was given; returns path -> one-line
     error of the files that are no export at all."""
     bad = {}
@@ -74,9 +83,9 @@ def read_heads(exports: list) -> dict:
     return bad
 
 
-def one_per_rank(exports: list) -> None:
+def one_per_rank(exports: list[ExportArg]) -> None:
     """Refuse two exports for one rank."""
-    owner: dict = {}
+    owner: dict[int, str] = {}
     for export in exports:
         if export.rank is None:
             continue
@@ -87,21 +96,24 @@ def one_per_rank(exports: list) -> None:
         owner[export.rank] = export.path
 
 
-def merge_ranks(entries: list, run) -> dict:
+def merge_ranks(entries: list[str], run: RunFiles) -> dict[int, list[str]]:
     """rank -> [export] to merge into a recording's ranks (``trace-report RUN --kineto``)."""
     exports = parse_entries(entries)
     bad = read_heads(exports)
     if bad:
         raise KinetoError(next(iter(bad.values())))
+    out: dict[int, list[str]] = {}
     for export in exports:
-        if export.rank is None:
+        rank = export.rank
+        if rank is None:
             if len(run.files) != 1:
                 raise KinetoError(f"--kineto {export.path}: the export does not say its rank "
                                f"(distributedInfo.rank) and the run has {len(run.files)} "
                                f"ranks: give it as R={export.path}")
-            export.rank = next(iter(run.files))
-        if export.rank not in run.files:
-            raise KinetoError(f"--kineto {export.path}: rank {export.rank} has no trace in "
+            rank = export.rank = next(iter(run.files))
+        if rank not in run.files:
+            raise KinetoError(f"--kineto {export.path}: rank {rank} has no trace in "
                            f"{run.dir}")
+        out[rank] = [export.path]
     one_per_rank(exports)
-    return {e.rank: [e.path] for e in exports}
+    return out

@@ -25,7 +25,7 @@ import json
 import os
 import re
 import zlib
-from typing import Iterator, Optional
+from typing import Any, BinaryIO, Callable, Generator, Iterator, Optional, Union, cast
 
 from tracer.files.format import TraceError
 
@@ -60,6 +60,10 @@ def _non_finite(_text: str) -> _NonFinite:
 
 
 _DECODER = json.JSONDecoder(parse_float=ExactNumber, parse_constant=_non_finite)
+# (value, end) of the JSON value at a position; set by JSONDecoder.__init__, not in its stubs
+_SCAN_ONCE: Callable[[str, int], tuple[Any, int]] = _DECODER.scan_once  # type: ignore[attr-defined]
+# the patterns of spaces match the empty string too: at any position, a match
+_Spaces = Callable[[str, int], re.Match[str]]
 
 
 def size_limit(path: str, limit: Optional[int] = None) -> Optional[int]:
@@ -87,11 +91,11 @@ class ExportStream:
     def __init__(self, path: str, limit: Optional[int] = None):
         self.path = str(path)
         self.limit = size_limit(self.path, limit)
-        self.top: dict = {}
+        self.top: dict[str, Any] = {}
         self.problem: Optional[str] = None
         self.items = 0
         self.bytes_read = 0
-        self._fh = None
+        self._fh: Optional[Union[_Gunzip, BinaryIO]] = None
         self._text = codecs.getincrementaldecoder("utf-8")()
         self._buf = ""
         self._i = 0
@@ -118,6 +122,7 @@ class ExportStream:
             self._stop(f"stopped at the size limit of {self.limit >> 20} MiB of JSON "
                        f"(--kineto-max-mb raises it)")
             return False
+        assert self._fh is not None, "read before _open"
         try:
             raw = self._fh.read(want)
         except (EOFError, OSError, zlib.error) as exc:
@@ -145,22 +150,23 @@ class ExportStream:
             self._fh.close()
 
     # ------------------------------------------------------------------ tokens
-    def _skip(self, pattern=_SPACE) -> str:
+    def _skip(self, pattern: re.Pattern[str] = _SPACE) -> str:
         """The next significant character ('' at the end of the file)."""
+        match = cast(_Spaces, pattern.match)
         while True:
-            self._i = pattern.match(self._buf, self._i).end()
+            self._i = match(self._buf, self._i).end()
             if self._i < len(self._buf):
                 return self._buf[self._i]
             if not self._more():
                 return ""
 
-    def _value(self):
+    def _value(self) -> Any:
         """Decode the JSON value at the cursor, reading more while it is incomplete. Raises
         _Cut when the file ends inside it, ValueError when it is not JSON."""
         want = CHUNK
         while True:
             try:
-                value, end = _DECODER.scan_once(self._buf, self._i)
+                value, end = _SCAN_ONCE(self._buf, self._i)
                 self._i = end
                 return value
             except StopIteration as stop:
@@ -187,7 +193,7 @@ class ExportStream:
         return self.bytes_read - (len(self._buf) - pos)
 
     # ------------------------------------------------------------------ the object
-    def events(self) -> Iterator:
+    def events(self) -> Generator[Any, None, None]:
         """Every item of ``traceEvents``; the other top-level fields land in ``top``."""
         self._open()
         try:
@@ -195,7 +201,7 @@ class ExportStream:
         finally:
             self.close()
 
-    def _object(self) -> Iterator:
+    def _object(self) -> Iterator[Any]:
         if self._skip() == "\ufeff":
             self._i += 1
         first = self._skip()
@@ -233,8 +239,8 @@ class ExportStream:
         if not self._events_seen and self.problem is None:
             raise KinetoError(f"{self.path}: not a torch.profiler export (no traceEvents list)")
 
-    def _items(self) -> Iterator:
-        scan, space = _DECODER.scan_once, _SPACE_COMMA.match
+    def _items(self) -> Iterator[Any]:
+        scan, space = _SCAN_ONCE, cast(_Spaces, _SPACE_COMMA.match)
         while True:
             # NOTE: the fast path, events whole inside the buffer, on locals: it runs once per
             # event, and the calls it saves are a third of the reading time

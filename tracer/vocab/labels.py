@@ -16,13 +16,36 @@ import re
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from .strenum import StrEnum
+
+
+class Phase(StrEnum):
+    """Which part of the training step issued an op (docs/phases.md)."""
+
+    OTHER = "other"
+    FORWARD = "forward"
+    BACKWARD = "backward"
+    RECOMPUTE = "recompute"
+    GRAD_SYNC = "grad_sync"
+    OPTIMIZER = "optimizer"
+
+
 # NOTE: codes are stored in traces: append new phases, never renumber (0-2 predate the others)
-PHASES = ("other", "forward", "backward", "recompute", "grad_sync", "optimizer")
+PHASES: tuple[Phase, ...] = tuple(Phase)
 PHASE_OTHER, PHASE_FORWARD, PHASE_BACKWARD = 0, 1, 2
 PHASE_RECOMPUTE, PHASE_GRAD_SYNC, PHASE_OPTIMIZER = 3, 4, 5
-PHASE_CODES = {name: code for code, name in enumerate(PHASES)}
+PHASE_CODES: dict[str, int] = {name: code for code, name in enumerate(PHASES)}
 
 PASS_KINDS = ("F", "B", "W")
+
+
+class PassSource(StrEnum):
+    """What named a pipeline pass."""
+
+    ANNOTATION = "annotation"            # tracer.annotate("F", ...)
+    RECORD_FUNCTION = "record_function"  # torch.distributed.pipelining's labels
+    SCHEDULE = "schedule"                # tracer.recorder.pipelining's ranges
+    INFERRED = "inferred"                # nothing: viz inferred it from the P2P order
 
 # Labels that set the phase of the ops inside them.
 _PHASE_OF_LABEL = {"F": PHASE_FORWARD, "forward": PHASE_FORWARD, "B": PHASE_BACKWARD,
@@ -56,7 +79,7 @@ class PassLabel:
     kind: str                    # "F" | "B" | "W"
     microbatch: Optional[int]
     chunk: int                   # annotations: the rank's model chunk; pipelining: the stage
-    source: str                  # "annotation" | "record_function" | "schedule"
+    source: PassSource           # never INFERRED: a label names the pass
     loss: bool = False           # the loss after a forward: the end of that forward pass
 
 
@@ -99,15 +122,16 @@ def pass_of(label: str, attrs: dict[str, Any]) -> Optional[PassLabel]:
         mb = attrs.get("microbatch")
         mb = mb if isinstance(mb, int) else None
         if attrs.get("source") == "pipelining":      # recorder.pipelining: chunk is the stage
-            return PassLabel(label, mb, int(attrs.get("stage") or 0), "schedule",
+            return PassLabel(label, mb, int(attrs.get("stage") or 0), PassSource.SCHEDULE,
                              bool(attrs.get("loss")))
-        return PassLabel(label, mb, int(attrs.get("chunk") or 0), "annotation")
+        return PassLabel(label, mb, int(attrs.get("chunk") or 0), PassSource.ANNOTATION)
     found = _pipelining(label)
     if found is None or found[0] not in _ACTIONS or found[2] < 0:
         return None
     action, stage, microbatch = found
     kind = _ACTIONS[action][1]
-    return None if kind is None else PassLabel(kind, microbatch, stage, "record_function")
+    return None if kind is None else PassLabel(kind, microbatch, stage,
+                                                         PassSource.RECORD_FUNCTION)
 
 
 def schedule_of(label: str, attrs: dict[str, Any]) -> Optional[tuple[Any, ...]]:

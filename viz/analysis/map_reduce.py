@@ -14,8 +14,9 @@ some steps only (trace-diff; the report's call graphs, :mod:`.report_callgraphs`
 """
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Optional
+from typing import Any, Optional, TypeVar, Union
 
 from tracer.files.format import TraceError
 from tracer.vocab.groups import group_text
@@ -26,18 +27,22 @@ from .callgraphs.op_groups import SharedOpGroups
 from .crossrank.critical_path import critical_paths, path_intervals
 from .crossrank.dimensions import dimension_costs, group_names, name_groups
 from .crossrank.matching import cross_rank
-from .rank import analyse_rank_file, count_rank_file, p2p_of_file, path_modules_file
+from .rank import (RankAnalysis, RankCounts, analyse_rank_file, count_rank_file, p2p_of_file,
+                   path_modules_file)
 from .run_analysis import RunAnalysis, WorldDisagreement
 from .timeline.assemble import assemble, match_p2p
 from .timeline.columns import Records
 from .timeline.grid import grid_of
-from .timeline.lanes import P2PLink
+from .timeline.lanes import P2PEnd, P2PLink
 from .timeline.metrics import metrics_of
 from .timeline.rank_lanes import DRAWN_OPS
 
+_R = TypeVar("_R")
+_Counted = TypeVar("_Counted", RankAnalysis, RankCounts)
 
-def analyse(run: Run, engine: Optional[Engine] = None, kineto: Optional[dict] = None
-            ) -> RunAnalysis:
+
+def analyse(run: Run, engine: Optional[Engine] = None,
+            kineto: Optional[Mapping[int, Sequence[str]]] = None) -> RunAnalysis:
     """Analyse every rank of ``run`` (see the module docstring) on ``engine`` (default: this
     process); ``kineto``: rank -> torch.profiler exports to merge into its GPU activity.
     Raises RunError when no trace is readable."""
@@ -45,16 +50,18 @@ def analyse(run: Run, engine: Optional[Engine] = None, kineto: Optional[dict] = 
     engine = engine or Engine(jobs=1)
     engine.plan(run.files)
     ranks = sorted(run.files)
+    endpoints: dict[int, Records[P2PEnd]]
     endpoints, unreadable = _split(ranks, engine.map(p2p_of_file, [(run.files[r], r)
                                                                    for r in ranks]))
     if not endpoints:
         raise RunError(f"{run.dir}: no readable trace: " + "; ".join(unreadable.values()))
-    links, send_ends = match_p2p(endpoints)
-    links = Records.of(P2PLink, links)
+    matched, send_ends = match_p2p(endpoints)
+    links = Records.of(P2PLink, matched)
     readable = sorted(endpoints)
     del endpoints           # every rank's sends and receives: freed before the results come
     budget = max(DRAWN_OPS // len(run.files), 1_000)
     shared = SharedOpGroups()
+    analysed: dict[int, RankAnalysis]
     analysed, late = _split(readable, engine.map(analyse_rank_file, [
         (run.files[r], r, send_ends.get(r, {}), budget, tuple(kineto.get(r, ())))
         for r in readable], then=lambda result: _shared(result, shared)))
@@ -67,6 +74,7 @@ def _path_modules(analysis: RunAnalysis, engine: Engine) -> None:
     """Module shares of the critical paths: one more pass over the traces the paths cross."""
     on_path = path_intervals(analysis.paths)
     order = sorted(on_path)
+    found: dict[int, dict[int, dict[str, int]]]
     found, _ = _split(order, engine.map(path_modules_file, [
         (analysis.ranks[r].path, r, on_path[r]) for r in order]))
     for path in analysis.paths:
@@ -75,22 +83,25 @@ def _path_modules(analysis: RunAnalysis, engine: Engine) -> None:
                 path.modules[module] = path.modules.get(module, 0) + ns
 
 
-def _shared(result, shared: SharedOpGroups):
+def _shared(result: Union[_Counted, TraceError], shared: SharedOpGroups
+            ) -> Union[_Counted, TraceError]:
     """A rank's result (RankAnalysis or RankCounts) with its op groups on the frames and names
     ``shared`` holds (one copy for all ranks); an unreadable trace's error as it is."""
     if isinstance(result, TraceError):
         return result
     whole = shared.of(result.op_groups)
-    if hasattr(result, "counted_op_groups"):
+    if isinstance(result, RankAnalysis):
         result.counted_op_groups = whole if result.counted_op_groups is result.op_groups else \
             shared.of(result.counted_op_groups)
     result.op_groups = whole
     return result
 
 
-def _split(ranks: list, results: list) -> tuple:
+def _split(ranks: Sequence[int], results: Sequence[Union[_R, TraceError]]
+           ) -> tuple[dict[int, _R], dict[int, str]]:
     """(rank -> result, rank -> why its trace was unreadable) of an engine's map."""
-    good, bad = {}, {}
+    good: dict[int, _R] = {}
+    bad: dict[int, str] = {}
     for rank, result in zip(ranks, results):
         if isinstance(result, TraceError):
             bad[rank] = str(result)
@@ -99,9 +110,10 @@ def _split(ranks: list, results: list) -> tuple:
     return good, bad
 
 
-def _reduce(run: Run, ranks: dict, unreadable: dict, links: list) -> RunAnalysis:
+def _reduce(run: Run, ranks: dict[int, RankAnalysis], unreadable: dict[int, str],
+            links: Records[P2PLink]) -> RunAnalysis:
     """The cross-rank analyses, from the per-rank results."""
-    config = next((r.config for _, r in sorted(ranks.items()) if r.config), {})
+    config: dict[str, Any] = next((r.config for _, r in sorted(ranks.items()) if r.config), {})
     world, disagreement = world_of(run, ranks)
     timeline = assemble({rank: r.lanes for rank, r in ranks.items()}, links, config, world)
     cross = cross_rank(timeline)
@@ -115,7 +127,8 @@ def _reduce(run: Run, ranks: dict, unreadable: dict, links: list) -> RunAnalysis
                        dimensions=dimension_costs(timeline, names))
 
 
-def world_of(run: Run, ranks: dict) -> tuple:
+def world_of(run: Run, ranks: Mapping[int, RankAnalysis]
+             ) -> tuple[int, Optional[WorldDisagreement]]:
     """(the world size, a :class:`WorldDisagreement` or None). The readable traces say their
     world in their metadata (the recorder takes it from the process group); run.json's
     ``world_size`` counts where it agrees with them, or where they say nothing, and is otherwise
@@ -132,7 +145,7 @@ def world_of(run: Run, ranks: dict) -> tuple:
     return recorded, WorldDisagreement(claimed, bool(said), least - 1)
 
 
-def recount(analysis: RunAnalysis, steps: frozenset,
+def recount(analysis: RunAnalysis, steps: frozenset[int],
             engine: Optional[Engine] = None) -> RunAnalysis:
     """The same analysis with its counts (op groups, op and communication counts) over
     ``steps`` only: runs are compared over the steps both count (trace-diff). The timeline
@@ -144,6 +157,7 @@ def recount(analysis: RunAnalysis, steps: frozenset,
             and set(mine.counted_steps) == set(steps) & set(mine.steps)}
     order = sorted(set(analysis.ranks) - set(kept))
     shared = SharedOpGroups()
+    counts: dict[int, RankCounts]
     counts, _ = _split(order, engine.map(count_rank_file, [
         (analysis.ranks[r].path, r, steps, analysis.ranks[r].exports,
          analysis.ranks[r].send_caps) for r in order],

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import os
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 
@@ -21,17 +22,18 @@ from tracer.files.format import TraceError
 from tracer.files.reader import Trace, load as load_trace
 from tracer.kineto.chrome_trace import KinetoError, load_chrome_trace
 from tracer.vocab.groups import group_ranks, process_group_name
-from tracer.vocab.labels import PHASES
+from tracer.vocab.labels import PHASES, Phase
 from tracer.vocab.ops import PSEUDO_OPS
 
-from .callgraphs.op_groups import group_ops, kernel_groups
+from .callgraphs.op_groups import OpGroup, Split, group_ops, kernel_groups
 from .device.device_lanes import on_device
 from .device.gpu_attribution import DeviceSummary, RegionWork, attribute
 from .memory.live_bytes import MemoryProfile, live_memory, memory_profile
 from .timeline.columns import Records
 from .timeline.intervals import Prefix
 from .timeline.lanes import P2PEnd, RankLanes, counted_steps
-from .timeline.rank_lanes import DRAWN_OPS, RankRows, p2p_endpoints, rank_lanes
+from .timeline.rank_lanes import DRAWN_OPS, p2p_endpoints, rank_lanes
+from .timeline.rank_rows import RankRows
 
 
 @dataclass
@@ -40,22 +42,22 @@ class RankAnalysis:
 
     rank: int
     path: str
-    meta: dict                    # the trace's metadata (docs/trace-format.md)
-    warnings: list                # a damaged tail, a recording that never closed
+    meta: dict[str, Any]          # the trace's metadata (docs/trace-format.md)
+    warnings: list[str]           # a damaged tail, a recording that never closed
     events: int
-    steps: list                   # step indices the trace holds
-    op_groups: list               # viz.analysis.callgraphs.op_groups.OpGroup
-    op_counts: dict               # op overload -> calls (pseudo-ops left out)
-    comm: list                    # CommRow: collectives by kind, phase and group
+    steps: list[int]              # step indices the trace holds
+    op_groups: list[OpGroup]
+    op_counts: dict[str, int]     # op overload -> calls (pseudo-ops left out)
+    comm: list[CommRow]           # collectives by kind, phase and group
     lanes: RankLanes
     last_op: Optional[LastOp] = None     # what the rank did last (failed ranks)
     device: Optional[DeviceSummary] = None  # GPU activity, attributed (counts, times)
-    counted_steps: tuple = ()     # the steps its time metrics count (lanes.counted_steps)
-    counted_op_groups: list = field(default_factory=list)   # op groups of those steps only
-    exports: tuple = ()           # torch.profiler exports merged into its GPU activity
-    export_errors: list = field(default_factory=list)   # exports that could not be used
-    op_counts_by_phase: dict = field(default_factory=dict)   # phase -> op -> calls
-    send_caps: dict = field(default_factory=dict)  # row -> a capped send's duration (host)
+    counted_steps: tuple[int, ...] = ()   # the steps its time metrics count (counted_steps)
+    counted_op_groups: list[OpGroup] = field(default_factory=list)   # of those steps only
+    exports: tuple[str, ...] = ()  # torch.profiler exports merged into its GPU activity
+    export_errors: list[str] = field(default_factory=list)   # exports that could not be used
+    op_counts_by_phase: dict[str, dict[str, int]] = field(default_factory=dict)  # phase->op->n
+    send_caps: dict[int, int] = field(default_factory=dict)  # row -> a capped send's ns (host)
     memory: Optional[MemoryProfile] = None   # its memory, where recorded (the default)
     counted_counts: Optional[RankCounts] = None   # its counts over counted_steps only
 
@@ -65,11 +67,11 @@ class RankAnalysis:
         return self.meta.get("status", "running")
 
     @property
-    def config(self) -> dict:
+    def config(self) -> dict[str, Any]:
         return self.meta.get("config") or {}
 
 
-def p2p_of_file(path: str, rank: int) -> Records:
+def p2p_of_file(path: str, rank: int) -> Records[P2PEnd]:
     """The first pass over a rank's trace: its sends and receives (viz.analysis.timeline.assemble),
     as columns (a pipeline stage of a long run has thousands). Raises TraceError if the trace's own
     metadata says it is not rank ``rank``'s."""
@@ -91,8 +93,8 @@ def check_identity(trace: Trace, path: str, rank: int) -> None:
         raise TraceError(f"{path}: rank {rank} is outside its own world of {size} ranks")
 
 
-def analyse_rank_file(path: str, rank: int, send_ends: dict, op_budget: int = DRAWN_OPS,
-                      kineto: tuple = ()) -> RankAnalysis:
+def analyse_rank_file(path: str, rank: int, send_ends: dict[int, int], op_budget: int = DRAWN_OPS,
+                      kineto: tuple[str, ...] = ()) -> RankAnalysis:
     """Load and analyse one rank's trace with its GPU activity: the device file beside it and
     any torch.profiler exports given (raises tracer.TraceError if unreadable)."""
     trace = load_trace(path)
@@ -104,12 +106,15 @@ def analyse_rank_file(path: str, rank: int, send_ends: dict, op_budget: int = DR
     return analysis
 
 
-def device_records(path: str, rank: int, kineto: tuple = ()) -> tuple:
+def device_records(path: str, rank: int, kineto: tuple[str, ...] = ()
+                   ) -> tuple[Optional[DeviceRecords], list[str], list[str]]:
     """(DeviceRecords or None, warnings, exports that could not be used): the rank's device
     file beside its trace ``path``, and the torch.profiler exports given for it. A damaged
     export is used as far as it reads, said in one line; one whose GPU activity cannot be used
     at all is said in one line too, and the rank keeps what it had."""
-    records, warnings, errors = None, [], []
+    records: Optional[DeviceRecords] = None
+    warnings: list[str] = []
+    errors: list[str] = []
     device = rundir.device_file(os.path.dirname(path), rank)
     if os.path.exists(device):
         records, _, problem = read_device(device)
@@ -134,7 +139,7 @@ def device_records(path: str, rank: int, kineto: tuple = ()) -> tuple:
     return records, warnings, errors
 
 
-def device_time_warnings(meta: dict) -> list:
+def device_time_warnings(meta: dict[str, Any]) -> list[str]:
     """What went wrong recording the rank's GPU time (the trace's ``device_time``), in one
     line: its first error, and how many there were."""
     device = meta.get("device_time")
@@ -146,7 +151,7 @@ def device_time_warnings(meta: dict) -> list:
                                                  f"{'s' if more > 1 else ''})" if more else "")]
 
 
-def analyse_rank(trace: Trace, rank: int, send_ends: dict, op_budget: int = DRAWN_OPS,
+def analyse_rank(trace: Trace, rank: int, send_ends: dict[int, int], op_budget: int = DRAWN_OPS,
                  records: Optional[DeviceRecords] = None) -> RankAnalysis:
     """``send_ends``: the rank's send rows -> their matched receives' completions
     (viz.analysis.timeline.assemble.match_p2p); ``op_budget``: individual ops kept for drawing;
@@ -162,7 +167,7 @@ def analyse_rank(trace: Trace, rank: int, send_ends: dict, op_budget: int = DRAW
     memory = memory_profile(trace)
     lanes = replace(lanes, live_memory=live_memory(memory, trace.clock_offset))
     counted = tuple(counted_steps(lanes))
-    frames: dict = {}         # the stacks' frames, shared by both groupings
+    frames: dict[int, Split] = {}         # the stacks' frames, shared by both groupings
     work = dev.in_regions() if dev is not None else None
     groups = group_ops(trace, durations, frames) + kernel_groups(trace, work, None, frames)
     counted_groups = _groups_over(trace, counted, durations, frames, all_steps=groups,
@@ -179,7 +184,7 @@ def analyse_rank(trace: Trace, rank: int, send_ends: dict, op_budget: int = DRAW
         counted_counts=_counts_over(trace, counted, counted_groups))
 
 
-def send_caps(lanes: RankLanes) -> dict:
+def send_caps(lanes: RankLanes) -> dict[int, int]:
     """trace row -> duration of each send whose end the timeline moved to its matched
     receive's completion (docs/metrics.md): a send posted early and waited late was not in
     flight all that time, in the op tables either."""
@@ -191,7 +196,7 @@ def send_caps(lanes: RankLanes) -> dict:
     return {int(i): int(b - a) for i, a, b, c in zip(index, start, end, capped) if c}
 
 
-def host_durations(trace: Trace, caps: dict) -> Optional[np.ndarray]:
+def host_durations(trace: Trace, caps: dict[int, int]) -> Optional[np.ndarray]:
     """Each row's host duration with the capped sends' (``caps``), or None when none is
     capped (op_groups then takes the rows' own intervals)."""
     if not caps:
@@ -203,9 +208,10 @@ def host_durations(trace: Trace, caps: dict) -> Optional[np.ndarray]:
     return out
 
 
-def _groups_over(trace: Trace, steps, durations: Optional[np.ndarray],
-                 frames: Optional[dict] = None, all_steps: Optional[list] = None,
-                 work: Optional[RegionWork] = None) -> list:
+def _groups_over(trace: Trace, steps: Iterable[int], durations: Optional[np.ndarray],
+                 frames: Optional[dict[int, Split]] = None,
+                 all_steps: Optional[list[OpGroup]] = None,
+                 work: Optional[RegionWork] = None) -> list[OpGroup]:
     """The op groups of ``steps`` only (``all_steps``: the groups of every step, if known),
     with the GPU work ranges launched outside their events (``work``) by kernel."""
     mask = np.isin(trace.col("step"), sorted(steps))
@@ -220,15 +226,15 @@ def _groups_over(trace: Trace, steps, durations: Optional[np.ndarray],
 class RankCounts:
     """What a rank did in some steps only: the counting part of a RankAnalysis."""
 
-    steps: list
-    op_groups: list
-    op_counts: dict
-    comm: list
-    op_counts_by_phase: dict
+    steps: list[int]
+    op_groups: list[OpGroup]
+    op_counts: dict[str, int]
+    comm: list[CommRow]
+    op_counts_by_phase: dict[str, dict[str, int]]
 
 
-def count_rank_file(path: str, rank: int, steps: frozenset, kineto: tuple = (),
-                    caps: Optional[dict] = None) -> RankCounts:
+def count_rank_file(path: str, rank: int, steps: frozenset[int], kineto: tuple[str, ...] = (),
+                    caps: Optional[dict[int, int]] = None) -> RankCounts:
     """Op groups (device time where there is GPU activity; else host time, the sends in
     ``caps`` capped as in the analysis), op and communication counts of one rank's trace over
     ``steps`` only."""
@@ -241,7 +247,7 @@ def count_rank_file(path: str, rank: int, steps: frozenset, kineto: tuple = (),
     return _counts_over(trace, steps, groups)
 
 
-def _counts_over(trace: Trace, steps, groups: list) -> RankCounts:
+def _counts_over(trace: Trace, steps: Iterable[int], groups: list[OpGroup]) -> RankCounts:
     """The op and communication counts of ``trace`` over ``steps`` only, beside their op
     ``groups``."""
     mask = np.isin(trace.col("step"), sorted(steps))
@@ -251,7 +257,8 @@ def _counts_over(trace: Trace, steps, groups: list) -> RankCounts:
                       op_counts_by_phase(trace))
 
 
-def path_modules_file(path: str, rank: int, intervals: list) -> dict:
+def path_modules_file(path: str, rank: int, intervals: Iterable[tuple[int, int, int]]
+                      ) -> dict[int, dict[str, int]]:
     """step -> {module: ns} of this rank's compute ops inside ``intervals`` ((step, start, end)
     on rank 0's clock, disjoint): the module shares of the critical path on this rank. Host
     time between ops on the path is ``(between ops)``."""
@@ -263,8 +270,8 @@ def path_modules_file(path: str, rank: int, intervals: list) -> dict:
     longest = int((t1 - t0).max()) if len(sel) else 0
     module = trace.col("module")[sel]
     names = trace.dictionary("module")
-    out: dict = {}
-    by_step: dict = {}
+    out: dict[int, dict[str, int]] = {}
+    by_step: dict[int, list[tuple[int, int]]] = {}
     for s, a, b in intervals:
         by_step.setdefault(s, []).append((a, b))
     for step in sorted(by_step):
@@ -283,12 +290,12 @@ def path_modules_file(path: str, rank: int, intervals: list) -> dict:
     return out
 
 
-def recorded_steps(trace: Trace) -> list:
+def recorded_steps(trace: Trace) -> list[int]:
     steps = trace.col("step")
     return sorted(set(np.unique(steps).tolist())) if len(steps) else []
 
 
-def op_counts(trace: Trace) -> dict:
+def op_counts(trace: Trace) -> dict[str, int]:
     """Dispatched ops by overload name (the tracer's pseudo-ops left out)."""
     names = trace.dictionary("op")
     counts = np.bincount(trace.col("op"), minlength=len(names)) if len(trace) else \
@@ -296,14 +303,14 @@ def op_counts(trace: Trace) -> dict:
     return {name: int(n) for name, n in zip(names, counts) if n and name not in PSEUDO_OPS}
 
 
-def op_counts_by_phase(trace: Trace) -> dict:
+def op_counts_by_phase(trace: Trace) -> dict[str, dict[str, int]]:
     """phase name -> op overload -> calls (pseudo-ops left out), phases in PHASES order."""
     names = trace.dictionary("op")
     if not len(trace) or not names:
         return {}
     key = trace.col("phase").astype(np.int64) * len(names) + trace.col("op")
     counts = np.bincount(key, minlength=len(PHASES) * len(names))
-    out: dict = {}
+    out: dict[str, dict[str, int]] = {}
     for k in np.nonzero(counts)[0].tolist():
         phase, op = divmod(k, len(names))
         if names[op] not in PSEUDO_OPS:
@@ -317,14 +324,14 @@ class CommRow:
     bytes it handed to them."""
 
     kind: str
-    phase: str
-    group: tuple                  # the global ranks of the process group
+    phase: Phase
+    group: tuple[int, ...]        # the global ranks of the process group
     process_group: Optional[str]  # torch's name of it, where the trace keeps one
     count: int
     bytes: int
 
 
-def comm_rows(trace: Trace) -> list:
+def comm_rows(trace: Trace) -> list[CommRow]:
     """Collectives and P2P aggregated by (kind, phase, group): :class:`CommRow` s."""
     kind, group = trace.col("kind"), trace.col("group")
     mask = kind >= 0
@@ -332,7 +339,7 @@ def comm_rows(trace: Trace) -> list:
         return []
     kinds, groups = trace.dictionary("kind"), trace.dictionary("group")
     phase, nbytes = trace.col("phase")[mask], trace.col("bytes")[mask]
-    totals = defaultdict(lambda: [0, 0])
+    totals: defaultdict[tuple[int, int, int], list[int]] = defaultdict(lambda: [0, 0])  # n, bytes
     for k, p, g, b in zip(kind[mask].tolist(), phase.tolist(), group[mask].tolist(),
                           nbytes.tolist()):
         entry = totals[(k, p, g)]
@@ -360,7 +367,7 @@ class LastOp:
     """What a rank was doing last (a failed rank's last steps)."""
 
     op: Optional[str] = None              # its last recorded op
-    where: Optional[tuple] = None         # (file, line) of its innermost frame
+    where: Optional[tuple[str, int]] = None   # (file, line) of its innermost frame
     collective: Optional[LastCollective] = None
 
 

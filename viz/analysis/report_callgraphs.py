@@ -13,14 +13,16 @@ ranks' own module trees cover the whole recording.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Optional
 
 from ..engine import Engine
-from .callgraphs.callgraph import (FUNCTION, HIDDEN, CallGraph, build_callgraph, importance,
-                                   prune, source_lines, total_of, trim_common_prefix)
-from .callgraphs.module_tree import NO_MODULE, module_tree
-from .callgraphs.op_groups import NO_STACK, Weights
+from .callgraphs.callgraph import (FUNCTION, HIDDEN, CallGraph, LineOps, build_callgraph,
+                                   importance, prune, source_lines, total_of,
+                                   trim_common_prefix)
+from .callgraphs.module_tree import NO_MODULE, ModuleRow, module_tree
+from .callgraphs.op_groups import NO_STACK, OpGroup, Weights
 from .callgraphs.source_files import display_paths
 from .map_reduce import recount
 from .run_analysis import RunAnalysis
@@ -45,19 +47,19 @@ class StepSplit:
     """Which recorded steps the call graphs show (``counted``) and which go to the setup graph
     (``other``: empty when every step counts)."""
 
-    counted: tuple
-    other: tuple
+    counted: tuple[int, ...]
+    other: tuple[int, ...]
 
 
 def step_split(analysis: RunAnalysis) -> StepSplit:
     """The training steps (counted by any rank's time metrics) and the other recorded steps."""
     recorded = analysis.recorded_steps
-    counted = {s for m in analysis.metrics.values() for s in m.counted_steps} & recorded
+    counted = frozenset(s for m in analysis.metrics.values() for s in m.counted_steps) & recorded
     counted = counted or recorded
     return StepSplit(tuple(sorted(counted)), tuple(sorted(recorded - counted)))
 
 
-def to_recount(analysis: RunAnalysis, steps: frozenset) -> set:
+def to_recount(analysis: RunAnalysis, steps: frozenset[int]) -> set[int]:
     """Ranks whose own counted steps are not ``steps``: their groups over ``steps`` need one
     more read of their traces."""
     return {r for r, mine in analysis.ranks.items()
@@ -90,13 +92,13 @@ def training(analysis: RunAnalysis, engine: Optional[Engine] = None) -> Optional
 _GROUP_KEY = ("rank", "path", "boundary", "via", "op", "phase", "kind", "shapes", "module")
 
 
-def groups_outside(whole: list, part: list) -> list:
+def groups_outside(whole: Iterable[OpGroup], part: Iterable[OpGroup]) -> list[OpGroup]:
     """The op groups of ``whole`` (a rank's whole recording) less ``part`` (the same rank
     recounted over some of its steps, :func:`viz.analysis.recount`): what the other steps did.
     Several groups can share an attribution (stacks that differ in library frames only), so
     both sides are summed by attribution first."""
-    def summed(groups):
-        out = {}
+    def summed(groups: Iterable[OpGroup]) -> dict[tuple[Hashable, ...], OpGroup]:
+        out: dict[tuple[Hashable, ...], OpGroup] = {}
         for g in groups:
             key = tuple(getattr(g, k) for k in _GROUP_KEY)
             have = out.get(key)
@@ -130,7 +132,7 @@ class FunctionRow:
     total: Weights
 
 
-def function_rows(graph: CallGraph) -> list:
+def function_rows(graph: CallGraph) -> list[FunctionRow]:
     """The function nodes of ``graph``, in its order."""
     return [FunctionRow(d.id, d.file, d.name, d.line, d.total) for d in graph.nodes(FUNCTION)]
 
@@ -140,7 +142,7 @@ class RankWork:
     """Ranks that did the same work (:func:`same_work`), lowest first, and the one graph drawn
     for them: the first rank's, pruned."""
 
-    ranks: tuple
+    ranks: tuple[int, ...]
     graph: CallGraph
 
 
@@ -151,20 +153,20 @@ class ReportCallGraphs:
     functions."""
 
     split: StepSplit
-    functions: list           # FunctionRow of the merged graph, whole recording
+    functions: list[FunctionRow]   # of the merged graph, whole recording
     merged: CallGraph         # training steps, all ranks merged
-    zooms: dict               # function node id -> its graph zoomed in (training steps), the
-                              # biggest first
-    zoomed: dict              # function node id -> its FunctionRow, training steps (zooms)
-    rank_work: list           # RankWork of every readable rank, in order of their first rank
+    # function node id -> its graph zoomed in (training steps), the biggest first
+    zooms: dict[str, CallGraph]
+    zoomed: dict[str, FunctionRow]   # function node id -> its row, training steps (zooms)
+    rank_work: list[RankWork]  # every readable rank's, in order of their first rank
     setup: Optional[CallGraph]  # the other steps (setup, step 0, unfinished), all ranks merged
-    module_zooms: dict        # module path -> the graph of that module subtree's ops
-    tree: list                # module_tree.ModuleRow of all ranks (training steps)
-    rank_trees: dict          # rank -> its ModuleRows (whole recording)
-    lines: dict               # file -> line -> callgraph.LineOps (whole recording)
-    paths: dict               # recorded file -> short display path
-    source_files: frozenset   # recorded files the op groups' paths run through
-    training: list            # OpGroups of the training steps, all ranks
+    module_zooms: dict[str, CallGraph]   # module path -> the graph of that subtree's ops
+    tree: list[ModuleRow]     # all ranks (training steps)
+    rank_trees: dict[int, list[ModuleRow]]   # rank -> its module tree (whole recording)
+    lines: Mapping[str, Mapping[int, LineOps]]   # file -> line -> what it issued (whole)
+    paths: dict[str, str]     # recorded file -> short display path
+    source_files: frozenset[str]   # recorded files the op groups' paths run through
+    training: list[OpGroup]   # the training steps', all ranks
 
 
 def report_callgraphs(analysis: RunAnalysis, training: Optional[RunAnalysis] = None,
@@ -209,18 +211,18 @@ def report_callgraphs(analysis: RunAnalysis, training: Optional[RunAnalysis] = N
         training=merged)
 
 
-def same_work(groups: dict) -> list:
+def same_work(groups: Mapping[int, Sequence[OpGroup]]) -> list[list[int]]:
     """Ranks (rank -> its op groups) that did the same work, lowest rank first in each list and
     lists in order of it: the same attribution paths, ops, phases, shapes, modules, counts, bytes
     and FLOPs; times may differ. The ranks of a data-parallel group usually do, so their call
     graphs are one graph drawn once."""
-    out: dict = {}
+    out: dict[frozenset[tuple[Hashable, int]], list[int]] = {}
     for rank in sorted(groups):
         out.setdefault(_work(groups[rank]), []).append(rank)
     return sorted(out.values())
 
 
-def _work(groups: list) -> frozenset:
+def _work(groups: Iterable[OpGroup]) -> frozenset[tuple[Hashable, int]]:
     """What a rank's groups say it did, less the times and the rank: a multiset of groups."""
     return frozenset(Counter((g.path, g.boundary, g.via, g.op, g.phase, g.kind, g.shapes,
                               g.module, g.count, g.bytes, g.flops) for g in groups).items())
@@ -230,8 +232,8 @@ def _pruned(graph: CallGraph, options: ReportOptions) -> CallGraph:
     return prune(graph, max_nodes=options.max_nodes, min_share=options.min_share)
 
 
-def _function_zooms(full: CallGraph, shown: CallGraph, merged: list, world: tuple,
-                    options: ReportOptions) -> dict:
+def _function_zooms(full: CallGraph, shown: CallGraph, merged: Sequence[OpGroup],
+                    world: tuple[int, ...], options: ReportOptions) -> dict[str, CallGraph]:
     """Function node id -> that function's graph zoomed in (pruned). Worth it only for functions
     under which the merged graph (``shown``, pruned) hid something, and that are not nearly the
     whole graph already; the biggest first."""
@@ -243,25 +245,26 @@ def _function_zooms(full: CallGraph, shown: CallGraph, merged: list, world: tupl
     chosen = candidates[:options.zoom_functions]
     # Each zoom only needs the groups whose path runs through its function.
     keys = {(d.file, d.name) for d in chosen}
-    through = defaultdict(list)
+    through: defaultdict[tuple[str, str], list[OpGroup]] = defaultdict(list)
     for grp in merged:
         for key in {(f.file, f.qualname) for f in grp.path} & keys:
             through[key].append(grp)
-    out = {}
+    out: dict[str, CallGraph] = {}
     for data in chosen:
         key = (data.file, data.name)
         out[data.id] = _pruned(build_callgraph(through[key], world=world, root=key), options)
     return out
 
 
-def _module_zooms(tree: list, merged: list, world: tuple, options: ReportOptions) -> dict:
+def _module_zooms(tree: Sequence[ModuleRow], merged: Sequence[OpGroup], world: tuple[int, ...],
+                  options: ReportOptions) -> dict[str, CallGraph]:
     """Module path -> the graph of that module subtree's ops (pruned), the biggest modules of
     the top levels."""
     total = total_of(r.total for r in tree if r.depth == 0)
     rows = [r for r in tree if r.path != NO_MODULE and r.depth <= 3 and total.ops
             and r.total.ops / total.ops >= options.zoom_min_share]
     rows.sort(key=lambda r: (r.depth, -r.total.ops, r.path))
-    out = {}
+    out: dict[str, CallGraph] = {}
     for row in rows[:options.zoom_modules]:
         prefix = row.path + "."
         mine = [g for g in merged if g.module and (g.module == row.path

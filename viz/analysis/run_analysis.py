@@ -16,11 +16,30 @@ absent rank.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Optional
+
+from tracer.files.run_record import RankOutcome
+from tracer.vocab.strenum import StrEnum
 
 from ..run import Run
+from .crossrank.critical_path import Path
+from .crossrank.dimensions import DimensionCost, GroupDimension
 from .crossrank.matching import CrossRank
 from .timeline.lanes import Timeline
+from .timeline.metrics import RankMetrics
+
+if TYPE_CHECKING:       # rank imports the timeline and device rooms: only its record's type
+    from .rank import RankAnalysis
+
+RankRun = tuple[int, int]             # (first, last) of a run of consecutive ranks
+
+
+class RankVerdict(StrEnum):
+    """A rank's status in summary.json (docs/architecture.md's contract)."""
+
+    OK = "ok"
+    FAILED = "failed"
+    MISSING = "missing"           # no readable trace
 
 
 @dataclass(frozen=True)
@@ -40,22 +59,21 @@ class RunAnalysis:
 
     run: Run
     world_size: int
-    ranks: dict                       # rank -> viz.analysis.rank.RankAnalysis
-    unreadable: dict                  # rank -> why its trace could not be read
+    ranks: dict[int, RankAnalysis]    # rank -> its analysis
+    unreadable: dict[int, str]        # rank -> why its trace could not be read
     timeline: Timeline
-    metrics: dict                     # rank -> viz.analysis.timeline.metrics.RankMetrics
+    metrics: dict[int, RankMetrics]
     cross: CrossRank                  # collectives matched across ranks
-    paths: list                       # crossrank.critical_path.Path of each counted step
-    count_steps: Optional[frozenset] = None   # counts cover these steps only (trace-diff)
-    config: dict = field(default_factory=dict)
+    paths: list[Path]                 # the critical path of each counted step
+    count_steps: Optional[frozenset[int]] = None   # counts cover these steps only (trace-diff)
+    config: dict[str, Any] = field(default_factory=dict)
     world_disagreement: Optional[WorldDisagreement] = None   # run.json's world set aside
-    left_out: list = field(default_factory=list)  # --kineto files that are no export (lines)
-    # group text -> viz.analysis.crossrank.dimensions.GroupDimension: the dimension each group
-    # carries
-    group_dimensions: dict = field(default_factory=dict)
-    dimensions: dict = field(default_factory=dict)   # rank -> [dimensions.DimensionCost]
+    left_out: list[str] = field(default_factory=list)  # --kineto files that are no export (lines)
+    # group text -> the dimension each group carries
+    group_dimensions: dict[str, GroupDimension] = field(default_factory=dict)
+    dimensions: dict[int, list[DimensionCost]] = field(default_factory=dict)   # by rank
 
-    def missing(self) -> list:
+    def missing(self) -> list[RankRun]:
         """(first, last) of each run of ranks without a readable trace: ranks of the world with
         none, and rank files outside the world (another run's) that could not be read."""
         readable = sorted(r for r in self.ranks if r < self.world_size)
@@ -73,20 +91,20 @@ class RunAnalysis:
         return bool(self.ranks) and all("imported" in r.meta for r in self.ranks.values())
 
     @property
-    def recorded_steps(self) -> frozenset:
+    def recorded_steps(self) -> frozenset[int]:
         """Every step index some rank recorded."""
         return frozenset(s for mine in self.ranks.values() for s in mine.steps)
 
-    def with_files(self) -> list:
+    def with_files(self) -> list[int]:
         """Ranks with a trace file, readable or not (in the world or not)."""
         return sorted(set(self.ranks) | set(self.unreadable))
 
-    def absent(self) -> list:
+    def absent(self) -> list[RankRun]:
         """(first, last) of each run of consecutive ranks of the world without any trace file;
         computed from the files, so a world of 10^7 ranks beside 2 traces is one pair."""
         return _gaps(self.with_files(), self.world_size)
 
-    def listed(self) -> list:
+    def listed(self) -> list[int]:
         """Ranks that get a row of their own: those with a trace file and those trace-run's
         run.json says something about (a rank that died before its tracer started), inside
         the world. The others are absent, listed as runs (:meth:`unlisted`)."""
@@ -94,27 +112,28 @@ class RunAnalysis:
                     if int(r) < self.world_size}
         return sorted(set(self.with_files()) | reported)
 
-    def unlisted(self) -> list:
+    def unlisted(self) -> list[RankRun]:
         """(first, last) of each run of ranks of the world without a row (:meth:`listed`)."""
         return _gaps(self.listed(), self.world_size)
 
-    def reported(self, rank: int) -> dict:
+    def reported(self, rank: int) -> RankOutcome:
         """What trace-run's run.json says about ``rank`` ({} if nothing)."""
         return (self.run.info.get("ranks") or {}).get(str(rank)) or {}
 
-    def status(self, rank: int) -> str:
+    def status(self, rank: int) -> RankVerdict:
         """ok | failed | missing (docs/architecture.md's summary.json statuses)."""
         if rank not in self.ranks:
-            return "missing"
+            return RankVerdict.MISSING
         reported = self.reported(rank)
         if reported.get("status") == "failed" or (reported.get("exit_code") not in (None, 0)):
-            return "failed"
-        return "ok" if self.ranks[rank].status == "ok" else "failed"
+            return RankVerdict.FAILED
+        return RankVerdict.OK if self.ranks[rank].status == "ok" else RankVerdict.FAILED
 
 
-def _gaps(present: list, world: int) -> list:
+def _gaps(present: list[int], world: int) -> list[RankRun]:
     """(first, last) of each run of ranks in ``range(world)`` not in ``present`` (sorted)."""
-    out, start = [], 0
+    out: list[RankRun] = []
+    start = 0
     for rank in present:
         if rank >= world:
             break

@@ -10,19 +10,23 @@ rank 0's clock, as the timeline's. Pure numpy over one trace.
 """
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 
-from tracer.files.format import MEMORY_CATEGORIES
-from tracer.files.reader import load as load_trace
+from tracer.files.format import MEMORY_CATEGORIES, MemoryCategory
+from tracer.files.reader import MemoryEvents, Trace, load as load_trace
 from tracer.vocab.groups import group_ranks
-from tracer.vocab.labels import PHASES
+from tracer.vocab.labels import PHASES, Phase
 
 from .memory.live_bytes import ALLOC, FREE
 from .rank import check_identity
-from .timeline.rank_lanes import RankRows
+from .timeline.rank_rows import RankRows
+
+# an op row's (module, phase, op name); Nones for no row (a storage found by a walk)
+RowLabel = tuple[Optional[str], Optional[str], Optional[str]]
 
 
 @dataclass
@@ -36,9 +40,9 @@ class StepOps:
     phase: np.ndarray                # into tracer.vocab.labels.PHASES
     op: np.ndarray                   # into ``names``
     shapes: np.ndarray               # into ``shape_texts``; -1: none recorded
-    modules: list
-    names: list
-    shape_texts: list
+    modules: list[str]
+    names: list[str]
+    shape_texts: list[str]
 
     def __len__(self) -> int:
         return len(self.t0)
@@ -51,8 +55,8 @@ class StepComm:
     step: int
     t0: int
     kind: str
-    phase: str
-    group: tuple
+    phase: Phase
+    group: tuple[int, ...]
     group_text: str
     nbytes: int
     module: Optional[str]
@@ -64,7 +68,7 @@ class Storage:
     ``end`` None when it outlived it; made by an op of ``module`` in ``phase`` (None: found by
     a walk)."""
 
-    category: str
+    category: MemoryCategory
     nbytes: int
     start: Optional[int]
     end: Optional[int]
@@ -76,16 +80,16 @@ class Storage:
 @dataclass
 class RankStepDetail:
     rank: int
-    steps: tuple                     # the counted steps
+    steps: tuple[int, ...]           # the counted steps
     ops: StepOps
-    comms: list                      # StepComm, in launch order
-    parameters: dict                 # root path -> {"parameters": [...], "buffers": [...]}
+    comms: list[StepComm]            # in launch order
+    parameters: dict[str, Any]       # root path -> {"parameters": [...], "buffers": [...]}
     memory_step: Optional[int] = None
-    window: Optional[tuple] = None   # (start, end) of the memory step on rank 0's clock
-    storages: list = field(default_factory=list)
+    window: Optional[tuple[int, int]] = None   # (start, end) of the memory step, rank 0's clock
+    storages: list[Storage] = field(default_factory=list)
 
 
-def step_detail_file(path: str, rank: int, steps: tuple,
+def step_detail_file(path: str, rank: int, steps: Collection[int],
                      memory_step: Optional[int]) -> RankStepDetail:
     """The detail of ``steps`` of one rank's trace, and its storages in ``memory_step``."""
     trace = load_trace(path)
@@ -102,11 +106,11 @@ def step_detail_file(path: str, rank: int, steps: tuple,
                          dict(trace.meta.get("parameters") or {}))
     if memory_step is not None and trace.memory is not None:
         out.memory_step = memory_step
-        out.window, out.storages = _storages(trace, memory_step)
+        out.window, out.storages = _storages(trace, trace.memory, memory_step)
     return out
 
 
-def _comms(trace, rows: RankRows, in_steps: np.ndarray) -> list:
+def _comms(trace: Trace, rows: RankRows, in_steps: np.ndarray) -> list[StepComm]:
     picked = np.nonzero(rows.is_comm & in_steps)[0]
     picked = picked[np.argsort(rows.t0[picked], kind="stable")]
     modules, phase = trace.dictionary("module"), trace.col("phase")
@@ -121,15 +125,16 @@ def _comms(trace, rows: RankRows, in_steps: np.ndarray) -> list:
     return out
 
 
-def _storages(trace, step: int) -> tuple:
-    """((start, end) of ``step``, the storages live in it) on rank 0's clock."""
-    events = trace.memory
+def _storages(trace: Trace, events: MemoryEvents, step: int
+              ) -> tuple[Optional[tuple[int, int]], list[Storage]]:
+    """((start, end) of ``step``, the storages live in it) on rank 0's clock; ``events``: the
+    trace's memory."""
     t = events.t + trace.clock_offset(events.t)
     order = np.argsort(t, kind="stable")
     kind, storage, nbytes = events.kind[order], events.storage[order], events.bytes[order]
     category, steps, row, t = events.category[order], events.step[order], events.row[order], \
         t[order]
-    final: dict = {}
+    final: dict[int, int] = {}       # storage -> its last category
     for k, s, c in zip(kind.tolist(), storage.tolist(), category.tolist()):
         if k != FREE:
             final[s] = max(final.get(s, 0), c)
@@ -138,7 +143,7 @@ def _storages(trace, step: int) -> tuple:
         return None, []
     lo, hi = int(t[mine[0]]), int(t[mine[-1]])
     labels = _labels(trace)
-    born: dict = {}                   # storage -> (start or None, bytes, row)
+    born: dict[int, tuple[Optional[int], int, int]] = {}   # storage -> (start or None, bytes, row)
     out = []
     for i in range(len(kind)):
         k, s, when = int(kind[i]), int(storage[i]), int(t[i])
@@ -155,11 +160,11 @@ def _storages(trace, step: int) -> tuple:
     return (lo, hi), out
 
 
-def _labels(trace):
+def _labels(trace: Trace) -> Callable[[int], RowLabel]:
     modules, phase, op = trace.dictionary("module"), trace.col("phase"), trace.col("op")
     module, names = trace.col("module"), trace.dictionary("op")
 
-    def label(row: int) -> tuple:
+    def label(row: int) -> RowLabel:
         if row < 0:
             return None, None, None
         return (modules[module[row]] if module[row] >= 0 else None, PHASES[phase[row]],
@@ -167,6 +172,7 @@ def _labels(trace):
     return label
 
 
-def _storage(category: int, size: int, start, end, row: int, labels) -> Storage:
+def _storage(category: int, size: int, start: Optional[int], end: Optional[int], row: int,
+             labels: Callable[[int], RowLabel]) -> Storage:
     module, phase, op = labels(row)
     return Storage(MEMORY_CATEGORIES[category], size, start, end, module, phase, op)

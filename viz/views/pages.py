@@ -31,9 +31,15 @@ class LineView:
     through: list = field(default_factory=list)
 
 
+def _tie_text(key: object) -> str:
+    """A key's text to order ties by: a tuple's as plain strings (a phase is a str Enum, whose
+    repr inside a tuple's text would name its class and change the order)."""
+    return str(tuple(str(k) for k in key)) if isinstance(key, tuple) else str(key)
+
+
 def _summarise(entries: dict, key_text) -> list:
     """Line annotations: one text per (what, direction), biggest first."""
-    items = sorted(entries.items(), key=lambda kv: (-kv[1].ops, str(kv[0])))
+    items = sorted(entries.items(), key=lambda kv: (-kv[1].ops, _tie_text(kv[0])))
     return [key_text(key, w) for key, w in items]
 
 
@@ -202,7 +208,7 @@ def top_ops(groups: list, *, comm: bool, paths: dict, href, n: int = 5) -> list:
         site = g.path[-1]
         lines[key][(site.file, site.line, site.qualname)] += g.time_ns
     whole = sum(w.time_ns for w in totals.values()) or 1.0
-    top = sorted(totals.items(), key=lambda kv: (-kv[1].time_ns, str(kv[0])))[:n]
+    top = sorted(totals.items(), key=lambda kv: (-kv[1].time_ns, _tie_text(kv[0])))[:n]
     rows = []
     for key, w in top:
         (file, line, qualname), _ = max(lines[key].items(), key=lambda kv: (kv[1], kv[0]))

@@ -15,16 +15,30 @@ path):
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Iterable, Optional, Sequence
+from typing import Any, Iterable, Optional, Sequence
 
 import networkx as nx
 
-from .op_groups import Frame, MEASURES, NO_STACK, OpGroup, Weights, total_of
+from tracer.vocab.strenum import StrEnum
+
+from .op_groups import Frame, MEASURES, NO_STACK, OpGroup, Path, Weights, total_of
 from .rank_weights import freeze_per_rank, total_over_ranks
 from .source_files import definition_line
 
-FUNCTION, OPS, COMM, HIDDEN = "function", "ops", "comm", "hidden"
+
+class NodeType(StrEnum):
+    """What a call-graph node is: a function, the ops or a collective of a call site, or a
+    note of what pruning hid."""
+
+    FUNCTION = "function"
+    OPS = "ops"
+    COMM = "comm"
+    HIDDEN = "hidden"
+
+
+FUNCTION, OPS, COMM, HIDDEN = NodeType.FUNCTION, NodeType.OPS, NodeType.COMM, NodeType.HIDDEN
 
 
 # ------------------------------------------------------------------------------ the graph
@@ -35,19 +49,20 @@ class NodeData:
     built, ``per_rank`` is a read-only :class:`viz.analysis.callgraphs.rank_weights.RankWeights`."""
 
     id: str
-    type: str
+    type: NodeType
     file: str
     line: int                  # functions: definition line; leaves: the call site
     name: str                  # functions: qualname; comm leaves: the kind
     direction: str = ""        # leaves: the phase (tracer.vocab.labels.PHASES)
     kind: Optional[str] = None
-    per_rank: dict = field(default_factory=lambda: defaultdict(Weights))
-    by_direction: dict = field(default_factory=lambda: defaultdict(Weights))
+    per_rank: Mapping[int, Weights] = field(default_factory=lambda: defaultdict(Weights))
+    by_direction: defaultdict[str, Weights] = field(default_factory=lambda: defaultdict(Weights))
     # Plain dicts, not Counters: a big run builds hundreds of thousands of nodes.
-    ops: dict = field(default_factory=dict)         # leaves: op -> calls
-    shapes: dict = field(default_factory=dict)      # leaves: (op, shapes) -> calls
-    boundaries: dict = field(default_factory=dict)  # leaves: library call (Frame) -> calls
-    via: dict = field(default_factory=dict)         # backward leaves: live frames -> calls
+    ops: dict[str, int] = field(default_factory=dict)      # leaves: op -> calls
+    # leaves: (op, shapes) -> calls
+    shapes: dict[tuple[str, Optional[str]], int] = field(default_factory=dict)
+    boundaries: dict[Frame, int] = field(default_factory=dict)  # leaves: library call -> calls
+    via: dict[Path, int] = field(default_factory=dict)  # backward leaves: live frames -> calls
     hidden: int = 0            # HIDDEN notes: how many nodes it stands for
 
     @property
@@ -55,7 +70,7 @@ class NodeData:
         return total_over_ranks(self.per_rank)
 
     @property
-    def ranks(self) -> tuple:
+    def ranks(self) -> tuple[int, ...]:
         return tuple(sorted(r for r, w in self.per_rank.items() if w.ops))
 
 
@@ -63,9 +78,9 @@ class NodeData:
 class EdgeData:
     """Caller -> callee (or function -> op leaf): what flowed through the calls."""
 
-    per_rank: dict = field(default_factory=lambda: defaultdict(Weights))
-    by_direction: dict = field(default_factory=lambda: defaultdict(Weights))
-    lines: set = field(default_factory=set)   # call-site lines in the caller
+    per_rank: Mapping[int, Weights] = field(default_factory=lambda: defaultdict(Weights))
+    by_direction: defaultdict[str, Weights] = field(default_factory=lambda: defaultdict(Weights))
+    lines: set[int] = field(default_factory=set)   # call-site lines in the caller
 
     @property
     def total(self) -> Weights:
@@ -89,8 +104,8 @@ class CallGraph:
     EdgeData); ``total`` is everything its op leaves account for."""
 
     graph: nx.DiGraph
-    ranks: tuple
-    world: tuple
+    ranks: tuple[int, ...]
+    world: tuple[int, ...]
     total: Weights
     hidden: Optional[Hidden] = None
 
@@ -100,11 +115,11 @@ class CallGraph:
     def edge(self, caller: str, callee: str) -> EdgeData:
         return self.graph.edges[caller, callee]["data"]
 
-    def nodes(self, type_: Optional[str] = None) -> list:
+    def nodes(self, type_: Optional[NodeType] = None) -> list[NodeData]:
         return [d["data"] for _, d in self.graph.nodes(data=True)
                 if type_ is None or d["data"].type == type_]
 
-    def functions(self, qualname: str) -> list:
+    def functions(self, qualname: str) -> list[NodeData]:
         """Function nodes of that qualified name."""
         return [n for n in self.nodes(FUNCTION) if n.name == qualname]
 
@@ -118,14 +133,14 @@ def _leaf_id(site: Frame, direction: str, kind: Optional[str]) -> str:
 
 
 def build_callgraph(groups: Iterable[OpGroup], *, world: Sequence[int] = (),
-                    root: Optional[tuple] = None) -> CallGraph:
+                    root: Optional[tuple[str, str]] = None) -> CallGraph:
     """The call graph of ``groups`` (one rank's, or several ranks' merged).
 
     ``root`` = (file, qualname) keeps only ops issued below that function and starts every path
     there (a zoomed subgraph). ``world`` lists the run's ranks, to tell which ranks reach a node.
     """
     build = _GraphBuilder()
-    ranks = set()
+    ranks: set[int] = set()
     for grp in groups:
         frames = grp.path
         if root is not None:
@@ -149,12 +164,14 @@ class _GraphBuilder:
     """Nodes and edges in plain dicts, handed to networkx at the end (its views cost more per
     lookup): leaves and their callers first, then inclusive weights of every function."""
 
-    def __init__(self):
-        self.nodes: dict = {}
-        self.edges: dict = {}
-        self.paths: dict = defaultdict(lambda: defaultdict(Weights))  # (rank, frames) -> dir -> W
+    def __init__(self) -> None:
+        self.nodes: dict[str, NodeData] = {}
+        self.edges: dict[tuple[str, str], EdgeData] = {}
+        # (rank, frames) -> direction -> weights
+        self.paths: defaultdict[tuple[int, Path], defaultdict[str, Weights]] = \
+            defaultdict(lambda: defaultdict(Weights))
 
-    def node(self, node_id: str, **kw) -> NodeData:
+    def node(self, node_id: str, **kw: Any) -> NodeData:
         data = self.nodes.get(node_id)
         if data is None:
             data = self.nodes[node_id] = NodeData(node_id, **kw)
@@ -166,7 +183,7 @@ class _GraphBuilder:
             data = self.edges[(a, b)] = EdgeData()
         return data
 
-    def leaf(self, grp: OpGroup, frames: tuple) -> None:
+    def leaf(self, grp: OpGroup, frames: Path) -> None:
         """The group's leaf (ops or a collective at its source line) and the edge from the
         function that issued it."""
         w = grp.weights()
@@ -196,10 +213,14 @@ class _GraphBuilder:
     def inclusive(self) -> None:
         """Inclusive weights through a trie of the paths: paths share long prefixes, so
         summing each prefix once is far cheaper than walking every path."""
-        trie: dict = {}                  # (parent index, frame) -> index
-        parents, frames_of, fn_paths = [], [], []
-        at_node: dict = defaultdict(lambda: defaultdict(Weights))   # index -> (rank, dir) -> W
-        lowest_line: dict = {}
+        trie: dict[tuple[int, Frame], int] = {}          # (parent index, frame) -> index
+        parents: list[int] = []
+        frames_of: list[Frame] = []
+        fn_paths: list[tuple[str, ...]] = []
+        # index -> (rank, direction) -> weights
+        at_node: defaultdict[int, defaultdict[tuple[int, str], Weights]] = \
+            defaultdict(lambda: defaultdict(Weights))
+        lowest_line: dict[str, int] = {}
         for (rank, frames), by_direction in self.paths.items():
             index = -1
             for frame in frames:
@@ -221,8 +242,8 @@ class _GraphBuilder:
         for index in range(len(parents) - 1, -1, -1):     # children were created after parents
             parent = parents[index]
             if parent >= 0 and index in at_node:
-                for key, w in at_node[index].items():
-                    at_node[parent][key].add(w)
+                for rank_direction, w in at_node[index].items():
+                    at_node[parent][rank_direction].add(w)
         for index, fns in enumerate(fn_paths):
             if index in at_node:
                 self._credit(fns, frames_of[parents[index]].line if len(fns) >= 2 else None,
@@ -231,23 +252,24 @@ class _GraphBuilder:
             data = self.nodes[fid]
             data.line = definition_line(data.file, data.name, low)
 
-    def _credit(self, fns: tuple, call_line: Optional[int], weights: dict) -> None:
+    def _credit(self, fns: tuple[str, ...], call_line: Optional[int],
+                weights: dict[tuple[int, str], Weights]) -> None:
         """Add the inclusive ``weights`` of one call path ``fns`` to its function and to the
-        edge from its caller (called at ``call_line``)."""
+        edge from its caller (called at ``call_line``: None without a caller)."""
         fid = fns[-1]
         # A recursive call is already counted at its outermost occurrence.
         add_node = fid not in fns[:-1]
-        pair = fns[-2:] if len(fns) >= 2 else None
+        pair = (fns[-2], fns[-1]) if len(fns) >= 2 else None
         add_edge = pair is not None and not any(fns[i:i + 2] == pair
                                                 for i in range(len(fns) - 2))
-        if pair is not None:
+        if pair is not None and call_line is not None:
             self.edge(*pair).lines.add(call_line)
         data = self.nodes[fid]
         for (rank, direction), w in weights.items():
             if add_node:
                 data.per_rank[rank].add(w)
                 data.by_direction[direction].add(w)
-            if add_edge:
+            if add_edge and pair is not None:
                 e = self.edges[pair]
                 e.per_rank[rank].add(w)
                 e.by_direction[direction].add(w)
@@ -314,13 +336,15 @@ def prune(cg: CallGraph, *, max_nodes: int = 150, min_share: float = 0.005,
     return CallGraph(out, cg.ranks, cg.world, cg.total, hidden)
 
 
-def _select(g: nx.DiGraph, order: list, score: dict, budget: int, min_share: float) -> set:
+def _select(g: nx.DiGraph, order: list[str], score: dict[str, float], budget: int,
+            min_share: float) -> set[str]:
     """The most important nodes, each with a chain of ancestors up to a root (connected)."""
-    keep: set = set()
+    keep: set[str] = set()
     for n in order:
         if len(keep) >= budget or score[n] < min_share:
             break
-        chain, cur = [], n
+        chain: list[str] = []
+        cur = n
         while cur not in keep and cur not in chain:
             chain.append(cur)
             parents = [p for p in g.predecessors(cur) if p != cur]
@@ -332,15 +356,15 @@ def _select(g: nx.DiGraph, order: list, score: dict, budget: int, min_share: flo
     return keep
 
 
-def trim_common_prefix(groups: Sequence[OpGroup]) -> list:
+def trim_common_prefix(groups: Sequence[OpGroup]) -> list[OpGroup]:
     """Groups with the frames every path shares (``<module>`` -> main -> train ...) removed,
     keeping at least the last shared one, so a subgraph starts where its paths diverge."""
-    groups = list(groups)
-    if not groups:
-        return groups
-    first = groups[0].path
+    kept = list(groups)
+    if not kept:
+        return kept
+    first = kept[0].path
     n = len(first)
-    for grp in groups[1:]:
+    for grp in kept[1:]:
         n = min(n, len(grp.path))
         for i in range(n):
             if (grp.path[i].file, grp.path[i].qualname) != (first[i].file, first[i].qualname):
@@ -348,9 +372,9 @@ def trim_common_prefix(groups: Sequence[OpGroup]) -> list:
                 break
     cut = max(n - 1, 0)
     if not cut:
-        return groups
-    trimmed: dict = {}       # one trimmed copy of each path, however many groups share it
-    return [replace(grp, path=trimmed.setdefault(grp.path, grp.path[cut:])) for grp in groups]
+        return kept
+    trimmed: dict[Path, Path] = {}   # one trimmed copy of each path, however many groups share it
+    return [replace(grp, path=trimmed.setdefault(grp.path, grp.path[cut:])) for grp in kept]
 
 
 # ------------------------------------------------------------------------------ per line
@@ -360,21 +384,23 @@ class LineOps:
     frame is this line; ``through`` by direction: compute ops issued by the calls it made;
     ``comm`` by (kind, direction): collectives, issued directly or through calls."""
 
-    direct: dict = field(default_factory=lambda: defaultdict(Weights))
-    through: dict = field(default_factory=lambda: defaultdict(Weights))
-    comm: dict = field(default_factory=lambda: defaultdict(Weights))
-    ranks: set = field(default_factory=set)
+    direct: defaultdict[tuple[str, str], Weights] = field(
+        default_factory=lambda: defaultdict(Weights))
+    through: defaultdict[str, Weights] = field(default_factory=lambda: defaultdict(Weights))
+    comm: defaultdict[tuple[str, str], Weights] = field(
+        default_factory=lambda: defaultdict(Weights))
+    ranks: set[int] = field(default_factory=set)
 
 
-def source_lines(groups: Iterable[OpGroup]) -> dict:
+def source_lines(groups: Iterable[OpGroup]) -> defaultdict[str, defaultdict[int, LineOps]]:
     """file -> {line -> LineOps} over the attribution paths of ``groups``.
 
     A row-parallel forward line holds the all-reduce its helper issues, and a column-parallel
     forward line the backward all-reduce of the autograd node it created."""
-    out: dict = defaultdict(lambda: defaultdict(LineOps))
+    out: defaultdict[str, defaultdict[int, LineOps]] = defaultdict(lambda: defaultdict(LineOps))
     for grp in groups:
         w = grp.weights()
-        seen = set()
+        seen: set[tuple[str, int]] = set()
         for depth, frame in enumerate(reversed(grp.path)):   # innermost first
             key = (frame.file, frame.line)
             if key in seen or frame is NO_STACK:

@@ -11,19 +11,22 @@ from __future__ import annotations
 
 import re
 from functools import lru_cache
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 
 _TENSOR = re.compile(r"^[A-Za-z0-9_]+\[([0-9,]*)\]$")
 
-Shape = tuple
+Shape = tuple[int, ...]
+# one argument: a tensor's shape, a tensor list's, None when unreadable
+ShapeArg = Union[Shape, list[Optional[Shape]], None]
+Formula = Callable[[list[ShapeArg]], int]
 
 
-def parse_shapes(text: Optional[str]) -> list:
+def parse_shapes(text: Optional[str]) -> list[ShapeArg]:
     """Top-level arguments of a shapes string: a tuple of ints per tensor, a list of tuples for
     a bracketed list argument, None for anything unreadable."""
     if not text:
         return []
-    out = []
+    out: list[ShapeArg] = []
     for token in text.split(" "):
         if token.startswith("[") and token.endswith("]") and not _TENSOR.match(token):
             inner = token[1:-1]
@@ -67,9 +70,9 @@ def _sdpa_backward(grad: Shape, q: Shape, k: Shape, v: Shape) -> int:
     return 2 * b * h * s_q * s_k * (d + 2 * d_v + 2 * d)
 
 
-def _first(n: int, formula: Callable, skip: int = 0) -> Callable:
+def _first(n: int, formula: Callable[..., int], skip: int = 0) -> Formula:
     """A formula over the tensor arguments ``skip`` .. ``skip + n`` (skip: an added bias)."""
-    def apply(shapes: list) -> int:
+    def apply(shapes: list[ShapeArg]) -> int:
         tensors = [s for s in shapes if isinstance(s, tuple)][skip:skip + n]
         if len(tensors) < n:
             return 0
@@ -81,7 +84,7 @@ _SDPA = _first(3, _sdpa)
 _SDPA_BACKWARD = _first(4, _sdpa_backward)
 
 # Base op name (namespace and overload stripped) -> formula over parsed shapes.
-FORMULAS: dict = {
+FORMULAS: dict[str, Formula] = {
     "mm": _first(2, _mm),
     "addmm": _first(2, _mm, skip=1),
     "bmm": _first(2, _bmm),

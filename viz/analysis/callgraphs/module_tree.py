@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Iterable, Union
 
 from tracer.vocab.labels import PHASES
 
@@ -27,33 +27,35 @@ class ModuleRow:
     depth: int
     own: Weights = field(default_factory=Weights)
     total: Weights = field(default_factory=Weights)
-    by_direction: dict = field(default_factory=lambda: defaultdict(Weights))   # inclusive
-    per_rank: dict = field(default_factory=lambda: defaultdict(Weights))       # inclusive
-    comm: dict = field(default_factory=lambda: defaultdict(Weights))  # (kind, dir) inclusive
-    children: list = field(default_factory=list)
+    # inclusive: by direction (phase), by rank, by (collective kind, direction)
+    by_direction: defaultdict[str, Weights] = field(default_factory=lambda: defaultdict(Weights))
+    per_rank: defaultdict[int, Weights] = field(default_factory=lambda: defaultdict(Weights))
+    comm: defaultdict[tuple[str, str], Weights] = field(
+        default_factory=lambda: defaultdict(Weights))
+    children: list[ModuleRow] = field(default_factory=list)
 
     @property
     def name(self) -> str:
         return self.path.rsplit(".", 1)[-1] if self.path != NO_MODULE else self.path
 
     @property
-    def ranks(self) -> tuple:
+    def ranks(self) -> tuple[int, ...]:
         return tuple(sorted(r for r, w in self.per_rank.items() if w.ops))
 
-    def ops_by_phase(self) -> list:
+    def ops_by_phase(self) -> list[tuple[str, int]]:
         """(phase, ops) of every phase with ops in the module: forward to optimizer, then other."""
         return [(p, self.by_direction[p].ops) for p in PHASES[1:] + PHASES[:1]
                 if p in self.by_direction and self.by_direction[p].ops]
 
 
-def _natural(path: str) -> list:
+def _natural(path: str) -> list[Union[int, str]]:
     """Sort key putting ``blocks.10`` after ``blocks.9``."""
     return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", path)]
 
 
-def module_tree(groups: Iterable[OpGroup]) -> list:
+def module_tree(groups: Iterable[OpGroup]) -> list[ModuleRow]:
     """Every module (and each ancestor) as a :class:`ModuleRow`, in depth-first order."""
-    rows: dict = {}
+    rows: dict[str, ModuleRow] = {}
 
     def row(path: str) -> ModuleRow:
         if path not in rows:
@@ -78,7 +80,7 @@ def module_tree(groups: Iterable[OpGroup]) -> list:
             if grp.kind:
                 r.comm[(grp.kind, grp.phase)].add(w)
 
-    out: list = []
+    out: list[ModuleRow] = []
 
     def visit(r: ModuleRow) -> None:
         out.append(r)

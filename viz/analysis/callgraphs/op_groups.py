@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from typing import Callable, Iterable, NamedTuple, Optional, Sequence
+from typing import Any, Callable, Iterable, NamedTuple, Optional, Protocol, Sequence, overload
 
 import numpy as np
 
 from tracer.files.format import decode_stack
+from tracer.files.reader import Trace
 from tracer.vocab.labels import PHASES
 from tracer.vocab.library import LibraryRule
 from tracer.vocab.ops import PSEUDO_OPS
@@ -43,6 +44,8 @@ class Frame(NamedTuple):
 
 
 NO_STACK = Frame("?", 0, "?", "(no stack recorded)")
+Path = tuple[Frame, ...]                      # an attribution path, outermost first
+Split = tuple[Path, Optional[Frame]]          # (user frames, the library call they made)
 
 
 @dataclass(**SLOTS)
@@ -80,9 +83,9 @@ class OpGroup:
     report holds about a thousand a rank, twice (every step, counted steps)."""
 
     rank: int
-    path: tuple               # Frames of user code, outermost first (never empty)
+    path: Path                # Frames of user code, outermost first (never empty)
     boundary: Optional[Frame]  # the library function the innermost user frame called
-    via: Optional[tuple]      # backward ops: innermost user frames of the code that ran them
+    via: Optional[Path]       # backward ops: innermost user frames of the code that ran them
     op: str
     phase: str                # a name of tracer.vocab.labels.PHASES
     kind: Optional[str]       # communication kind, None for compute ops
@@ -98,7 +101,7 @@ class OpGroup:
                        self.flops)
 
 
-def library_test(trace) -> Callable[[str], bool]:
+def library_test(trace: Trace) -> Callable[[str], bool]:
     """Whether a recorded file is library code, as the recorder decided (the trace's library
     rule: by default torch and the standard library, so transformers' or Lightning's frames are
     the user's); by its path (site-packages, the stdlib) for traces recorded before the rule."""
@@ -106,14 +109,16 @@ def library_test(trace) -> Callable[[str], bool]:
     return is_library if rule is None else rule.is_library
 
 
-def split_stack(frames: Sequence[tuple], library: Callable[[str], bool] = is_library) -> tuple:
+def split_stack(frames: Sequence[Sequence[Any]], library: Callable[[str], bool] = is_library
+                ) -> Split:
     """Recorded frames (innermost first) -> (user frames outermost first, boundary frame).
 
     The boundary is the outermost frame of the innermost run of library frames: the library call
     the user's code made. Library frames between user frames (module call machinery) are
     dropped. A stack of library frames only keeps its outermost frame as the path. ``library``
     says which files are library (:func:`library_test` of the trace)."""
-    user, boundary = [], None
+    user: list[Frame] = []
+    boundary: Optional[Frame] = None
     for raw in frames:
         frame = Frame(raw[0], int(raw[1]), raw[2], raw[3])
         if library(frame.file):
@@ -126,7 +131,7 @@ def split_stack(frames: Sequence[tuple], library: Callable[[str], bool] = is_lib
     return tuple(reversed(user)), boundary
 
 
-def site_of(trace, stack: int, fwd_stack: int = -1) -> Optional[Frame]:
+def site_of(trace: Trace, stack: int, fwd_stack: int = -1) -> Optional[Frame]:
     """The innermost user frame an event is attributed to (the forward stack's for backward
     events), or None without a stack."""
     code = fwd_stack if fwd_stack >= 0 else stack
@@ -136,7 +141,7 @@ def site_of(trace, stack: int, fwd_stack: int = -1) -> Optional[Frame]:
     return None if path[-1] is NO_STACK else path[-1]
 
 
-def _group_rows(columns: list) -> tuple:
+def _group_rows(columns: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """Group rows by several int columns: (inverse index per row, first row of each group)."""
     key = np.zeros(len(columns[0]), dtype=np.int64)
     for col in columns:
@@ -150,13 +155,13 @@ def _group_rows(columns: list) -> tuple:
     return inverse.reshape(-1), first
 
 
-def _splitter(trace, split_cache: Optional[dict]) -> Callable[[int], tuple]:
+def _splitter(trace: Trace, split_cache: Optional[dict[int, Split]]) -> Callable[[int], Split]:
     """Stack code -> its frames split (:func:`split_stack`), each decoded once into
     ``split_cache``."""
-    cache = {} if split_cache is None else split_cache
+    cache: dict[int, Split] = {} if split_cache is None else split_cache
     library, texts = library_test(trace), trace.dictionary("stack")
 
-    def split(code: int) -> tuple:
+    def split(code: int) -> Split:
         # NOTE: decodes from one copy of the dictionary; Trace.stack(code) copies the whole
         # dictionary on every call, quadratic over a run's thousands of stacks.
         if code not in cache:
@@ -166,8 +171,8 @@ def _splitter(trace, split_cache: Optional[dict]) -> Callable[[int], tuple]:
     return split
 
 
-def group_ops(trace, durations: Optional[np.ndarray] = None,
-              split_cache: Optional[dict] = None) -> list:
+def group_ops(trace: Trace, durations: Optional[np.ndarray] = None,
+              split_cache: Optional[dict[int, Split]] = None) -> list[OpGroup]:
     """One rank's ops and collectives aggregated into :class:`OpGroup` s (pseudo-ops dropped).
     Each event weighs its host interval, or ``durations[row]`` when given (device time).
     ``split_cache`` (stack code -> its frames split) shares the frames between calls over the
@@ -195,7 +200,8 @@ def group_ops(trace, durations: Optional[np.ndarray] = None,
     kind_names, shape_names = trace.dictionary("kind"), trace.dictionary("shapes")
     module_names = trace.dictionary("module")
     split = _splitter(trace, split_cache)
-    out = []
+    out: list[OpGroup] = []
+    via: Optional[Path]
     for g, row in enumerate(first.tolist()):
         stack, fwd = int(cols["stack"][row]), int(cols["fwd_stack"][row])
         live_path, live_boundary = split(stack)
@@ -221,14 +227,28 @@ def group_ops(trace, durations: Optional[np.ndarray] = None,
 class RegionSite(NamedTuple):
     """Where a range's own GPU work is shown: an attribution path, module and phase."""
 
-    path: tuple
+    path: Path
     boundary: Optional[Frame]
     module: Optional[str]
     phase: str
 
 
-def kernel_groups(trace, work, keep: Optional[np.ndarray] = None,
-                  split_cache: Optional[dict] = None) -> list:
+class RegionKernels(Protocol):
+    """GPU activities launched inside annotation ranges, outside their events
+    (viz.analysis.device.gpu_attribution.RegionWork)."""
+
+    @property
+    def row(self) -> np.ndarray: ...            # the range's trace row
+    @property
+    def name(self) -> np.ndarray: ...           # a code into names
+    @property
+    def names(self) -> list[str]: ...
+    @property
+    def ns(self) -> np.ndarray: ...             # device time
+
+
+def kernel_groups(trace: Trace, work: Optional[RegionKernels], keep: Optional[np.ndarray] = None,
+                  split_cache: Optional[dict[int, Split]] = None) -> list[OpGroup]:
     """GPU work launched inside annotation ranges and none of their events
     (:meth:`viz.analysis.device.gpu_attribution.DeviceTime.in_regions`: a compiled region's fused
     kernels, a CUDA graph replayed, a Triton kernel called directly) as op groups named by
@@ -241,14 +261,15 @@ def kernel_groups(trace, work, keep: Optional[np.ndarray] = None,
         return []
     names, ns = work.name[sel], work.ns[sel]
     ranges, per = np.unique(work.row[sel], return_inverse=True)
-    index: dict = {}          # ranges at one site (a compiled graph's calls) group together
+    # ranges at one site (a compiled graph's calls) group together
+    index: dict[RegionSite, int] = {}
     site_of = np.array([index.setdefault(x, len(index)) for x in
                         region_sites(trace, ranges.tolist(), split_cache)], dtype=np.int64)
     sites = list(index)
     site = site_of[per.reshape(-1)]
     inverse, first = _group_rows([site, names])
     counts, times = np.bincount(inverse), np.bincount(inverse, weights=ns)
-    out = []
+    out: list[OpGroup] = []
     for g, i in enumerate(first.tolist()):
         where = sites[int(site[i])]
         out.append(OpGroup(rank=trace.rank, path=where.path, boundary=where.boundary,
@@ -258,7 +279,8 @@ def kernel_groups(trace, work, keep: Optional[np.ndarray] = None,
     return out
 
 
-def region_sites(trace, rows: list, split_cache: Optional[dict] = None) -> list:
+def region_sites(trace: Trace, rows: list[int], split_cache: Optional[dict[int, Split]] = None
+                 ) -> list[RegionSite]:
     """The :class:`RegionSite` of each range row (docs/gpu.md). Its path: the row's own stack
     (a higher-order operator's), else the call path its events (same thread) share
     (:func:`_shared_path`), cut at the compiled function a ``torch.compile`` range names
@@ -274,7 +296,7 @@ def region_sites(trace, rows: list, split_cache: Optional[dict] = None) -> list:
     real = np.nonzero(~drop[op])[0]
     real = real[np.argsort(t0[real], kind="stable")]
     per_thread = {int(k): real[thread[real] == k] for k in np.unique(thread[rows])}
-    out = []
+    out: list[RegionSite] = []
     for r in rows:
         entry = (trace.annotation(int(notes[r])) or ({},))[-1]
         mine = per_thread[int(thread[r])]
@@ -300,7 +322,7 @@ def region_sites(trace, rows: list, split_cache: Optional[dict] = None) -> list:
     return out
 
 
-def _shared_path(splits: list, entry: dict) -> tuple:
+def _shared_path(splits: list[Split], entry: dict[str, Any]) -> Path:
     """The frames the paths of ``splits`` ((path, boundary) of its events) share from the
     outermost, less the lines that issued an op themselves (no library call between: the
     range's own work is not on another op's line), up to the compiled function where the range
@@ -312,7 +334,7 @@ def _shared_path(splits: list, entry: dict) -> tuple:
     def compiled(f: Frame) -> bool:
         return bool(file) and f.file == file and (str(f.line) == line or f.qualname == fn)
     paths = [path for path, _ in splits]
-    shared: list = []
+    shared: list[Frame] = []
     for frames in (zip(*paths) if paths else ()):
         if any(f != frames[0] for f in frames) or frames[0] is NO_STACK:
             break
@@ -330,13 +352,14 @@ def _shared_path(splits: list, entry: dict) -> tuple:
     return (NO_STACK,)
 
 
-def _shared_module(names: set) -> Optional[str]:
+def _shared_module(names: set[Optional[str]]) -> Optional[str]:
     """The module path every name lies under (``GPT.blocks`` of ``GPT.blocks.0`` and
     ``GPT.blocks.1``); None when one has none, or there are none."""
-    if not names or None in names:
+    paths = [n for n in names if n is not None]
+    if not paths or len(paths) < len(names):
         return None
     common = []
-    for level in zip(*(n.split(".") for n in names)):
+    for level in zip(*(n.split(".") for n in paths)):
         if any(x != level[0] for x in level):
             break
         common.append(level[0])
@@ -352,13 +375,23 @@ class SharedOpGroups:
     groups hold besides their counts grows with its distinct call sites, not with its ranks.
     Frames equal to :data:`NO_STACK` become NO_STACK itself (pickling loses its identity)."""
 
-    def __init__(self):
-        self._names: dict = {}
-        self._frames: dict = {NO_STACK: NO_STACK}
-        self._paths: dict = {}
+    def __init__(self) -> None:
+        self._names: dict[str, str] = {}
+        self._frames: dict[Frame, Frame] = {NO_STACK: NO_STACK}
+        self._paths: dict[Path, Path] = {}
+
+    @overload
+    def _name(self, text: str) -> str: ...
+    @overload
+    def _name(self, text: None) -> None: ...
 
     def _name(self, text: Optional[str]) -> Optional[str]:
         return None if text is None else self._names.setdefault(text, text)
+
+    @overload
+    def _frame(self, frame: Frame) -> Frame: ...
+    @overload
+    def _frame(self, frame: None) -> None: ...
 
     def _frame(self, frame: Optional[Frame]) -> Optional[Frame]:
         if frame is None:
@@ -370,7 +403,12 @@ class SharedOpGroups:
                                                  self._name(frame.qualname))
         return shared
 
-    def _path(self, frames: Optional[tuple]) -> Optional[tuple]:
+    @overload
+    def _path(self, frames: Path) -> Path: ...
+    @overload
+    def _path(self, frames: None) -> None: ...
+
+    def _path(self, frames: Optional[Path]) -> Optional[Path]:
         if frames is None:
             return None
         shared = self._paths.get(frames)
@@ -379,7 +417,7 @@ class SharedOpGroups:
             self._paths[shared] = shared
         return shared
 
-    def of(self, groups: list) -> list:
+    def of(self, groups: list[OpGroup]) -> list[OpGroup]:
         """``groups`` with their frames, paths and names replaced by the shared copies."""
         name = self._name
         return [OpGroup(g.rank, self._path(g.path), self._frame(g.boundary), self._path(g.via),

@@ -12,7 +12,8 @@ number drawn is the same as from the dicts).
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Protocol
 
 import numpy as np
 
@@ -32,7 +33,7 @@ class RankTable:
         ops, nbytes, comms, flops = self.counts[i].tolist()
         return Weights(ops, float(self.time_ns[i]), nbytes, comms, flops)
 
-    def rows(self, start: int, stop: int) -> list:
+    def rows(self, start: int, stop: int) -> list[tuple[int, Weights]]:
         """(rank, Weights) of rows ``start:stop``, read from the columns at once."""
         return [(rank, Weights(ops, time_ns, nbytes, comms, flops))
                 for rank, (ops, nbytes, comms, flops), time_ns in zip(
@@ -40,16 +41,17 @@ class RankTable:
                     self.time_ns[start:stop].tolist())]
 
 
-class RankWeights(Mapping):
+class RankWeights(Mapping[int, Weights]):
     """rank -> Weights of one node or edge: rows ``start:stop`` of a :class:`RankTable`.
-    Read-only; each lookup builds a new Weights."""
+    Read-only; each lookup builds a new Weights. ``items()`` and ``values()`` are lists, read
+    from the columns at once."""
 
     __slots__ = ("_table", "_start", "_stop", "_total")
 
     def __init__(self, table: RankTable, start: int, stop: int, total: Weights):
         self._table, self._start, self._stop, self._total = table, start, stop, total
 
-    def _ranks(self) -> list:
+    def _ranks(self) -> list[int]:
         return self._table.rank[self._start:self._stop].tolist()
 
     def __getitem__(self, rank: int) -> Weights:
@@ -58,16 +60,16 @@ class RankWeights(Mapping):
             raise KeyError(rank)
         return self._table.weights(self._start + int(hit[0]))
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[int]:
         return iter(self._ranks())
 
     def __len__(self) -> int:
         return self._stop - self._start
 
-    def items(self):
+    def items(self) -> list[tuple[int, Weights]]:  # type: ignore[override]
         return self._table.rows(self._start, self._stop)
 
-    def values(self):
+    def values(self) -> list[Weights]:  # type: ignore[override]
         return [w for _, w in self._table.rows(self._start, self._stop)]
 
     def total(self) -> Weights:
@@ -76,11 +78,20 @@ class RankWeights(Mapping):
         return total_of((self._total,))
 
 
-def freeze_per_rank(owners: list) -> None:
+class HasRankWeights(Protocol):
+    """A call graph's node or edge data (viz.analysis.callgraphs.callgraph)."""
+
+    per_rank: Mapping[int, Weights]
+
+
+def freeze_per_rank(owners: Sequence[HasRankWeights]) -> None:
     """Replace the ``per_rank`` of each node or edge data in ``owners`` (a dict, or a
     :class:`RankWeights` of another table) by a :class:`RankWeights` over one new table.
     Counts beyond int64 keep their dicts."""
-    ranks, counts, times, bounds = [], [], [], []
+    ranks: list[int] = []
+    counts: list[tuple[int, int, int, int]] = []
+    times: list[float] = []
+    bounds: list[tuple[int, int]] = []
     for owner in owners:
         start = len(ranks)
         for rank, w in owner.per_rank.items():
@@ -98,7 +109,7 @@ def freeze_per_rank(owners: list) -> None:
         owner.per_rank = RankWeights(table, start, stop, total_over_ranks(owner.per_rank))
 
 
-def total_over_ranks(per_rank) -> Weights:
+def total_over_ranks(per_rank: Mapping[int, Weights]) -> Weights:
     """The sum of a ``per_rank`` mapping, dict or :class:`RankWeights`."""
     if isinstance(per_rank, RankWeights):
         return per_rank.total()

@@ -24,7 +24,7 @@ import os
 import re
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterable, Optional
+from typing import Any, Iterable, Iterator, Optional
 
 _LIB_MARKERS = ("/site-packages/", "/dist-packages/")
 _STDLIB = re.compile(r"/lib/python\d+(\.\d+)?/")
@@ -53,7 +53,7 @@ def _package_root(directory: str) -> str:
     return directory
 
 
-def display_paths(files: Iterable[str]) -> dict:
+def display_paths(files: Iterable[str]) -> dict[str, str]:
     """Absolute recorded path -> short display path, for every file given.
 
     Library files show from their package (``torch/nn/modules/linear.py``); user files inside a
@@ -62,7 +62,7 @@ def display_paths(files: Iterable[str]) -> dict:
     files = sorted(set(files))
     user = [f for f in files if f.startswith("/") and not is_library(f)]
     base = os.path.commonpath([os.path.dirname(f) for f in user]) if user else ""
-    out = {}
+    out: dict[str, str] = {}
     for f in files:
         root = _package_root(os.path.dirname(f)) if f.startswith("/") else ""
         if is_library(f):
@@ -81,7 +81,7 @@ class SourceText:
     """A recorded file as a report may show it: its ``lines`` (None when not shown), where they
     came from, or why there are none."""
 
-    lines: Optional[list]
+    lines: Optional[list[str]]
     where: str = ""             # "the run's working directory /repo, as pkg/model.py"
     why_not: str = ""           # why no text is shown
     digest: str = ""            # the recorded sha256, shown abbreviated
@@ -97,16 +97,17 @@ class RecordedSources:
     """The source files a recording names with their content hashes (every rank's ``sources``
     metadata), and the text of those whose content here matches."""
 
-    def __init__(self, metas: Iterable[dict]):
-        self.recorded: dict = {}         # path -> {(sha256, size): entry}
+    def __init__(self, metas: Iterable[dict[str, Any]]) -> None:
+        # path -> {(sha256, size): entry}
+        self.recorded: dict[str, dict[tuple[str, int], dict[str, Any]]] = {}
         for meta in metas:
             for path, entry in (meta.get("sources") or {}).items():
                 if isinstance(path, str) and isinstance(entry, dict) and \
                         isinstance(entry.get("sha256"), str) and \
                         isinstance(entry.get("size"), int):
                     self.recorded.setdefault(path, {})[(entry["sha256"], entry["size"])] = entry
-        self._texts: dict = {}
-        self._definitions: dict = {}
+        self._texts: dict[str, SourceText] = {}
+        self._definitions: dict[str, dict[str, int]] = {}
 
     def text(self, file: str) -> SourceText:
         """``file``'s text if the file at that path has the content the recording saw."""
@@ -133,14 +134,14 @@ class RecordedSources:
         if entry is None:
             return SourceText(None, why_not="the file here is not the one the recording saw "
                               "(its content hash differs): it changed since the run")
-        under = entry.get("under")
-        where = _ROOTS.get(entry.get("root"), "")
+        under, root = entry.get("under"), entry.get("root")
+        where = _ROOTS.get(root, "") if isinstance(root, str) else ""
         if isinstance(under, str) and file.startswith(under.rstrip("/") + "/"):
             where = f"{where} {under}, as {file[len(under.rstrip('/')) + 1:]}"
         return SourceText(data.decode("utf-8", errors="replace").splitlines(), where,
                           digest=entry["sha256"], size=entry["size"])
 
-    def definitions(self, file: str) -> dict:
+    def definitions(self, file: str) -> dict[str, int]:
         if file not in self._definitions:
             self._definitions[file] = _definitions(self.text(file).lines)
         return self._definitions[file]
@@ -150,7 +151,7 @@ _ACTIVE: Optional[RecordedSources] = None
 
 
 @contextmanager
-def reading(sources: Optional[RecordedSources]):
+def reading(sources: Optional[RecordedSources]) -> Iterator[Optional[RecordedSources]]:
     """Within the block, :func:`definition_lines` reads what ``sources`` allows (None: nothing
     at all, as ``--no-source``)."""
     global _ACTIVE
@@ -161,12 +162,12 @@ def reading(sources: Optional[RecordedSources]):
         _ACTIVE = before
 
 
-def definition_lines(file: str) -> dict:
+def definition_lines(file: str) -> dict[str, int]:
     """qualname -> line of its ``def``/``class`` in a readable source file ({} otherwise)."""
     return _ACTIVE.definitions(file) if _ACTIVE is not None else {}
 
 
-def _definitions(lines: Optional[list]) -> dict:
+def _definitions(lines: Optional[list[str]]) -> dict[str, int]:
     if lines is None:
         return {}
     try:
@@ -175,7 +176,7 @@ def _definitions(lines: Optional[list]) -> dict:
         return {}
     out = {"<module>": 1}
 
-    def visit(node, prefix: str) -> None:
+    def visit(node: ast.AST, prefix: str) -> None:
         for child in ast.iter_child_nodes(node):
             if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 qualname = prefix + child.name

@@ -16,14 +16,29 @@ and the cross-rank matching; multi-rank critical paths are open work in HTA and 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Optional
 
 import numpy as np
 
-from ..timeline.lanes import RankLanes, Timeline, counted_steps
-from .matching import P2P, CrossRank
+from tracer.vocab.strenum import StrEnum
 
-COMPUTE, WAIT, TRANSFER, COMM, IDLE = "compute", "wait", "transfer", "comm", "idle"
+from ..timeline.lanes import CommSpan, RankLanes, Timeline, counted_steps
+from .matching import P2P, CrossRank, Matched
+
+
+class SegmentKind(StrEnum):
+    """What a rank was doing on a stretch of the path (summary.json's ``critical_path`` shares)."""
+
+    COMPUTE = "compute"
+    TRANSFER = "transfer"       # data in flight to this rank: it waited for a late one
+    COMM = "comm"
+    IDLE = "idle"
+
+
+COMPUTE, TRANSFER, COMM, IDLE = (SegmentKind.COMPUTE, SegmentKind.TRANSFER, SegmentKind.COMM,
+                                 SegmentKind.IDLE)
 _MAX_SEGMENTS = 100_000          # per step: a bound against a malformed trace, never reached
 
 
@@ -34,7 +49,7 @@ class Segment:
     rank: int
     start: int
     end: int
-    what: str                    # compute | transfer (data in flight to this rank) | comm | idle
+    what: SegmentKind
     detail: str = ""             # the communication it waited in, or where it jumped from
 
     @property
@@ -48,21 +63,21 @@ class Path:
 
     step: int
     end_rank: int
-    segments: list = field(default_factory=list)
-    modules: dict = field(default_factory=dict)      # module path -> ns of compute on the path
+    segments: list[Segment] = field(default_factory=list)
+    modules: dict[str, int] = field(default_factory=dict)  # module path -> ns of compute on it
 
     @property
     def ns(self) -> int:
         return sum(s.ns for s in self.segments)
 
-    def by_rank(self) -> dict:
-        out: dict = defaultdict(int)
+    def by_rank(self) -> dict[int, int]:
+        out: defaultdict[int, int] = defaultdict(int)
         for s in self.segments:
             out[s.rank] += s.ns
         return dict(sorted(out.items()))
 
-    def by_what(self) -> dict:
-        out: dict = defaultdict(int)
+    def by_what(self) -> dict[SegmentKind, int]:
+        out: defaultdict[SegmentKind, int] = defaultdict(int)
         for s in self.segments:
             out[s.what] += s.ns
         return dict(sorted(out.items()))
@@ -71,7 +86,7 @@ class Path:
 class _Rank:
     """One rank's lanes as sorted arrays for the walk."""
 
-    def __init__(self, lane: RankLanes):
+    def __init__(self, lane: RankLanes) -> None:
         self.lane = lane
         self.c_start, self.c_end = lane.compute[:, 0], lane.compute[:, 1]
         # positions of the rank's comm spans by end (columns: no span is made until asked for)
@@ -79,14 +94,14 @@ class _Rank:
         self.comm_ends = lane.comm.column("end")[self.by_end]
         self.comm_starts = lane.comm.column("start")[self.by_end]
 
-    def computing_since(self, t: int):
+    def computing_since(self, t: int) -> Optional[int]:
         """Start of the compute interval covering the instant just before ``t``, or None."""
         i = int(np.searchsorted(self.c_start, t, side="left")) - 1
         if i >= 0 and self.c_end[i] >= t:
             return int(self.c_start[i])
         return None
 
-    def completed_at(self, t: int):
+    def completed_at(self, t: int) -> Optional[CommSpan]:
         """A communication this rank saw complete at ``t`` (the latest-started), or None."""
         lo = int(np.searchsorted(self.comm_ends, t, side="left"))
         hi = int(np.searchsorted(self.comm_ends, t, side="right"))
@@ -113,7 +128,7 @@ class _Rank:
         return span.start
 
 
-def critical_paths(timeline: Timeline, cross: CrossRank) -> list:
+def critical_paths(timeline: Timeline, cross: CrossRank) -> list[Path]:
     """The critical path of every step that some rank counted
     (viz.analysis.timeline.lanes.counted_steps)."""
     ranks = {r: _Rank(lane) for r, lane in timeline.ranks.items()}
@@ -132,11 +147,12 @@ def critical_paths(timeline: Timeline, cross: CrossRank) -> list:
     return out
 
 
-def _walk(path: Path, ranks: dict, timeline: Timeline, rank: int, t: int, sender: dict,
-          matched: dict) -> None:
+def _walk(path: Path, ranks: dict[int, _Rank], timeline: Timeline, rank: int, t: int,
+          sender: dict[tuple[int, int], tuple[int, int]],
+          matched: dict[tuple[int, int], Matched]) -> None:
     step = path.step
     segs = path.segments
-    seen = set()          # (rank, t) already jumped to: zero-length jumps never cycle
+    seen: set[tuple[int, int]] = set()   # (rank, t) jumped to: zero-length jumps never cycle
     while len(segs) < _MAX_SEGMENTS:
         lo = timeline.ranks[rank].steps.get(step, (t, t))[0]
         if t <= lo:
@@ -156,7 +172,7 @@ def _walk(path: Path, ranks: dict, timeline: Timeline, rank: int, t: int, sender
         src = sender.get((rank, c.index)) if c.kind == "recv" else None
         posted = ranks[src[0]].send_start(src[1]) if src is not None else None
         m = matched.get((rank, c.index)) if c.kind not in P2P else None
-        if posted is not None and max(c.start, lo) <= posted <= t \
+        if src is not None and posted is not None and max(c.start, lo) <= posted <= t \
                 and (src[0], posted) not in seen:      # the sender was the late one
             _add(segs, Segment(rank, posted, t, TRANSFER, f"recv from rank {src[0]}"))
             rank, t = src[0], posted
@@ -173,14 +189,14 @@ def _walk(path: Path, ranks: dict, timeline: Timeline, rank: int, t: int, sender
             t = start
 
 
-def _add(segs: list, segment: Segment) -> None:
+def _add(segs: list[Segment], segment: Segment) -> None:
     if segment.ns > 0:
         segs.append(segment)
 
 
-def path_intervals(paths: list) -> dict:
+def path_intervals(paths: Sequence[Path]) -> dict[int, list[tuple[int, int, int]]]:
     """rank -> [(step, start, end)] of the compute segments on the paths."""
-    out: dict = defaultdict(list)
+    out: defaultdict[int, list[tuple[int, int, int]]] = defaultdict(list)
     for p in paths:
         for s in p.segments:
             if s.what == COMPUTE:

@@ -27,18 +27,30 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Iterable, Optional
+from typing import Any, Iterable, Mapping, Optional, TypedDict
 
 import numpy as np
 
 from tracer.vocab.groups import dimension_of_desc, group_ranks
+from tracer.vocab.strenum import StrEnum
 
 from ..timeline.grid import AXES, Grid
 from ..timeline.intervals import intersect, intervals, length, union, window
 from ..timeline.lanes import RankLanes, Timeline, counted_steps
 
 WORLD, OTHER = "world", "other"
-FROM_NAME, FROM_GRID, FROM_RANKS = "name", "grid", "ranks"
+
+
+class DimensionSource(StrEnum):
+    """Where a group's dimension was read (the module docstring's three ways, in order)."""
+
+    NAME = "name"
+    GRID = "grid"
+    RANKS = "ranks"
+
+
+FROM_NAME, FROM_GRID, FROM_RANKS = (DimensionSource.NAME, DimensionSource.GRID,
+                                    DimensionSource.RANKS)
 # the group_desc torch gives groups of its own: the default group, a mesh's copy of it, the
 # groups of a DeviceMesh's unnamed dimensions
 _TORCH_DESCS = re.compile(r"^(default_pg|mesh_default|mesh_dim_\d+)$")
@@ -50,7 +62,7 @@ class GroupDimension:
     FROM_RANKS), with the user's own names of the group and its size (1: no traffic)."""
 
     dimension: str
-    source: str
+    source: DimensionSource
     desc: Optional[str] = None           # the group's group_desc, where it has one
     names: tuple[str, ...] = ()          # the user's names: mesh dimensions, their group_desc
     size: int = 0                        # its ranks; 0 where they were not resolved
@@ -69,10 +81,17 @@ class DimensionCost:
     names: tuple[str, ...] = ()          # the user's names of the groups it was counted on
 
 
-def group_names(metas: Iterable[dict]) -> dict[str, dict]:
+class GroupNaming(TypedDict):
+    """What the ranks' traces call a process group: a ``group_desc`` and mesh dimensions."""
+
+    desc: Optional[str]
+    mesh_dims: list[str]
+
+
+def group_names(metas: Iterable[Mapping[str, Any]]) -> dict[str, GroupNaming]:
     """group text -> ``{"desc", "mesh_dims"}``, from the ``process_groups`` metadata of every
     rank's trace (the mesh dimensions of every rank that named the group)."""
-    out: dict[str, dict] = {}
+    out: dict[str, GroupNaming] = {}
     for meta in metas:
         for text, entry in (meta.get("process_groups") or {}).items():
             if not isinstance(entry, dict):
@@ -98,7 +117,7 @@ def user_names(desc: Optional[str], mesh_dims: Iterable[str] = ()) -> tuple[str,
     return tuple(names)
 
 
-def grid_axis(grid: Grid, ranks: tuple) -> Optional[str]:
+def grid_axis(grid: Grid, ranks: tuple[int, ...]) -> Optional[str]:
     """The one grid axis along which ``ranks`` differ; None for several, none, or ranks
     outside the grid."""
     if len(ranks) < 2 or max(ranks) >= grid.world:
@@ -115,14 +134,15 @@ def dimension_label(dimension: str, names: Iterable[str]) -> str:
     return f"{dimension} ({', '.join(own)})" if own else dimension
 
 
-def name_groups(texts: Iterable[str], names: dict[str, dict], grid: Optional[Grid],
+def name_groups(texts: Iterable[str], names: Mapping[str, GroupNaming], grid: Optional[Grid],
                 world: int) -> dict[str, GroupDimension]:
     """group text -> :class:`GroupDimension`, for every recorded group text; ``names``: text ->
     ``{"desc", "mesh_dims"}`` (:func:`group_names`)."""
     out = {}
     for text in texts:
-        entry = names.get(text) or {}
-        desc, mesh_dims = entry.get("desc"), tuple(entry.get("mesh_dims") or ())
+        entry = names.get(text)
+        desc = entry.get("desc") if entry is not None else None
+        mesh_dims = tuple(entry.get("mesh_dims") or ()) if entry is not None else ()
         mine = user_names(desc, mesh_dims)
         ranks = group_ranks(text)
         named = next((d for d in map(dimension_of_desc, mesh_dims + (desc,)) if d), None)
@@ -139,14 +159,15 @@ def name_groups(texts: Iterable[str], names: dict[str, dict], grid: Optional[Gri
     return out
 
 
-def dimension_costs(timeline: Timeline, names: dict, steps: Optional[frozenset] = None
-                    ) -> dict:
+def dimension_costs(timeline: Timeline, names: Mapping[str, GroupDimension],
+                    steps: Optional[frozenset[int]] = None) -> dict[int, list[DimensionCost]]:
     """rank -> [DimensionCost], most exposed first, for every rank of the timeline; over
     ``steps`` where given (trace-diff's compared steps), else each rank's counted steps."""
     return {rank: _rank_costs(lane, names, steps) for rank, lane in timeline.ranks.items()}
 
 
-def _rank_costs(lane: RankLanes, names: dict, steps: Optional[frozenset] = None) -> list:
+def _rank_costs(lane: RankLanes, names: Mapping[str, GroupDimension],
+                steps: Optional[frozenset[int]] = None) -> list[DimensionCost]:
     comm = lane.comm
     if not len(comm):
         return []

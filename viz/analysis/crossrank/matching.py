@@ -30,17 +30,20 @@ from __future__ import annotations
 
 import statistics
 from collections import Counter, defaultdict
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional, TypeVar
 
 from tracer.vocab.groups import group_ranks
 from tracer.vocab.ops import P2P_KINDS
+from tracer.vocab.strenum import StrEnum
 
-from ..callgraphs.op_groups import SLOTS
-from ..timeline.lanes import Timeline
+from ..callgraphs.op_groups import SLOTS, Frame
+from ..timeline.lanes import CommSpan, RankLanes, Timeline
 
 P2P = P2P_KINDS       # the kinds matched by peer, not by group
 _UNSIZED = ("barrier",)
+_H = TypeVar("_H", bound=Hashable)
 
 
 def bus_factor(kind: str, n: int) -> float:
@@ -90,7 +93,7 @@ class Matched:
     seq: int
     kind: str
     step: int
-    spans: dict                  # rank -> CommSpan
+    spans: dict[int, CommSpan]   # rank -> its call
     last_rank: int
     first_arrival: int
     last_arrival: int
@@ -121,9 +124,23 @@ class Matched:
         return self.size / (self.transfer_ns / 1e9) if self.transfer_ns > 0 and self.size else None
 
     @property
-    def site(self):
+    def site(self) -> Optional[Frame]:
         """The source line the last rank issued it from (the one everyone waited for)."""
         return self.spans[self.last_rank].site
+
+
+class MismatchKind(StrEnum):
+    """What the members of a group disagree on (Flight Recorder's classes; the module doc)."""
+
+    KIND = "kind"
+    SIZE = "size"
+    DTYPE = "dtype"
+    MISSING = "missing"          # members that never issued it
+    UNKNOWN = "unknown"          # members that stopped early, before it: not a disagreement
+
+
+# who issued what, from where: (value, ranks, their sites); the value None for the absent
+Side = tuple[Any, tuple[int, ...], tuple[Optional[Frame], ...]]
 
 
 @dataclass(frozen=True)
@@ -132,31 +149,31 @@ class Mismatch:
 
     group: str
     seq: int
-    what: str                    # "kind" | "size" | "dtype" | "missing" | "unknown"
-    sides: tuple                 # ((value, ranks, sites), ...): who issued what, from where
+    what: MismatchKind
+    sides: tuple[Side, ...]
 
 
 @dataclass
 class CrossRank:
     """Everything matched across ranks."""
 
-    matched: list = field(default_factory=list)        # Matched, by first arrival
+    matched: list[Matched] = field(default_factory=list)    # by first arrival
     unmatched: int = 0           # calls whose group members could not all be found
     unmatched_p2p: int = 0
-    mismatches: list = field(default_factory=list)     # Mismatch, by group and seq
-    wait_ns: dict = field(default_factory=dict)        # rank -> total wait
-    late_ns: dict = field(default_factory=dict)        # rank -> total time others waited on it
-    wait_by_step: dict = field(default_factory=dict)   # (rank, step) -> wait
+    mismatches: list[Mismatch] = field(default_factory=list)  # by group and seq
+    wait_ns: dict[int, int] = field(default_factory=dict)   # rank -> total wait
+    late_ns: dict[int, int] = field(default_factory=dict)   # rank -> time others waited on it
+    wait_by_step: dict[tuple[int, int], int] = field(default_factory=dict)  # (rank, step)->wait
 
-    def stragglers(self) -> list:
+    def stragglers(self) -> list[tuple[int, float]]:
         """(rank, late seconds), most late first: ranks the others waited for."""
         return sorted(((r, ns / 1e9) for r, ns in self.late_ns.items() if ns > 0),
                       key=lambda x: (-x[1], x[0]))
 
-    def collectives(self) -> list:
+    def collectives(self) -> list[CollectiveStats]:
         """Per (kind, group), a :class:`CollectiveStats`: count, bytes (sum of S), median
         transfer, bandwidths, the source line that issued most of them."""
-        rows = defaultdict(list)
+        rows: defaultdict[tuple[str, str], list[Matched]] = defaultdict(list)
         for m in self.matched:
             if m.kind not in _UNSIZED:
                 rows[(m.kind, m.group)].append(m)
@@ -184,14 +201,14 @@ class CollectiveStats:
     median_s: float              # median transfer
     algbw_GBps: Optional[float]
     busbw_GBps: Optional[float]
-    site: Optional[tuple]        # the commonest source line (callgraphs.op_groups.Frame)
+    site: Optional[Frame]        # the commonest source line
 
 
 def cross_rank(timeline: Timeline) -> CrossRank:
     """Match every collective of ``timeline`` across its group (see the module docstring)."""
     present = set(timeline.ranks)
-    calls: dict = defaultdict(dict)          # (group, seq) -> rank -> CommSpan
-    last_seq: dict = {}                      # (rank, group) -> its last collective's seq
+    calls: defaultdict[tuple[str, int], dict[int, CommSpan]] = defaultdict(dict)  # (group, seq)
+    last_seq: dict[tuple[int, str], int] = {}  # (rank, group) -> its last collective's seq
     p2p = 0
     for rank, lane in timeline.ranks.items():
         # read from the columns: only the collectives become CommSpans (P2P is most spans)
@@ -233,7 +250,7 @@ def cross_rank(timeline: Timeline) -> CrossRank:
     return out
 
 
-def _match(group: str, seq: int, spans: dict) -> Matched:
+def _match(group: str, seq: int, spans: dict[int, CommSpan]) -> Matched:
     last_rank = max(spans, key=lambda r: (spans[r].start, r))
     last = spans[last_rank].start
     ends = [c.end for c in spans.values() if c.completed]
@@ -248,19 +265,21 @@ def _match(group: str, seq: int, spans: dict) -> Matched:
                    size, n)
 
 
-def _disagreement(group: str, seq: int, spans: dict, readable: dict,
-                  ended: set) -> Optional[Mismatch]:
+def _disagreement(group: str, seq: int, spans: dict[int, CommSpan],
+                  readable: Mapping[int, RankLanes], ended: set[int]) -> Optional[Mismatch]:
     """The first way the members disagree at (group, seq), or None. ``readable``: rank ->
     RankLanes of the members whose traces could be read; ``ended``: members that stopped early
     (failed, interrupted, killed, truncated) before any collective of the group from ``seq``
     on: their absence is the stop's consequence, not a disagreement, whenever they stopped."""
-    for what, value in (("kind", lambda c: c.kind), ("dtype", lambda c: c.dtype),
-                        ("size", lambda c: c.nbytes)):
-        if what == "size" and any(c.kind in ("all_to_all", "barrier", "scatter")
+    aspects: tuple[tuple[MismatchKind, Callable[[CommSpan], Any]], ...] = (
+        (MismatchKind.KIND, lambda c: c.kind), (MismatchKind.DTYPE, lambda c: c.dtype),
+        (MismatchKind.SIZE, lambda c: c.nbytes))
+    for what, value in aspects:
+        if what == MismatchKind.SIZE and any(c.kind in ("all_to_all", "barrier", "scatter")
                                   for c in spans.values()):
             continue      # all_to_all may split unevenly; a barrier carries nothing; a
             # scatter's root hands every chunk, its receivers none (bytes count what is handed)
-        values = defaultdict(list)
+        values: defaultdict[Any, list[int]] = defaultdict(list)
         for rank, c in sorted(spans.items()):
             values[value(c)].append(rank)
         if len(values) > 1:
@@ -274,13 +293,13 @@ def _disagreement(group: str, seq: int, spans: dict, readable: dict,
     kind = spans[issued[0]].kind
     cut = tuple(r for r in absent if r in ended)
     missing = tuple(r for r in absent if r not in cut)
-    side = (kind, issued, tuple(spans[r].site for r in issued))
+    side: Side = (kind, issued, tuple(spans[r].site for r in issued))
     if missing:
-        return Mismatch(group, seq, "missing", (side, (None, missing, ())))
-    return Mismatch(group, seq, "unknown", (side, (None, cut, ())))
+        return Mismatch(group, seq, MismatchKind.MISSING, (side, (None, missing, ())))
+    return Mismatch(group, seq, MismatchKind.UNKNOWN, (side, (None, cut, ())))
 
 
-def _commonest(items):
+def _commonest(items: Iterable[Optional[_H]]) -> Optional[_H]:
     """The most frequent item (None left out); among equally frequent ones, the first seen, so
     the choice does not follow the set order of string hashes, which differs between runs."""
     counts = Counter(i for i in items if i is not None)

@@ -21,12 +21,14 @@ come out in device time. All times on rank 0's clock.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
+from ..timeline.columns import Records
 from ..timeline.intervals import intervals, union
-from ..timeline.lanes import DeviceLane, Pass, RankLanes, counted_steps
-from ..timeline.rank_lanes import RankRows
+from ..timeline.lanes import Clock, CommSpan, DeviceLane, Pass, RankLanes, counted_steps
+from ..timeline.rank_rows import RankRows
 from .gpu_attribution import SETUP, DeviceTime
 
 DRAWN_ACTIVITIES = 100_000      # per rank: GPU activities kept for the Chrome trace
@@ -54,9 +56,10 @@ def on_device(lanes: RankLanes, rows: RankRows, dev: DeviceTime,
     steps = _step_windows(lanes.steps, step_of, start, end)
     keep = _drawn(step_of, counted_steps(lanes), min(budget, DRAWN_ACTIVITIES))
     return dataclasses.replace(
-        lanes, clock="device", host_compute=lanes.compute,
+        lanes, clock=Clock.DEVICE, host_compute=lanes.compute,
         compute=union(intervals(start[~is_comm & ~is_memory], end[~is_comm & ~is_memory])),
-        memory=union(intervals(start[is_memory], end[is_memory])), comm=spans,
+        memory=union(intervals(start[is_memory], end[is_memory])),
+        comm=Records.of(CommSpan, spans),
         # every NCCL kernel, also one no recorded collective launched
         comm_union=union(np.concatenate([
             intervals([c.start for c in on_gpu], [c.end for c in on_gpu]),
@@ -69,7 +72,8 @@ def on_device(lanes: RankLanes, rows: RankRows, dev: DeviceTime,
                           hidden=int(len(start) - keep.sum()), memory=is_memory[keep]))
 
 
-def _comm_spans(comm: list, row: np.ndarray, start: np.ndarray, end: np.ndarray) -> list:
+def _comm_spans(comm: Iterable[CommSpan], row: np.ndarray, start: np.ndarray, end: np.ndarray
+                ) -> list[CommSpan]:
     """Each collective over the NCCL kernels it launched (``row``, ``start``, ``end``: theirs);
     one that launched none keeps its host span, marked ``on_gpu`` False."""
     order = np.argsort(row, kind="stable")
@@ -88,7 +92,8 @@ def _comm_spans(comm: list, row: np.ndarray, start: np.ndarray, end: np.ndarray)
     return sorted(out, key=lambda c: c.start)
 
 
-def _step_windows(host: dict, step_of: np.ndarray, start: np.ndarray, end: np.ndarray) -> dict:
+def _step_windows(host: Mapping[int, tuple[int, int]], step_of: np.ndarray, start: np.ndarray,
+                  end: np.ndarray) -> dict[int, tuple[int, int]]:
     """Step s from the start of its first GPU work to the next step's start; the last step to
     the end of its GPU work (host bounds where a step launched nothing)."""
     first = {s: int(start[step_of == s].min()) for s in host if (step_of == s).any()}
@@ -104,11 +109,11 @@ def _step_windows(host: dict, step_of: np.ndarray, start: np.ndarray, end: np.nd
     return out
 
 
-def _passes(passes: list, rows: RankRows, row: np.ndarray, start: np.ndarray,
-            end: np.ndarray) -> list:
+def _passes(passes: Records[Pass], rows: RankRows, row: np.ndarray, start: np.ndarray,
+            end: np.ndarray) -> Records[Pass]:
     """Each pass over the GPU work its ops launched (the ops whose host start lies in it)."""
     if not passes:
-        return []
+        return Records(Pass)
     launched = row >= 0
     host_t = rows.t0[row[launched]]
     order = np.argsort(host_t, kind="stable")
@@ -121,10 +126,10 @@ def _passes(passes: list, rows: RankRows, row: np.ndarray, start: np.ndarray,
             p = Pass(p.rank, p.step, p.kind, p.microbatch, p.chunk, int(a[i:j].min()),
                      int(b[i:j].max()), p.source)
         out.append(p)
-    return sorted(out, key=lambda p: p.start)
+    return Records(Pass, sorted(out, key=lambda p: p.start))
 
 
-def _drawn(step_of: np.ndarray, counted: list, budget: int) -> np.ndarray:
+def _drawn(step_of: np.ndarray, counted: Sequence[int], budget: int) -> np.ndarray:
     """Which activities to keep for drawing: whole steps, the counted ones first, while they
     fit in ``budget``; the first step's first ``budget`` when not even it fits. A run of many
     ranks shares one budget (viz.analysis), so the report process holds a bounded number."""

@@ -34,6 +34,7 @@ from typing import Optional
 import numpy as np
 
 from tracer.files.device_format import DeviceRecords, KINDS
+from tracer.files.reader import Trace
 from tracer.vocab import ops as _ops
 
 from ..timeline.intervals import intersect, intervals, length, union
@@ -55,7 +56,7 @@ class DeviceTime:
     device: np.ndarray
     kind: np.ndarray              # codes of tracer.files.device_format.KINDS
     name: np.ndarray              # codes into names
-    names: list
+    names: list[str]
     row: np.ndarray               # trace row of the launching event or range, SETUP or
     #                               UNATTRIBUTED
     how: np.ndarray               # INSIDE, IN_SETUP, BETWEEN, IN_REGION; -1 none
@@ -82,11 +83,11 @@ class DeviceTime:
         """Memcpys and memsets: memory activity, never compute."""
         return (self.kind == MEMCPY) | (self.kind == MEMSET)
 
-    def summary(self, op_names: list, op_codes: np.ndarray) -> "DeviceSummary":
+    def summary(self, op_names: list[str], op_codes: np.ndarray) -> "DeviceSummary":
         """The rank's GPU activity in numbers: how much was attributed and how, its busy time,
         device time per op, and :func:`whole`."""
         attributed = self.row != UNATTRIBUTED
-        by_op: dict = {}
+        by_op: dict[str, float] = {}
         dur = (self.end - self.start).astype(np.float64)
         region = self.how == IN_REGION
         on_op = (self.row >= 0) & ~region
@@ -121,7 +122,7 @@ class RegionWork:
 
     row: np.ndarray
     name: np.ndarray
-    names: list
+    names: list[str]
     ns: np.ndarray
 
 
@@ -154,11 +155,11 @@ class DeviceSummary:
     process_group_setup: int      # launched in process-group setup no event records
     between_events: int           # launched between two events: the nearer one
     busy_s: float
-    by_op: dict                   # op -> device seconds, most first
+    by_op: dict[str, float]       # op -> device seconds, most first
     whole: DeviceWhole
 
 
-def nccl_names(names: list) -> np.ndarray:
+def nccl_names(names: list[str]) -> np.ndarray:
     """Per name (and one more, False, for code -1): whether it names an NCCL kernel."""
     return np.array(["nccl" in n.lower() for n in names] + [False], dtype=bool)
 
@@ -185,7 +186,7 @@ def whole(kind: np.ndarray, nccl: np.ndarray, start: np.ndarray, end: np.ndarray
         overlap_fraction=length(intersect(comm_iv, compute_iv)) / comm if comm else None)
 
 
-def to_local(trace, unix_ns: np.ndarray) -> np.ndarray:
+def to_local(trace: Trace, unix_ns: np.ndarray) -> np.ndarray:
     """Unix ns -> the rank's own clock, through its clock pairs: the offset between the two
     clocks drifts linearly from the first pair to the last (one pair: a constant offset)."""
     pairs = trace.meta.get("clock_pairs") or []
@@ -205,7 +206,7 @@ def to_local(trace, unix_ns: np.ndarray) -> np.ndarray:
     return u - off0 - np.round(drift).astype(np.int64)
 
 
-def attribute(trace, records: DeviceRecords) -> Optional[DeviceTime]:
+def attribute(trace: Trace, records: DeviceRecords) -> Optional[DeviceTime]:
     """Attribute ``records`` (one rank's) to the rows of ``trace``; None without activity."""
     activity = ~records.is_launch
     if not activity.any():
@@ -229,7 +230,8 @@ def attribute(trace, records: DeviceRecords) -> Optional[DeviceTime]:
                       launch, row_ns)
 
 
-def _launch_rows(trace, t: np.ndarray, tid: np.ndarray) -> tuple:
+def _launch_rows(trace: Trace, t: np.ndarray, tid: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray]:
     """(row, how) of each launch time (rank clock) and Kineto thread id."""
     op = trace.col("op")
     pseudo = [trace.code("op", n) for n in _ops.PSEUDO_OPS if n != _ops.OP_PG_INIT]
@@ -278,7 +280,7 @@ def _innermost(rows: np.ndarray, t0: np.ndarray, end: np.ndarray, t: np.ndarray,
     how[idx] = code
 
 
-def _setup(trace, t: np.ndarray, row: np.ndarray, how: np.ndarray) -> None:
+def _setup(trace: Trace, t: np.ndarray, row: np.ndarray, how: np.ndarray) -> None:
     """Launches in process-group setup, for traces that recorded no event for it: from the
     trace's start to its first clock alignment (taken as init_process_group returns)."""
     start, aligned = trace.meta.get("start_ns"), (trace.meta.get("clock_start") or {}).get("at_ns")
@@ -288,7 +290,8 @@ def _setup(trace, t: np.ndarray, row: np.ndarray, how: np.ndarray) -> None:
     row[mask], how[mask] = SETUP, IN_SETUP
 
 
-def _between(events: np.ndarray, t0, end, t: np.ndarray, row, how) -> None:
+def _between(events: np.ndarray, t0: np.ndarray, end: np.ndarray, t: np.ndarray,
+             row: np.ndarray, how: np.ndarray) -> None:
     """Launches between two events go to the nearer one."""
     todo = np.nonzero(row == UNATTRIBUTED)[0]
     if not len(todo) or not len(events):

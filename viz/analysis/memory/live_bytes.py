@@ -19,17 +19,29 @@ Rules (the recorder's are in tracer/recorder/memory.py):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Callable, Optional, TypedDict, TypeVar
 
 import numpy as np
 
-from tracer.files.format import MEMORY_CATEGORIES
+from tracer.files.format import MEMORY_CATEGORIES, MEMORY_KINDS, MemoryCategory, MemoryKind
+from tracer.files.reader import MemoryEvents, Trace
 from tracer.vocab.labels import PHASES
+from tracer.vocab.strenum import StrEnum
 
 from ..callgraphs.op_groups import site_of
 
-ALLOC, FREE, RECLASS = 0, 1, 2
-RECORDING, EXPORT = "recording", "export"     # what a peak covers (PeakScope.scope)
+ALLOC, FREE, RECLASS = (MEMORY_KINDS.index(k) for k in MemoryKind)
+_K = TypeVar("_K")
+
+
+class Scope(StrEnum):
+    """What a memory peak covers (PeakScope.scope)."""
+
+    RECORDING = "recording"
+    EXPORT = "export"
+
+
+RECORDING, EXPORT = Scope.RECORDING, Scope.EXPORT
 
 
 @dataclass(frozen=True)
@@ -40,11 +52,11 @@ class PeakScope:
     ``allocated_peak``: an export's own largest "Total Allocated" (torch's count of the
     device's allocated bytes, what came before the export included); None elsewhere."""
 
-    scope: str
+    scope: Scope
     allocated_peak: Optional[int] = None
 
 
-def peak_scope(meta: dict) -> PeakScope:
+def peak_scope(meta: dict[str, Any]) -> PeakScope:
     """The :class:`PeakScope` of a rank's trace from its metadata (tracer.kineto.convert
     writes ``imported.memory_allocated_peak``)."""
     imported = meta.get("imported")
@@ -55,6 +67,20 @@ def peak_scope(meta: dict) -> PeakScope:
     return PeakScope(EXPORT, peak if ok else None)
 
 
+class AtPeak(TypedDict):
+    """What was live at a rank's memory peak, bytes by each name, largest first; ``site`` the
+    top sites ("file:line function"). None: a storage of no op (found alive by a walk)."""
+
+    category: dict[MemoryCategory, int]
+    module: dict[Optional[str], int]
+    phase: dict[Optional[str], int]
+    site: list[tuple[Optional[str], int]]
+
+
+# op rows -> {"module" | "phase" | "site": the name of each row}
+RowLabels = Callable[[np.ndarray], dict[str, list[Optional[str]]]]
+
+
 @dataclass(frozen=True)
 class MemoryProfile:
     """One rank's memory (module doc). ``live[i, c]``: bytes of category ``categories[c]``
@@ -62,7 +88,7 @@ class MemoryProfile:
     ``{"category" | "module" | "phase": {name: bytes}, "site": [(site, bytes), ...]}``, each
     largest first (``site`` the top ones, "file:line function")."""
 
-    categories: tuple
+    categories: tuple[MemoryCategory, ...]
     times: np.ndarray
     steps: np.ndarray
     live: np.ndarray
@@ -70,17 +96,18 @@ class MemoryProfile:
     peak_bytes: int
     peak_time: Optional[int]
     peak_step: Optional[int]
-    category_peaks: dict
-    step_peaks: dict
-    at_peak: dict
+    category_peaks: dict[MemoryCategory, int]
+    step_peaks: dict[int, int]
+    at_peak: AtPeak
     storages: int
 
-    def series(self, category: str) -> tuple:
+    def series(self, category: str) -> tuple[np.ndarray, np.ndarray]:
         """(times, live bytes) of one category, the step function's corners."""
         return self.times, self.live[:, self.categories.index(category)]
 
 
-def peak_in(profile: MemoryProfile, steps: frozenset) -> tuple:
+def peak_in(profile: MemoryProfile, steps: frozenset[int]
+            ) -> tuple[int, dict[MemoryCategory, int]]:
     """(the most bytes live at once after an event of ``steps``, category -> bytes live then):
     a profile's peak over some steps only (trace-diff compares runs over the same steps)."""
     at = np.flatnonzero(np.isin(profile.steps, sorted(steps)))
@@ -100,14 +127,15 @@ class LiveMemory:
 
     times: np.ndarray
     live: np.ndarray
-    categories: tuple
+    categories: tuple[MemoryCategory, ...]
     peak_bytes: int
 
 
 MAX_CORNERS = 2_000
 
 
-def live_memory(profile: Optional[MemoryProfile], to_rank0) -> Optional[LiveMemory]:
+def live_memory(profile: Optional[MemoryProfile], to_rank0: Callable[[np.ndarray], Any]
+                ) -> Optional[LiveMemory]:
     """The profile's live bytes to draw, its times moved to rank 0's clock by ``to_rank0``
     (local ns -> offsets to add: tracer.files.reader.Trace.clock_offset); None without."""
     if profile is None or not len(profile.times):
@@ -124,7 +152,7 @@ def live_memory(profile: Optional[MemoryProfile], to_rank0) -> Optional[LiveMemo
                       profile.categories, profile.peak_bytes)
 
 
-def memory_profile(trace, top: int = 10) -> Optional[MemoryProfile]:
+def memory_profile(trace: Trace, top: int = 10) -> Optional[MemoryProfile]:
     """The memory profile of a loaded trace (tracer.files.reader.Trace), or None when its
     memory was not recorded."""
     events = trace.memory
@@ -133,7 +161,8 @@ def memory_profile(trace, top: int = 10) -> Optional[MemoryProfile]:
     return profile_events(events, _RowLabels(trace), top)
 
 
-def profile_events(events, labels=None, top: int = 10) -> MemoryProfile:
+def profile_events(events: MemoryEvents, labels: Optional[RowLabels] = None, top: int = 10
+                   ) -> MemoryProfile:
     """The profile of MemoryEvents (or anything with their arrays); ``labels(rows)`` gives
     the (module, phase, site) names of op rows, None without a trace."""
     kind, storage = np.asarray(events.kind), np.asarray(events.storage)
@@ -164,9 +193,10 @@ def profile_events(events, labels=None, top: int = 10) -> MemoryProfile:
     frees = np.flatnonzero((kind == FREE) & counted)
     freed_at[storage[frees]] = frees
     alive = allocs[(allocs <= peak) & (freed_at[storage[allocs]] > peak)]
-    at_peak = {"category": _by({MEMORY_CATEGORIES[c]: int(live[peak, c])
-                                for c in range(len(MEMORY_CATEGORIES))})}
-    at_peak.update(_attributed(row[alive], nbytes[alive], labels, top))
+    module, phase, site = _attributed(row[alive], nbytes[alive], labels, top)
+    at_peak: AtPeak = {"category": _by({MEMORY_CATEGORIES[c]: int(live[peak, c])
+                                        for c in range(len(MEMORY_CATEGORIES))}),
+                       "module": module, "phase": phase, "site": site}
     step_peaks = {int(s): int(total[step == s].max()) for s in np.unique(step) if s >= 0}
     return MemoryProfile(
         MEMORY_CATEGORIES, t, step, live, total, int(total[peak]), int(t[peak]),
@@ -175,41 +205,43 @@ def profile_events(events, labels=None, top: int = 10) -> MemoryProfile:
         step_peaks, at_peak, int(len(np.unique(storage[allocs]))))
 
 
-def _by(values: dict) -> dict:
+def _by(values: dict[_K, int]) -> dict[_K, int]:
     return dict(sorted(values.items(), key=lambda kv: -kv[1]))
 
 
-def _empty_at_peak() -> dict:
+def _empty_at_peak() -> AtPeak:
     return {"category": dict.fromkeys(MEMORY_CATEGORIES, 0), "module": {}, "phase": {},
             "site": []}
 
 
-def _attributed(rows: np.ndarray, nbytes: np.ndarray, labels, top: int) -> dict:
-    """Bytes by module, phase and site of the op rows the live storages came out of."""
+def _attributed(rows: np.ndarray, nbytes: np.ndarray, labels: Optional[RowLabels], top: int
+                ) -> tuple[dict[Optional[str], int], dict[Optional[str], int],
+                           list[tuple[Optional[str], int]]]:
+    """Bytes by module, by phase and by site (the top ones) of the op rows the live storages
+    came out of."""
     names = labels(rows) if labels is not None else \
         {"module": [None] * len(rows), "phase": [None] * len(rows), "site": [None] * len(rows)}
-    out = {}
+    out: dict[str, dict[Optional[str], int]] = {}
     for key in ("module", "phase", "site"):
-        sums: dict = {}
+        sums: dict[Optional[str], int] = {}
         for name, b in zip(names[key], nbytes.tolist()):
             sums[name] = sums.get(name, 0) + b
         out[key] = _by(sums)
-    out["site"] = list(out["site"].items())[:top]
-    return out
+    return out["module"], out["phase"], list(out["site"].items())[:top]
 
 
 class _RowLabels:
     """Module path, phase and innermost user site of op rows of a trace, each decoded once."""
 
-    def __init__(self, trace):
+    def __init__(self, trace: Trace) -> None:
         self._trace = trace
-        self._sites: dict = {}
+        self._sites: dict[tuple[int, int], Optional[str]] = {}
 
-    def __call__(self, rows: np.ndarray) -> dict:
+    def __call__(self, rows: np.ndarray) -> dict[str, list[Optional[str]]]:
         trace = self._trace
         modules, phases = trace.dictionary("module"), trace.col("phase")
         module, stack, fwd = trace.col("module"), trace.col("stack"), trace.col("fwd_stack")
-        out: dict = {"module": [], "phase": [], "site": []}
+        out: dict[str, list[Optional[str]]] = {"module": [], "phase": [], "site": []}
         for r in rows.tolist():
             if r < 0:
                 out["module"].append(None)

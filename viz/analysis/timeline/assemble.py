@@ -7,19 +7,26 @@ worked examples: docs/metrics.md.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from .columns import Records
 from .grid import grid_of
-from .lanes import P2PLink, Timeline, counted_steps
+from .lanes import P2PEnd, P2PLink, RankLanes, Timeline, counted_steps
 
 
-def match_p2p(endpoints: dict) -> tuple:
+def match_p2p(endpoints: Mapping[int, Iterable[P2PEnd]]
+              ) -> tuple[list[P2PLink], dict[int, dict[int, int]]]:
     """(links, send ends): ``endpoints`` is rank -> :func:`.rank_lanes.p2p_endpoints`. The k-th
     send from a to b on a group pairs with the k-th receive on b from a; a send's data had
     arrived once its receive completed: ``send_ends`` maps rank -> {send row: that completion}."""
-    queues: dict = {}
+    # (group, src, dst) -> (sends, receives)
+    queues: dict[tuple[str, int, int], tuple[list[P2PEnd], list[P2PEnd]]] = {}
     for rank in sorted(endpoints):
         for end in endpoints[rank]:
             queues.setdefault((end.group, end.src, end.dst), ([], []))[end.is_recv].append(end)
-    links, send_ends = [], {}
+    links: list[P2PLink] = []
+    send_ends: dict[int, dict[int, int]] = {}
     for (_, src, dst), (sends, recvs) in sorted(queues.items()):
         if src not in endpoints or dst not in endpoints:
             continue
@@ -29,7 +36,8 @@ def match_p2p(endpoints: dict) -> tuple:
     return links, send_ends
 
 
-def assemble(lanes: dict, links: list, config: dict, world: int = 0) -> Timeline:
+def assemble(lanes: dict[int, RankLanes], links: Iterable[P2PLink], config: dict[str, Any],
+             world: int = 0) -> Timeline:
     """The timeline of every rank's lanes. When no rank's passes are named (annotations,
     pipelining labels), passes inferred from each rank's P2P order stand in. When the run
     recorded its rank grid, a rank's pipeline is its grid's (context parallelism's ring and
@@ -45,4 +53,4 @@ def assemble(lanes: dict, links: list, config: dict, world: int = 0) -> Timeline
     counted = [w for lane in lanes.values() for s, w in lane.steps.items()
                if s in counted_steps(lane)]
     origin = min((w[0] for w in counted), default=0)
-    return Timeline(dict(sorted(lanes.items())), links, config, origin)
+    return Timeline(dict(sorted(lanes.items())), Records.of(P2PLink, links), config, origin)

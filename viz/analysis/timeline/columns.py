@@ -14,30 +14,36 @@ distinct values, each held once.
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Generic, Iterable, Iterator, TypeVar, Union, overload
 
 import numpy as np
 
-_INT, _BOOL, _CODED = "int", "bool", "coded"
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+_R = TypeVar("_R", bound="DataclassInstance")           # the dataclass of the records
+_T = TypeVar("_T", bound="DataclassInstance")
 
 
-def _is_int(v) -> bool:
+def _is_int(v: Any) -> bool:
     return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
 
 
-class Records:
+class Records(Generic[_R]):
     """Records of one dataclass ``cls`` as columns (see the module docstring)."""
 
     __slots__ = ("cls", "fields", "columns", "nones", "tables", "_by")
 
-    def __init__(self, cls: type, records: Iterable = ()):
+    def __init__(self, cls: type[_R], records: Iterable[_R] = ()) -> None:
         self.cls = cls
         self.fields = tuple(f.name for f in dataclasses.fields(cls))
-        records = list(records)
-        self.columns, self.nones, self.tables = {}, {}, {}
-        self._by = {}
+        given = list(records)
+        self.columns: dict[str, np.ndarray] = {}
+        self.nones: dict[str, np.ndarray] = {}       # where an int field is None
+        self.tables: dict[str, list[Any]] = {}       # a coded field's distinct values
+        self._by: dict[str, np.ndarray] = {}         # a field's sort order, for find()
         for name in self.fields:
-            values = [getattr(r, name) for r in records]
+            values = [getattr(r, name) for r in given]
             present = [v for v in values if v is not None]
             if values and all(isinstance(v, (bool, np.bool_)) for v in values):
                 self.columns[name] = np.array(values, dtype=bool)
@@ -47,18 +53,18 @@ class Records:
                 if none.any():
                     self.nones[name] = none
             else:
-                table: dict = {}
+                table: dict[Any, int] = {}
                 codes = [table.setdefault(v, len(table)) for v in values]
                 self.tables[name] = list(table)
                 self.columns[name] = np.array(codes, dtype=np.int32)
 
-    @classmethod
-    def of(cls, record: type, records) -> "Records":
+    @staticmethod
+    def of(record: type[_T], records: Iterable[_T]) -> Records[_T]:
         """``records`` as Records (as they are if they already are)."""
-        return records if isinstance(records, Records) else cls(record, records)
+        return records if isinstance(records, Records) else Records(record, records)
 
-    def _subset(self, which) -> "Records":
-        out = Records.__new__(Records)
+    def _subset(self, which: Union[slice, np.ndarray]) -> Records[_R]:
+        out: Records[_R] = Records.__new__(Records)
         out.cls, out.fields, out.tables, out._by = self.cls, self.fields, self.tables, {}
         out.columns = {name: col[which] for name, col in self.columns.items()}
         out.nones = {name: none[which] for name, none in self.nones.items()}
@@ -68,27 +74,32 @@ class Records:
     def __len__(self) -> int:
         return len(self.columns[self.fields[0]]) if self.fields else 0
 
-    def __getitem__(self, i):
+    @overload
+    def __getitem__(self, i: int) -> _R: ...
+    @overload
+    def __getitem__(self, i: Union[slice, np.ndarray]) -> Records[_R]: ...
+
+    def __getitem__(self, i: Union[int, slice, np.ndarray]) -> Union[_R, Records[_R]]:
         if isinstance(i, slice) or isinstance(i, np.ndarray):
             return self._subset(i)
         i = range(len(self))[i]          # negative indices, IndexError
         return self.cls(*(self._value(name, i) for name in self.fields))
 
-    def _value(self, name: str, i: int):
+    def _value(self, name: str, i: int) -> Any:
         if name in self.nones and self.nones[name][i]:
             return None
         v = self.columns[name][i]
         return self.tables[name][v] if name in self.tables else v.item()
 
-    def __iter__(self) -> Iterator:
+    def __iter__(self) -> Iterator[_R]:
         return map(self.cls, *(self.values(name) for name in self.fields))
 
-    def __eq__(self, other) -> bool:
+    def __eq__(self, other: object) -> bool:
         if isinstance(other, (Records, list, tuple)):
             return len(self) == len(other) and list(self) == list(other)
         return NotImplemented
 
-    def __add__(self, other) -> "Records":
+    def __add__(self, other: Iterable[_R]) -> Records[_R]:
         return Records(self.cls, list(self) + list(other))
 
     def __repr__(self) -> str:
@@ -102,7 +113,7 @@ class Records:
         col = self.columns[name]
         return np.where(self.nones[name], -1, col) if name in self.nones else col
 
-    def values(self, name: str) -> list:
+    def values(self, name: str) -> list[Any]:
         """A field's values as a list, Nones included."""
         col = self.columns[name].tolist()
         if name in self.tables:
@@ -112,7 +123,7 @@ class Records:
             return [None if n else v for v, n in zip(col, self.nones[name].tolist())]
         return col
 
-    def where(self, name: str, value) -> np.ndarray:
+    def where(self, name: str, value: Any) -> np.ndarray:
         """Positions whose field ``name`` equals ``value``."""
         if name in self.tables:
             table = self.tables[name]
@@ -125,7 +136,7 @@ class Records:
             return np.zeros(0, np.int64)      # an integer field (or no records) holds no such
         return np.nonzero((self.columns[name] == value) & ~none)[0]
 
-    def find(self, name: str, value) -> int:
+    def find(self, name: str, value: int) -> int:
         """The position of the first record whose integer field ``name`` is ``value``, else
         -1 (binary search over the field's order, computed once)."""
         order = self._by.get(name)
@@ -135,11 +146,11 @@ class Records:
         i = int(np.searchsorted(col, value, sorter=order))
         return int(order[i]) if i < len(order) and col[order[i]] == value else -1
 
-    def __getstate__(self):
+    def __getstate__(self) -> dict[str, Any]:
         return {"cls": self.cls, "columns": self.columns, "nones": self.nones,
                 "tables": self.tables}
 
-    def __setstate__(self, state) -> None:
+    def __setstate__(self, state: dict[str, Any]) -> None:
         self.cls = state["cls"]
         self.fields = tuple(f.name for f in dataclasses.fields(self.cls))
         self.columns, self.nones, self.tables = state["columns"], state["nones"], state["tables"]

@@ -9,7 +9,7 @@ back (same-index ranks in trace-diff, pipeline neighbours from P2P in the timeli
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 AXES = ("tp", "cp", "dp", "pp")
 
@@ -25,7 +25,7 @@ class Grid:
     def world(self) -> int:
         return self.tp * self.cp * self.dp * self.pp
 
-    def coords(self, rank: int) -> tuple:
+    def coords(self, rank: int) -> tuple[int, int, int, int]:
         """(tp, cp, dp, pp) indices of a global rank."""
         tp, rest = rank % self.tp, rank // self.tp
         cp, rest = rest % self.cp, rest // self.cp
@@ -34,13 +34,13 @@ class Grid:
     def rank(self, tp: int, cp: int, dp: int, pp: int) -> int:
         return tp + self.tp * (cp + self.cp * (dp + self.dp * pp))
 
-    def pipeline(self, rank: int) -> tuple:
+    def pipeline(self, rank: int) -> tuple[int, ...]:
         """The ranks of ``rank``'s pipeline: same tp, cp and dp, every stage."""
         tp, cp, dp, _ = self.coords(rank)
         return tuple(self.rank(tp, cp, dp, s) for s in range(self.pp))
 
 
-def grid_of(config: dict, world_size: int) -> Optional[Grid]:
+def grid_of(config: dict[str, Any], world_size: int) -> Optional[Grid]:
     """The grid if the config describes this world, else None. Without ``dp`` the world size
     over the other axes is DP."""
     try:

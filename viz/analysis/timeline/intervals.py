@@ -7,12 +7,15 @@ ask it once per pass or per step stay O(n log n) overall.
 """
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 EMPTY = np.zeros((0, 2), dtype=np.int64)
 
 
-def intervals(starts, ends) -> np.ndarray:
+def intervals(starts: Any, ends: Any) -> np.ndarray:
+    """[start, end) pairs of the given array-likes, empty ones dropped."""
     iv = np.stack([np.asarray(starts, np.int64), np.asarray(ends, np.int64)], axis=1) \
         if len(starts) else EMPTY
     return iv[iv[:, 1] > iv[:, 0]]
@@ -76,7 +79,7 @@ class Prefix:
         self.ends = iv[:, 1].copy() if len(iv) else np.zeros(0, np.int64)
         self.before = np.concatenate([[0], np.cumsum(self.ends - self.starts)]).astype(np.int64)
 
-    def upto(self, t) -> np.ndarray:
+    def upto(self, t: Any) -> np.ndarray:
         """Covered length in (-inf, t), for a scalar or an array of t."""
         t = np.asarray(t, dtype=np.int64)
         if not len(self.starts):
@@ -86,6 +89,6 @@ class Prefix:
         partial = np.clip(np.minimum(self.ends[k], t) - self.starts[k], 0, None)
         return np.where(j >= 0, self.before[k] + partial, 0)
 
-    def length(self, lo, hi):
+    def length(self, lo: Any, hi: Any) -> np.ndarray:
         """Covered length inside [lo, hi) (scalars or arrays)."""
         return np.maximum(self.upto(hi) - self.upto(lo), 0)

@@ -4,12 +4,40 @@ timeline of all ranks. Plain data, built by :mod:`viz.analysis.timeline.assemble
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional, Protocol
 
 import numpy as np
 
-from ..callgraphs.op_groups import SLOTS
+from tracer.vocab.labels import PassSource
+from tracer.vocab.strenum import StrEnum
+
+from ..callgraphs.op_groups import SLOTS, Frame
 from .columns import Records
+
+
+class Clock(StrEnum):
+    """Whose clock a rank's lanes time: the host's (its ops) or the device's (their GPU work)."""
+
+    HOST = "host"
+    DEVICE = "device"
+
+
+Annotation = tuple[int, int, str, int]     # a range that names no pass: start, end, label, depth
+
+
+class MemoryLane(Protocol):
+    """A rank's live bytes over time, to draw (viz.analysis.memory.live_bytes.LiveMemory: the
+    memory room is built beside this one): ``live[i, c]``, bytes of ``categories[c]`` from
+    ``times[i]`` on."""
+
+    @property
+    def times(self) -> np.ndarray: ...
+    @property
+    def live(self) -> np.ndarray: ...
+    @property
+    def categories(self) -> tuple[str, ...]: ...
+    @property
+    def peak_bytes(self) -> int: ...
 
 
 @dataclass(frozen=True, **SLOTS)
@@ -23,7 +51,7 @@ class Pass:
     chunk: int                 # annotation: the rank's chunk; pipelining: the global stage
     start: int
     end: int
-    source: str                # "annotation" | "record_function" | "schedule" | "inferred"
+    source: PassSource
 
 
 @dataclass(frozen=True, **SLOTS)
@@ -43,7 +71,7 @@ class CommSpan:
     capped: bool = False       # a send whose end was moved to its matched recv's completion
     seq: Optional[int] = None  # per-group sequence number (matching across ranks)
     dtype: Optional[str] = None
-    site: Optional[tuple] = None   # innermost user frame that issued it (op_groups.Frame)
+    site: Optional[Frame] = None   # innermost user frame that issued it
     returned: Optional[int] = None  # when the launching call returned (None: unknown)
     blocking: Optional[bool] = None  # c10d's async_op was False (None: P2P, unknown)
     # on the device clock: True when it spans the GPU work it launched; False when it launched
@@ -79,42 +107,44 @@ class RankLanes:
 
     rank: int
     compute: np.ndarray        # busy computing: aten ops plus host time between them
-    comm: Records              # CommSpan, in launch order (lists are converted)
+    comm: Records[CommSpan]    # in launch order (lists are converted)
     comm_union: np.ndarray
-    passes: Records            # Pass, in start order (lists are converted)
-    steps: dict                # step -> (start, end), steps with a non-empty window
-    closed_steps: frozenset    # steps whose end is the next step's boundary marker
+    passes: Records[Pass]      # in start order (lists are converted)
+    steps: dict[int, tuple[int, int]]   # step -> (start, end), steps with a non-empty window
+    closed_steps: frozenset[int]   # steps whose end is the next step's boundary marker
     op_start: np.ndarray       # individual compute ops (for the Chrome trace)
     op_end: np.ndarray
     op_name: np.ndarray        # codes into op_names
     op_thread: np.ndarray
-    op_names: list
+    op_names: list[str]
     hidden_ops: int            # compute ops not kept for drawing (DRAWN_OPS)
-    annotations: list          # (start, end, label, depth) of non-pass annotations
-    schedules: dict            # step -> (schedule, pp, microbatches, virtual stages) | None
-    pipeline_group: tuple      # ranks this rank exchanges pipeline messages with (itself too)
+    annotations: list[Annotation]   # non-pass annotation ranges
+    # step -> (schedule, pp, microbatches, virtual stages) | None
+    schedules: dict[int, Optional[tuple[Any, ...]]]
+    pipeline_group: tuple[int, ...]  # ranks this rank exchanges pipeline messages with (itself)
     clock_error_ns: Optional[int]
-    inferred_passes: list = field(default_factory=list)   # from the P2P order, when unnamed
+    # from the P2P order, when unnamed (lists are converted)
+    inferred_passes: Records[Pass] = field(default_factory=lambda: Records(Pass))
     recorded_until: int = 0    # the last event's time: what happened later is not in the trace
     closed: bool = True        # the recorder closed the trace (the rank was not killed)
     stopped: bool = False      # the rank stopped early: killed, failed or interrupted
-    clock: str = "host"        # "device": compute, comm, passes and steps are GPU time
+    clock: Clock = Clock.HOST  # DEVICE: compute, comm, passes and steps are GPU time
     host_compute: Optional[np.ndarray] = None   # on the device clock: what the host did
-    device: Optional["DeviceLane"] = None       # on the device clock: the GPU activities
+    device: Optional[DeviceLane] = None         # on the device clock: the GPU activities
     # on the device clock: memcpys and memsets outside collectives (never compute)
     memory: np.ndarray = field(default_factory=lambda: np.zeros((0, 2), dtype=np.int64))
     # live bytes over time by category (recorded by default;
     # viz.analysis.memory.live_bytes.LiveMemory)
-    live_memory: Optional["LiveMemory"] = None
+    live_memory: Optional[MemoryLane] = None
     # step -> phase -> seconds of its host step window (viz.analysis.timeline.phase_time), every
     # clock
-    phase_s: dict = field(default_factory=dict)
+    phase_s: dict[int, dict[str, float]] = field(default_factory=dict)
     # per drawn op, a code into op_arg_texts: its module, phase, source line, shapes and step
     # as the JSON object of its Chrome-trace args (each distinct one once)
     op_args: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int32))
-    op_arg_texts: list = field(default_factory=list)
+    op_arg_texts: list[str] = field(default_factory=list)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         # Held as columns (viz.analysis.timeline.columns): a 64-rank run has half a million spans
         # and passes.
         self.comm = Records.of(CommSpan, self.comm)
@@ -130,7 +160,7 @@ class DeviceLane:
     end: np.ndarray
     stream: np.ndarray
     name: np.ndarray           # codes into names
-    names: list
+    names: list[str]
     launch: np.ndarray         # when the host launched each (rank 0's clock), -1 unknown
     thread: np.ndarray         # the launching event's recording thread, -1 unknown
     comm: np.ndarray           # bool: part of a collective (NCCL kernel or its copies)
@@ -142,16 +172,16 @@ class DeviceLane:
 class Timeline:
     """Every rank's lanes on one clock."""
 
-    ranks: dict                # rank -> RankLanes
-    links: Records             # P2PLink (lists are converted)
-    config: dict
+    ranks: dict[int, RankLanes]
+    links: Records[P2PLink]    # (lists are converted)
+    config: dict[str, Any]
     origin: int                # earliest time of any counted step (drawing origin)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self.links = Records.of(P2PLink, self.links)
 
 
-def counted_steps(lane: RankLanes) -> list:
+def counted_steps(lane: RankLanes) -> list[int]:
     """Steps the totals sum: the complete ones (closed by the next step's boundary) except step
     0, which runs from the start of the recording and carries one-off setup (model
     construction, allocator warm-up). With none such, every step counts."""

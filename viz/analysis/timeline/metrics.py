@@ -9,14 +9,17 @@ whole analysis is O(n log n) in the events of a step, however many steps and pas
 from __future__ import annotations
 
 import bisect
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Optional
+from typing import Any, Callable, Generic, Optional, TypeVar
 
 import numpy as np
 
 from .intervals import Prefix, intersect, intervals, length, union, window
 from .lanes import Pass, RankLanes, Timeline, counted_steps
 from .replay import replayed_bubbles
+
+_V = TypeVar("_V")
 
 
 @dataclass(frozen=True)
@@ -50,7 +53,7 @@ class StepMetrics:
     bubble_fraction: Optional[float]
     pipeline: Optional[PipelineBubble]
     memory_s: float = 0.0            # device clock: memcpys and memsets, never compute
-    phase_s: dict = field(default_factory=dict)   # phase -> seconds (host; .phase_time)
+    phase_s: dict[str, float] = field(default_factory=dict)  # phase -> seconds (host; .phase_time)
 
 
 @dataclass
@@ -58,8 +61,8 @@ class RankMetrics:
     """One rank's time metrics: totals over the counted steps, and each step's own."""
 
     rank: int
-    steps: list                          # StepMetrics, every recorded step
-    counted_steps: tuple                 # the steps the totals sum (step 0 left out if others)
+    steps: list[StepMetrics]             # every recorded step
+    counted_steps: tuple[int, ...]       # the steps the totals sum (step 0 left out if others)
     wall_s: float = 0.0
     compute_s: float = 0.0
     comm_s: float = 0.0
@@ -72,8 +75,8 @@ class RankMetrics:
     theoretical_bubble_fraction: Optional[float] = None
     clock_error_s: Optional[float] = None
     memory_s: float = 0.0
-    passes: dict = field(default_factory=dict)   # kind -> mean compute seconds per pass
-    phase_s: dict = field(default_factory=dict)  # phase -> seconds over the counted steps
+    passes: dict[str, float] = field(default_factory=dict)  # kind -> mean compute s per pass
+    phase_s: dict[str, float] = field(default_factory=dict)  # phase -> s over the counted steps
 
 
 # ---------------------------------------------------------------------------- theory
@@ -101,19 +104,20 @@ def theoretical_bubble(schedule: str, p: int, m: int, v: int = 1, *, t_f: float 
     return None
 
 
-def _theory(config: dict, pass_s: dict) -> Optional[float]:
+def _theory(config: Mapping[str, Any], pass_s: Mapping[str, float]) -> Optional[float]:
     try:
         p, m = int(config.get("pp") or 0), int(config.get("microbatches") or 0)
         v = int(config.get("virtual_stages") or 1)
     except (TypeError, ValueError):
         return None
-    times = {}
+    times: dict[str, float] = {}
     if "W" in pass_s:
         times = dict(t_f=pass_s.get("F", 0.0), t_b=pass_s.get("B", 0.0), t_w=pass_s["W"])
     return theoretical_bubble(str(config.get("schedule") or ""), p, m, v, **times)
 
 
-def _step_theory(index: "_Index", lane: RankLanes, step: int, run_theory) -> Optional[float]:
+def _step_theory(index: _Index, lane: RankLanes, step: int, run_theory: Optional[float]
+                 ) -> Optional[float]:
     """The theory of one step: from the schedule tracer.recorder.pipelining recorded on the
     pipeline group in that step (pass times: the group's in the step), else the run's config's."""
     ranks = index.timeline.ranks
@@ -121,9 +125,10 @@ def _step_theory(index: "_Index", lane: RankLanes, step: int, run_theory) -> Opt
              if r in ranks and step in ranks[r].schedules}
     if not found:
         return run_theory
-    if len(found) > 1 or None in found:
+    only = found.pop() if len(found) == 1 else None        # two schedules, or none: no theory
+    if only is None:
         return None
-    schedule, p, m, v = found.pop()
+    schedule, p, m, v = only
     config = {"schedule": schedule, "pp": p, "microbatches": m, "virtual_stages": v}
     return _theory(config, _pass_compute(index, {r: (step,) for r in lane.pipeline_group}))
 
@@ -133,7 +138,7 @@ class _Index:
     """Per-(rank, step) passes and receives and sends (:class:`_ByStep`), and each rank's
     compute as a prefix sum."""
 
-    def __init__(self, timeline: Timeline):
+    def __init__(self, timeline: Timeline) -> None:
         self.timeline = timeline
         self.compute = {rank: Prefix(lane.compute) for rank, lane in timeline.ranks.items()}
         ranks = timeline.ranks
@@ -151,34 +156,36 @@ class _Index:
                              lambda rank, step: sorted(_of_step(comm["send"][rank], step)[0]))
 
 
-def _spans(lane: RankLanes, kind: str) -> tuple:
+def _spans(lane: RankLanes, kind: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(step, start, end) arrays of the rank's communication of ``kind``, in start order."""
     at = lane.comm.where("kind", kind)
     return (lane.comm.column("step")[at], lane.comm.column("start")[at],
             lane.comm.column("end")[at])
 
 
-def _of_step(spans: tuple, step: int) -> tuple:
+def _of_step(spans: tuple[np.ndarray, np.ndarray, np.ndarray], step: int
+             ) -> tuple[list[int], list[int]]:
     step_of, start, end = spans
     mine = step_of == step
     return start[mine].tolist(), end[mine].tolist()
 
 
-class _ByStep:
+class _ByStep(Generic[_V]):
     """(rank, step) -> what a rank did in a step, built when asked (``build(rank, step)``):
     a run's passes and P2P times as Python objects, all at once, cost tens of MiB for 64 ranks.
     The entries of the step asked last are kept, so the ranks of a pipeline group, asked in
     turn for one step, build each once. ``steps``: rank -> the step of each of its records."""
 
-    def __init__(self, steps: dict, build):
+    def __init__(self, steps: Mapping[int, np.ndarray], build: Callable[[int, int], _V]) -> None:
         self._keys = {(rank, s) for rank, col in steps.items() for s in np.unique(col).tolist()}
         self._build = build
-        self._step, self._kept = None, {}
+        self._step: Optional[int] = None
+        self._kept: dict[tuple[int, int], _V] = {}
 
-    def __contains__(self, key) -> bool:
+    def __contains__(self, key: object) -> bool:
         return key in self._keys
 
-    def get(self, key, default=None):
+    def get(self, key: tuple[int, int], default: _V) -> _V:
         if key not in self._keys:
             return default
         if key[1] != self._step:
@@ -188,11 +195,11 @@ class _ByStep:
         return self._kept[key]
 
 
-def _seconds(ns: int) -> float:
+def _seconds(ns: float) -> float:
     return ns / 1e9
 
 
-def _ratio(num: int, den: int) -> Optional[float]:
+def _ratio(num: float, den: float) -> Optional[float]:
     return num / den if den > 0 else None
 
 
@@ -213,13 +220,14 @@ def _last_busy(busy: np.ndarray, lo: int, hi: int, default: int) -> int:
     return default
 
 
-def _ready(p: Pass, recv_starts: list, recv_ends: list) -> int:
+def _ready(p: Pass, recv_starts: list[int], recv_ends: list[int]) -> int:
     """When the input of pass ``p`` was there: the last completion of the recvs it posted."""
     i, j = bisect.bisect_left(recv_starts, p.start), bisect.bisect_left(recv_starts, p.end)
     return max(recv_ends[i:j], default=p.start)
 
 
-def _pipeline_bubble(index: _Index, lane: RankLanes, step: int, replayed: dict,
+def _pipeline_bubble(index: _Index, lane: RankLanes, step: int,
+                     replayed: Mapping[tuple[int, int], Optional[float]],
                      theory: Optional[float]) -> Optional[PipelineBubble]:
     """Bubble of ``lane`` in the step's pipeline window: from the first pass start to the last
     pass end over its pipeline group (aligned clocks)."""
@@ -242,14 +250,16 @@ def _pipeline_bubble(index: _Index, lane: RankLanes, step: int, replayed: dict,
     sections = [(lo, first_b), (first_b, cool), (cool, hi)]
     idle = [max(b - a, 0) - length(window(busy, a, b)) for a, b in sections]
     span = hi - lo
+    warmup, steady, cooldown = (_ratio(x, span) for x in idle)
     return PipelineBubble(_seconds(span), _seconds(sum(idle)), _ratio(sum(idle), span),
-                          *(_ratio(x, span) for x in idle),
+                          warmup, steady, cooldown,
                           simulated_bubble_fraction=replayed.get((lane.rank, step)),
                           theoretical_bubble_fraction=_step_theory(index, lane, step, theory))
 
 
 # ---------------------------------------------------------------------------- per step
-def _step_metrics(index: _Index, lane: RankLanes, step: int, replayed: dict,
+def _step_metrics(index: _Index, lane: RankLanes, step: int,
+                  replayed: Mapping[tuple[int, int], Optional[float]],
                   theory: Optional[float]) -> StepMetrics:
     lo, hi = lane.steps[step]
     compute, comm = window(lane.compute, lo, hi), window(lane.comm_union, lo, hi)
@@ -266,9 +276,9 @@ def _step_metrics(index: _Index, lane: RankLanes, step: int, replayed: dict,
                        _seconds(length(memory)), dict(lane.phase_s.get(step, {})))
 
 
-def _pass_compute(index: _Index, counted: dict) -> dict:
+def _pass_compute(index: _Index, counted: Mapping[int, Collection[int]]) -> dict[str, float]:
     """Mean compute seconds per pass kind over the counted steps of every rank."""
-    total: dict = {}
+    total: dict[str, tuple[int, float]] = {}       # kind -> (passes, compute ns)
     for rank, lane in index.timeline.ranks.items():
         mine = [p for p in lane.passes if p.step in counted.get(rank, ())]
         if not mine:
@@ -281,7 +291,7 @@ def _pass_compute(index: _Index, counted: dict) -> dict:
     return {k: _seconds(s) / n for k, (n, s) in sorted(total.items())}
 
 
-def _totals(m: RankMetrics, use: list) -> None:
+def _totals(m: RankMetrics, use: list[StepMetrics]) -> None:
     """Fill ``m``'s totals from the counted steps' metrics."""
     for key in ("wall_s", "compute_s", "comm_s", "overlapped_comm_s", "exposed_comm_s",
                 "idle_s", "memory_s"):
@@ -297,8 +307,8 @@ def _totals(m: RankMetrics, use: list) -> None:
     parts = [sum(getattr(p, k) * p.window_s for p in pipes if getattr(p, k) is not None)
              for k in ("warmup_fraction", "steady_fraction", "cooldown_fraction")]
     bubble = sum(p.bubble_s for p in pipes)
-    m.pipeline = PipelineBubble(span, bubble, _ratio(bubble, span),
-                                *(_ratio(x, span) for x in parts),
+    warmup, steady, cooldown = (_ratio(x, span) for x in parts)
+    m.pipeline = PipelineBubble(span, bubble, _ratio(bubble, span), warmup, steady, cooldown,
                                 _weighted(pipes, "simulated_bubble_fraction"),
                                 _weighted(pipes, "theoretical_bubble_fraction"))
     if m.theoretical_bubble_fraction is None and all(
@@ -307,7 +317,7 @@ def _totals(m: RankMetrics, use: list) -> None:
         m.theoretical_bubble_fraction = m.pipeline.theoretical_bubble_fraction
 
 
-def over_steps(m: RankMetrics, steps: frozenset) -> RankMetrics:
+def over_steps(m: RankMetrics, steps: frozenset[int]) -> RankMetrics:
     """``m`` with its totals over ``steps`` (those of them it recorded) in place of its counted
     steps: two runs compared over the same steps (trace-diff)."""
     use = [s for s in m.steps if s.step in steps]
@@ -316,13 +326,13 @@ def over_steps(m: RankMetrics, steps: frozenset) -> RankMetrics:
     return out
 
 
-def _weighted(pipes: list, key: str) -> Optional[float]:
+def _weighted(pipes: list[PipelineBubble], key: str) -> Optional[float]:
     """The window-weighted mean of ``key`` over the steps that have it."""
     have = [p for p in pipes if getattr(p, key) is not None]
     return _ratio(sum(getattr(p, key) * p.window_s for p in have), sum(p.window_s for p in have))
 
 
-def metrics_of(timeline: Timeline) -> dict:
+def metrics_of(timeline: Timeline) -> dict[int, RankMetrics]:
     """rank -> :class:`RankMetrics` of a built timeline."""
     index = _Index(timeline)
     counted = {r: counted_steps(lane) for r, lane in timeline.ranks.items()}
@@ -330,12 +340,13 @@ def metrics_of(timeline: Timeline) -> dict:
     theory = _theory(timeline.config, pass_s) if any(
         lane.passes for lane in timeline.ranks.values()) else None
     replayed = replayed_bubbles(timeline, index.passes, index.sends, index.compute)
-    by_step = {}          # step by step: each pipeline group's passes are built once a step
+    # step by step: each pipeline group's passes are built once a step
+    by_step: dict[tuple[int, int], StepMetrics] = {}
     for step in sorted({s for lane in timeline.ranks.values() for s in lane.steps}):
         for rank, lane in timeline.ranks.items():
             if step in lane.steps:
                 by_step[(rank, step)] = _step_metrics(index, lane, step, replayed, theory)
-    out = {}
+    out: dict[int, RankMetrics] = {}
     for rank, lane in timeline.ranks.items():
         steps = [by_step[(rank, s)] for s in sorted(lane.steps)]
         m = RankMetrics(rank, steps, tuple(counted[rank]), theoretical_bubble_fraction=theory,

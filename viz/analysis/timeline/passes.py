@@ -10,23 +10,29 @@ order of compute and P2P.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
+from typing import Any, Optional
 
 import numpy as np
 
-from tracer.vocab.labels import (PHASE_BACKWARD, PHASE_FORWARD, PHASE_RECOMPUTE, pass_of,
-                                 schedule_of)
+from tracer.vocab.labels import (PHASE_BACKWARD, PHASE_FORWARD, PHASE_RECOMPUTE, PassSource,
+                                 pass_of, schedule_of)
 
-from .lanes import Pass
+from .lanes import Annotation, CommSpan, Pass
+from .rank_rows import RankRows
 
 
-def annotation_spans(rows) -> tuple:
+def annotation_spans(rows: RankRows) -> tuple[
+        list[Pass], list[Annotation], dict[int, Optional[tuple[Any, ...]]]]:
     """(passes, other annotation ranges as (start, end, label, depth), step -> the pipeline
-    schedule it ran or None) of one rank's :class:`viz.analysis.timeline.rank_lanes.RankRows`.
+    schedule it ran or None) of one rank's :class:`viz.analysis.timeline.rank_rows.RankRows`.
 
     Passes named by tracer.recorder.pipelining (source "schedule") win over pipelining's own
     record_function labels in the steps that have both; the loss range after a forward
     extends that forward pass. A step that ran two different schedules has none."""
-    passes, others, schedules = [], [], {}
+    passes: list[tuple[Pass, bool]] = []       # with whether it ends at a loss
+    others: list[Annotation] = []
+    schedules: dict[int, Optional[tuple[Any, ...]]] = {}
     trace = rows.trace
     for i in np.nonzero(rows.op == rows.ann_code)[0].tolist():
         stack = trace.annotation(int(rows.annotation[i]))
@@ -47,13 +53,14 @@ def annotation_spans(rows) -> tuple:
     return _merged(passes), sorted(others), schedules
 
 
-def _merged(found: list) -> list:
+def _merged(found: list[tuple[Pass, bool]]) -> list[Pass]:
     """Passes in start order: record_function passes dropped from steps with schedule passes, a
     loss range merged into the forward pass it follows."""
-    by_schedule = {p.step for p, _ in found if p.source == "schedule"}
-    out, last = [], {}
+    by_schedule = {p.step for p, _ in found if p.source == PassSource.SCHEDULE}
+    out: list[Pass] = []
+    last: dict[tuple[int, str, Optional[int], int], int] = {}   # pass -> its place in out
     for p, loss in sorted(found, key=lambda item: (item[0].start, -item[0].end)):
-        if p.source == "record_function" and p.step in by_schedule:
+        if p.source == PassSource.RECORD_FUNCTION and p.step in by_schedule:
             continue
         key = (p.step, p.kind, p.microbatch, p.chunk)
         if loss and key in last:
@@ -65,7 +72,7 @@ def _merged(found: list) -> list:
     return out
 
 
-def infer_passes(rows, comm: list) -> list:
+def infer_passes(rows: RankRows, comm: Sequence[CommSpan]) -> list[Pass]:
     """Passes guessed from the P2P order when nothing names them: a run of forward (backward)
     compute ops is one F (B) pass; a recv starts a new pass and a send ends one. The k-th F (B)
     pass of a step gets micro-batch k. A guess: forward ops outside the pipeline's passes (data,
@@ -91,7 +98,8 @@ def infer_passes(rows, comm: list) -> list:
     change[1:] = (kind[1:] != kind[:-1]) | (step[1:] != step[:-1]) | (kind[1:] == 0)
     starts = np.nonzero(change)[0]
     stops = np.append(starts[1:], len(order)) - 1
-    passes, counts = [], {}
+    passes: list[Pass] = []
+    counts: dict[tuple[int, str], int] = {}
     t0, t1 = rows.t0[order], rows.t1[order]
     for a, b in zip(starts.tolist(), stops.tolist()):
         if kind[a] == 0:
@@ -100,5 +108,6 @@ def infer_passes(rows, comm: list) -> list:
         s = int(step[a])
         k = counts.get((s, name), 0)
         counts[(s, name)] = k + 1
-        passes.append(Pass(rows.rank, s, name, k, 0, int(t0[a]), int(t1[b]), "inferred"))
+        passes.append(Pass(rows.rank, s, name, k, 0, int(t0[a]), int(t1[b]),
+                           PassSource.INFERRED))
     return passes

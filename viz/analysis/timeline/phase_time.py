@@ -17,16 +17,21 @@ So a step's phases sum to its wall time less its idle gaps and the time before i
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from tracer.vocab.labels import PHASES
 
+from .lanes import CommSpan
+from .rank_rows import RankRows
+
 OTHER = PHASES.index("other")
 
 
-def phase_spans(rows, comm: list, idle_gap_ns: int) -> np.ndarray:
+def phase_spans(rows: RankRows, comm: Sequence[CommSpan], idle_gap_ns: int) -> np.ndarray:
     """(n, 3) int64 rows of (start, end, phase index into PHASES) covering the rank's time as
-    the module docstring says, in time order; ``rows`` a :class:`.rank_lanes.RankRows`,
+    the module docstring says, in time order; ``rows`` a :class:`.rank_rows.RankRows`,
     ``comm`` its CommSpans."""
     sel = np.nonzero(rows.real & (rows.t0 >= 0))[0]
     if not len(sel):
@@ -63,7 +68,7 @@ def _phases(codes: np.ndarray) -> np.ndarray:
     return np.where((codes >= 0) & (codes < len(PHASES)), codes, OTHER)
 
 
-def _completions(rows, comm: list) -> tuple:
+def _completions(rows: RankRows, comm: Sequence[CommSpan]) -> tuple[np.ndarray, np.ndarray]:
     """(sorted completion times, their phases) of the communications that completed."""
     phase = rows.trace.col("phase")
     done = [(c.end, c.index) for c in comm if c.completed]
@@ -74,7 +79,7 @@ def _completions(rows, comm: list) -> tuple:
     return times, _phases(np.array([phase[i] for _, i in done]))
 
 
-def phase_seconds(spans: np.ndarray, lo: int, hi: int) -> dict:
+def phase_seconds(spans: np.ndarray, lo: int, hi: int) -> dict[str, float]:
     """phase -> seconds of ``spans`` (:func:`phase_spans`) inside [lo, hi), every phase."""
     if not len(spans):
         return dict.fromkeys(PHASES, 0.0)

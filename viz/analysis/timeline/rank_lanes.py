@@ -14,18 +14,23 @@ docs/metrics.md. All times are integer nanoseconds on rank 0's clock (``Trace.gl
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
+from typing import Optional, Union
 
 import numpy as np
 
-from tracer.vocab import ops as _ops
 from tracer.vocab.groups import group_ranks
 from tracer.vocab.labels import PHASES
 from tracer.vocab.ops import P2P_KINDS
 
+from ..callgraphs.op_groups import Frame, site_of
+
+from .columns import Records
 from .intervals import intervals, union
-from .lanes import CommSpan, P2PEnd, RankLanes
+from .lanes import CommSpan, P2PEnd, Pass, RankLanes
 from .passes import annotation_spans, infer_passes
 from .phase_time import phase_seconds, phase_spans
+from .rank_rows import RankRows
 
 # A gap between two ops of one thread longer than this is idle, not host overhead: Python,
 # autograd and the tracer take microseconds to a few ms between ops, even on a loaded machine.
@@ -33,43 +38,9 @@ IDLE_GAP_NS = 50_000_000
 # Individual ops kept for drawing (the Chrome trace), over all ranks: whole steps, counted
 # steps first, until the budget is spent. Every measure uses all ops; the trace keeps them all.
 DRAWN_OPS = 400_000
-_WAIT_OPS = ("_c10d_functional.wait_tensor.default", "c10d_functional.wait_tensor.default")
 
 
-class RankRows:
-    """One trace's columns on the global clock, and which rows are what."""
-
-    def __init__(self, trace, rank: int):
-        self.trace = trace
-        self.rank = rank          # the run's key (the file's rank), whatever the metadata says
-        self.t0, self.t1 = trace.global_times()
-        t_ret = trace.col("t_ret")
-        self.t_ret = np.where(t_ret >= 0, t_ret + trace.clock_offset(np.maximum(t_ret, 0)), -1)
-        self.op = trace.col("op")
-        self.kind = trace.col("kind")
-        self.step = trace.col("step")
-        self.thread = trace.col("thread")
-        self.annotation = trace.col("annotation")
-        self.peer = trace.col("peer")
-        self.group = trace.col("group")
-        names = trace.dictionary("op")
-        self.op_names = names
-        code = {name: i for i, name in enumerate(names)}
-        self.ann_code = code.get(_ops.OP_ANNOTATION, -2)
-        self.step_code = code.get(_ops.OP_STEP, -2)
-        pseudo = [code[n] for n in _ops.PSEUDO_OPS if n in code]
-        waits = [code[n] for n in _WAIT_OPS if n in code]
-        self.real = ~np.isin(self.op, pseudo)
-        self.is_comm = self.kind >= 0
-        self.is_compute = self.real & ~self.is_comm & ~np.isin(self.op, waits) & (self.t1 >= 0)
-        self.kinds = trace.dictionary("kind")
-        self.groups = trace.dictionary("group")
-
-    def group_of(self, i: int) -> str:
-        return self.groups[self.group[i]] if self.group[i] >= 0 else ""
-
-
-def p2p_endpoints(rows: RankRows) -> list:
+def p2p_endpoints(rows: RankRows) -> list[P2PEnd]:
     """The rank's sends and receives with a known peer, in launch order."""
     out = []
     comm = np.nonzero(rows.is_comm)[0]
@@ -83,7 +54,8 @@ def p2p_endpoints(rows: RankRows) -> list:
     return out
 
 
-def rank_lanes(rows: RankRows, send_ends: dict, op_budget: int = DRAWN_OPS) -> RankLanes:
+def rank_lanes(rows: RankRows, send_ends: Mapping[int, int], op_budget: int = DRAWN_OPS
+               ) -> RankLanes:
     """One rank's lanes; ``send_ends``: send row -> its matched receive's completion;
     ``op_budget``: individual ops kept for drawing."""
     comm = _comm_spans(rows, send_ends)
@@ -97,27 +69,30 @@ def rank_lanes(rows: RankRows, send_ends: dict, op_budget: int = DRAWN_OPS) -> R
     phases = phase_spans(rows, comm, IDLE_GAP_NS)
     op_args, op_arg_texts = _op_args(rows, drawn)
     return RankLanes(
-        rank=rows.rank, compute=_compute_spans(rows, comm), comm=comm,
+        rank=rows.rank, compute=_compute_spans(rows, comm), comm=Records.of(CommSpan, comm),
         comm_union=union(intervals([c.start for c in comm], [c.end for c in comm])),
-        passes=passes, steps=steps, closed_steps=closed, op_start=rows.t0[drawn],
+        passes=Records.of(Pass, passes), steps=steps, closed_steps=closed,
+        op_start=rows.t0[drawn],
         op_end=rows.t1[drawn], op_name=rows.op[drawn], op_thread=rows.thread[drawn],
         op_names=rows.op_names, hidden_ops=int(rows.is_compute.sum() - drawn.sum()),
         annotations=others, schedules=schedules, pipeline_group=tuple(sorted(group)),
         clock_error_ns=rows.trace.clock_error_ns,
-        inferred_passes=[] if passes else infer_passes(rows, comm),
+        inferred_passes=Records.of(Pass, [] if passes else infer_passes(rows, comm)),
         recorded_until=int(max(rows.t0.max(initial=0), rows.t1.max(initial=0))),
         closed=rows.trace.status != "running", stopped=rows.trace.status != "ok",
         phase_s={s: phase_seconds(phases, lo, hi) for s, (lo, hi) in steps.items()},
         op_args=op_args, op_arg_texts=op_arg_texts)
 
 
-def _drawn_ops(rows: RankRows, steps: dict, closed: frozenset, budget: int) -> np.ndarray:
+def _drawn_ops(rows: RankRows, steps: Mapping[int, tuple[int, int]], closed: frozenset[int],
+               budget: int) -> np.ndarray:
     """Which compute ops to keep for drawing: whole steps, the counted ones first (in order),
     then the others, while they fit in ``budget``; a first step too big is cut at the budget."""
     sel = rows.is_compute
     if sel.sum() <= budget:
         return sel
-    counts = np.bincount(rows.step[sel] - rows.step[sel].min()) if sel.any() else []
+    counts: Union[np.ndarray, list[int]] = \
+        np.bincount(rows.step[sel] - rows.step[sel].min()) if sel.any() else []
     first = int(rows.step[sel].min()) if sel.any() else 0
     counted = [s for s in sorted(steps) if s in closed and s != 0]
     order = counted + [s for s in sorted(set(rows.step[sel].tolist())) if s not in counted]
@@ -134,12 +109,10 @@ def _drawn_ops(rows: RankRows, steps: dict, closed: frozenset, budget: int) -> n
     return drawn
 
 
-def _op_args(rows: RankRows, drawn: np.ndarray) -> tuple:
+def _op_args(rows: RankRows, drawn: np.ndarray) -> tuple[np.ndarray, list[str]]:
     """(a code per drawn op, the JSON texts they index): each op's module, phase, source line
     (the innermost user frame; a backward op's forward's) and input shapes, and its step, as
     the Chrome trace's ``args``; a combination many ops share is made into text once."""
-    from ..callgraphs.op_groups import site_of
-
     trace = rows.trace
     at = np.nonzero(drawn)[0]
     if not len(at):
@@ -161,7 +134,7 @@ def _op_args(rows: RankRows, drawn: np.ndarray) -> tuple:
     return inverse.reshape(-1).astype(np.int32), texts
 
 
-def _step_windows(rows: RankRows):
+def _step_windows(rows: RankRows) -> tuple[dict[int, tuple[int, int]], frozenset[int]]:
     """(step -> (start, end), closed steps): a step runs from its paratrace::step marker (or
     first event) to the next step's start (or its last event); it is closed when the next
     step's marker ends it."""
@@ -174,8 +147,10 @@ def _step_windows(rows: RankRows):
     steps = rows.step[real]
     order = np.argsort(steps, kind="stable")
     keys, first = np.unique(steps[order], return_index=True)
-    starts = np.minimum.reduceat(rows.t0[real][order], first) if len(keys) else []
-    stops = np.maximum.reduceat(ends[real][order], first) if len(keys) else []
+    starts: Union[np.ndarray, list[int]] = \
+        np.minimum.reduceat(rows.t0[real][order], first) if len(keys) else []
+    stops: Union[np.ndarray, list[int]] = \
+        np.maximum.reduceat(ends[real][order], first) if len(keys) else []
     windows = {int(s): [markers.get(int(s), int(a)), int(b)]
                for s, a, b in zip(keys, starts, stops)}
     closed = frozenset(s for s in windows if s + 1 in markers)
@@ -185,7 +160,7 @@ def _step_windows(rows: RankRows):
     return {s: (a, b) for s, (a, b) in sorted(windows.items()) if b > a}, closed
 
 
-def _compute_spans(rows: RankRows, comm: list) -> np.ndarray:
+def _compute_spans(rows: RankRows, comm: Sequence[CommSpan]) -> np.ndarray:
     """Compute ops, plus the host time between a thread's consecutive ops (Python, autograd,
     tracer overhead, preemption), except the part of a gap before a communication completed
     in it (there the thread was, as far as the trace can tell, waiting for that completion)
@@ -211,16 +186,14 @@ def _compute_spans(rows: RankRows, comm: list) -> np.ndarray:
     return union(np.concatenate(spans))
 
 
-def _comm_spans(rows: RankRows, send_ends: dict) -> list:
-    from ..callgraphs.op_groups import site_of
-
+def _comm_spans(rows: RankRows, send_ends: Mapping[int, int]) -> list[CommSpan]:
     last = int(max(rows.t1.max(initial=0), rows.t0.max(initial=0), rows.t_ret.max(initial=0)))
     trace = rows.trace
     nbytes, seq, dtype = trace.col("bytes"), trace.col("seq"), trace.col("dtype")
     async_op = trace.col("async_op")
     stack, fwd_stack = trace.col("stack"), trace.col("fwd_stack")
     dtypes = trace.dictionary("dtype")
-    sites: dict = {}
+    sites: dict[tuple[int, int], Optional[Frame]] = {}
     spans = []
     for i in np.nonzero(rows.is_comm)[0].tolist():
         start, end = int(rows.t0[i]), int(rows.t1[i])
