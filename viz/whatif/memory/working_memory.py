@@ -89,7 +89,7 @@ def scaled(works: list, batch: float, dtype: float, plan=None) -> list:
 
 def dtensor_saved(works: list, plan, windows) -> list:
     """Under a TP plan, what a sharded linear alone saved for backward is saved as a DTensor,
-    and the recorder's saved-tensor hook takes plain tensors only: such a storage (an
+    whose storage the recorder does not reach through the wrapper: such a storage (an
     activation freed inside the backward of a planned linear) stays a temporary."""
     if plan is None:
         return works
