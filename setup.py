@@ -20,7 +20,7 @@ HOT_PATH = [Extension("tracer.recorder._hotpath", HOT_PATH_SOURCES,
                       optional=True)]
 if sys.version_info < (3, 11) or platform.python_implementation() != "CPython":
     HOT_PATH = []
-# CUPTI's activity API without Kineto (tracer/recorder/device_direct.py): no CUPTI header or
+# CUPTI's activity API without Kineto (tracer/recorder/device/cupti_direct.py): no CUPTI header or
 # library is needed to build it (it loads the libcupti torch's CUDA build loaded). Optional,
 # Linux and CPython only; without it the recorder takes device time through Kineto.
 CUPTI = [Extension("tracer.recorder._cupti", ["tracer/recorder/csrc/cupti.c",
@@ -34,7 +34,7 @@ if not sys.platform.startswith("linux") or platform.python_implementation() != "
 # A free-threaded build (3.13t on) gets neither: both keep tables that assume the GIL, and
 # importing a module that does not declare otherwise turns the GIL back on for the process.
 # The recorder runs their Python twins there, and device time comes from Kineto's windows
-# (tracer/recorder/_native.py, docs/compat.md).
+# (tracer/recorder/hotpath/_native.py, docs/compat.md).
 if sysconfig.get_config_var("Py_GIL_DISABLED"):
     HOT_PATH, CUPTI = [], []
 FRAMEWORKS = ["transformers==5.24.0", "accelerate==1.15.0", "lightning==2.6.6"]

@@ -16,7 +16,7 @@ where it fell (round and counted step: a one-time cost falls in the same place i
 - paratrace outside its recorded steps (``steps="0"``: only the warm-up step is recorded, the
   timed steps are not), against untraced: what a ``--steps`` window costs the other steps;
 - torch.profiler(with_stack=True, record_shapes=True);
-- paratrace recording memory too (``memory=True``: tracer/recorder/memory.py), beside
+- paratrace recording memory too (``memory=True``: tracer/recorder/memory/memory_recorder.py), beside
   torch.profiler(profile_memory=True), the memory tool users compare it with;
 - optionally DebugMode(record_stack_trace=True) (``--debug-mode``: slow).
 

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 import tracer
-from tracer.recorder import shapes
-from tracer.recorder.stacks import INTERNAL, PyStackInterner, StackInterner
+from tracer.recorder.attribution import shapes
+from tracer.recorder.attribution.stacks import INTERNAL, PyStackInterner, StackInterner
 from support.paths import SCRIPTS
 
 needs_c = pytest.mark.skipif(StackInterner.HOT_PATH != "c",

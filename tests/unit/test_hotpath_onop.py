@@ -19,7 +19,7 @@ import torch
 
 import tracer
 from tracer.recorder import rows, session as session_module
-from tracer.recorder._mode import RecordingMode
+from tracer.recorder.hotpath._mode import RecordingMode
 from tracer.vocab import labels, ops
 
 # Where the C path can be built and is not declined, it must be there (see the test below).

@@ -14,7 +14,7 @@ import torch
 
 import tracer
 from tracer.recorder import session as session_module
-from tracer.recorder._mode import RecordingMode
+from tracer.recorder.hotpath._mode import RecordingMode
 from tracer.vocab import ops
 
 PATHS = ["c", "python"]
@@ -119,7 +119,7 @@ def _once_armed(real):
 
 @pytest.fixture(autouse=True)
 def plantable_storage_key(monkeypatch):
-    from tracer.recorder import memory as memory_module, storage_table
+    from tracer.recorder.memory import memory_recorder as memory_module, storage_table
     for module in (memory_module, storage_table):
         monkeypatch.setattr(module, "storage_key", _once_armed(module.storage_key))
     yield

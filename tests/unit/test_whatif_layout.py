@@ -1,5 +1,5 @@
 """The parameter layout trace-whatif re-shards (viz.whatif.layout), from what the recorder
-writes of a root module (tracer.recorder.parameters), against torch's own computations: its
+writes of a root module (tracer.recorder.attribution.parameters), against torch's own computations: its
 bucket assignment for DDP (torch.distributed._compute_bucket_assignment_by_size), torch.chunk
 for FSDP2's shards, the models' named_parameters; and the targets on any model refused with
 one line where the recording cannot support them (viz.whatif.model_targets)."""
@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from support.paths import SCRIPTS
-from tracer.recorder.parameters import describe
+from tracer.recorder.attribution.parameters import describe
 from viz.whatif.layout import Layout, ddp_buckets, fsdp_bytes, zero_partition
 from viz.whatif.model_targets import model_target
 from viz.whatif.setup import Setup

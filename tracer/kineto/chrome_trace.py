@@ -1,7 +1,7 @@
 """GPU activity as CUPTI records it, read from torch.profiler's Chrome-trace export (Kineto).
 
 Both paths of device time go through here: the recorder saves each recorded window's CUPTI
-activity with torch's own Kineto binding and parses it back (tracer.recorder.device), and
+activity with torch's own Kineto binding and parses it back (tracer.recorder.device.kineto_windows), and
 ``trace-report --kineto FILE`` merges a user's own profiler export. The export is JSON: a
 ``traceEvents`` list whose ``ts``/``dur`` are microseconds (three decimals: nanoseconds). Newer
 torch writes ``ts`` relative to ``baseTimeNanoseconds``; older torch writes no base and

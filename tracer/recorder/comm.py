@@ -69,7 +69,7 @@ class CommTracker:
         self.last: Optional[dict] = None   # the last collective launched, described
         self.failed: list = []             # collectives that ended in an error, described
         # thread ident -> (module id, forward stack id) its collectives are credited to, in
-        # place of the running module's and autograd node's (fsdp.py: FSDP's parameters)
+        # place of the running module's and autograd node's (fsdp_credit.py: FSDP's parameters)
         self.owners: dict = {}
         self.lock = threading.Lock()
 

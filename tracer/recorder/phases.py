@@ -42,7 +42,7 @@ import torch
 
 from tracer.vocab.labels import PHASE_BACKWARD, PHASE_FORWARD, PHASE_GRAD_SYNC, PHASE_OTHER
 
-from .annotations import NO_PHASE
+from .attribution.annotations import NO_PHASE
 from .compat import function_application
 
 

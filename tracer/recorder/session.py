@@ -1,6 +1,6 @@
 """The recording session: owns everything recorded for one process and streams it to disk.
 
-The private dispatch mode (``_mode.py``) hands each op to :meth:`Session.on_op`, the hot path.
+The private dispatch mode (``hotpath/_mode.py``) hands each op to :meth:`Session.on_op`, the hot path.
 The session keeps the lifecycle (start, the process group's arrival, close) and the step
 windows; the rest lives in focused modules: communication (comm.py), every patch into torch and
 os (patches/), annotations, stacks, module paths (modules.py), phases, shapes, the status file
@@ -25,23 +25,26 @@ from tracer.vocab.labels import (PHASE_BACKWARD, PHASE_FORWARD, PHASE_GRAD_SYNC,
                                  PHASE_OTHER, PHASE_RECOMPUTE)
 from tracer.vocab.library import META_KEY as LIBRARY_META
 
-from . import _active, compiled, exits, hops, memory, patches, process_group, rows
-from ._mode import RecordingMode, op_entry
-from ._native import native_hot_path
-from .annotations import AnnotationStack, Range
-from .clock import ClockAlignment
+from . import _active, patches, rows
+from .frameworks import compiled, hops
+from .process import exits, process_group
+from .memory import memory_recorder as memory
+from .hotpath._mode import RecordingMode, op_entry
+from .hotpath._native import native_hot_path
+from .attribution.annotations import AnnotationStack, Range
+from .process.clock import ClockAlignment
 from .comm import CommTracker, special_op
-from .device import DeviceRecorder, clock_pair, cuda_in_use, pairs_meta
-from .device_direct import DirectDeviceRecorder, device_recorder
-from .dtensor import SubclassOps, function_phase
+from .device.kineto_windows import DeviceRecorder, clock_pair, cuda_in_use, pairs_meta
+from .device.cupti_direct import DirectDeviceRecorder, device_recorder
+from .frameworks.dtensor import SubclassOps, function_phase
 from .flusher import Flusher
-from .modules import ModuleTracker
+from .attribution.modules import ModuleTracker
 from .options import TraceOptions
 from .passthrough import recorder_failed
 from .phases import PhaseRules
-from .process_info import rank_and_world, start_meta
-from .shapes import ShapeSignatures
-from .stacks import StackInterner
+from .process.process_info import rank_and_world, start_meta
+from .attribution.shapes import ShapeSignatures
+from .attribution.stacks import StackInterner
 
 _now = time.perf_counter_ns
 _current_node = torch._C._current_autograd_node
@@ -216,7 +219,7 @@ class Session(_SessionState):
         specs, packs one record and leaves everything else to the flusher. Outside recorded
         steps the mode is off the dispatch stack and nothing here runs. Where the C extension
         is built, csrc/onop.c does the same for plain ops, step for step, without
-        this frame (the mode's __torch_dispatch__ is C, _mode.py); this method is its twin, and
+        this frame (the mode's __torch_dispatch__ is C, hotpath/_mode.py); this method is its twin, and
         takes the rest: collectives, special ops, an op's first call, tensor subclasses.
         A failure of the recorder's own work puts the rank into passthrough (passthrough.py):
         the op runs, or has run, and returns its result.
@@ -316,7 +319,7 @@ class Session(_SessionState):
             self._push(_pack(t0, t1 if cid < 0 else -1, op_id, phase, module, stack, fwd_stack,
                              self._annotations.current, self.step_index, thread, shapes, cid))
             self._last_event_ns = t1
-            if self._memory is not None:     # the storages it made (memory.py)
+            if self._memory is not None:     # the storages it made (memory_recorder.py)
                 self._memory.table.outputs(func, out, t0, thread, comm is not None)
             if len(self._queue) > MAX_QUEUE:
                 self._flusher.flush()

@@ -1,5 +1,5 @@
 /* The tracer.recorder._cupti module: CUPTI's activity API driven directly, with no Kineto
- * session to stop (tracer/recorder/device_direct.py says how the recorder uses it).
+ * session to stop (tracer/recorder/device/cupti_direct.py says how the recorder uses it).
  *
  * CUPTI fills buffers this module hands it and gives each full one back on a thread of its
  * own (every flush period, or at a flush). The completion callback turns the records it keeps
@@ -370,7 +370,7 @@ static PyMethodDef cupti_functions[] = {
 static struct PyModuleDef cupti_module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "tracer.recorder._cupti",
-    .m_doc = "CUPTI's activity API without Kineto (tracer/recorder/device_direct.py).",
+    .m_doc = "CUPTI's activity API without Kineto (tracer/recorder/device/cupti_direct.py).",
     .m_size = -1,
     .m_methods = cupti_functions,
 };

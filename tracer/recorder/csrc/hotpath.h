@@ -2,8 +2,8 @@
  * (onop.c), the stack capture's walk, the shape signature's key and memory recording's storage
  * table (storagetable.c, storagetable.h).
  *
- * Each is a base class whose Python twin (recorder/session.py: Session.on_op, recorder/stacks.py:
- * _PyStackWalk, recorder/shapes.py: _PyShapeKeys) does the same, step for step, on the same
+ * Each is a base class whose Python twin (recorder/session.py: Session.on_op, recorder/attribution/stacks.py:
+ * _PyStackWalk, recorder/attribution/shapes.py: _PyShapeKeys) does the same, step for step, on the same
  * Python containers; the subclass in
  * Python (Session, StackInterner, ShapeSignatures) owns everything off the hot path: collectives,
  * classifying an op or a code object, making a node, interning a stack's or a signature's text. These files only replace
@@ -27,7 +27,7 @@
 #error "tracer.recorder._hotpath needs CPython >= 3.11 (PyFrame_GetLasti)"
 #endif
 
-#define INTERNAL 0    /* tracer/recorder/stacks.py's kinds: INTERNAL, LIBRARY, USER */
+#define INTERNAL 0    /* tracer/recorder/attribution/stacks.py's kinds: INTERNAL, LIBRARY, USER */
 #define RESUMABLE 4   /* a code kind's flag: a generator's or coroutine's */
 
 /* Attribute and method names, interned once (module.c). */
@@ -131,7 +131,7 @@ long long now_ns(void);
 
 extern PyTypeObject SessionStateType, OpDispatchType;   /* sessiontypes.c */
 
-/* memory recording's storage table (storagetable.c; recorder/storage_table.py its twin) */
+/* memory recording's storage table (storagetable.c; recorder/memory/storage_table.py its twin) */
 extern PyTypeObject StorageTableType, StorageRefType;
 int storage_table_ready(void);      /* the types and names, once (module.c) */
 int storage_table_outputs(PyObject *table, PyObject *func, PyObject *out, long long t0,

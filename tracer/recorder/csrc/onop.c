@@ -78,7 +78,7 @@ entry_of(SessionState *s, PyObject *func)
     return map_add(&s->entries, func, 0, entry, entry) < 0 ? NULL : entry;
 }
 
-/* memory is recorded (memory.py set the table; session_is_ready checks its type) */
+/* memory is recorded (memory_recorder.py set the table; session_is_ready checks its type) */
 static int
 memory_on(SessionState *s)
 {
@@ -295,7 +295,7 @@ record(SessionState *s, PyObject *entry, PyObject *args, PyObject *out, PyFrameO
     s->last_event_ns = t1;
     if (memory_on(s) && storage_table_outputs(s->memory_table, PyTuple_GET_ITEM(entry, 4), out,
                                               t0, thread, 0) < 0)
-        goto done;                                   /* the storages it made (memory.py) */
+        goto done;                                   /* the storages it made (memory_recorder.py) */
     Py_ssize_t queued = PyObject_Length(s->queue);
     if (queued < 0)
         goto done;

@@ -238,7 +238,7 @@ PyTypeObject OpDispatchType = {
     .tp_basicsize = sizeof(OpDispatch),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
     .tp_doc = "OpDispatch(mode, session, fallback): the recording mode's __torch_dispatch__ "
-              "with on_op's common path in C (tracer/recorder/_mode.py).",
+              "with on_op's common path in C (tracer/recorder/hotpath/_mode.py).",
     .tp_new = dispatch_new,
     .tp_call = PyVectorcall_Call,
     .tp_vectorcall_offset = offsetof(OpDispatch, vectorcall),

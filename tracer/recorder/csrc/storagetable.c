@@ -1,4 +1,4 @@
-/* StorageTable: memory recording's storage table in C; tracer/recorder/storage_table.py's
+/* StorageTable: memory recording's storage table in C; tracer/recorder/memory/storage_table.py's
  * PyStorageTable is its twin, step for step (read that module for what a table does and why).
  *
  * The C on_op (onop.c) calls storage_table_outputs and storage_table_node_runs directly, so

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
-from tracer.recorder import pipelining, process_group
+from tracer.recorder.frameworks import pipelining
+from tracer.recorder.process import process_group
 from tracer.recorder.comm import wait_hook
 from tracer.vocab.labels import SCHEDULE_LABEL
 

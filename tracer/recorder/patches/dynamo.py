@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from tracer.recorder import compiled as _compiled, hops
+from tracer.recorder.frameworks import compiled as _compiled, hops
 
 if TYPE_CHECKING:
     from . import Patches

@@ -1,5 +1,5 @@
 """The patches into FSDP2 (``fully_shard``): its parameter groups' all-gathers and
-reduce-scatters, and its prefetches (what tracer/recorder/fsdp.py does with them), now if FSDP2 is
+reduce-scatters, and its prefetches (what tracer/recorder/frameworks/fsdp_credit.py does with them), now if FSDP2 is
 imported, else as soon as it is (importing it costs about a second: the recorder does not).
 
 Where: torch.distributed.fsdp._fully_shard's ``FSDPParamGroup`` (``unshard``,
@@ -15,7 +15,7 @@ import functools
 import sys
 from typing import TYPE_CHECKING
 
-from tracer.recorder.fsdp import FsdpCredit
+from tracer.recorder.frameworks.fsdp_credit import FsdpCredit
 
 from .distributed import _OnImport
 

@@ -24,7 +24,7 @@ def native_hot_path():
     if os.environ.get("PARATRACE_PURE_PYTHON", "") not in ("", "0") or not gil_enabled():
         return None
     try:
-        from . import _hotpath
+        from .. import _hotpath
     except ImportError:
         return None
     return _hotpath

@@ -10,7 +10,7 @@ traced module's forward down to the call the node stands for (torch.export, Dyna
 with ``record_stack_traces``), e.g. ``Model.forward`` -> ``Block.forward`` -> torch's
 ``Linear.forward``.
 
-tracer.recorder.stacks asks this module for those frames once per call-site node it makes (never
+tracer.recorder.attribution.stacks asks this module for those frames once per call-site node it makes (never
 per op) and puts them in the stack in place of the FX frame. Torch is imported only by
 :class:`FxFrames` (the recorder's side).
 """
@@ -34,7 +34,7 @@ class FxFrames:
         except ImportError:                   # pragma: no cover - a torch without torch.fx
             Interpreter, Node = None, ()
         run_node = getattr(Interpreter, "run_node", None)
-        # NOTE: by identity: hashing a code object rehashes its bytecode (tracer.recorder.stacks)
+        # NOTE: by identity: hashing a code object rehashes its bytecode (tracer.recorder.attribution.stacks)
         self.run_node_code = getattr(run_node, "__code__", None)
         self._node_type = Node
         self._graphs: dict = {}       # id(generated code) -> (code, nodes, lineno map) or None
@@ -101,7 +101,7 @@ class FxFrames:
 
     def qualname(self, path: str, line: int, name: str) -> str:
         """The qualified name (``Block.forward``) of the function ``name`` whose body holds
-        ``line`` of ``path``, as tracer.recorder.qualnames names a live frame's; ``name`` when
+        ``line`` of ``path``, as tracer.recorder.attribution.qualnames names a live frame's; ``name`` when
         the source cannot tell."""
         best = None
         for d in qualnames.definitions(path):

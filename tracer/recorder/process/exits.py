@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 from typing import Optional
 
-from . import _active
+from .. import _active
 
 
 def exit_code(code) -> int:

@@ -50,8 +50,8 @@ from torch.nn.modules import module as _module
 from torch.optim.optimizer import (register_optimizer_step_post_hook,
                                    register_optimizer_step_pre_hook)
 
-from ._native import native_hot_path
-from .compat import STORAGE_KEYED, checkpoint_inputs, returns_only_aliases, storage_key
+from ..hotpath._native import native_hot_path
+from ..compat import STORAGE_KEYED, checkpoint_inputs, returns_only_aliases, storage_key
 from .storage_table import (EVENT, GRADIENTS, OPTIMIZER_STATE, PARAMETERS, PyStorageTable)
 
 _Tensor = torch.Tensor

@@ -8,7 +8,7 @@ import torch
 
 from tracer.vocab.ops import dtype_name
 
-from ._native import native_hot_path
+from ..hotpath._native import native_hot_path
 
 _Tensor = torch.Tensor
 _Parameter = torch.nn.Parameter

@@ -8,7 +8,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from tracer.vocab import ops
 
-from .compat import skip_dynamo
+from ..compat import skip_dynamo
 
 _stack_len = torch._C._len_torch_dispatch_stack
 _stack_at = torch._C._get_dispatch_stack_at

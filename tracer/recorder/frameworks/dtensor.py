@@ -32,7 +32,7 @@ import torch
 
 from tracer.vocab.labels import PHASE_FORWARD
 
-from .compat import function_application
+from ..compat import function_application
 
 _get_mode = torch._C._get_dispatch_mode
 _FAKE = torch._C._TorchDispatchModeKey.FAKE

@@ -35,7 +35,7 @@ from time import perf_counter_ns as _now
 
 import torch
 
-from .stacks import USER
+from ..attribution.stacks import USER
 
 LABEL_PREFIX = "higher_order."
 SOURCE = "higher_order"

@@ -18,7 +18,7 @@ from __future__ import annotations
 import weakref
 from typing import Callable, Optional
 
-from .compat import local_shape
+from ..compat import local_shape
 
 META_KEY = "parameters"
 

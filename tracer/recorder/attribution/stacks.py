@@ -12,7 +12,7 @@ the user's (transformers' modeling code, Lightning). Paths the user marked as th
 paratrace's own sample_runs/ always is: it stands for user code.
 
 Code torch.fx runs (a GraphModule's generated forward, ``torch.fx.Interpreter.run_node``) is
-replaced by the frames its graph node recorded when it was traced (tracer.recorder.fxframes): the
+replaced by the frames its graph node recorded when it was traced (tracer.recorder.attribution.fxframes): the
 model's own lines, as if it had run eagerly. That is decided once per call-site node, off the
 hot path; the walk only keys an interpreter's frames by the node they run.
 """
@@ -25,7 +25,7 @@ from tracer.vocab.library import ROOT as _ROOT, LibraryRule
 from tracer.vocab.user_frames import (DISPATCH_FILES as _DISPATCH_FILES, FX_NODE, INTERNAL,
                                       LIBRARY, USER, kept)
 
-from ._native import native_hot_path
+from ..hotpath._native import native_hot_path
 from . import qualnames
 from .fxframes import FxFrames, enclosing_strip
 

@@ -11,7 +11,7 @@ waits for the GPU (the window's last kernels must be in it), disables the profil
 (``torch.autograd._disable_profiler``: Kineto collects and sorts CUPTI's records; the state is
 thread-local) and saves Kineto's own Chrome-trace export (``_ProfilerResult.save``), all before
 the next window starts (see the NOTE). The flusher thread hands the file to the recording's
-device worker (:mod:`tracer.recorder.device_worker`), a process started at the first window,
+device worker (:mod:`tracer.recorder.device.window_worker`), a process started at the first window,
 which parses it (:mod:`tracer.kineto.chrome_trace`) and appends it to ``rank-<R>.device.arrow``
 (:mod:`tracer.files.device_format`). Closing the session waits for the worker
 (``close_wait_s``; past it the exports not yet parsed stay on disk, named in the metadata).
@@ -21,7 +21,7 @@ record_function range (see :meth:`DeviceRecorder.boundary`). A killed process lo
 under way and those not yet handed over; the worker appends the ones it was handed, then leaves.
 While a user's torch.profiler runs, no window is open: one under way ends before the user's
 profiler prepares, and windows start again at the first recorded step after it stopped (said
-once; :mod:`tracer.recorder.device_notes` says why).
+once; :mod:`tracer.recorder.device.device_notes` says why).
 
 Where this torch lacks a part of that binding, torch.profiler.profile runs the windows instead.
 ``DeviceRecorder.window_path = "torch.profiler"`` forces that path;
@@ -59,7 +59,7 @@ from tracer.files import rundir
 from tracer.kineto.chrome_trace import load_chrome_trace
 
 from .device_notes import DeviceNotes, profiler_enabled
-from .device_worker import DeviceWorker, WindowAppender
+from .window_worker import DeviceWorker, WindowAppender
 
 WINDOW_S = 1.0
 CLOSE_WAIT_S = 60.0      # how long closing waits for the worker's last windows
@@ -151,7 +151,7 @@ class DeviceRecorder(DeviceNotes):
     # "torch.profiler": the path before, stopped and exported at the cut on the training thread
     window_path = "binding"
     # where the saved windows are parsed and appended: "worker", a process of the recording's
-    # own (tracer.recorder.device_worker); "flusher": the flusher thread, in this process (the path
+    # own (tracer.recorder.device.window_worker); "flusher": the flusher thread, in this process (the path
     # before, and the one taken when the worker cannot start or dies)
     parse_in = "worker"
     # where an ended window is saved (Kineto's export): "cut", on the training thread before

@@ -2,7 +2,7 @@
 appends them to ``rank-<R>.device.arrow``, so the parse (Python, a third of a second a window
 on the CPU stand-in) and the Arrow write never hold the training process's GIL.
 
-The recorder (:mod:`tracer.recorder.device`) starts one per recording at its first window
+The recorder (:mod:`tracer.recorder.device.kineto_windows`) starts one per recording at its first window
 (:class:`DeviceWorker`: ``sys.executable``, never multiprocessing, whose spawn would import the
 training script again) and talks to it in JSON lines. On its stdin:
 
@@ -41,7 +41,7 @@ from tracer.vocab.library import ROOT
 BOOT = """import sys
 sys.path.insert(0, sys.argv[1])
 try:
-    from tracer.recorder.device_worker import main
+    from tracer.recorder.device.window_worker import main
 except Exception as exc:
     sys.exit(f"paratrace device worker: cannot start ({type(exc).__name__}: {exc})")
 main(sys.argv[2:])

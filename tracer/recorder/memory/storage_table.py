@@ -1,4 +1,4 @@
-"""Memory recording's storage table (memory.py): every storage seen alive, keyed by its
+"""Memory recording's storage table (memory_recorder.py): every storage seen alive, keyed by its
 StorageImpl's address, and the events recorded on it (allocations, frees, reclasses), in the
 order they happened. This is the Python twin of csrc/storagetable.c's ``StorageTable``: the
 same steps on the same kind of table. The C one runs with the C ``on_op`` (which calls it
@@ -35,7 +35,7 @@ import weakref
 
 import torch
 
-from .compat import (local_tensor, returns_only_aliases, saved_tensor_names, saved_tensors,
+from ..compat import (local_tensor, returns_only_aliases, saved_tensor_names, saved_tensors,
                      storage_key)
 
 TEMPORARIES, COMM, ACTIVATIONS, OPTIMIZER_STATE, GRADIENTS, PARAMETERS = range(6)

@@ -1,6 +1,6 @@
 """GPU activity straight from CUPTI's activity API, with no Kineto window to close.
 
-Kineto's windows (:mod:`tracer.recorder.device`) stall the training thread each time one
+Kineto's windows (:mod:`tracer.recorder.device.kineto_windows`) stall the training thread each time one
 closes: the profiler's stop and the export must both run on it (measured on an H200, 329.8 ms
 median for a step in which a window closed, against 141.0 ms; docs/overhead.md). Here CUPTI
 stays enabled while the session records. It fills buffers and hands each back on a thread of its
@@ -13,7 +13,7 @@ and at the session's close waits for the GPU once and flushes what is left.
 The libcupti used is the one torch's CUDA build loaded (found in the process's mappings), so
 Kineto and this module share it: a user's torch.profiler that records CUDA registers buffer
 callbacks of its own and disables the kinds when it stops. So, as on the Kineto path
-(:mod:`tracer.recorder.device_notes`), CUPTI is disabled and flushed into this recorder's rows
+(:mod:`tracer.recorder.device.device_notes`), CUPTI is disabled and flushed into this recorder's rows
 before a user's profiler prepares, stays off while it runs, and is enabled again at the first
 recorded step after it stopped; said once. A profiler the patch misses (one that prepares
 without ``torch.autograd.profiler``) is seen at the next step boundary, and CUPTI is then left
@@ -53,8 +53,8 @@ import pyarrow as pa
 from tracer.files import rundir
 from tracer.files.device_format import DeviceRecords, DeviceWriter, warm_up
 
-from ._native import gil_enabled
-from .device import DeviceRecorder, clock_pair
+from ..hotpath._native import gil_enabled
+from .kineto_windows import DeviceRecorder, clock_pair
 from .device_notes import DeviceNotes
 
 SOURCE_ENV = "PARATRACE_DEVICE_SOURCE"      # "cupti" (default) or "kineto"
@@ -97,7 +97,7 @@ def native() -> tuple:
     if not gil_enabled():       # before the import, which would turn the GIL back on
         return None, "the GIL is disabled (free-threaded Python)"
     try:
-        from . import _cupti
+        from .. import _cupti
     except ImportError:
         return None, "the _cupti extension is not built"
     path = libcupti_path()

@@ -13,7 +13,7 @@ import torch.distributed as dist
 from tracer.vocab import ops
 from tracer.vocab.labels import PHASE_OTHER
 
-from . import rows
+from .. import rows
 
 
 def arrived(session, t0: Optional[int] = None) -> None:
