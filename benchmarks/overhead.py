@@ -11,7 +11,7 @@ where it fell (round and counted step: a one-time cost falls in the same place i
 - the same without the Dynamo-disable wrapper torch puts around it by default, which paratrace
   also leaves out: the lower floor, against which paratrace's ratio is the less flattering one;
 - paratrace with stacks, shapes and modules on;
-- the same with the Python twins of its C hot path (tracer/recorder/csrc/), where that is built:
+- the same with the Python twins of its C hot path (tracer/recorder/csrc/hotpath/), where that is built:
   what the extension buys;
 - paratrace outside its recorded steps (``steps="0"``: only the warm-up step is recorded, the
   timed steps are not), against untraced: what a ``--steps`` window costs the other steps;

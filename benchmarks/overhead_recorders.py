@@ -113,7 +113,7 @@ class Recorders:
                           self.paratrace_unrecorded, "torch.profiler": self.profiler,
                           # memory (tracer/recorder/memory/memory_recorder.py) beside torch's memory profiler
                           MEMORY: self.paratrace_memory, PROFILE_MEMORY: self.memory_profiler}
-        if StackInterner.HOT_PATH == "c":      # what the C hot path buys (tracer/recorder/csrc/)
+        if StackInterner.HOT_PATH == "c":      # what the C hot path buys (tracer/recorder/csrc/hotpath/)
             self.factories["paratrace, Python hot path"] = self.paratrace_python
         if debug_mode:
             self.factories["DebugMode"] = self.debug_mode

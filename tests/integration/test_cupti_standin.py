@@ -1,4 +1,4 @@
-"""tracer/recorder/csrc/cupti.c against a stand-in libcupti, on the CPU torch (no GPU): every
+"""tracer/recorder/csrc/cupti/cupti.c against a stand-in libcupti, on the CPU torch (no GPU): every
 path of the C module, CUPTI's calls and their error returns, out of memory, and the callbacks
 run on the stand-in's own thread, as CUPTI runs them. The records are laid out from NVIDIA's
 struct definitions (tests/support/cupti_records.py, checked against the headers by

@@ -31,7 +31,7 @@ KERNEL_NS = 5_000
 
 
 class StandInCupti:
-    """The C module's calls (tracer/recorder/csrc/cupti.c) over rows made by :meth:`launch`:
+    """The C module's calls (tracer/recorder/csrc/cupti/cupti.c) over rows made by :meth:`launch`:
     a cudaLaunchKernel on the calling thread at its time, then its kernel, while enabled."""
 
     def __init__(self):

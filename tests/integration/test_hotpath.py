@@ -1,4 +1,4 @@
-"""The recorder's C hot path (tracer/recorder/csrc/) against its Python twins: the same stack ids
+"""The recorder's C hot path (tracer/recorder/csrc/hotpath/) against its Python twins: the same stack ids
 and texts, the same shape signatures, the same trace rows; and what C must not do (leak a
 reference, crash on a bad argument or a failing callback)."""
 from __future__ import annotations
@@ -357,7 +357,7 @@ def test_either_hot_path_records_the_same_rows(tmp_path, memory):
     c_rows, py_rows = runs["c"][1], runs["python"][1]
     assert len(c_rows) == len(py_rows) > 300
     assert c_rows == py_rows
-    # every branch of on_op (and of its C twin, tracer/recorder/csrc/onop.c) was taken
+    # every branch of on_op (and of its C twin, tracer/recorder/csrc/hotpath/onop.c) was taken
     assert {r["phase"] for r in c_rows} == {"forward", "backward", "recompute", "grad_sync",
                                            "optimizer", "other"}
     cat = next(r for r in c_rows if r["op"] == "aten.cat.default")

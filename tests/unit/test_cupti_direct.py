@@ -1,4 +1,4 @@
-"""CUPTI's activity API without Kineto (tracer/recorder/csrc/cupti.c, cupti_direct.py), without
+"""CUPTI's activity API without Kineto (tracer/recorder/csrc/cupti/cupti.c, cupti_direct.py), without
 a GPU: each record kind, laid out from NVIDIA's struct definitions (tests/support/
 cupti_records.py), through the completion path's parse into device-file rows, and the real
 libcupti of a CUDA build of torch loaded, naming the launches by NVIDIA's callback ids and

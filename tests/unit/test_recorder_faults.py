@@ -3,7 +3,7 @@ the recorder's own work around an op (a new stack node, a code object's classifi
 storage's first sight, a shape key, the queue, an op's classification, the device recorder's
 start, a record_function range's bookkeeping) never reaches the training step. The op returns its
 result (an in-place op has run once), the rank records nothing more, the trace's metadata says
-why (``recorder_error``) and stderr says it once. On the C hot path (csrc/onop.c) and on its
+why (``recorder_error``) and stderr says it once. On the C hot path (csrc/hotpath/onop.c) and on its
 Python twin (Session.on_op), each."""
 from __future__ import annotations
 

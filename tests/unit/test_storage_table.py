@@ -1,4 +1,4 @@
-"""Memory recording's storage table, its C twin (csrc/storagetable.c) against the Python one
+"""Memory recording's storage table, its C twin (csrc/hotpath/storagetable.c) against the Python one
 (tracer/recorder/memory/storage_table.py), call for call on the same tensors: the same events in the
 same order (times aside), packed the same. The traces both record are compared in
 tests/integration/test_hotpath.py."""

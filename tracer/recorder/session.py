@@ -57,7 +57,7 @@ _sequence_nr = torch.autograd._get_sequence_nr     # in every torch of the range
 
 MAX_QUEUE = 200_000          # events held in memory before the hot path flushes itself
 MAX_NODES = 1 << 18          # forward autograd nodes remembered (this and the last window)
-# on_op's common path in C (csrc/onop.c): the fields it reads are its base's members
+# on_op's common path in C (csrc/hotpath/onop.c): the fields it reads are its base's members
 _HOT = native_hot_path()
 _SessionState = getattr(_HOT, "SessionState", object)
 C_ON_OP = _SessionState is not object     # built, and not PARATRACE_PURE_PYTHON
@@ -218,7 +218,7 @@ class Session(_SessionState):
         The hot path: every aten op of a recorded step comes through here, so it reads cached
         specs, packs one record and leaves everything else to the flusher. Outside recorded
         steps the mode is off the dispatch stack and nothing here runs. Where the C extension
-        is built, csrc/onop.c does the same for plain ops, step for step, without
+        is built, csrc/hotpath/onop.c does the same for plain ops, step for step, without
         this frame (the mode's __torch_dispatch__ is C, hotpath/_mode.py); this method is its twin, and
         takes the rest: collectives, special ops, an op's first call, tensor subclasses.
         A failure of the recorder's own work puts the rank into passthrough (passthrough.py):
@@ -328,7 +328,7 @@ class Session(_SessionState):
         return out
 
     def _recorder_failed(self, exc: BaseException) -> None:
-        recorder_failed(self, exc)      # the C on_op's way in (csrc/onop.c)
+        recorder_failed(self, exc)      # the C on_op's way in (csrc/hotpath/onop.c)
 
     def _thread(self) -> int:
         ident = _get_ident()

@@ -25,7 +25,7 @@ from typing import Any, Iterable, Optional
 
 from .library import ROOT, LibraryRule
 
-# a frame's kind (tracer/recorder/csrc/stackwalk.c mirrors the values)
+# a frame's kind (tracer/recorder/csrc/hotpath/stackwalk.c mirrors the values)
 INTERNAL, LIBRARY, USER, FX_NODE = 0, 1, 2, 3
 # torch's own dispatch and module-call machinery between a call site and the mode, relative to
 # torch's directory: never a useful frame (the boundary of a module call is then its forward,

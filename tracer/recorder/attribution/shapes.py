@@ -15,7 +15,7 @@ _Parameter = torch.nn.Parameter
 
 
 class _PyShapeKeys:
-    """ShapeSignatures' hot path in Python: the twin of tracer/recorder/csrc/'s ShapeKeys, which
+    """ShapeSignatures' hot path in Python: the twin of tracer/recorder/csrc/hotpath/'s ShapeKeys, which
     replaces it where the extension is built."""
 
     def id_of(self, args) -> int:

@@ -32,7 +32,7 @@ from .fxframes import FxFrames, enclosing_strip
 # The frame kinds (tracer.vocab.user_frames: USER, LIBRARY, INTERNAL). FX_NODE:
 # torch.fx.Interpreter.run_node, one code for every graph node it runs, so the walk keys its
 # frames by that node too (_fx_siblings); a node of this kind drops the interpreter's frames
-# inward of it. NOTE: tracer/recorder/csrc/stackwalk.c's FX_NODE
+# inward of it. NOTE: tracer/recorder/csrc/hotpath/stackwalk.c's FX_NODE
 
 _INTERNAL_DIRS = tuple(os.path.join(_ROOT, d) + os.sep for d in ("tracer", "instrument"))
 _SAMPLE_RUNS = os.path.join(_ROOT, "sample_runs") + os.sep
@@ -53,7 +53,7 @@ def _dispatch_files() -> tuple:
 
 
 class _PyStackWalk:
-    """StackInterner's hot path in Python: the twin of tracer/recorder/csrc/'s StackWalk, which
+    """StackInterner's hot path in Python: the twin of tracer/recorder/csrc/hotpath/'s StackWalk, which
     replaces it where the extension is built. Both work on the subclass's tables (set up in its
     __init__) and call back its classify, _new_node, _sid and _root off the hot path.
 

@@ -5,7 +5,7 @@ closes: the profiler's stop and the export must both run on it (measured on an H
 median for a step in which a window closed, against 141.0 ms; docs/overhead.md). Here CUPTI
 stays enabled while the session records. It fills buffers and hands each back on a thread of its
 own every ``FLUSH_PERIOD_MS`` (``cuptiActivityFlushPeriod``); the C completion callback
-(csrc/cupti.c) turns the records into device-file rows there, without the GIL, and the
+(csrc/cupti/cupti.c) turns the records into device-file rows there, without the GIL, and the
 flusher thread drains them into ``rank-<R>.device.arrow`` (:mod:`tracer.files.device_format`),
 a batch per drain. The training thread only enables CUPTI, disables it when recording pauses,
 and at the session's close waits for the GPU once and flushes what is left.

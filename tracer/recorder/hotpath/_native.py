@@ -1,5 +1,5 @@
 """Which hot path the recorder runs: the C extension ``tracer.recorder._hotpath`` (built from
-tracer/recorder/csrc/) where it is built, else its Python twins in stacks.py and shapes.py.
+tracer/recorder/csrc/hotpath/) where it is built, else its Python twins in stacks.py and shapes.py.
 ``PARATRACE_PURE_PYTHON=1`` asks for the Python ones. Both record the same trace; its metadata says
 which one ran (``hot_path``). Where the GIL is off (a free-threaded build, 3.13t on), the C
 extensions are not built and not imported: their tables assume the GIL, and importing one would

@@ -2,7 +2,7 @@
 bytes, when it was freed and what it is kept for, written as memory rows of the trace
 (docs/trace-format.md, "Memory"; the mechanism measured in docs/overhead.md, "Memory tracking").
 
-The mechanism: a storage table (storage_table.py; its C twin, csrc/storagetable.c, runs with
+The mechanism: a storage table (storage_table.py; its C twin, csrc/hotpath/storagetable.c, runs with
 the C hot path, which calls it without a Python frame), fed by the hot path: each op's outputs
 (an allocation on first sight, a weak reference with a callback for the free) and, in
 backward, what each node saved for it (activations). Each storage is keyed by its
@@ -66,7 +66,7 @@ def recording(session, in_c: bool) -> "MemoryRecorder | None":
         return None
     recorder = MemoryRecorder(session, in_c)
     recorder.start()
-    if recorder.in_c:                  # the C on_op calls the C table itself (csrc/onop.c)
+    if recorder.in_c:                  # the C on_op calls the C table itself (csrc/hotpath/onop.c)
         session._memory_table = recorder.table
     return recorder
 

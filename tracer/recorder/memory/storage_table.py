@@ -1,6 +1,6 @@
 """Memory recording's storage table (memory_recorder.py): every storage seen alive, keyed by its
 StorageImpl's address, and the events recorded on it (allocations, frees, reclasses), in the
-order they happened. This is the Python twin of csrc/storagetable.c's ``StorageTable``: the
+order they happened. This is the Python twin of csrc/hotpath/storagetable.c's ``StorageTable``: the
 same steps on the same kind of table. The C one runs with the C ``on_op`` (which calls it
 without a Python frame); this one runs where the C hot path is not built or the Python twins
 run (``PARATRACE_PURE_PYTHON=1``, the Python hot path benchmarks/overhead.py measures), and
