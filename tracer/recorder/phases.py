@@ -1,7 +1,7 @@
 """Phases the hot path cannot read from one flag: recomputation, gradient synchronisation and
 setup (docs/phases.md).
 
-The hot path (session.py) decides most phases from what it already reads: the autograd node
+The hot path (op_path.py) decides most phases from what it already reads: the autograd node
 running (backward), an optimizer step (optimizer), the innermost annotation naming a phase, the
 module stack and grad mode (forward, else other). This module adds, without a cost per op:
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional
 
-# Normalized kinds of summary.json's contract (docs/architecture.md).
+# Normalized kinds of summary.json's contract (docs/contract.md).
 KINDS = (
     "all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "gather", "scatter",
     "all_to_all", "barrier", "send", "recv",

@@ -3,7 +3,7 @@
 The path of a module is its root's class name followed by the attribute names leading to it:
 ``GPT.blocks.0.attn.qkv``. A module called from a module that does not own it (a tied embedding
 reused as the LM head) is named by its path from the root when the root owns it, else by its class.
-Backward ops get the module of the forward op that created their autograd node (see session.py).
+Backward ops get the module of the forward op that created their autograd node (see op_path.py).
 """
 from __future__ import annotations
 

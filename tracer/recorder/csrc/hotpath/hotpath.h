@@ -2,9 +2,9 @@
  * (onop.c), the stack capture's walk, the shape signature's key and memory recording's storage
  * table (storagetable.c, storagetable.h).
  *
- * Each is a base class whose Python twin (recorder/session.py: Session.on_op, recorder/attribution/stacks.py:
- * _PyStackWalk, recorder/attribution/shapes.py: _PyShapeKeys) does the same, step for step, on the same
- * Python containers; the subclass in
+ * Each is a base class whose Python twin (recorder/op_path.py: on_op,
+ * recorder/attribution/stacks.py: _PyStackWalk, recorder/attribution/shapes.py: _PyShapeKeys)
+ * does the same, step for step, on the same Python containers; the subclass in
  * Python (Session, StackInterner, ShapeSignatures) owns everything off the hot path: collectives,
  * classifying an op or a code object, making a node, interning a stack's or a signature's text. These files only replace
  * interpreted bytecode with C on the paths every recorded op takes; they keep no state of their own
@@ -94,7 +94,7 @@ extern PyTypeObject StackWalkType;   /* stackwalk.c */
 extern PyTypeObject ShapeKeysType;   /* shapekeys.c */
 PyObject *shape_keys_id_of(PyObject *self, PyObject *ops_args);   /* a ShapeKeys' id_of */
 
-/* tracer/vocab/labels.py's phases and recorder/session.py's bounds (a test holds them equal) */
+/* tracer/vocab/labels.py's phases and recorder/op_path.py's bounds (a test holds them equal) */
 #define PHASE_OTHER 0
 #define PHASE_FORWARD 1
 #define PHASE_BACKWARD 2

@@ -20,7 +20,8 @@ static struct PyModuleDef hotpath_module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "tracer.recorder._hotpath",
     .m_doc = "The recorder's hot path in C: on_op's common path, the stack capture and the "
-             "shape keys (see tracer/recorder/session.py, attribution/stacks.py, attribution/shapes.py).",
+             "shape keys (see tracer/recorder/op_path.py, attribution/stacks.py, "
+             "attribution/shapes.py; docs/recorder.md).",
     .m_size = -1,
     .m_methods = hotpath_functions,
 };

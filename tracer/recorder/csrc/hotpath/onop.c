@@ -1,6 +1,5 @@
-/* Session.on_op's common path in C; tracer/recorder/session.py's on_op is its twin, and does
-everything
- * this path leaves to it (sessiontypes.c: the types that run it).
+/* Session.on_op's common path in C; tracer/recorder/op_path.py's on_op is its twin, and does
+ * everything this path leaves to it (sessiontypes.c: the types that run it).
  *
  * SessionState is the base of tracer.recorder.session.Session. The fields the hot path reads on
  * every op are its members, so the Python side reads and sets them under the same names

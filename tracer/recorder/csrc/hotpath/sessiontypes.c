@@ -105,7 +105,8 @@ PyTypeObject SessionStateType = {
     .tp_name = "tracer.recorder._hotpath.SessionState",
     .tp_basicsize = sizeof(SessionState),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "The fields of Session that on_op's C path reads (tracer/recorder/session.py).",
+    .tp_doc = "The fields of Session that on_op's C path reads (tracer/recorder/op_path.py, "
+              "docs/recorder.md).",
     .tp_new = PyType_GenericNew,
     .tp_traverse = (traverseproc)state_traverse,
     .tp_clear = (inquiry)state_clear,
