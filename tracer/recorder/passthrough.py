@@ -20,7 +20,7 @@ def recorder_failed(session, exc: BaseException) -> None:
         return
     error = f"{type(exc).__name__}: {exc}".strip()[:500]
     session._recorder_error = error
-    session._flusher.add_meta({"recorder_error": {"error": error, "step": session.step_index}})
+    session.flusher.add_meta({"recorder_error": {"error": error, "step": session.step_index}})
     print(f"paratrace: rank {session.rank}: the recorder failed at step {session.step_index} "
           f"({error}); this rank records nothing more, the run goes on", file=sys.stderr,
           flush=True)

@@ -133,7 +133,7 @@ class PhaseRules:
         found = function_application(frame, 16)
         if found is None or found[1] is None:
             return stack
-        return self._session._capture(found[1])
+        return self._session.stacks.capture(found[1])
 
     # ------------------------------------------------------------------ torch's calls
     # what tracer/recorder/patches wires into torch's functions (docs/phases.md)

@@ -11,6 +11,7 @@ phases, the status file (tracer.files.status), clock alignment (process/), the f
 from __future__ import annotations
 
 import importlib
+import operator
 import os
 import threading
 import time
@@ -45,6 +46,13 @@ from .process.process_info import rank_and_world, start_meta
 from .step_windows import StepWindows
 
 _now = time.perf_counter_ns
+
+
+def _part(field: str) -> property:
+    """One of Session's parts, read only (its field stays Session's)."""
+    return property(operator.attrgetter(field))
+
+
 __all__ = ["Session", "C_ON_OP", "MAX_NODES", "MAX_QUEUE"]
 
 
@@ -112,7 +120,7 @@ class Session(StepWindows):
     def status_path(self) -> str:
         return rundir.status_file(self.out_dir, self.rank)
 
-    # what the status file reads (tracer.files.status.write_session_status)
+    # the parts, read only, for the modules that use them (the status file among them)
     @property
     def flusher(self) -> Flusher:
         return self._flusher
@@ -124,6 +132,10 @@ class Session(StepWindows):
     @property
     def last_event_ns(self) -> int:
         return self._last_event_ns
+
+    clock, modules, annotations = _part("_clock"), _part("_modules"), _part("_annotations")
+    stacks, rules, hops = _part("_stacks"), _part("_rules"), _part("_hops")
+    mode, device, memory = _part("_mode"), _part("_device"), _part("_memory")
 
     def __enter__(self) -> "Session":
         if _active.ACTIVE is not None:

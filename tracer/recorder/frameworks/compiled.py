@@ -51,7 +51,7 @@ def prepare(session, modules, compiled: bool) -> None:
     """Before recording: say what really runs where compiled code cannot run compiled, and
     mark the module hooks for Dynamo (the patches: tracer/recorder/patches/dynamo.py)."""
     if compiled and not SUPPORTED:      # say what really runs: the eager program
-        session._flusher.merge_meta("options", {
+        session.flusher.merge_meta("options", {
             "compiled": "eager", "compiled_why": f"torch {torch.__version__} runs compiled "
             "code eagerly under any dispatch mode (torch >= 2.9 runs it compiled)"})
     _run_frames_eagerly(type(modules)._pre, type(modules)._post)
@@ -172,7 +172,7 @@ def _hook_backward(session, out, attrs: dict) -> None:
         if node is not None and "CompiledFunction" in node.name():
             nodes[id(node)] = node
     state = {}
-    memory = session._memory
+    memory = session.memory
 
     def pre(grad_outputs):
         if not session._passthrough and session._open:

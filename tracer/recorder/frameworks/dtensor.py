@@ -98,7 +98,7 @@ class SubclassOps:
             if self._depth == 0:
                 self._mode._on_op = self._on_op
             if forced is not None:
-                session._annotations.pop(forced)
+                session.annotations.pop(forced)
             session.close_range(entry, t0)
 
     @staticmethod
@@ -108,14 +108,14 @@ class SubclassOps:
         gradient: ``loss = (a @ b).sum()``) is forward, as the plain op would be: its local ops
         and collectives, which make no autograd node, get that phase through an unrecorded
         range (returned, to pop); None otherwise."""
-        if session._modules.current >= 0 or session._annotations.phase_hint is not None or \
+        if session.modules.current >= 0 or session.annotations.phase_hint is not None or \
                 session._in_optimizer or not torch.is_grad_enabled() or \
                 torch._C._current_autograd_node() is not None:
             return None
         if not any(isinstance(t, dtensor) and t.requires_grad for a in args
                    for t in (a if isinstance(a, (list, tuple)) else (a,))):
             return None
-        return session._annotations.force(PHASE_FORWARD)
+        return session.annotations.force(PHASE_FORWARD)
 
     def _find_dtensor(self, types):
         self._dtensor = _dtensor_class()

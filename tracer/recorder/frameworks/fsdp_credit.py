@@ -48,8 +48,8 @@ class FsdpCredit:
 
     def __init__(self, session):
         self._session = session
-        self._tracker = session._modules
-        self._owners = session._comm.owners      # thread -> module id (comm.py)
+        self._tracker = session.modules
+        self._owners = session.comm.owners      # thread -> module id (comm.py)
         self._paths = weakref.WeakKeyDictionary()   # module -> (path, module id)
         self._issuers: dict = {}                 # thread -> [paths of pre-backward hooks]
         self._sites = weakref.WeakKeyDictionary()   # group -> stack id of its forward unshard
@@ -84,7 +84,7 @@ class FsdpCredit:
                 fwd = self._sites.get(group, -1)
             elif session._record_stacks and not session._passthrough:
                 # the caller: FSDP's pre-forward hook (the stack its all-gather gets)
-                fwd = session._capture(sys._getframe(1))
+                fwd = session.stacks.capture(sys._getframe(1))
                 self._sites[group] = fwd
                 fwd = -1
             owners, thread = self._owners, _get_ident()

@@ -160,16 +160,16 @@ class HigherOrderOps:
     def _note(self, name: str, why: str) -> None:
         if name not in self._noted:
             self._noted.add(name)
-            self._session._flusher.merge_meta(META_KEY, {name: why})
+            self._session.flusher.merge_meta(META_KEY, {name: why})
 
 
 def open_range(session, name: str, traced: bool = True) -> tuple:
     """Open the range of one HOP call: ((its entry, module, stack), t0)."""
-    module = session._modules.current
+    module = session.modules.current
     here = sys._getframe()      # the interner skips paratrace's and torch's dispatch frames
-    stack = session._capture(here) if session._record_stacks else -1
-    attrs = {"source": SOURCE, "hop": name, "module": session._modules.path,
-             "code": _user_line(session._stacks, here)}
+    stack = session.stacks.capture(here) if session._record_stacks else -1
+    attrs = {"source": SOURCE, "hop": name, "module": session.modules.path,
+             "code": _user_line(session.stacks, here)}
     if torch._C._current_autograd_node() is not None:
         attrs["pass"] = "backward"          # a HOP's backward (cond's, scan's) in the engine
     if not traced:

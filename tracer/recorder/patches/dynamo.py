@@ -57,7 +57,7 @@ def _backend_call(patches: "Patches", session) -> None:
         from torch._dynamo.output_graph import OutputGraph
     except ImportError:    # pragma: no cover
         return
-    modules = session._modules
+    modules = session.modules
 
     def make(original):
         def call_user_compiler(graph, gm, example_inputs):

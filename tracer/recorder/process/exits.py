@@ -62,8 +62,8 @@ def detach_forked_child() -> None:
     session._window = lambda step: False     # no step boundary turns recording back on
     session._recording, session._passthrough = False, True
     session._open = False                    # close() and os._exit's close write nothing
-    if session._memory is not None:          # nor does memory recording's hooks or table
-        session._memory.detach()
+    if session.memory is not None:          # nor does memory recording's hooks or table
+        session.memory.detach()
     _active.ACTIVE = None
 
 
@@ -81,7 +81,7 @@ def leave(session, code, ended_by: Optional[str] = None) -> None:
         else:
             session.status = "ok" if code == 0 else "failed"
             session.error = f"os._exit({code})" if code else None
-    session._flusher.add_meta(exit_meta("os._exit", code, session.step_index))
+    session.flusher.add_meta(exit_meta("os._exit", code, session.step_index))
     session.close()
     if _active.ACTIVE is session:
         _active.ACTIVE = None

@@ -22,7 +22,7 @@ def arrived(session, t0: Optional[int] = None) -> None:
         return
     session._pg_seen = True
     rank, world = dist.get_rank(), dist.get_world_size()
-    flusher = session._flusher
+    flusher = session.flusher
     with flusher.lock:
         if rank != session.rank and session._open:
             old_status = session.status_path
@@ -32,9 +32,9 @@ def arrived(session, t0: Optional[int] = None) -> None:
                 os.remove(old_status)
         session.rank, session.world_size = rank, world
     flusher.add_meta({"rank": rank, "world_size": world, "backend": str(dist.get_backend())})
-    flusher.add_meta(session._clock.at_start(lambda fn, *args: paused_call(session, fn, *args)))
-    if session._device is not None:
-        session._device.follow_rank(rank)
+    flusher.add_meta(session.clock.at_start(lambda fn, *args: paused_call(session, fn, *args)))
+    if session.device is not None:
+        session.device.follow_rank(rank)
     if t0 is not None and session._recording:   # the setup's GPU work (NCCL) lands on it
         session._push(rows.record(t0=t0, t1=time.perf_counter_ns(),
                                   op=session._op_ids(ops.OP_PG_INIT), phase=PHASE_OTHER,
@@ -49,8 +49,8 @@ def departing(session) -> None:
 
 def aligned_at_end(session) -> None:
     """The clock alignment at the run's end into the trace's metadata."""
-    session._flusher.add_meta(
-        session._clock.at_end(lambda fn, *args: paused_call(session, fn, *args)))
+    session.flusher.add_meta(
+        session.clock.at_end(lambda fn, *args: paused_call(session, fn, *args)))
 
 
 def paused_call(session, fn, *args):
