@@ -1,5 +1,5 @@
-"""The recorder's C hot path (tracer/recorder/csrc/hotpath/) against its Python twins: the same stack ids
-and texts, the same shape signatures, the same trace rows; and what C must not do (leak a
+"""The recorder's C hot path (tracer/recorder/csrc/hotpath/) against its Python twins: the same
+stack ids and texts, the same shape signatures, the same trace rows; and what C must not do (leak a
 reference, crash on a bad argument or a failing callback)."""
 from __future__ import annotations
 

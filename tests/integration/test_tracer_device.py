@@ -88,7 +88,8 @@ def _spy_on_windows(monkeypatch) -> tuple:
 def test_each_window_is_saved_before_the_next_starts_and_parsed_by_the_flusher(
         tmp_path, monkeypatch):
     # on CUDA a window saved after the next one was enabled loses every CUPTI time (Kineto
-    # clamps them to 0; tracer/recorder/device/kineto_windows.py): the training thread saves at the cut
+    # clamps them to 0; tracer/recorder/device/kineto_windows.py): the training thread saves at
+    # the cut
     cpu_stands_in_for_cuda(monkeypatch)
     saved, parsed, order = _spy_on_windows(monkeypatch)
     windows_of_three_steps(str(tmp_path))

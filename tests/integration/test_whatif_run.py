@@ -71,9 +71,10 @@ def test_the_execution_graph_holds_passes_p2p_edges_and_steps(run):
 
 
 def test_the_recorder_says_its_completions_need_no_correction(run):
-    """The recorder writes how it stamps completions (tracer.recorder.process.process_info.COMPLETION) into
-    every trace it starts, and viz.whatif reads such traces as they are: no rank's waits are
-    re-read from its host time (viz.whatif.waits.late_completions)."""
+    """The recorder writes how it stamps completions
+    (tracer.recorder.process.process_info.COMPLETION) into every trace it starts, and viz.whatif
+    reads such traces as they are: no rank's waits are re-read from its host time
+    (viz.whatif.waits.late_completions)."""
     from tracer.recorder.process.process_info import COMPLETION
     from viz.whatif.waits import late_completions
     out, _ = run

@@ -1,8 +1,8 @@
-"""CUPTI's activity API without Kineto (tracer/recorder/csrc/cupti/cupti.c, cupti_direct.py), without
-a GPU: each record kind, laid out from NVIDIA's struct definitions (tests/support/
-cupti_records.py), through the completion path's parse into device-file rows, and the real
-libcupti of a CUDA build of torch loaded, naming the launches by NVIDIA's callback ids and
-refusing to start where no driver is. The record layouts against NVIDIA's headers:
+"""CUPTI's activity API without Kineto (tracer/recorder/csrc/cupti/cupti.c, cupti_direct.py),
+without a GPU: each record kind, laid out from NVIDIA's struct definitions (tests/support/
+cupti_records.py), through the completion path's parse into device-file rows, and the real libcupti
+of a CUDA build of torch loaded, naming the launches by NVIDIA's callback ids and refusing to start
+where no driver is. The record layouts against NVIDIA's headers:
 tests/integration/test_cupti_layout.py; every path of the C module against a stand-in libcupti:
 tests/integration/test_cupti_standin.py; the whole recorder on this path, with rows fed from
 recorded ops: tests/integration/test_device_direct.py. On a GPU: scripts/gpu_checks.sh.

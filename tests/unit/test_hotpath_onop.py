@@ -1,8 +1,8 @@
-"""on_op's common path in C (tracer/recorder/csrc/hotpath/onop.c) against Session.on_op, its twin: which
-ops take which path, what C shares with Python (labels, bounds, the clock), and what C must not do
-(leak a reference, swallow the op's own error, lose a row when its bounds are reached; a
-failure of the recorder's own work leaves the op its result). That the two record
-the same rows: tests/integration/test_hotpath.py's test_either_hot_path_records_the_same_rows."""
+"""on_op's common path in C (tracer/recorder/csrc/hotpath/onop.c) against Session.on_op, its twin:
+which ops take which path, what C shares with Python (labels, bounds, the clock), and what C must
+not do (leak a reference, swallow the op's own error, lose a row when its bounds are reached; a
+failure of the recorder's own work leaves the op its result). That the two record the same rows:
+tests/integration/test_hotpath.py's test_either_hot_path_records_the_same_rows."""
 from __future__ import annotations
 
 import collections

@@ -1,8 +1,8 @@
 """The parameter layout trace-whatif re-shards (viz.whatif.layout), from what the recorder
-writes of a root module (tracer.recorder.attribution.parameters), against torch's own computations: its
-bucket assignment for DDP (torch.distributed._compute_bucket_assignment_by_size), torch.chunk
-for FSDP2's shards, the models' named_parameters; and the targets on any model refused with
-one line where the recording cannot support them (viz.whatif.model_targets)."""
+writes of a root module (tracer.recorder.attribution.parameters), against torch's own computations:
+its bucket assignment for DDP (torch.distributed._compute_bucket_assignment_by_size), torch.chunk
+for FSDP2's shards, the models' named_parameters; and the targets on any model refused with one line
+where the recording cannot support them (viz.whatif.model_targets)."""
 from __future__ import annotations
 
 import math

@@ -1,11 +1,11 @@
 """A failure inside the recorder never reaches the user's training step. An exception raised by
 the recorder's own work around an op (a new stack node or a frame's classification, a storage
 seen the first time, a shape key, the device recorder's start, an op's classification, the
-queue) is caught by the hot path (csrc/hotpath/onop.c, Session.on_op, comm.special_op): the op returns
-its result (an in-place op has already run), and that rank records nothing more for the rest of
-the run, as outside recorded steps (the session's passthrough). The trace's metadata keeps why
-(``recorder_error``: the error and the step) and stderr says it once. An exception that is not
-an ``Exception`` (KeyboardInterrupt, SystemExit) is the user's and goes on up."""
+queue) is caught by the hot path (csrc/hotpath/onop.c, Session.on_op, comm.special_op): the op
+returns its result (an in-place op has already run), and that rank records nothing more for the rest
+of the run, as outside recorded steps (the session's passthrough). The trace's metadata keeps why
+(``recorder_error``: the error and the step) and stderr says it once. An exception that is not an
+``Exception`` (KeyboardInterrupt, SystemExit) is the user's and goes on up."""
 from __future__ import annotations
 
 import sys

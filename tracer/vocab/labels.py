@@ -6,9 +6,9 @@ training step issued an op (docs/phases.md). Labels: ``tracer.annotate("F", micr
 chunk=1)`` (also "B", "W") names a pass of a micro-batch through a model chunk;
 torch.distributed.pipelining's record_function ranges name them too, as
 ``PP:<stage><action><microbatch>`` (schedules run from an action list: PP:0F1, PP:1I0, PP:0SEND_F2)
-or ``Forward <i>`` / ``Backward <i>`` (GPipe); tracer.recorder.frameworks.pipelining's ranges name every
-schedule's passes from its stages' own calls (``F``/``B``/``W`` with ``source="pipelining"``) and
-the schedule of each step (``pipelining.step``). Torch-free: viz reads traces without torch.
+or ``Forward <i>`` / ``Backward <i>`` (GPipe); tracer.recorder.frameworks.pipelining's ranges name
+every schedule's passes from its stages' own calls (``F``/``B``/``W`` with ``source="pipelining"``)
+and the schedule of each step (``pipelining.step``). Torch-free: viz reads traces without torch.
 """
 from __future__ import annotations
 
@@ -44,7 +44,8 @@ _ACTIONS = {"F": (PHASE_FORWARD, "F"), "Forward": (PHASE_FORWARD, "F"),
             "B": (PHASE_BACKWARD, "B"), "I": (PHASE_BACKWARD, "B"), "Backward": (PHASE_BACKWARD, "B"),
             "W": (PHASE_BACKWARD, "W"), "SEND_B": (PHASE_BACKWARD, None),
             "RECV_B": (PHASE_BACKWARD, None), "REDUCE_GRAD": (PHASE_GRAD_SYNC, None)}
-# recorder.frameworks.pipelining's range around a schedule's step(), and the attributes viz reads from it
+# recorder.frameworks.pipelining's range around a schedule's step(), and the attributes viz
+# reads from it
 SCHEDULE_LABEL = "pipelining.step"
 SCHEDULE_KEYS = ("schedule", "pp", "microbatches", "virtual_stages")
 
@@ -98,7 +99,7 @@ def pass_of(label: str, attrs: dict[str, Any]) -> Optional[PassLabel]:
     if label in PASS_KINDS:
         mb = attrs.get("microbatch")
         mb = mb if isinstance(mb, int) else None
-        if attrs.get("source") == "pipelining":      # recorder.frameworks.pipelining: chunk is the stage
+        if attrs.get("source") == "pipelining":      # recorder's pipelining: chunk is the stage
             return PassLabel(label, mb, int(attrs.get("stage") or 0), "schedule",
                              bool(attrs.get("loss")))
         return PassLabel(label, mb, int(attrs.get("chunk") or 0), "annotation")
@@ -111,8 +112,8 @@ def pass_of(label: str, attrs: dict[str, Any]) -> Optional[PassLabel]:
 
 
 def schedule_of(label: str, attrs: dict[str, Any]) -> Optional[tuple[Any, ...]]:
-    """(schedule, pp, microbatches, virtual_stages) a recorder.frameworks.pipelining step range names
-    (what the theoretical bubble needs), or None."""
+    """(schedule, pp, microbatches, virtual_stages) a recorder.frameworks.pipelining step range
+    names (what the theoretical bubble needs), or None."""
     if label != SCHEDULE_LABEL or attrs.get("backward") is False:
         return None
     values = tuple(attrs.get(key) for key in SCHEDULE_KEYS)

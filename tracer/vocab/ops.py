@@ -53,7 +53,7 @@ PSEUDO_OPS = (OP_COMPLETE, OP_ANNOTATION, OP_STEP, OP_PG_INIT)
 RF_ENTER = "rf_enter"
 RF_EXIT = "rf_exit"
 WAIT = "wait"
-HOP = "higher_order"                     # a HigherOrderOperator (tracer/recorder/frameworks/hops.py)
+HOP = "higher_order"                     # a HigherOrderOperator (recorder/frameworks/hops.py)
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,8 @@ traced module's forward down to the call the node stands for (torch.export, Dyna
 with ``record_stack_traces``), e.g. ``Model.forward`` -> ``Block.forward`` -> torch's
 ``Linear.forward``.
 
-tracer.recorder.attribution.stacks asks this module for those frames once per call-site node it makes (never
-per op) and puts them in the stack in place of the FX frame. Torch is imported only by
+tracer.recorder.attribution.stacks asks this module for those frames once per call-site node it
+makes (never per op) and puts them in the stack in place of the FX frame. Torch is imported only by
 :class:`FxFrames` (the recorder's side).
 """
 from __future__ import annotations
@@ -34,7 +34,8 @@ class FxFrames:
         except ImportError:                   # pragma: no cover - a torch without torch.fx
             Interpreter, Node = None, ()
         run_node = getattr(Interpreter, "run_node", None)
-        # NOTE: by identity: hashing a code object rehashes its bytecode (tracer.recorder.attribution.stacks)
+        # NOTE: by identity: hashing a code object rehashes its bytecode
+        # (tracer.recorder.attribution.stacks)
         self.run_node_code = getattr(run_node, "__code__", None)
         self._node_type = Node
         self._graphs: dict = {}       # id(generated code) -> (code, nodes, lineno map) or None
@@ -101,8 +102,8 @@ class FxFrames:
 
     def qualname(self, path: str, line: int, name: str) -> str:
         """The qualified name (``Block.forward``) of the function ``name`` whose body holds
-        ``line`` of ``path``, as tracer.recorder.attribution.qualnames names a live frame's; ``name`` when
-        the source cannot tell."""
+        ``line`` of ``path``, as tracer.recorder.attribution.qualnames names a live frame's;
+        ``name`` when the source cannot tell."""
         best = None
         for d in qualnames.definitions(path):
             if d.kind == qualnames.FUNCTION and d.name == name and d.first <= line <= d.last \

@@ -7,8 +7,8 @@ qualified name is read from the file's source instead, once per file: each defin
 lambda, class body, comprehension) keyed by the first line of its code object and its name, as
 the compiler names it. A file whose source cannot be read or parsed keeps the bare names.
 
-:func:`definitions` also serves tracer.recorder.attribution.fxframes, which finds a function by the line
-range of its body (a traceback line names the function, not its code object).
+:func:`definitions` also serves tracer.recorder.attribution.fxframes, which finds a function by the
+line range of its body (a traceback line names the function, not its code object).
 """
 from __future__ import annotations
 

@@ -15,8 +15,8 @@ _Parameter = torch.nn.Parameter
 
 
 class _PyShapeKeys:
-    """ShapeSignatures' hot path in Python: the twin of tracer/recorder/csrc/hotpath/'s ShapeKeys, which
-    replaces it where the extension is built."""
+    """ShapeSignatures' hot path in Python: the twin of tracer/recorder/csrc/hotpath/'s ShapeKeys,
+    which replaces it where the extension is built."""
 
     def id_of(self, args) -> int:
         """Hot path: one flat key of the tensors' dtypes and shapes, one dict lookup."""

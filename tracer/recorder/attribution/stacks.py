@@ -12,9 +12,10 @@ the user's (transformers' modeling code, Lightning). Paths the user marked as th
 paratrace's own sample_runs/ always is: it stands for user code.
 
 Code torch.fx runs (a GraphModule's generated forward, ``torch.fx.Interpreter.run_node``) is
-replaced by the frames its graph node recorded when it was traced (tracer.recorder.attribution.fxframes): the
-model's own lines, as if it had run eagerly. That is decided once per call-site node, off the
-hot path; the walk only keys an interpreter's frames by the node they run.
+replaced by the frames its graph node recorded when it was traced
+(tracer.recorder.attribution.fxframes): the model's own lines, as if it had run eagerly. That is
+decided once per call-site node, off the hot path; the walk only keys an interpreter's frames by the
+node they run.
 """
 from __future__ import annotations
 
@@ -53,9 +54,9 @@ def _dispatch_files() -> tuple:
 
 
 class _PyStackWalk:
-    """StackInterner's hot path in Python: the twin of tracer/recorder/csrc/hotpath/'s StackWalk, which
-    replaces it where the extension is built. Both work on the subclass's tables (set up in its
-    __init__) and call back its classify, _new_node, _sid and _root off the hot path.
+    """StackInterner's hot path in Python: the twin of tracer/recorder/csrc/hotpath/'s StackWalk,
+    which replaces it where the extension is built. Both work on the subclass's tables (set up in
+    its __init__) and call back its classify, _new_node, _sid and _root off the hot path.
 
     NOTE: two threads that record share the tables. A stack id is always right (a node's stack
     is its own parent chain, whatever the path holds), so a capture sets the last-capture state

@@ -1,23 +1,22 @@
 """GPU activity straight from CUPTI's activity API, with no Kineto window to close.
 
-Kineto's windows (:mod:`tracer.recorder.device.kineto_windows`) stall the training thread each time one
-closes: the profiler's stop and the export must both run on it (measured on an H200, 329.8 ms
-median for a step in which a window closed, against 141.0 ms; docs/overhead.md). Here CUPTI
-stays enabled while the session records. It fills buffers and hands each back on a thread of its
-own every ``FLUSH_PERIOD_MS`` (``cuptiActivityFlushPeriod``); the C completion callback
-(csrc/cupti/cupti.c) turns the records into device-file rows there, without the GIL, and the
-flusher thread drains them into ``rank-<R>.device.arrow`` (:mod:`tracer.files.device_format`),
-a batch per drain. The training thread only enables CUPTI, disables it when recording pauses,
-and at the session's close waits for the GPU once and flushes what is left.
+Kineto's windows (:mod:`tracer.recorder.device.kineto_windows`) stall the training thread each time
+one closes: the profiler's stop and the export must both run on it (measured on an H200, 329.8 ms
+median for a step in which a window closed, against 141.0 ms; docs/overhead.md). Here CUPTI stays
+enabled while the session records. It fills buffers and hands each back on a thread of its own every
+``FLUSH_PERIOD_MS`` (``cuptiActivityFlushPeriod``); the C completion callback (csrc/cupti/cupti.c)
+turns the records into device-file rows there, without the GIL, and the flusher thread drains them
+into ``rank-<R>.device.arrow`` (:mod:`tracer.files.device_format`), a batch per drain. The training
+thread only enables CUPTI, disables it when recording pauses, and at the session's close waits for
+the GPU once and flushes what is left.
 
 The libcupti used is the one torch's CUDA build loaded (found in the process's mappings), so
 Kineto and this module share it: a user's torch.profiler that records CUDA registers buffer
 callbacks of its own and disables the kinds when it stops. So, as on the Kineto path
-(:mod:`tracer.recorder.device.device_notes`), CUPTI is disabled and flushed into this recorder's rows
-before a user's profiler prepares, stays off while it runs, and is enabled again at the first
-recorded step after it stopped; said once. A profiler the patch misses (one that prepares
-without ``torch.autograd.profiler``) is seen at the next step boundary, and CUPTI is then left
-to it.
+(:mod:`tracer.recorder.device.device_notes`), CUPTI is disabled and flushed into this recorder's
+rows before a user's profiler prepares, stays off while it runs, and is enabled again at the first
+recorded step after it stopped; said once. A profiler the patch misses (one that prepares without
+``torch.autograd.profiler``) is seen at the next step boundary, and CUPTI is then left to it.
 
 CUPTI's clock is set to CLOCK_REALTIME at each start (``cuptiActivityRegisterTimestampCallback``),
 so its records are Unix ns, as the format says. Kineto sets a clock of its own at each

@@ -1,6 +1,7 @@
-"""What the two device recorders share (Kineto's windows, :mod:`tracer.recorder.device.kineto_windows`; CUPTI
-driven directly, :mod:`tracer.recorder.device.cupti_direct`): the errors of a rank's device recording,
-and the user's own torch.profiler.
+"""What the two device recorders share (Kineto's windows,
+:mod:`tracer.recorder.device.kineto_windows`; CUPTI driven directly,
+:mod:`tracer.recorder.device.cupti_direct`): the errors of a rank's device recording, and the user's
+own torch.profiler.
 
 A torch.profiler holds Kineto's session and CUPTI while it runs, and the process has one of
 each. Measured without paratrace's recorder (a torch.autograd binding window standing in for

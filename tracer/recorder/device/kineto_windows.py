@@ -151,8 +151,8 @@ class DeviceRecorder(DeviceNotes):
     # "torch.profiler": the path before, stopped and exported at the cut on the training thread
     window_path = "binding"
     # where the saved windows are parsed and appended: "worker", a process of the recording's
-    # own (tracer.recorder.device.window_worker); "flusher": the flusher thread, in this process (the path
-    # before, and the one taken when the worker cannot start or dies)
+    # own (tracer.recorder.device.window_worker); "flusher": the flusher thread, in this process
+    # (the path before, and the one taken when the worker cannot start or dies)
     parse_in = "worker"
     # where an ended window is saved (Kineto's export): "cut", on the training thread before
     # the next window starts; "flusher", later on the flusher thread: on CUDA every window

@@ -2,9 +2,9 @@
 appends them to ``rank-<R>.device.arrow``, so the parse (Python, a third of a second a window
 on the CPU stand-in) and the Arrow write never hold the training process's GIL.
 
-The recorder (:mod:`tracer.recorder.device.kineto_windows`) starts one per recording at its first window
-(:class:`DeviceWorker`: ``sys.executable``, never multiprocessing, whose spawn would import the
-training script again) and talks to it in JSON lines. On its stdin:
+The recorder (:mod:`tracer.recorder.device.kineto_windows`) starts one per recording at its first
+window (:class:`DeviceWorker`: ``sys.executable``, never multiprocessing, whose spawn would import
+the training script again) and talks to it in JSON lines. On its stdin:
 
     {"window": N, "path": PATH}     parse the export at PATH, append it as window N, delete PATH
     {"close": true}                 close the device file and exit

@@ -176,7 +176,7 @@ def _hook_backward(session, out, attrs: dict) -> None:
 
     def pre(grad_outputs):
         if not session._passthrough and session._open:
-            if memory is not None:     # what it saved, before its backward frees it (memory_recorder.py)
+            if memory is not None:     # what it saved, before its backward frees it (memory/)
                 node = torch._C._current_autograd_node()
                 memory.table.node_runs(node, node._sequence_nr())
             state["open"] = (session.open_range(LABEL, attrs), _now())

@@ -114,8 +114,9 @@ def _theory(config: dict, pass_s: dict) -> Optional[float]:
 
 
 def _step_theory(index: "_Index", lane: RankLanes, step: int, run_theory) -> Optional[float]:
-    """The theory of one step: from the schedule tracer.recorder.frameworks.pipelining recorded on the
-    pipeline group in that step (pass times: the group's in the step), else the run's config's."""
+    """The theory of one step: from the schedule tracer.recorder.frameworks.pipelining recorded on
+    the pipeline group in that step (pass times: the group's in the step), else the run's
+    config's."""
     ranks = index.timeline.ranks
     found = {ranks[r].schedules[step] for r in lane.pipeline_group
              if r in ranks and step in ranks[r].schedules}

@@ -1,4 +1,5 @@
-/* ShapeKeys: ShapeSignatures.id_of in C; tracer/recorder/attribution/shapes.py's _PyShapeKeys is its twin. */
+/* ShapeKeys: ShapeSignatures.id_of in C; tracer/recorder/attribution/shapes.py's _PyShapeKeys is
+ * its twin. */
 #include "hotpath.h"
 
 typedef struct {
@@ -266,7 +267,8 @@ PyTypeObject ShapeKeysType = {
     .tp_name = "tracer.recorder._hotpath.ShapeKeys",
     .tp_basicsize = sizeof(ShapeKeys),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "ShapeSignatures' key in C (tracer/recorder/attribution/shapes.py has its Python twin).",
+    .tp_doc = "ShapeSignatures' key in C (tracer/recorder/attribution/shapes.py has its Python "
+              "twin).",
     .tp_new = PyType_GenericNew,
     .tp_traverse = (traverseproc)keys_traverse,
     .tp_clear = (inquiry)keys_clear,

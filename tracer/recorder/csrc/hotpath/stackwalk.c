@@ -1,8 +1,10 @@
-/* StackWalk: StackInterner.capture in C; tracer/recorder/attribution/stacks.py's _PyStackWalk is its twin. */
+/* StackWalk: StackInterner.capture in C; tracer/recorder/attribution/stacks.py's _PyStackWalk is
+ * its twin. */
 #include "hotpath.h"
 
-/* tracer/recorder/attribution/stacks.py's FX_NODE: the kind of torch.fx.Interpreter.run_node, whose frames are
-   keyed by the graph node they run as well (one code and instruction run every node) */
+/* tracer/recorder/attribution/stacks.py's FX_NODE: the kind of torch.fx.Interpreter.run_node,
+   whose frames are keyed by the graph node they run as well (one code and instruction run every
+   node) */
 #define FX_NODE 3
 
 /* The {f_lasti: node} table of a run_node frame under a parent node (borrowed: the siblings
@@ -290,7 +292,8 @@ PyTypeObject StackWalkType = {
     .tp_name = "tracer.recorder._hotpath.StackWalk",
     .tp_basicsize = sizeof(StackWalk),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "StackInterner's capture in C (tracer/recorder/attribution/stacks.py has its Python twin).",
+    .tp_doc = "StackInterner's capture in C (tracer/recorder/attribution/stacks.py has its "
+              "Python twin).",
     .tp_new = PyType_GenericNew,
     .tp_traverse = (traverseproc)walk_traverse,
     .tp_clear = (inquiry)walk_clear,

@@ -156,8 +156,8 @@ PyTypeObject StorageTableType = {
     .tp_basicsize = sizeof(StorageTable),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_doc = "StorageTable(session, storage_key, tensor_type, returns_only_aliases): memory "
-              "recording's storage table (tracer/recorder/memory/storage_table.py's PyStorageTable in "
-              "C).",
+              "recording's storage table (tracer/recorder/memory/storage_table.py's "
+              "PyStorageTable in C).",
     .tp_new = table_new,
     .tp_traverse = (traverseproc)table_traverse,
     .tp_clear = (inquiry)table_clear,

@@ -1,5 +1,6 @@
 /* StackWalk's tables: what a capture asks of the Python side, cached, and the path's upkeep.
-   Each function mirrors a line or a method of tracer/recorder/attribution/stacks.py's _PyStackWalk. */
+   Each function mirrors a line or a method of tracer/recorder/attribution/stacks.py's
+   _PyStackWalk. */
 #include "hotpath.h"
 
 int
