@@ -23,12 +23,11 @@ SESSION_MODULES = {"tracer/recorder/session.py", "tracer/recorder/op_path.py",
 FOREIGN = {("tracer/recorder/attribution/modules.py", "_modules"): "nn.Module's children"}
 # what still reaches into Session's (or a part's) state from outside, until the split ends it
 STILL_REACHING = {
-    "tracer/recorder/comm.py": {"_open_ranges", "_owner", "_push", "_record_stacks", "_thread"},
+    "tracer/recorder/comm.py": {"_open_ranges", "_owner", "_push", "_thread"},
     "tracer/recorder/frameworks/compiled.py": {"_open", "_passthrough", "_post", "_pre"},
     "tracer/recorder/frameworks/dtensor.py": {"_in_optimizer", "_passthrough"},
-    "tracer/recorder/frameworks/fsdp_credit.py": {"_passthrough", "_record_stacks"},
-    "tracer/recorder/frameworks/hops.py": {"_kind_of_code", "_open", "_passthrough",
-                                           "_record_stacks"},
+    "tracer/recorder/frameworks/fsdp_credit.py": {"_passthrough"},
+    "tracer/recorder/frameworks/hops.py": {"_kind_of_code", "_open", "_passthrough"},
     "tracer/recorder/memory/memory_recorder.py": {"_memory_table", "_passthrough", "_recording"},
     "tracer/recorder/passthrough.py": {"_device_wanted", "_passthrough", "_recorder_error",
                                        "_recording", "_window"},

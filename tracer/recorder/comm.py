@@ -394,7 +394,7 @@ def _waited(session, args, kwargs, op_id: int, t0: int, t1: int) -> None:
         frame = sys._getframe(4)
     except ValueError:   # no Python frame called it (autograd's device threads)
         frame = None
-    stack = None if not session._record_stacks else \
+    stack = None if not session.options.record_stacks else \
         session.stacks.capture(frame) if frame is not None else session.stacks.empty()
     hint = session.annotations.phase_hint
     phase = pending.phase if pending is not None else PHASE_BACKWARD \

@@ -167,7 +167,7 @@ def open_range(session, name: str, traced: bool = True) -> tuple:
     """Open the range of one HOP call: ((its entry, module, stack), t0)."""
     module = session.modules.current
     here = sys._getframe()      # the interner skips paratrace's and torch's dispatch frames
-    stack = session.stacks.capture(here) if session._record_stacks else -1
+    stack = session.stacks.capture(here) if session.options.record_stacks else -1
     attrs = {"source": SOURCE, "hop": name, "module": session.modules.path,
              "code": _user_line(session.stacks, here)}
     if torch._C._current_autograd_node() is not None:
