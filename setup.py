@@ -6,27 +6,28 @@ import sysconfig
 
 from setuptools import Extension, find_packages, setup
 
-# The recorder's hot path in C (tracer/recorder/csrc/: on_op's common path, the stack walk, the
-# shape keys, memory recording's storage table), for CPython >= 3.11. Optional: where it does
-# not build (no compiler) the install goes on and the recorder runs the same code in Python.
-HOT_PATH_SOURCES = [f"tracer/recorder/csrc/{name}.c"
+# The recorder's hot path in C (tracer/recorder/csrc/hotpath/: on_op's common path, the stack
+# walk, the shape keys, memory recording's storage table), for CPython >= 3.11. Optional: where
+# it does not build (no compiler) the install goes on and the recorder runs the same code in
+# Python.
+HOT_PATH_SOURCES = [f"tracer/recorder/csrc/hotpath/{name}.c"
                     for name in ("module", "ptrmap", "walk_tables", "stackwalk", "shapekeys",
                                   "onop", "sessiontypes", "storagetable", "storagetypes")]
 HOT_PATH = [Extension("tracer.recorder._hotpath", HOT_PATH_SOURCES,
-                      depends=["tracer/recorder/csrc/hotpath.h",
-                               "tracer/recorder/csrc/storagetable.h"],
+                      depends=["tracer/recorder/csrc/hotpath/hotpath.h",
+                               "tracer/recorder/csrc/hotpath/storagetable.h"],
                       # only PyInit__hotpath is exported (its helpers' names are plain)
                       extra_compile_args=[] if os.name == "nt" else ["-fvisibility=hidden"],
                       optional=True)]
 if sys.version_info < (3, 11) or platform.python_implementation() != "CPython":
     HOT_PATH = []
-# CUPTI's activity API without Kineto (tracer/recorder/device_direct.py): no CUPTI header or
+# CUPTI's activity API without Kineto (tracer/recorder/device/cupti_direct.py): no CUPTI header or
 # library is needed to build it (it loads the libcupti torch's CUDA build loaded). Optional,
 # Linux and CPython only; without it the recorder takes device time through Kineto.
-CUPTI = [Extension("tracer.recorder._cupti", ["tracer/recorder/csrc/cupti.c",
-                                              "tracer/recorder/csrc/cuptitests.c",
-                                              "tracer/recorder/csrc/cuptirecords.c"],
-                   depends=["tracer/recorder/csrc/cuptirecords.h"],
+CUPTI = [Extension("tracer.recorder._cupti", ["tracer/recorder/csrc/cupti/cupti.c",
+                                              "tracer/recorder/csrc/cupti/cuptitests.c",
+                                              "tracer/recorder/csrc/cupti/cuptirecords.c"],
+                   depends=["tracer/recorder/csrc/cupti/cuptirecords.h"],
                    extra_compile_args=["-fvisibility=hidden"], libraries=["dl", "pthread"],
                    optional=True)]
 if not sys.platform.startswith("linux") or platform.python_implementation() != "CPython":
@@ -34,7 +35,7 @@ if not sys.platform.startswith("linux") or platform.python_implementation() != "
 # A free-threaded build (3.13t on) gets neither: both keep tables that assume the GIL, and
 # importing a module that does not declare otherwise turns the GIL back on for the process.
 # The recorder runs their Python twins there, and device time comes from Kineto's windows
-# (tracer/recorder/_native.py, docs/compat.md).
+# (tracer/recorder/hotpath/_native.py, docs/compat.md).
 if sysconfig.get_config_var("Py_GIL_DISABLED"):
     HOT_PATH, CUPTI = [], []
 FRAMEWORKS = ["transformers==5.24.0", "accelerate==1.15.0", "lightning==2.6.6"]
@@ -47,7 +48,9 @@ setup(
     # tested at both ends (scripts/compat.sh, docs/compat.md): Python 3.10-3.13, torch 2.10-2.14
     python_requires=">=3.10",
     packages=find_packages(include=["tracer*", "instrument*", "viz*", "sample_runs*"]),
-    package_data={"viz": ["templates/*"], "sample_runs": ["data/*"]},
+    # the C extensions' type stubs (tracer/recorder/_hotpath.pyi, _cupti.pyi) go with them
+    package_data={"viz": ["templates/*"], "sample_runs": ["data/*"],
+                  "tracer.recorder": ["*.pyi"]},
     ext_modules=HOT_PATH + CUPTI,
     install_requires=[
         "torch>=2.10",

@@ -1,8 +1,9 @@
 """What closing a device window costs the training thread: the paths before and the path now,
 side by side in one run (docs/overhead.md, "Closing a device window").
 
-The recorder (tracer/recorder/device.py) records GPU activity a window at a time (about one a
-second). Four ways of closing a window, run in turn on the same model, round after round:
+The recorder (tracer/recorder/device/kineto_windows.py) records GPU activity a window at a time
+(about one a second). Four ways of closing a window, run in turn on the same model, round after
+round:
 
 - ``torch.profiler`` (first): torch.profiler.profile stopped at the cut, its Chrome-trace
   export written there too, both on the training thread; the flusher parses it.
@@ -10,13 +11,14 @@ second). Four ways of closing a window, run in turn on the same model, round aft
   the GPU and disables the profiler, the flusher saves the export and parses it.
 - ``flusher-save`` (third): the binding, the flusher saves the export and hands it to the
   recording's device worker, a process of its own that parses it and appends it to the device
-  file (tracer/recorder/device_worker.py). ``binding`` and ``flusher-save`` save a window after
-  the next one started: on CUDA that clamps every CUPTI time of it to 0 (tracer/recorder/device.py,
-  NOTE), so their numbers are a cost, not a working recorder.
+  file (tracer/recorder/device/window_worker.py). ``binding`` and ``flusher-save`` save a window
+  after the next one started: on CUDA that clamps every CUPTI time of it to 0
+  (tracer/recorder/device/kineto_windows.py, NOTE), so their numbers are a cost, not a working
+  recorder.
 - ``worker`` (now): the binding, the export saved at the cut on the training thread before the
   next window starts, parsed in the worker.
 - ``cupti-direct`` (CUDA only): no window at all. CUPTI's activity API driven directly
-  (tracer/recorder/device_direct.py, ``PARATRACE_DEVICE_SOURCE=cupti``): CUPTI's own thread
+  (tracer/recorder/device/cupti_direct.py, ``PARATRACE_DEVICE_SOURCE=cupti``): CUPTI's own thread
   hands its buffers back, the flusher drains the rows; nothing is cut on the training thread.
 - ``cupti-memory`` (CUDA only): ``cupti-direct`` with memory recorded too, the default
   recording (the other paths record ops only, ``memory=False``): issue 55's targets on a GPU.
@@ -63,12 +65,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import overhead_recorders  # noqa: E402
 import tracer  # noqa: E402
 from overhead_recorders import MODELS, step_times  # noqa: E402
-from tracer.recorder import device as device_module
+from tracer.recorder.device import kineto_windows as device_module
 from tracer.recorder import session as session_module
-from tracer.recorder.device import BindingWindow, DeviceRecorder, ProfilerWindow  # noqa: E402
-from tracer.recorder import device_direct  # noqa: E402
-from tracer.recorder.device_direct import SOURCE_ENV, DirectDeviceRecorder  # noqa: E402
-from tracer.recorder.device_worker import DeviceWorker  # noqa: E402
+from tracer.recorder.device.kineto_windows import (  # noqa: E402
+    BindingWindow, DeviceRecorder, ProfilerWindow)
+from tracer.recorder.device import cupti_direct as device_direct  # noqa: E402
+from tracer.recorder.device.cupti_direct import SOURCE_ENV, DirectDeviceRecorder  # noqa: E402
+from tracer.recorder.device.window_worker import DeviceWorker  # noqa: E402
 
 # path -> (DeviceRecorder.window_path, .parse_in, .export_at)
 PATHS = {"torch.profiler": ("torch.profiler", "flusher", "cut"),

@@ -17,8 +17,8 @@ Times training steps under:
 - torch.profiler(profile_memory=True, record_shapes=False, with_stack=False), its chrome trace
   written at exit as overhead.py's profiler does;
 - paratrace (``tracer.trace``), for reference; paratrace with its Python hot path; paratrace
-  with ``memory=True``, memory recording as built (tracer/recorder/memory.py; docs/overhead.md,
-  "Memory recording as built"), on its C hot path and on the Python twins.
+  with ``memory=True``, memory recording as built (tracer/recorder/memory/memory_recorder.py;
+  docs/overhead.md, "Memory recording as built"), on its C hot path and on the Python twins.
 
 Rounds alternate the mechanisms as overhead.py does (overhead.measure), medians over rounds.
 Then a correctness check of the finalize mechanism, run under torch.profiler(profile_memory)

@@ -11,13 +11,13 @@ where it fell (round and counted step: a one-time cost falls in the same place i
 - the same without the Dynamo-disable wrapper torch puts around it by default, which paratrace
   also leaves out: the lower floor, against which paratrace's ratio is the less flattering one;
 - paratrace with stacks, shapes and modules on;
-- the same with the Python twins of its C hot path (tracer/recorder/csrc/), where that is built:
-  what the extension buys;
+- the same with the Python twins of its C hot path (tracer/recorder/csrc/hotpath/), where that
+  is built: what the extension buys;
 - paratrace outside its recorded steps (``steps="0"``: only the warm-up step is recorded, the
   timed steps are not), against untraced: what a ``--steps`` window costs the other steps;
 - torch.profiler(with_stack=True, record_shapes=True);
-- paratrace recording memory too (``memory=True``: tracer/recorder/memory.py), beside
-  torch.profiler(profile_memory=True), the memory tool users compare it with;
+- paratrace recording memory too (``memory=True``: tracer/recorder/memory/memory_recorder.py),
+  beside torch.profiler(profile_memory=True), the memory tool users compare it with;
 - optionally DebugMode(record_stack_trace=True) (``--debug-mode``: slow).
 
 Then paratrace's bytes per event on disk and the reader's events per second on a

@@ -21,8 +21,8 @@ from sample_runs.config import parse_config  # noqa: E402
 from sample_runs.parallel.process_groups import single_process_groups  # noqa: E402
 from sample_runs.train import train  # noqa: E402
 from tracer.vocab.ops import PSEUDO_OPS  # noqa: E402
-from tracer.recorder.shapes import PyShapeSignatures  # noqa: E402
-from tracer.recorder.stacks import PyStackInterner, StackInterner  # noqa: E402
+from tracer.recorder.attribution.shapes import PyShapeSignatures  # noqa: E402
+from tracer.recorder.attribution.stacks import PyStackInterner, StackInterner  # noqa: E402
 
 
 _COMMON = ["--tp", "1", "--pp", "1", "--no-sp", "--layers", "4", "--heads", "4",
@@ -52,8 +52,8 @@ class NoopMode(TorchDispatchMode):
 class UnwrappedNoopMode(TorchDispatchMode):
     """The no-op mode without the torch._dynamo.disable wrapper that torch (2.13: for every
     mode whose _should_skip_dynamo() is True, the default) puts around __torch_dispatch__;
-    paratrace leaves it out too (tracer/recorder/_mode.py), so this is the floor its own design
-    pays."""
+    paratrace leaves it out too (tracer/recorder/hotpath/_mode.py), so this is the floor its own
+    design pays."""
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
         return False
@@ -111,9 +111,11 @@ class Recorders:
                           UNWRAPPED: UnwrappedNoopMode,
                           "paratrace": self.paratrace, "paratrace, unrecorded step":
                           self.paratrace_unrecorded, "torch.profiler": self.profiler,
-                          # memory (tracer/recorder/memory.py) beside torch's memory profiler
+                          # memory (tracer/recorder/memory/memory_recorder.py) beside
+                          # torch's memory profiler
                           MEMORY: self.paratrace_memory, PROFILE_MEMORY: self.memory_profiler}
-        if StackInterner.HOT_PATH == "c":      # what the C hot path buys (tracer/recorder/csrc/)
+        # what the C hot path buys (tracer/recorder/csrc/hotpath/)
+        if StackInterner.HOT_PATH == "c":
             self.factories["paratrace, Python hot path"] = self.paratrace_python
         if debug_mode:
             self.factories["DebugMode"] = self.debug_mode

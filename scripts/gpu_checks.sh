@@ -75,7 +75,7 @@ EOF
 export PATH="$DIR/bin:$PATH"
 {
     nvidia-smi -L 2>&1 | head -8
-    python3 -c "import os, sys, torch, pyarrow, tracer.recorder.stacks as s, tracer.vocab.library as lib; print('paratrace', lib.ROOT); print('python', sys.version.split()[0]); print('torch', torch.__version__, 'cuda', torch.version.cuda, 'nccl', torch.cuda.nccl.version() if torch.cuda.is_available() else None); print('gpus', torch.cuda.device_count(), [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]); print('pyarrow', pyarrow.__version__); print('hot_path', s.StackInterner.HOT_PATH)"
+    python3 -c "import os, sys, torch, pyarrow, tracer.recorder.attribution.stacks as s, tracer.vocab.library as lib; print('paratrace', lib.ROOT); print('python', sys.version.split()[0]); print('torch', torch.__version__, 'cuda', torch.version.cuda, 'nccl', torch.cuda.nccl.version() if torch.cuda.is_available() else None); print('gpus', torch.cuda.device_count(), [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]); print('pyarrow', pyarrow.__version__); print('hot_path', s.StackInterner.HOT_PATH)"
     trace-run --help > /dev/null && echo "trace-run launcher ok"
 } > "$DIR/versions.txt" 2>&1
 status versions $?

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs everything paratrace needs on a fresh Debian machine with Python >= 3.9 (idempotent):
-# graphviz's dot, a C compiler (the recorder's C hot path, tracer/recorder/csrc/; and
+# graphviz's dot, a C compiler (the recorder's C hot path, tracer/recorder/csrc/hotpath/; and
 # torch.compile's C++ for the tests) and Chromium (tests only) from Debian, the CPU build of torch
 # 2.13.0 and the package itself (editable, with test extras: the frameworks the suite traces among
 # them, its C extension built) from PyPI.

@@ -53,9 +53,11 @@ def trace(out_dir: str, *, steps=None, stack_depth: int = 64, library_frames: bo
         clock_sync: estimate the offset to rank 0's clock at start and end (collective).
         flush_interval: seconds between flushes to disk (a killed rank loses at most this);
             every step boundary flushes too.
-        device_time: on CUDA, record when each op's GPU work ran (CUPTI through torch.profiler,
-            ``rank-<R>.device.arrow``; docs/gpu.md). Off, or without CUDA, op times are host
-            times (on a GPU: launch times).
+        device_time: on CUDA, record when each op's GPU work ran, in ``rank-<R>.device.arrow``:
+            from CUPTI's activity API driven directly (the recorder's C module ``_cupti``, in
+            the libcupti torch loaded), or through Kineto's windows where that module or
+            libcupti is missing or ``PARATRACE_DEVICE_SOURCE=kineto`` (docs/gpu.md). Off, or
+            without CUDA, op times are host times (on a GPU: launch times).
         compiled: ``"compiled"``: torch.compile'd code runs compiled, each compiled region is
             recorded as a range holding what it dispatches (extern kernels, fallbacks,
             collectives); ``"eager"``: it runs eagerly, every op recorded (docs/phases.md).

@@ -115,7 +115,7 @@ def _orphaned() -> None:
     try:
         session = tracer.active()
         if session is not None and session.status == TraceStatus.RUNNING:
-            from tracer.recorder import exits
+            from tracer.recorder.process import exits
             exits.leave(session, 128 + signal.SIGTERM, ended_by=ORPHANED)
         deadline = time.monotonic() + 10
         while tracer.active() is not None and time.monotonic() < deadline:

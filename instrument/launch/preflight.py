@@ -23,7 +23,7 @@ from torch.distributed import run as torchrun
 from torch.distributed.launcher.api import LaunchConfig
 
 from tracer.recorder.compat import launcher_option
-from tracer.recorder.device_direct import source as device_source
+from tracer.recorder.device.cupti_direct import source as device_source
 
 from .command_line import UsageError
 

@@ -90,8 +90,8 @@ class Outcome:
 def left_early(traces_dir: str, statuses: dict[int, Status], failed: set[int]
                ) -> dict[int, LeftEarly]:
     """rank -> {"code", "failure"} of each rank whose trace says it left through os._exit or
-    sys.exit (tracer/recorder/exits.py) while a failed rank waited for it in a collective it never
-    launched (an ``exited`` failure: how it left, the ranks that waited, the collective they
+    sys.exit (tracer/recorder/process/exits.py) while a failed rank waited for it in a collective it
+    never launched (an ``exited`` failure: how it left, the ranks that waited, the collective they
     waited in, its step). A rank that left after its last collective (a script that ends with
     os._exit(0)) is no such rank. Reads the traces of the ranks waited for only."""
     waited: dict[int, list[tuple[int, Collective]]] = {}

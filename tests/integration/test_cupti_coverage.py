@@ -1,4 +1,4 @@
-"""How much of the CUPTI C (tracer/recorder/csrc/cupti.c and cuptirecords.c) a CPU-only run
+"""How much of the CUPTI C (tracer/recorder/csrc/cupti/cupti.c and cuptirecords.c) a CPU-only run
 exercises: a copy of tracer.recorder._cupti built with gcov's instrumentation runs
 test_cupti_standin.py (the stand-in libcupti: every call, error return, out-of-memory path and
 both of CUPTI's callbacks), and gcov counts the lines. At least 85%, both callbacks executed
@@ -18,7 +18,7 @@ import pytest
 from support.cupti_standin import COVERAGE_ENV, compiler
 from support.paths import REPO
 
-CSRC = REPO / "tracer" / "recorder" / "csrc"
+CSRC = REPO / "tracer" / "recorder" / "csrc" / "cupti"
 SOURCES = ("cupti", "cuptitests", "cuptirecords")
 MEASURED = ("cupti.c", "cuptirecords.c")
 CALLBACKS = ("buffer_requested", "buffer_completed")

@@ -1,4 +1,4 @@
-"""The CUPTI record layouts tracer/recorder/csrc/cupti.c reads, against NVIDIA's own headers:
+"""The CUPTI record layouts tracer/recorder/csrc/cupti/cupti.c reads, against NVIDIA's own headers:
 a program compiled here against every CUPTI header set found (tests/support/cupti_headers.py:
 the interpreter's packages, a toolkit under /usr/local, ``PARATRACE_CUPTI_HEADERS``) prints each
 field's offset, in the oldest record version the module claims and the newest the headers

@@ -1,4 +1,4 @@
-"""tracer/recorder/csrc/cupti.c against a stand-in libcupti, on the CPU torch (no GPU): every
+"""tracer/recorder/csrc/cupti/cupti.c against a stand-in libcupti, on the CPU torch (no GPU): every
 path of the C module, CUPTI's calls and their error returns, out of memory, and the callbacks
 run on the stand-in's own thread, as CUPTI runs them. The records are laid out from NVIDIA's
 struct definitions (tests/support/cupti_records.py, checked against the headers by
@@ -27,8 +27,8 @@ if cupti is None:
 
 from tracer.files import rundir  # noqa: E402  (after the coverage build is installed)
 from tracer.files.device_format import KINDS, read_device  # noqa: E402
-from tracer.recorder import device_direct  # noqa: E402
-from tracer.recorder.device import DeviceRecorder  # noqa: E402
+from tracer.recorder.device import cupti_direct as device_direct  # noqa: E402
+from tracer.recorder.device.kineto_windows import DeviceRecorder  # noqa: E402
 
 # a long C++ name (the demangler refuses much deeper nesting: 150 levels here) and one that
 # only looks mangled (shown as it is, as Kineto shows it)
@@ -496,7 +496,7 @@ standin.reset()
 cupti.load(standin.path)
 from tracer.files import rundir
 from tracer.files.device_format import read_device
-from tracer.recorder import device_direct
+from tracer.recorder.device import cupti_direct as device_direct
 recorder = device_direct.DirectDeviceRecorder({out!r}, 0, [], cupti, 130001, standin.path)
 assert recorder.start()
 t = int(standin.now())
@@ -546,7 +546,8 @@ standin = StandIn({path!r})      # mapped, as torch's CUDA build maps its libcup
 standin.reset()
 import torch
 import tracer
-from tracer.recorder import device_direct, session as session_module
+from tracer.recorder.device import cupti_direct as device_direct
+from tracer.recorder import session as session_module
 session_module.cuda_in_use = lambda: True
 if device_direct.libcupti_path() != {path!r}:
     # a CUDA build of torch mapped its own libcupti too (the compatibility venvs): this one

@@ -1,4 +1,4 @@
-"""The recorder on CUPTI's activity API without Kineto (tracer/recorder/device_direct.py),
+"""The recorder on CUPTI's activity API without Kineto (tracer/recorder/device/cupti_direct.py),
 without a GPU: a stand-in for the C module (what CUPTI's thread would have parsed) makes a
 launch and its kernel wherever a custom op runs, on CUPTI's own clock; the session enables it
 for the recorded steps only, the flusher drains it into the device file, and each kernel is
@@ -21,7 +21,8 @@ import tracer
 from support.device_windows import cuda_mlp_steps
 from tracer.files import rundir
 from tracer.files.device_format import KINDS, read_device
-from tracer.recorder import device_direct, device_notes, session as session_module
+from tracer.recorder.device import cupti_direct as device_direct, device_notes
+from tracer.recorder import session as session_module
 from viz.analysis.device.gpu_attribution import attribute
 from viz.render.summary_schema import device_json
 
@@ -30,7 +31,7 @@ KERNEL_NS = 5_000
 
 
 class StandInCupti:
-    """The C module's calls (tracer/recorder/csrc/cupti.c) over rows made by :meth:`launch`:
+    """The C module's calls (tracer/recorder/csrc/cupti/cupti.c) over rows made by :meth:`launch`:
     a cudaLaunchKernel on the calling thread at its time, then its kernel, while enabled."""
 
     def __init__(self):
@@ -260,7 +261,7 @@ def test_on_cuda_cupti_directly_records_what_kinetos_windows_did(tmp_path, monke
     # name, each on the same op. Kineto's windows run first and leave CUPTI on Kineto's clock
     # (TSC ticks): the direct recording must set its own (on an H200 it did not, and its
     # kernels lay seconds off their launches)
-    monkeypatch.setattr("tracer.recorder.device.WINDOW_S", 0.0)
+    monkeypatch.setattr("tracer.recorder.device.kineto_windows.WINDOW_S", 0.0)
     steps = cuda_mlp_steps()
     got = {}
     for source, written in (("kineto", "cupti"), ("cupti", "cupti-direct")):
@@ -289,7 +290,7 @@ def test_on_cuda_a_users_profiler_keeps_its_kernels_and_device_time_resumes_afte
     # 2 steps, the user's torch.profiler (CPU and CUDA) over 2 steps, 3 steps after it: the
     # user's export holds its steps' kernels, and the recorder's device file kernels of steps
     # before and after it, each attributed (written without a GPU: first run by a GPU session)
-    monkeypatch.setattr("tracer.recorder.device.WINDOW_S", 0.0)
+    monkeypatch.setattr("tracer.recorder.device.kineto_windows.WINDOW_S", 0.0)
     monkeypatch.setenv(device_direct.SOURCE_ENV, source)
     steps = cuda_mlp_steps()
     activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]

@@ -31,10 +31,10 @@ def test_the_recorder_attributes_every_kernel_of_a_traced_run(tmp_path, monkeypa
                                                               written):
     # CUPTI driven directly (the default) and Kineto's windows (the fallback), a window a step:
     # every window but the last is saved while the next one runs, where a save after the next
-    # window's start loses every CUPTI time (tracer/recorder/device.py). The direct source has
-    # no windows: its batches follow CUPTI's flush period, not the steps
+    # window's start loses every CUPTI time (tracer/recorder/device/kineto_windows.py). The direct
+    # source has no windows: its batches follow CUPTI's flush period, not the steps
     monkeypatch.setenv("PARATRACE_DEVICE_SOURCE", source)
-    monkeypatch.setattr("tracer.recorder.device.WINDOW_S", 0.0)
+    monkeypatch.setattr("tracer.recorder.device.kineto_windows.WINDOW_S", 0.0)
     steps = cuda_mlp_steps(warm_up=0)
     with tracer.trace(str(tmp_path)):
         steps(4)

@@ -21,8 +21,8 @@ import tracer
 from support.cli import CPU_ONLY
 from tracer.files import rundir
 from tracer.files.device_format import KINDS, read_device
-from tracer.recorder import device as device_module, device_worker
-from tracer.recorder.device import DeviceRecorder
+from tracer.recorder.device import kineto_windows as device_module, window_worker as device_worker
+from tracer.recorder.device.kineto_windows import DeviceRecorder
 from support.waiting import alive, wait_until
 from support.paths import GPU_FIXTURE, REPO
 from support.device_windows import (STAND_IN_SCRIPT, cpu_stands_in_for_cuda, train,

@@ -1,5 +1,5 @@
-"""The recorder's C hot path (tracer/recorder/csrc/) against its Python twins: the same stack ids
-and texts, the same shape signatures, the same trace rows; and what C must not do (leak a
+"""The recorder's C hot path (tracer/recorder/csrc/hotpath/) against its Python twins: the same
+stack ids and texts, the same shape signatures, the same trace rows; and what C must not do (leak a
 reference, crash on a bad argument or a failing callback)."""
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ import pytest
 import torch
 
 import tracer
-from tracer.recorder import shapes
-from tracer.recorder.stacks import INTERNAL, PyStackInterner, StackInterner
+from tracer.recorder.attribution import shapes
+from tracer.recorder.attribution.stacks import INTERNAL, PyStackInterner, StackInterner
 from support.paths import SCRIPTS
 
 needs_c = pytest.mark.skipif(StackInterner.HOT_PATH != "c",
@@ -357,7 +357,7 @@ def test_either_hot_path_records_the_same_rows(tmp_path, memory):
     c_rows, py_rows = runs["c"][1], runs["python"][1]
     assert len(c_rows) == len(py_rows) > 300
     assert c_rows == py_rows
-    # every branch of on_op (and of its C twin, tracer/recorder/csrc/onop.c) was taken
+    # every branch of on_op (and of its C twin, tracer/recorder/csrc/hotpath/onop.c) was taken
     assert {r["phase"] for r in c_rows} == {"forward", "backward", "recompute", "grad_sync",
                                            "optimizer", "other"}
     cat = next(r for r in c_rows if r["op"] == "aten.cat.default")

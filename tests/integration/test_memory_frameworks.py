@@ -79,8 +79,8 @@ def test_ddp_keeps_what_rank_0_counts_and_its_buckets_are_comm(tmp_path, bucket_
         # construction, made again when it rebuilds its buckets after step 0), copies the
         # gradients into it, all-reduces it in place and copies the result back into each
         # .grad: a communication buffer the whole run long. No collective makes it, but the
-        # all-reduce writes into it, which makes it comm (tracer/recorder/memory.py);
-        # .grad holds a separate copy (gradients).
+        # all-reduce writes into it, which makes it comm
+        # (tracer/recorder/memory/memory_recorder.py); .grad holds a separate copy (gradients).
         assert live["comm"] == buckets
         assert live["gradients"] == held["gradients"] == buckets
 

@@ -15,7 +15,7 @@ from support.gpt_helpers import torchrun
 from support.paths import SCRIPTS
 
 
-QUALNAME = "Net.forward"          # on Python 3.10 too (tracer.recorder.qualnames)
+QUALNAME = "Net.forward"          # on Python 3.10 too (tracer.recorder.attribution.qualnames)
 
 
 @pytest.fixture(scope="module")

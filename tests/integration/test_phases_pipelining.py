@@ -3,8 +3,8 @@
 interleaved zero bubble (1 stage per rank: ZB-H1) and ZB-V, 4 micro-batches each, one per step,
 with a torch.randn outside the schedule; rank 0 imports pipelining before the trace starts, rank
 1 inside it (the recorder patches it then). Passes and micro-batches come from the schedule's own
-calls (tracer/recorder/pipelining.py), P2P phases from the messages (activations forward, gradients
-backward), and the analysis's theoretical bubble from the schedule recorded in each step
+calls (tracer/recorder/frameworks/pipelining.py), P2P phases from the messages (activations forward,
+gradients backward), and the analysis's theoretical bubble from the schedule recorded in each step
 (docs/phases.md, docs/metrics.md)."""
 from __future__ import annotations
 

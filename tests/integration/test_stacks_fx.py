@@ -1,9 +1,10 @@
-"""Code torch.fx runs records the traced model's own source lines (tracer/recorder/fxframes.py): a
-GraphModule's generated forward and torch.fx.Interpreter's nodes are replaced by the frames
-their graph nodes recorded. One model run eagerly and three FX ways in one process
-(tests/scripts/fx_stacks.py), under either hot path, must record the eager run's stacks; and
-torch.distributed.pipelining's pipeline() on 2 ranks (tests/scripts/pipeline_stacks.py) must
-record the model's forward lines, found here with inspect."""
+"""Code torch.fx runs records the traced model's own source lines
+(tracer/recorder/attribution/fxframes.py): a GraphModule's generated forward and
+torch.fx.Interpreter's nodes are replaced by the frames their graph nodes recorded. One model run
+eagerly and three FX ways in one process (tests/scripts/fx_stacks.py), under either hot path, must
+record the eager run's stacks; and torch.distributed.pipelining's pipeline() on 2 ranks
+(tests/scripts/pipeline_stacks.py) must record the model's forward lines, found here with
+inspect."""
 from __future__ import annotations
 
 import gc
@@ -21,8 +22,8 @@ import torch
 
 import tracer
 from support.gpt_helpers import torchrun
-from tracer.recorder.fxframes import FxFrames
-from tracer.recorder.stacks import PyStackInterner, StackInterner
+from tracer.recorder.attribution.fxframes import FxFrames
+from tracer.recorder.attribution.stacks import PyStackInterner, StackInterner
 from support.paths import SCRIPTS
 
 FX_WAYS = ("generated", "interpreted", "interpreted-as-generated")

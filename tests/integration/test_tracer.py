@@ -312,7 +312,7 @@ def test_stack_capture_with_its_caches_equals_a_fresh_walk():
     import random
     import sys as _sys
 
-    from tracer.recorder.stacks import INTERNAL, StackInterner
+    from tracer.recorder.attribution.stacks import INTERNAL, StackInterner
     rng = random.Random(0)
 
     def internal(interner):
@@ -418,7 +418,7 @@ def test_a_generator_resumed_by_another_caller_gets_that_callers_stack():
     stack must name the caller of this resumption, not the last one."""
     import sys as _sys
 
-    from tracer.recorder.stacks import StackInterner
+    from tracer.recorder.attribution.stacks import StackInterner
     from tracer.files.format import decode_stack
     interner = StackInterner(depth=8)
 
@@ -443,13 +443,13 @@ def test_a_torch_that_cannot_run_compiled_code_under_a_mode_is_said_in_the_trace
                                                                                   monkeypatch):
     """Before torch 2.9 Dynamo skips every frame under any dispatch mode: the trace must not
     claim that compiled code ran compiled."""
-    import tracer.recorder.compiled
-    monkeypatch.setattr(tracer.recorder.compiled, "SUPPORTED", False)
+    import tracer.recorder.frameworks.compiled
+    monkeypatch.setattr(tracer.recorder.frameworks.compiled, "SUPPORTED", False)
     with tracer.trace(tmp_path, clock_sync=False):
         torch.ones(2).add_(1)
     options = tracer.load(tmp_path / "rank-0.arrow").meta["options"]
     assert options["compiled"] == "eager" and "torch >= 2.9" in options["compiled_why"]
-    monkeypatch.setattr(tracer.recorder.compiled, "SUPPORTED", True)
+    monkeypatch.setattr(tracer.recorder.frameworks.compiled, "SUPPORTED", True)
     with tracer.trace(tmp_path / "now", clock_sync=False):
         torch.ones(2).add_(1)
     options = tracer.load(tmp_path / "now" / "rank-0.arrow").meta["options"]

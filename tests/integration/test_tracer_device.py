@@ -25,9 +25,10 @@ from support.gpt_helpers import free_port
 from instrument.launch.command_line import Target, build_parser, worker_args
 from tracer.files import rundir
 from tracer.files.device_format import read_device
-from tracer.recorder import device as device_module, device_notes, flusher as flusher_module
+from tracer.recorder.device import kineto_windows as device_module, device_notes
+from tracer.recorder import flusher as flusher_module
 from tracer.recorder.patches import profiler as profiler_patch
-from tracer.recorder.device import DeviceRecorder
+from tracer.recorder.device.kineto_windows import DeviceRecorder
 from tracer.vocab import ops
 from support.paths import REPO
 from support.device_windows import (STAND_IN_SCRIPT, cpu_stands_in_for_cuda, cuda_mlp_steps,
@@ -87,7 +88,8 @@ def _spy_on_windows(monkeypatch) -> tuple:
 def test_each_window_is_saved_before_the_next_starts_and_parsed_by_the_flusher(
         tmp_path, monkeypatch):
     # on CUDA a window saved after the next one was enabled loses every CUPTI time (Kineto
-    # clamps them to 0; tracer/recorder/device.py): the training thread saves at the cut
+    # clamps them to 0; tracer/recorder/device/kineto_windows.py): the training thread saves at
+    # the cut
     cpu_stands_in_for_cuda(monkeypatch)
     saved, parsed, order = _spy_on_windows(monkeypatch)
     windows_of_three_steps(str(tmp_path))

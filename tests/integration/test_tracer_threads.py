@@ -22,7 +22,7 @@ def test_a_frameless_thread_records_on_the_python_twin(tmp_path):
     """The same in a process whose hot path is Python (PARATRACE_PURE_PYTHON=1)."""
     code = ("import sys; sys.path.insert(0, %r); import support.frameless_thread as t; "
             "t.check_frameless_trace(t.frameless_backward_and_forward(%r)); "
-            "import tracer.recorder.stacks as s; print(s.StackInterner.HOT_PATH)"
+            "import tracer.recorder.attribution.stacks as s; print(s.StackInterner.HOT_PATH)"
             % (str(TESTS), str(tmp_path)))
     env = dict(os.environ, PARATRACE_PURE_PYTHON="1", CUDA_VISIBLE_DEVICES="")
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,

@@ -145,7 +145,8 @@ def test_predictions_from_fsdp2_and_checkpointed_recordings(models):
 
 def test_a_pipelining_recording_says_its_pipeline(models, tmp_path):
     """The pipeline a torch.distributed.pipelining run ran is read from its recording
-    (tracer.recorder.pipelining's schedule), and another split of it is refused in one line."""
+    (tracer.recorder.frameworks.pipelining's schedule), and another split of it is refused in one
+    line."""
     root = models["llama"]["root"]
     proc = run("trace-whatif", root / "pp", "--out", tmp_path / "pp", timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]

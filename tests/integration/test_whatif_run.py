@@ -71,10 +71,11 @@ def test_the_execution_graph_holds_passes_p2p_edges_and_steps(run):
 
 
 def test_the_recorder_says_its_completions_need_no_correction(run):
-    """The recorder writes how it stamps completions (tracer.recorder.process_info.COMPLETION) into
-    every trace it starts, and viz.whatif reads such traces as they are: no rank's waits are
-    re-read from its host time (viz.whatif.replay.waits.late_completions)."""
-    from tracer.recorder.process_info import COMPLETION
+    """The recorder writes how it stamps completions
+    (tracer.recorder.process.process_info.COMPLETION) into every trace it starts, and viz.whatif
+    reads such traces as they are: no rank's waits are re-read from its host time
+    (viz.whatif.replay.waits.late_completions)."""
+    from tracer.recorder.process.process_info import COMPLETION
     from viz.whatif.replay.waits import late_completions
     out, _ = run
     analysis = analyse(open_run(str(out / "run")))

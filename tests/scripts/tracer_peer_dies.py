@@ -31,7 +31,8 @@ with tracer.trace(sys.argv[1]):
     dist.all_reduce(t)                  # both ranks: completes
     if dist.get_rank() == 1:
         # once its all_reduce is on disk (what the test reads back), whenever the flusher ran,
-        # it dies without a word (os._exit would close its trace first: tracer/recorder/exits.py)
+        # it dies without a word (os._exit would close its trace first:
+        # tracer/recorder/process/exits.py)
         wait_until_on_disk(os.path.join(sys.argv[1], "rank-1.arrow"))
         os.kill(os.getpid(), signal.SIGKILL)
     # NOTE: torchrun SIGTERMs the survivors once it sees rank 1 gone; on a loaded machine that

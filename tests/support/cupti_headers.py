@@ -2,7 +2,7 @@
 of torch brings the nvidia-cuda-cupti wheel and triton's copy), a CUDA toolkit under
 /usr/local, and the directories ``PARATRACE_CUPTI_HEADERS`` names (``:``-separated: a wheel
 unpacked by hand, docs/gpu.md). The independent source of the record layouts and callback ids
-that tracer/recorder/csrc/cupti.c reads."""
+that tracer/recorder/csrc/cupti/cupti.c reads."""
 from __future__ import annotations
 
 import glob

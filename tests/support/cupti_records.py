@@ -2,7 +2,7 @@
 (cupti_activity.h and cupti_activity_deprecated.h of CUDA 12.6 to 13.2 alike), the callback ids
 of a few runtime and driver calls (cupti_runtime_cbid.h, cupti_driver_cbid.h), the activity
 kinds and result codes: what the stand-in libcupti (cupti_standin.c) hands
-tracer/recorder/csrc/cupti.c. Independent of the module's own ``layout()``:
+tracer/recorder/csrc/cupti/cupti.c. Independent of the module's own ``layout()``:
 tests/integration/test_cupti_layout.py compiles each field's offset, each struct's size, each
 id and each constant against every CUPTI header set it finds and compares them with these."""
 from __future__ import annotations

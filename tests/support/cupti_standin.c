@@ -1,5 +1,5 @@
 /* A stand-in libcupti for tests (tests/support/cupti_standin.py builds and drives it): the
- * calls tracer/recorder/csrc/cupti.c resolves, behaving as NVIDIA's headers document them, so
+ * calls tracer/recorder/csrc/cupti/cupti.c resolves, behaving as NVIDIA's headers document them, so
  * that every path of the C module runs without a GPU.
  *
  * - Activity happens when a test says (standin_activity: a record's bytes, laid out by

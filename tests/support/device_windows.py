@@ -6,9 +6,10 @@ from __future__ import annotations
 import torch
 
 import tracer
-from tracer.recorder import device as device_module, session as session_module
-from tracer.recorder.device import DeviceRecorder
-from tracer.recorder.device_direct import SOURCE_ENV
+from tracer.recorder.device import kineto_windows as device_module
+from tracer.recorder import session as session_module
+from tracer.recorder.device.kineto_windows import DeviceRecorder
+from tracer.recorder.device.cupti_direct import SOURCE_ENV
 
 from support.waiting import wait_until
 
@@ -20,8 +21,9 @@ STAND_IN_SCRIPT = """
 import os
 os.environ["PARATRACE_DEVICE_SOURCE"] = "kineto"
 import tracer
-from tracer.recorder import device as device_module, session as session_module
-from tracer.recorder.device import DeviceRecorder
+from tracer.recorder.device import kineto_windows as device_module
+from tracer.recorder import session as session_module
+from tracer.recorder.device.kineto_windows import DeviceRecorder
 session_module.cuda_in_use = lambda: True
 DeviceRecorder.activity = "CPU"
 device_module.WINDOW_S = 0.0

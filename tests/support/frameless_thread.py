@@ -31,7 +31,7 @@ FC_LINE = next(i for i, line in enumerate(inspect.getsource(Net).splitlines())
                if "FC_LINE" in line) + inspect.getsourcelines(Net)[1]
 
 
-# the qualname a stack gives Net.forward (on Python 3.10 too: tracer.recorder.qualnames)
+# the qualname a stack gives Net.forward (on Python 3.10 too: tracer.recorder.attribution.qualnames)
 QUALNAME = Net.forward.__qualname__
 
 

@@ -4,8 +4,8 @@ export, for tests and benchmarks to hold paratrace's importer against.
 Written apart from the importer and sharing nothing with it: the whole JSON is loaded with the
 standard library (numbers with a fraction as ``Decimal``, so no float64 touches a time), every
 complete event of a GPU category is an activity, and the unions are measured by sorting and
-sweeping in plain Python. Definitions (docs/architecture.md): activity = kernel, memcpy or memset; busy =
-|union of all|; compute = |union of kernels without "nccl" in their name|; comm = |union of
+sweeping in plain Python. Definitions (docs/contract.md): activity = kernel, memcpy or memset;
+busy = |union of all|; compute = |union of kernels without "nccl" in their name|; comm = |union of
 kernels with it (any case)|; memory = |union of memcpys and memsets|; span = last end - first
 start; idle = span - busy; overlap = |comm ∩ compute| / |comm| (None without comm).
 

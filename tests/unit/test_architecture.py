@@ -18,7 +18,7 @@ MAX_MODULE_LINES = 450
 MAX_FUNCTION_LINES = 80
 # Documented exceptions: the recorder's hot path is one function on purpose (every call
 # costs on every op).
-LONG_FUNCTIONS = {("tracer/recorder/session.py", "on_op")}
+LONG_FUNCTIONS = {("tracer/recorder/op_path.py", "on_op")}
 # viz's units (module name prefixes) and their layers, lowest first (docs/architecture.md): a
 # module imports from its own unit and from the layers below, never from above nor from
 # another unit of its own layer (diff and whatif stay apart).
@@ -42,6 +42,18 @@ ANALYSIS_ROOMS = (("viz.analysis.callgraphs",), ("viz.analysis.timeline", "viz.a
 # torch.profiler export reader, the recorder (its device windows read exports), and the public
 # API of tracer/__init__.py on top.
 TRACER_LAYERS = ("tracer.vocab", "tracer.files", "tracer.kineto", "tracer.recorder", "tracer")
+# tracer/recorder's rooms, in layers, lowest first (docs/architecture.md): the ground (the
+# recorder's own modules every room may use: torch bridges, the row layouts, the options), the
+# hot path and the process facts, then where an op came from, its memory and its device time,
+# then the frameworks' support, and on top the owner (Session and its parts, every other module
+# of tracer/recorder itself, and patches/, which hooks torch into those parts). A room imports
+# from itself and the layers below, never from one beside it nor from above.
+RECORDER_GROUND = tuple(f"tracer.recorder.{name}" for name in (
+    "compat", "user_profile", "_active", "rows", "group_names", "passthrough", "options"))
+RECORDER_ROOMS = (("ground",), ("tracer.recorder.hotpath", "tracer.recorder.process"),
+                  ("tracer.recorder.attribution", "tracer.recorder.memory",
+                   "tracer.recorder.device"),
+                  ("tracer.recorder.frameworks",), ("owner",))
 # instrument's rooms, lowest first (docs/architecture.md): what watches and records the run
 # beside the workers, then what launches it; a room imports from itself and the rooms below
 INSTRUMENT_ROOMS = ("instrument.supervise", "instrument.launch")
@@ -177,6 +189,36 @@ def tracer_violations(graph: nx.DiGraph) -> list:
     return wrong
 
 
+def recorder_room(module: str) -> str:
+    """The room of :data:`RECORDER_ROOMS` a tracer.recorder module lives in: 'ground' for
+    :data:`RECORDER_GROUND` (and the package itself, which imports nothing), 'owner' for the
+    other modules of tracer/recorder itself and patches/, '' for a module of no room."""
+    if module == "tracer.recorder" or module in RECORDER_GROUND:
+        return "ground"
+    room = next((room for layer in RECORDER_ROOMS for room in layer
+                 if module == room or module.startswith(room + ".")), "")
+    owner = module.count(".") == 2 or module.startswith("tracer.recorder.patches")
+    return room or ("owner" if owner else "")
+
+
+def recorder_violations(graph: nx.DiGraph) -> list:
+    """(importer, imported, why) of each import between tracer/recorder's rooms that goes up a
+    layer or sideways to another room of the same layer."""
+    layer = {room: i for i, rooms in enumerate(RECORDER_ROOMS) for room in rooms}
+    wrong = []
+    for a, b in graph.edges:
+        if not (a.startswith("tracer.recorder") and b.startswith("tracer.recorder")):
+            continue
+        ra, rb = recorder_room(a), recorder_room(b)
+        if ra == rb or not ra or not rb:
+            continue
+        if layer[rb] > layer[ra]:
+            wrong.append((a, b, f"{ra} imports {rb}, a layer above it"))
+        elif layer[rb] == layer[ra]:
+            wrong.append((a, b, f"{ra} imports {rb}, beside it"))
+    return wrong
+
+
 def instrument_room(module: str) -> str:
     """The room of :data:`INSTRUMENT_ROOMS` an instrument module lives in; '' for none."""
     return next((room for room in INSTRUMENT_ROOMS
@@ -254,6 +296,39 @@ def test_every_tracer_module_lives_in_a_room():
     assert not loose, f"tracer modules outside vocab/, files/, kineto/, recorder/: {loose}"
 
 
+def test_every_recorder_module_lives_in_a_room():
+    lost = [m for m in modules() if m.startswith("tracer.recorder.") and not recorder_room(m)]
+    assert not lost, f"tracer.recorder modules in no room of RECORDER_ROOMS: {lost}"
+
+
+def test_recorder_imports_go_down_its_rooms():
+    wrong = recorder_violations(import_graph())
+    assert not wrong, "imports against tracer/recorder's rooms: " + "; ".join(
+        f"{a} -> {b} ({why})" for a, b, why in wrong)
+
+
+def test_the_recorder_room_checks_catch_what_they_forbid():
+    """Planted: the stack walk reaching beside it into the device windows, the clock up into
+    memory recording, the HOPs support into Session, the torch bridges up into the dispatch
+    mode; and a room nobody listed. Session's imports of every room, patches' of comm and the
+    frameworks' of attribution stay allowed."""
+    graph = import_graph()
+    assert ("tracer.recorder.session", "tracer.recorder.device.kineto_windows") in graph.edges
+    assert ("tracer.recorder.patches.distributed", "tracer.recorder.comm") in graph.edges
+    assert ("tracer.recorder.frameworks.hops", "tracer.recorder.attribution.stacks") in \
+        graph.edges
+    planted = {("tracer.recorder.attribution.stacks", "tracer.recorder.device.kineto_windows"),
+               ("tracer.recorder.process.clock", "tracer.recorder.memory.memory_recorder"),
+               ("tracer.recorder.frameworks.hops", "tracer.recorder.session"),
+               ("tracer.recorder.compat", "tracer.recorder.hotpath._mode")}
+    graph.add_edges_from(planted)
+    assert {(a, b) for a, b, _ in recorder_violations(graph)} == planted
+    assert recorder_room("tracer.recorder.gadgets.lamp") == ""
+    assert recorder_room("tracer.recorder.session") == "owner"
+    assert recorder_room("tracer.recorder.patches.fsdp") == "owner"
+    assert recorder_room("tracer.recorder.rows") == "ground"
+
+
 def test_every_instrument_module_lives_in_a_room():
     loose = [m for m in modules() if m.startswith("instrument.") and not instrument_room(m)]
     assert not loose, f"instrument modules outside launch/, supervise/: {loose}"
@@ -317,7 +392,7 @@ def test_the_layer_checks_catch_what_they_forbid():
     # tracer's rooms: the trace format reaching up into the recorder, the vocabulary into the
     # files; viz reaching into the recorder, or into the API that starts it
     graph = import_graph()
-    planted = {("tracer.files.format", "tracer.recorder.stacks"),
+    planted = {("tracer.files.format", "tracer.recorder.attribution.stacks"),
                ("tracer.vocab.ops", "tracer.files.format"),
                ("tracer.kineto.convert", "tracer.recorder.session"),
                ("viz.analysis.rank", "tracer.recorder.session"), ("viz.run", "tracer")}
@@ -511,7 +586,7 @@ def test_modules_and_functions_stay_focused():
                 n = node.end_lineno - node.lineno + 1
                 if n > MAX_FUNCTION_LINES and (rel, node.name) not in LONG_FUNCTIONS:
                     long_functions.append((rel, node.name, n))
-    for path in sorted((REPO / "tracer" / "recorder" / "csrc").iterdir()):     # the C sources
+    for path in sorted((REPO / "tracer" / "recorder" / "csrc").rglob("*.[ch]")):  # the C sources
         n = len(path.read_text().splitlines())
         if n > MAX_MODULE_LINES:
             long_modules.append((str(path.relative_to(REPO)), n))

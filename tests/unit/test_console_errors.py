@@ -76,7 +76,7 @@ def _exit_status(main, argv: list) -> int:
 
 def test_the_four_commands_refuse_a_bad_command_line_in_one_style(capsys, tmp_path):
     """argparse's refusals, in every command: ``PROG: error: MESSAGE (see PROG --help)``, one
-    line, exit status 2 (docs/architecture.md's contract); a part of trace-whatif's command line
+    line, exit status 2 (docs/contract.md); a part of trace-whatif's command line
     (``--target``) names the command too."""
     from instrument.launch import trace_run
     from viz import cli, whatif_cli

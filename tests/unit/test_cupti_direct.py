@@ -1,8 +1,8 @@
-"""CUPTI's activity API without Kineto (tracer/recorder/csrc/cupti.c, device_direct.py), without
-a GPU: each record kind, laid out from NVIDIA's struct definitions (tests/support/
-cupti_records.py), through the completion path's parse into device-file rows, and the real
-libcupti of a CUDA build of torch loaded, naming the launches by NVIDIA's callback ids and
-refusing to start where no driver is. The record layouts against NVIDIA's headers:
+"""CUPTI's activity API without Kineto (tracer/recorder/csrc/cupti/cupti.c, cupti_direct.py),
+without a GPU: each record kind, laid out from NVIDIA's struct definitions (tests/support/
+cupti_records.py), through the completion path's parse into device-file rows, and the real libcupti
+of a CUDA build of torch loaded, naming the launches by NVIDIA's callback ids and refusing to start
+where no driver is. The record layouts against NVIDIA's headers:
 tests/integration/test_cupti_layout.py; every path of the C module against a stand-in libcupti:
 tests/integration/test_cupti_standin.py; the whole recorder on this path, with rows fed from
 recorded ops: tests/integration/test_device_direct.py. On a GPU: scripts/gpu_checks.sh.
@@ -23,8 +23,8 @@ from support import cupti_records as rec
 from support.cupti_headers import header_sets
 from tracer.files import rundir
 from tracer.files.device_format import KINDS, read_device
-from tracer.recorder import device_direct
-from tracer.recorder.device import DeviceRecorder
+from tracer.recorder.device import cupti_direct as device_direct
+from tracer.recorder.device.kineto_windows import DeviceRecorder
 
 cupti = pytest.importorskip("tracer.recorder._cupti",
                             reason="the _cupti extension is not built (no compiler)")

@@ -12,7 +12,8 @@ import sysconfig
 import setuptools
 
 from support.paths import REPO
-from tracer.recorder import _native, device_direct
+from tracer.recorder.hotpath import _native
+from tracer.recorder.device import cupti_direct as device_direct
 
 
 def extensions_built(monkeypatch, gil_disabled) -> set:

@@ -1,8 +1,8 @@
-"""on_op's common path in C (tracer/recorder/csrc/onop.c) against Session.on_op, its twin: which
-ops take which path, what C shares with Python (labels, bounds, the clock), and what C must not do
-(leak a reference, swallow the op's own error, lose a row when its bounds are reached; a
-failure of the recorder's own work leaves the op its result). That the two record
-the same rows: tests/integration/test_hotpath.py's test_either_hot_path_records_the_same_rows."""
+"""on_op's common path in C (tracer/recorder/csrc/hotpath/onop.c) against Session.on_op, its twin:
+which ops take which path, what C shares with Python (labels, bounds, the clock), and what C must
+not do (leak a reference, swallow the op's own error, lose a row when its bounds are reached; a
+failure of the recorder's own work leaves the op its result). That the two record the same rows:
+tests/integration/test_hotpath.py's test_either_hot_path_records_the_same_rows."""
 from __future__ import annotations
 
 import collections
@@ -19,7 +19,7 @@ import torch
 
 import tracer
 from tracer.recorder import rows, session as session_module
-from tracer.recorder._mode import RecordingMode
+from tracer.recorder.hotpath._mode import RecordingMode
 from tracer.vocab import labels, ops
 
 # Where the C path can be built and is not declined, it must be there (see the test below).
@@ -39,7 +39,7 @@ def test_the_c_path_is_built_wherever_it_can_be():
     assert session_module.C_ON_OP, "tracer.recorder._hotpath is not built: run setup.py build_ext"
 
 
-# set only while memory is recorded (csrc/hotpath.h)
+# set only while memory is recorded (csrc/hotpath/hotpath.h)
 MEMORY_FIELDS = ("_memory_table",)
 
 
@@ -72,7 +72,7 @@ def test_an_ordinary_session_is_ready_for_the_c_path(tmp_path):
 @needs_c_path
 def test_a_session_recording_memory_is_ready_for_the_c_path(tmp_path):
     """With memory on, the C on_op calls the memory recorder's C storage table
-    (csrc/storagetable.c); set to anything else, the ops go to the Python twin rather than
+    (csrc/hotpath/storagetable.c); set to anything else, the ops go to the Python twin rather than
     lose their storages."""
     with tracer.trace(tmp_path, clock_sync=False, memory=True) as session:
         _loop(steps=1)

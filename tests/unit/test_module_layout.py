@@ -13,11 +13,9 @@ ROOTS = ("tracer", "viz", "instrument")
 MOST_FLAT = 15
 # name -> the exact paths sharing it that issue 53's other parts rename (an entry lets that set
 # of paths through, no other)
-SHARED_NAMES = {
-    "fsdp.py": {"tracer/recorder/fsdp.py", "tracer/recorder/patches/fsdp.py"},   # recorder/
-}
+SHARED_NAMES: dict = {}
 # folder -> why it may hold more than MOST_FLAT modules flat, for now
-CROWDED = {"tracer/recorder": "recorder/ in rooms, with the Session split (issue 53)"}
+CROWDED: dict = {}
 
 
 def module_paths(roots=ROOTS) -> list:
@@ -58,12 +56,14 @@ def test_no_folder_holds_more_than_15_modules_flat():
 
 
 def test_the_checks_see_a_planted_name_and_a_planted_crowd():
-    """Planted: a second graph.py beside viz/whatif/replay/graph.py, a second memory.py, and 16
-    modules in one folder; 15 stay allowed, and so does __init__.py."""
+    """Planted: a second graph.py beside viz/whatif/replay/graph.py, two memory.py in two rooms,
+    and 16 modules in one folder; 15 stay allowed, and so does __init__.py."""
     paths = module_paths()
     assert shared_names(paths + ["viz/diff/graph.py"]) == {
         "graph.py": ["viz/diff/graph.py", "viz/whatif/replay/graph.py"]}
-    assert set(shared_names(paths + ["viz/analysis/memory.py"])) == {"memory.py"}
+    assert shared_names(paths + ["viz/analysis/memory.py"]) == {}
+    assert set(shared_names(paths + ["viz/analysis/memory.py", "instrument/memory.py"])) == {
+        "memory.py"}
     room = [f"viz/hall/m{i}.py" for i in range(MOST_FLAT)] + ["viz/hall/__init__.py"]
     assert crowded_folders(paths + room) == {}
     assert crowded_folders(paths + room + ["viz/hall/one_more.py"]) == {"viz/hall": 16}

@@ -1,4 +1,4 @@
-"""Qualified names read from source (tracer.recorder.qualnames: Python 3.10 has no
+"""Qualified names read from source (tracer.recorder.attribution.qualnames: Python 3.10 has no
 co_qualname), against names written by hand and against Python's own __qualname__."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import types
 import torch.nn.modules
 import torch.nn.parallel.distributed
 
-from tracer.recorder import qualnames
+from tracer.recorder.attribution import qualnames
 
 SOURCE = '''\
 import functools

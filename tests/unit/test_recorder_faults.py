@@ -3,7 +3,7 @@ the recorder's own work around an op (a new stack node, a code object's classifi
 storage's first sight, a shape key, the queue, an op's classification, the device recorder's
 start, a record_function range's bookkeeping) never reaches the training step. The op returns its
 result (an in-place op has run once), the rank records nothing more, the trace's metadata says
-why (``recorder_error``) and stderr says it once. On the C hot path (csrc/onop.c) and on its
+why (``recorder_error``) and stderr says it once. On the C hot path (csrc/hotpath/onop.c) and on its
 Python twin (Session.on_op), each."""
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import torch
 
 import tracer
 from tracer.recorder import session as session_module
-from tracer.recorder._mode import RecordingMode
+from tracer.recorder.hotpath._mode import RecordingMode
 from tracer.vocab import ops
 
 PATHS = ["c", "python"]
@@ -119,7 +119,7 @@ def _once_armed(real):
 
 @pytest.fixture(autouse=True)
 def plantable_storage_key(monkeypatch):
-    from tracer.recorder import memory as memory_module, storage_table
+    from tracer.recorder.memory import memory_recorder as memory_module, storage_table
     for module in (memory_module, storage_table):
         monkeypatch.setattr(module, "storage_key", _once_armed(module.storage_key))
     yield

@@ -1,5 +1,5 @@
-"""Memory recording's storage table, its C twin (csrc/storagetable.c) against the Python one
-(tracer/recorder/storage_table.py), call for call on the same tensors: the same events in the
+"""Memory recording's storage table, its C twin (csrc/hotpath/storagetable.c) against the Python one
+(tracer/recorder/memory/storage_table.py), call for call on the same tensors: the same events in the
 same order (times aside), packed the same. The traces both record are compared in
 tests/integration/test_hotpath.py."""
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from tracer.recorder import compat
-from tracer.recorder._native import native_hot_path
-from tracer.recorder.storage_table import (ACTIVATIONS, ALLOC, EVENT, FREE, GRADIENTS,
+from tracer.recorder.hotpath._native import native_hot_path
+from tracer.recorder.memory.storage_table import (ACTIVATIONS, ALLOC, EVENT, FREE, GRADIENTS,
                                            PARAMETERS, RECLASS, TEMPORARIES, PyStorageTable)
 
 HOT = native_hot_path()

@@ -11,7 +11,7 @@ from torch.nn.modules import module as nn_module
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 
 import tracer
-from tracer.recorder._mode import RecordingMode
+from tracer.recorder.hotpath._mode import RecordingMode
 
 
 def recorder_state() -> tuple:

@@ -1,8 +1,8 @@
-"""The parameter layout trace-whatif re-shards (viz.whatif.recorded.layout), from what the recorder
-writes of a root module (tracer.recorder.parameters), against torch's own computations: its
-bucket assignment for DDP (torch.distributed._compute_bucket_assignment_by_size), torch.chunk
-for FSDP2's shards, the models' named_parameters; and the targets on any model refused with
-one line where the recording cannot support them (viz.whatif.model_targets)."""
+"""The parameter layout trace-whatif re-shards (viz.whatif.recorded.layout), from what the
+recorder writes of a root module (tracer.recorder.attribution.parameters), against torch's own
+computations: its bucket assignment for DDP (torch.distributed._compute_bucket_assignment_by_size),
+torch.chunk for FSDP2's shards, the models' named_parameters; and the targets on any model refused
+with one line where the recording cannot support them (viz.whatif.model_targets)."""
 from __future__ import annotations
 
 import math
@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from support.paths import SCRIPTS
-from tracer.recorder.parameters import describe
+from tracer.recorder.attribution.parameters import describe
 from viz.whatif.model_targets import model_target
 from viz.whatif.recorded.layout import Layout, ddp_buckets, fsdp_bytes, zero_partition
 from viz.whatif.recorded.setup import Setup

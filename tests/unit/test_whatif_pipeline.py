@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from support.paths import SCRIPTS
-from tracer.recorder.parameters import describe
+from tracer.recorder.attribution.parameters import describe
 from viz.whatif.model_targets import is_model_target, model_target
 from viz.whatif.pipeline.pp_predict import _rows, schedule_order
 from viz.whatif.recorded.layout import Layout

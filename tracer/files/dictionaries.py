@@ -2,7 +2,8 @@
 
 Ids only grow and no value is ever removed, so every flush hands the writer each column's full
 value list and the writer sends only the entries the file has not seen (dictionary deltas,
-format.py). ``stack`` and ``fwd_stack`` share the stack interner's values (stacks.py).
+format.py). ``stack`` and ``fwd_stack`` share the stack interner's values
+(recorder/attribution/stacks.py).
 """
 from __future__ import annotations
 

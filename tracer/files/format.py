@@ -90,7 +90,7 @@ class MemoryKind(StrEnum):
 
 class MemoryCategory(StrEnum):
     """What a storage is kept for; a reclass only ever moves a storage to a later member (the
-    recorder's rules: tracer/recorder/memory.py)."""
+    recorder's rules: tracer/recorder/memory/memory_recorder.py)."""
 
     TEMPORARIES = "temporaries"
     COMM = "comm"
@@ -193,7 +193,7 @@ class TraceWriter:
         batch = pa.RecordBatch.from_arrays(columns, schema=self.schema)
         custom = {META_KEY: json.dumps(meta).encode()} if meta else None
         self._writer.write_batch(batch, custom_metadata=custom)
-        if arrays.get("mem_kind") is None:  # not memory.py's batch of memory rows
+        if arrays.get("mem_kind") is None:  # not the memory recorder's batch of memory rows
             self.events += n
 
     def _dictionary(self, name: str, dictionaries: dict[str, list[str]]) -> pa.Array:

@@ -1,5 +1,5 @@
 """``DIR/run.json``: trace-run's record of how a run went, rank by rank (docs/trace-run.md; the
-contract in docs/architecture.md): its shape (:class:`RunRecord`), its one writer
+contract in docs/contract.md): its shape (:class:`RunRecord`), its one writer
 (:func:`write`) and its one reader (:func:`read`).
 
 instrument.supervise.run_outcome makes the record from what torch's agent, the watchdog and the

@@ -95,10 +95,10 @@ def read_statuses(traces_dir: str) -> dict[int, Status]:
 
 def write_session_status(session: Any, final: bool = False) -> None:
     """The status file of a recording session (tracer.recorder.session.Session), from its state."""
-    flusher, comm = session._flusher, session._comm
+    flusher, comm = session.flusher, session.comm
     write_status(
         session.status_path, rank=session.rank, status=session.status,
-        step=session.step_index, last_event_ns=session._last_event_ns,
+        step=session.step_index, last_event_ns=session.last_event_ns,
         events=flusher.writer.events if flusher.writer else None,
         last_collective=comm.last, inflight=comm.inflight(), failed_collectives=comm.failed,
         error=session.error, trace=session.path, final=final, config=session.config)

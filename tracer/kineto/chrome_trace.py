@@ -1,13 +1,13 @@
 """GPU activity as CUPTI records it, read from torch.profiler's Chrome-trace export (Kineto).
 
-Both paths of device time go through here: the recorder saves each recorded window's CUPTI
-activity with torch's own Kineto binding and parses it back (tracer.recorder.device), and
+Both paths of device time go through here: the recorder saves each recorded window's CUPTI activity
+with torch's own Kineto binding and parses it back (tracer.recorder.device.kineto_windows), and
 ``trace-report --kineto FILE`` merges a user's own profiler export. The export is JSON: a
 ``traceEvents`` list whose ``ts``/``dur`` are microseconds (three decimals: nanoseconds). Newer
-torch writes ``ts`` relative to ``baseTimeNanoseconds``; older torch writes no base and
-absolute Unix microseconds. GPU work has categories ``kernel``, ``gpu_memcpy`` and
-``gpu_memset`` (args: device, stream, correlation, bytes); each was launched by a
-``cuda_runtime`` or ``cuda_driver`` call on a host thread (``tid``) with the same correlation.
+torch writes ``ts`` relative to ``baseTimeNanoseconds``; older torch writes no base and absolute
+Unix microseconds. GPU work has categories ``kernel``, ``gpu_memcpy`` and ``gpu_memset`` (args:
+device, stream, correlation, bytes); each was launched by a ``cuda_runtime`` or ``cuda_driver`` call
+on a host thread (``tid``) with the same correlation.
 
 Torch-free and pure: the export is read as a stream (:mod:`tracer.kineto.stream`, exact
 integer nanoseconds, never a float64), into :class:`DeviceRecords` (numpy columns). JSON never

@@ -250,7 +250,8 @@ def _memory_point(e: dict[str, Any], memory: dict[str, array[int]]) -> None:
 
 
 # Kineto writes a time before its base as ts 0 (and the duration then as 0): a device window
-# saved after the next one was enabled has every CUPTI time so (tracer/recorder/device.py)
+# saved after the next one was enabled has every CUPTI time so
+# (tracer/recorder/device/kineto_windows.py)
 _CLAMPED = "dropped (ts and dur 0: a time Kineto clamped to its base)"
 _UNLINKED = "kept unlinked (device, stream or correlation not a whole number)"
 

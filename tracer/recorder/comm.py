@@ -69,7 +69,7 @@ class CommTracker:
         self.last: Optional[dict] = None   # the last collective launched, described
         self.failed: list = []             # collectives that ended in an error, described
         # thread ident -> (module id, forward stack id) its collectives are credited to, in
-        # place of the running module's and autograd node's (fsdp.py: FSDP's parameters)
+        # place of the running module's and autograd node's (fsdp_credit.py: FSDP's parameters)
         self.owners: dict = {}
         self.lock = threading.Lock()
 
@@ -332,10 +332,10 @@ def wait_hook(session):
     8 ms a reduce-scatter). They are the collective's own work, as the same copies inside a
     functional collective's ``wait_tensor`` (never seen, being inside an op): the mode steps
     off this thread's dispatch stack for the wait (only the thread that entered it can)."""
-    tracker = session._comm
+    tracker = session.comm
 
     def wait(original, work, args, kwargs):
-        mode = session._mode
+        mode = session.mode
         off = mode is not None and _get_ident() == session._owner and mode.suspend()
         try:
             result = original(work, *args, **kwargs)
@@ -358,7 +358,7 @@ def special_op(session, special, func, args, kwargs, op_id):
     completes its collective and takes its phase), record_function ranges and higher-order
     operators (hops.py)."""
     if special == ops.HOP:
-        return session._hops(func, args, kwargs)
+        return session.hops(func, args, kwargs)
     t0 = _now()
     out = func(*args, **kwargs)
     try:     # the recorder's own work: a failure puts the rank into passthrough (passthrough.py)
@@ -367,11 +367,11 @@ def special_op(session, special, func, args, kwargs, op_id):
         elif special == ops.RF_ENTER:
             session._open_ranges += 1
             name = args[0] if args else kwargs.get("name", "?")
-            entry = session._annotations.push(str(name), {"source": "record_function"})
-            session._annotations.open_record_function(entry, _now())
+            entry = session.annotations.push(str(name), {"source": "record_function"})
+            session.annotations.open_record_function(entry, _now())
         elif special == ops.RF_EXIT:
             session._open_ranges = max(0, session._open_ranges - 1)
-            opened = session._annotations.close_record_function()
+            opened = session.annotations.close_record_function()
             if opened is not None:
                 session.close_range(*opened)
     except Exception as exc:
@@ -382,7 +382,7 @@ def special_op(session, special, func, args, kwargs, op_id):
 def _waited(session, args, kwargs, op_id: int, t0: int, t1: int) -> None:
     """The wait of a functional collective ran: it completes its collective, and takes its
     phase."""
-    tracker = session._comm
+    tracker = session.comm
     pending = tracker.funcol_take(args[0] if args else kwargs.get("tensor"))
     cid = None
     if pending is not None:
@@ -394,12 +394,12 @@ def _waited(session, args, kwargs, op_id: int, t0: int, t1: int) -> None:
         frame = sys._getframe(4)
     except ValueError:   # no Python frame called it (autograd's device threads)
         frame = None
-    stack = None if not session._record_stacks else \
-        session._capture(frame) if frame is not None else session._stacks.empty()
-    hint = session._annotations.phase_hint
+    stack = None if not session.options.record_stacks else \
+        session.stacks.capture(frame) if frame is not None else session.stacks.empty()
+    hint = session.annotations.phase_hint
     phase = pending.phase if pending is not None else PHASE_BACKWARD \
         if _current_node() is not None else (hint if hint is not None else PHASE_FORWARD)
     session._push(rows.record(
-        t0=t0, t1=t1, op=op_id, phase=phase, module=session._modules.current, stack=stack,
-        annotation=session._annotations.current, step=session.step_index,
+        t0=t0, t1=t1, op=op_id, phase=phase, module=session.modules.current, stack=stack,
+        annotation=session.annotations.current, step=session.step_index,
         thread=session._thread(), cid=cid))

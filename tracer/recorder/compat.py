@@ -84,8 +84,8 @@ def launcher_option(args, name: str, default=None):
     return getattr(args, name, default)
 
 
-# the recorder's memory table keys a storage by its StorageImpl (memory.py reads it directly on
-# the hot path); without it memory recording refuses to start
+# the recorder's memory table keys a storage by its StorageImpl (memory_recorder.py reads it
+# directly on the hot path); without it memory recording refuses to start
 STORAGE_KEYED = hasattr(torch.UntypedStorage, "_cdata")
 
 

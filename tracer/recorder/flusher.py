@@ -18,7 +18,7 @@ from typing import Callable, Optional
 from tracer.files.format import TraceWriter, rename
 
 from . import rows
-from .process_info import SourceHashes
+from .process.process_info import SourceHashes
 
 # NOTE: each batch costs about half a millisecond and 2 KB however few its rows; steps shorter
 # than this share a flush (their rows still go in batches that end at a step boundary). At

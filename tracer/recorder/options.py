@@ -61,7 +61,7 @@ class TraceOptions:
     auto_step: bool = True
     device_time: bool = True
     compiled: str = "compiled"
-    memory: bool = True          # storages' live bytes per category (tracer/recorder/memory.py)
+    memory: bool = True          # storages' live bytes per category (recorder/memory/)
 
     def __post_init__(self):
         parse_steps(self.steps)          # a bad selection fails here, before recording starts

@@ -1,7 +1,7 @@
 """Phases the hot path cannot read from one flag: recomputation, gradient synchronisation and
 setup (docs/phases.md).
 
-The hot path (session.py) decides most phases from what it already reads: the autograd node
+The hot path (op_path.py) decides most phases from what it already reads: the autograd node
 running (backward), an optimizer step (optimizer), the innermost annotation naming a phase, the
 module stack and grad mode (forward, else other). This module adds, without a cost per op:
 
@@ -42,7 +42,7 @@ import torch
 
 from tracer.vocab.labels import PHASE_BACKWARD, PHASE_FORWARD, PHASE_GRAD_SYNC, PHASE_OTHER
 
-from .annotations import NO_PHASE
+from .attribution.annotations import NO_PHASE
 from .compat import function_application
 
 
@@ -133,7 +133,7 @@ class PhaseRules:
         found = function_application(frame, 16)
         if found is None or found[1] is None:
             return stack
-        return self._session._capture(found[1])
+        return self._session.stacks.capture(found[1])
 
     # ------------------------------------------------------------------ torch's calls
     # what tracer/recorder/patches wires into torch's functions (docs/phases.md)

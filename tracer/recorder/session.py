@@ -1,66 +1,62 @@
 """The recording session: owns everything recorded for one process and streams it to disk.
 
-The private dispatch mode (``_mode.py``) hands each op to :meth:`Session.on_op`, the hot path.
-The session keeps the lifecycle (start, the process group's arrival, close) and the step
-windows; the rest lives in focused modules: communication (comm.py), every patch into torch and
-os (patches/), annotations, stacks, module paths (modules.py), phases, shapes, the status file
-(tracer.files.status), clock alignment, the flusher and GPU activity (device*.py).
+Session is the owner of the recording's parts and state; its bases are the hot path
+(op_path.py: ``on_op``, whose C twin reads the session's fields, docs/recorder.md) and the step
+windows (step_windows.py). The session keeps the lifecycle (start, the process group's arrival,
+close) and what the status file reads; the rest lives in focused parts: communication (comm.py),
+every patch into torch and os (patches/), annotations, stacks and module paths (attribution/),
+phases, the status file (tracer.files.status), clock alignment (process/), the flusher, memory
+(memory/) and GPU activity (device/).
 """
 from __future__ import annotations
 
 import importlib
+import operator
 import os
-import sys
 import threading
 import time
 from typing import Optional
 
-import torch
 import torch.distributed as dist
 
 from tracer.files import rundir, status
 from tracer.files.dictionaries import Dictionaries
 from tracer.vocab import ops
-from tracer.vocab.labels import (PHASE_BACKWARD, PHASE_FORWARD, PHASE_GRAD_SYNC, PHASE_OPTIMIZER,
-                                 PHASE_OTHER, PHASE_RECOMPUTE)
 from tracer.vocab.library import META_KEY as LIBRARY_META
 
-from . import _active, compiled, exits, hops, memory, patches, process_group, rows
-from ._mode import RecordingMode, op_entry
-from ._native import native_hot_path
-from .annotations import AnnotationStack, Range
-from .clock import ClockAlignment
-from .comm import CommTracker, special_op
-from .device import DeviceRecorder, clock_pair, cuda_in_use, pairs_meta
-from .device_direct import DirectDeviceRecorder, device_recorder
-from .dtensor import SubclassOps, function_phase
+from . import _active, patches
+from .attribution.annotations import AnnotationStack
+from .attribution.modules import ModuleTracker
+from .attribution.shapes import ShapeSignatures
+from .attribution.stacks import StackInterner
+from .comm import CommTracker
+from .device.cupti_direct import DirectDeviceRecorder, device_recorder
+from .device.kineto_windows import DeviceRecorder, clock_pair, cuda_in_use, pairs_meta
 from .flusher import Flusher
-from .modules import ModuleTracker
+from .frameworks import compiled, hops
+from .frameworks.dtensor import SubclassOps
+from .hotpath._mode import RecordingMode
+from .memory import memory_recorder as memory
+from .op_path import C_ON_OP, MAX_NODES, MAX_QUEUE, NATIVE, TORCH_STATE, sequence_nr
 from .options import TraceOptions
-from .passthrough import recorder_failed
 from .phases import PhaseRules
-from .process_info import rank_and_world, start_meta
-from .shapes import ShapeSignatures
-from .stacks import StackInterner
+from .process import exits, process_group
+from .process.clock import ClockAlignment
+from .process.process_info import rank_and_world, start_meta
+from .step_windows import StepWindows
 
 _now = time.perf_counter_ns
-_current_node = torch._C._current_autograd_node
-_grad_enabled = torch.is_grad_enabled
-_graph_task = getattr(torch._C, "_current_graph_task_id", lambda: -1)
-_get_ident = threading.get_ident
-_getframe = sys._getframe
-_pack = rows.RECORD.pack
-_sequence_nr = torch.autograd._get_sequence_nr     # in every torch of the range
-
-MAX_QUEUE = 200_000          # events held in memory before the hot path flushes itself
-MAX_NODES = 1 << 18          # forward autograd nodes remembered (this and the last window)
-# on_op's common path in C (csrc/onop.c): the fields it reads are its base's members
-_HOT = native_hot_path()
-_SessionState = getattr(_HOT, "SessionState", object)
-C_ON_OP = _SessionState is not object     # built, and not PARATRACE_PURE_PYTHON
 
 
-class Session(_SessionState):
+def _part(field: str) -> property:
+    """One of Session's parts, read only (its field stays Session's)."""
+    return property(operator.attrgetter(field))
+
+
+__all__ = ["Session", "C_ON_OP", "MAX_NODES", "MAX_QUEUE"]
+
+
+class Session(StepWindows):
     """Records this process into ``out_dir/rank-<R>.arrow``. Use through :func:`tracer.trace`."""
     _memory = None       # memory.MemoryRecorder while memory is recorded (options.memory)
 
@@ -95,10 +91,10 @@ class Session(_SessionState):
         # forward autograd node sequence number -> its origin, (stack + 1) << 32 | (module + 1)
         # (an int: ints are not objects the garbage collector tracks), this step and the last
         self._fwd_of_node, self._fwd_prev = {}, {}
-        self._last_seq = _sequence_nr()    # nodes made before the trace are not its ops'
+        self._last_seq = sequence_nr()    # nodes made before the trace are not its ops'
         self.step_index, self._explicit_steps, self._in_optimizer = 0, False, 0
         self._recompute = 0                # checkpointing recomputations running (phases.py)
-        self._torch_state = (_current_node, _grad_enabled, _graph_task, _sequence_nr)   # C's
+        self._torch_state = TORCH_STATE    # what the C on_op calls (op_path.py)
         self._rules = PhaseRules(self, self._modules, self._annotations)
         self._recording, self._paused = self._window(0), 0
         self._passthrough = not self._recording   # the hot path records nothing
@@ -124,6 +120,23 @@ class Session(_SessionState):
     def status_path(self) -> str:
         return rundir.status_file(self.out_dir, self.rank)
 
+    # the parts, read only, for the modules that use them (the status file among them)
+    @property
+    def flusher(self) -> Flusher:
+        return self._flusher
+
+    @property
+    def comm(self) -> CommTracker:
+        return self._comm
+
+    @property
+    def last_event_ns(self) -> int:
+        return self._last_event_ns
+
+    clock, modules, annotations = _part("_clock"), _part("_modules"), _part("_annotations")
+    stacks, rules, hops = _part("_stacks"), _part("_rules"), _part("_hops")
+    mode, device, memory = _part("_mode"), _part("_device"), _part("_memory")
+
     def __enter__(self) -> "Session":
         if _active.ACTIVE is not None:
             raise RuntimeError("a paratrace trace is already active in this process")
@@ -134,8 +147,8 @@ class Session(_SessionState):
         # NOTE: the first op dispatched through any Python mode imports torch._dynamo (seconds);
         # pay that before recording so it does not distort the first step's timeline.
         importlib.import_module("torch._dynamo")
-        in_c = C_ON_OP and isinstance(self._stacks, _HOT.StackWalk) and \
-            isinstance(self._signatures, _HOT.ShapeKeys)     # the C on_op (else Python twins)
+        in_c = C_ON_OP and isinstance(self._stacks, NATIVE.StackWalk) and \
+            isinstance(self._signatures, NATIVE.ShapeKeys)     # the C on_op (else Python twins)
         self._memory = memory.recording(self, in_c)   # hooks before the patches' optimizer's
         self._flusher.open(self.path, meta)
         self._open = True
@@ -149,7 +162,7 @@ class Session(_SessionState):
         self._mode._on_subclass = SubclassOps(self, self._mode)     # DTensor (dtensor.py)
         self._hops = hops.HigherOrderOps(self, self._mode)          # torch.cond... (hops.py)
         if in_c:
-            self._mode.dispatch_in_c(_HOT.OpDispatch, self)
+            self._mode.dispatch_in_c(NATIVE.OpDispatch, self)
         self._mode.__enter__()
         self._owner = threading.get_ident()
         if not self._recording:
@@ -208,218 +221,11 @@ class Session(_SessionState):
         self._flusher.close()
         self._open = False
 
-    # ------------------------------------------------------------------ hot path
-    def on_op(self, func, args, kwargs):
-        """Run one dispatched op and queue its row (OP_ROW, then COMM_ROW for collectives).
-
-        The hot path: every aten op of a recorded step comes through here, so it reads cached
-        specs, packs one record and leaves everything else to the flusher. Outside recorded
-        steps the mode is off the dispatch stack and nothing here runs. Where the C extension
-        is built, csrc/onop.c does the same for plain ops, step for step, without
-        this frame (the mode's __torch_dispatch__ is C, _mode.py); this method is its twin, and
-        takes the rest: collectives, special ops, an op's first call, tensor subclasses.
-        A failure of the recorder's own work puts the rank into passthrough (passthrough.py):
-        the op runs, or has run, and returns its result.
-        """
-        entry = self._specs.get(id(func))
-        if entry is None:
-            try:
-                entry = op_entry(self._specs, self._op_ids, func)
-            except Exception as exc:
-                recorder_failed(self, exc)
-                return func(*args, **kwargs)
-        if self._passthrough:
-            return entry[3](*args, **kwargs)
-        op_id, comm, special, call, _ = entry
-        try:
-            if self._device_wanted and not self._open_ranges:
-                self._start_device()
-            if special is None and comm is not None and not self._pg_seen:
-                process_group.arrived(self)
-            if special is None and (self._funcol or self._futures):
-                self._comm.before_op(args)
-        except Exception as exc:
-            recorder_failed(self, exc)
-            return call(*args, **kwargs)
-        if special is not None:
-            return special_op(self, special, func, args, kwargs, op_id)
-        t0 = _now()
-        out = call(*args, **kwargs)
-        t1 = _now()
-        try:   # NOTE: one frame on purpose: a method call more would cost on every op
-            node = _current_node()
-            hint = self._annotations.phase_hint
-            # the frame that dispatched the op (on_op <- __torch_dispatch__ <- it); None where
-            # the dispatch is the outermost frame (CUDA backward ops: autograd's device threads)
-            try:
-                frame = _getframe(2)
-            except ValueError:
-                frame = None
-            if node is None or self._recompute:
-                module = self._modules.current
-                stack = -1 if not self._record_stacks else \
-                    self._capture(frame) if frame is not None else self._stacks.empty()
-                fwd_stack = -1
-                seq = _sequence_nr()
-                made = seq != self._last_seq  # autograd recorded the op (or nodes came before it)
-                if made:                  # autograd nodes were created: remember their origin
-                    # NOTE: nodes made since the last recorded op go to this op (after a
-                    # Function that runs no aten op: the next one); grad off: in a Function's
-                    # forward (phases.py)
-                    fwd = stack if _grad_enabled() else self._rules.applied_at(frame, stack)
-                    origin = (fwd + 1) << 32 | (module + 1)
-                    if 1 < seq - self._last_seq <= 8:
-                        for n in range(self._last_seq, seq):
-                            self._fwd_of_node[n] = origin
-                    else:                     # usually the one node this op made
-                        self._fwd_of_node[seq - 1] = origin
-                    self._last_seq = seq
-                    if len(self._fwd_of_node) > MAX_NODES:   # a run that never steps stays bounded
-                        self._fwd_prev, self._fwd_of_node = self._fwd_of_node, {}
-                if node is not None:      # checkpointing replays it: recompute, unless annotated
-                    phase = PHASE_RECOMPUTE if hint is None or hint <= PHASE_BACKWARD else hint
-                elif hint is not None:
-                    phase = hint
-                elif self._in_optimizer:
-                    phase = PHASE_OPTIMIZER
-                elif module >= 0 or made:   # outside modules: what autograd records (the loss)
-                    phase = PHASE_FORWARD
-                elif _graph_task() >= 0:    # the autograd engine's final callbacks: DDP's finalize
-                    phase = PHASE_GRAD_SYNC
-                else:
-                    phase = PHASE_OTHER
-            else:   # annotations naming a phase past backward (grad_sync...) win
-                phase = hint if hint is not None and hint > PHASE_BACKWARD else PHASE_BACKWARD
-                nseq = node._sequence_nr()
-                if self._memory is not None:    # what the node saved for it: activations
-                    self._memory.table.node_runs(node, nseq)
-                origin = self._fwd_of_node.get(nseq)
-                if origin is None:
-                    origin = self._fwd_prev.get(nseq, 0)
-                fwd_stack = (origin >> 32) - 1
-                module = (origin & 0xFFFFFFFF) - 1
-                stack = -1 if not self._record_stacks else \
-                    self._capture(frame) if frame is not None else self._stacks.empty()
-            thread = self._threads.get(_get_ident())
-            if thread is None:
-                thread = self._thread()
-            shapes = self._shapes(args) if self._record_shapes else -1
-            cid = -1     # a collective's end (t1: -1 for now) comes with its completion (comm.py)
-            if comm is not None:
-                if hint is None:
-                    phase = self._rules.collective(phase, node, module, args, comm)
-                    if phase == PHASE_OTHER and node is None:     # in an autograd Function?
-                        phase = function_phase(frame, phase)
-                    elif module < 0 and node is not None and phase == PHASE_GRAD_SYNC:
-                        module = self._rules.owner_module(node)     # DDP's bucket all-reduce
-                cid = self._comm.launch(comm, args, out, t0, t1, phase, self.step_index, thread)
-            self._push(_pack(t0, t1 if cid < 0 else -1, op_id, phase, module, stack, fwd_stack,
-                             self._annotations.current, self.step_index, thread, shapes, cid))
-            self._last_event_ns = t1
-            if self._memory is not None:     # the storages it made (memory.py)
-                self._memory.table.outputs(func, out, t0, thread, comm is not None)
-            if len(self._queue) > MAX_QUEUE:
-                self._flusher.flush()
-        except Exception as exc:
-            recorder_failed(self, exc)
-        return out
-
-    def _recorder_failed(self, exc: BaseException) -> None:
-        recorder_failed(self, exc)      # the C on_op's way in (csrc/onop.c)
-
-    def _thread(self) -> int:
-        ident = _get_ident()
-        thread = self._threads.get(ident)
-        if thread is None:
-            thread = self._threads[ident] = len(self._threads)
-            self._flusher.merge_meta("threads", {str(thread): ident})   # for CUPTI's thread ids
-        return thread
-
-    # ------------------------------------------------------------------ annotations & steps
-    def annotate(self, label: str, attrs: dict) -> Range:
-        return Range(self, label, attrs)
-
-    def open_range(self, label: str, attrs: dict) -> tuple:
-        return self._annotations.push(label, attrs)
-
-    def close_range(self, entry: tuple, t0: int, module: int = -1, stack: int = -1) -> None:
-        """Record the range (with itself in its annotation; the module and stack that opened
-        it, where known) and close it."""
-        if self._recording and not self._paused:
-            hint = self._annotations.phase_hint
-            self._push(rows.record(
-                t0=t0, t1=_now(), op=self._op_ids(ops.OP_ANNOTATION),
-                phase=hint if hint is not None else PHASE_OTHER, module=module, stack=stack,
-                annotation=self._annotations.current, step=self.step_index,
-                thread=self._thread()))
-        self._annotations.pop(entry)
-
-    def step(self) -> None:
-        self._explicit_steps = True
-        self._advance_step()
-
-    def _advance_step(self) -> None:
-        self.step_index += 1
-        self._fwd_prev, self._fwd_of_node = self._fwd_of_node, {}
-        recording = self._window(self.step_index)
-        if recording != self._recording:
-            self._recording = recording
-            self._passthrough = not recording or self._paused > 0
-            self._annotations.set_live(recording)
-            if self._memory is not None:     # its module hooks: on in recorded steps only
-                self._memory.follow_window(recording)
-            if recording:
-                self._enter_window()
-            else:
-                self._leave_window()
-        if recording:
-            t = _now()
-            self._push(rows.record(t0=t, t1=t, op=self._op_ids(ops.OP_STEP), phase=PHASE_OTHER,
-                                   step=self.step_index, thread=self._thread()))
-        if self._device is not None:
-            self._device_step()
-        self._flusher.wake()     # the finished step goes to disk now, not at the next interval
-
-    def _device_step(self) -> None:
-        self._device_wanted = self._device.boundary(self._recording)
-        self._flusher.add_meta(pairs_meta(self._pairs))
-
-    def _start_device(self) -> None:
-        self._device_wanted = False
-        if self._device.start():
-            self._flusher.add_meta(pairs_meta(self._pairs))
-
-    def _leave_window(self) -> None:
-        """Outside recorded steps the dispatch mode and the module hooks are off: those steps
-        run as they would untraced. Possible only on the thread that entered the mode and
-        with the mode on top of its stack; otherwise it stays on and records nothing."""
-        if _get_ident() != self._owner or not self._mode.suspend():
-            return
-        self._stacks.release()
-        if self.options.record_modules and self._modules.idle:
-            self._modules.remove()
-
-    def _enter_window(self) -> None:
-        # NOTE: a window opening on another thread than the trace's cannot put the mode back on
-        # that thread's stack; steps advance on it in practice (optimizer steps, tracer.step())
-        if _get_ident() != self._owner or not self._mode.suspended:
-            return
-        self._mode.resume()
-        self._open_ranges = 0    # ranges that ended unseen while suspended must not block windows
-        if self.options.record_modules and not self._modules.installed:
-            self._modules.install()
-
-    def _optimizer_post(self, optimizer, args, kwargs) -> None:
-        self._in_optimizer = max(0, self._in_optimizer - 1)
-        # the end of the outermost optimizer step is a step boundary
-        if self._in_optimizer == 0 and self.options.auto_step and not self._explicit_steps:
-            self._advance_step()
-
+    # ------------------------------------------------------------------ config & status
     def record_config(self, values: dict) -> None:
         self.config.update(values)
         self._flusher.merge_meta("config", values)
 
-    # ------------------------------------------------------------------ status
     def _after_flush(self) -> None:
         if self._memory is not None:
             self._memory.write(self._flusher, self._dicts.values())

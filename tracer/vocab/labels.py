@@ -6,9 +6,9 @@ training step issued an op (docs/phases.md). Labels: ``tracer.annotate("F", micr
 chunk=1)`` (also "B", "W") names a pass of a micro-batch through a model chunk;
 torch.distributed.pipelining's record_function ranges name them too, as
 ``PP:<stage><action><microbatch>`` (schedules run from an action list: PP:0F1, PP:1I0, PP:0SEND_F2)
-or ``Forward <i>`` / ``Backward <i>`` (GPipe); tracer.recorder.pipelining's ranges name every
-schedule's passes from its stages' own calls (``F``/``B``/``W`` with ``source="pipelining"``) and
-the schedule of each step (``pipelining.step``). Torch-free: viz reads traces without torch.
+or ``Forward <i>`` / ``Backward <i>`` (GPipe); tracer.recorder.frameworks.pipelining's ranges name
+every schedule's passes from its stages' own calls (``F``/``B``/``W`` with ``source="pipelining"``)
+and the schedule of each step (``pipelining.step``). Torch-free: viz reads traces without torch.
 """
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ class PassSource(StrEnum):
 
     ANNOTATION = "annotation"            # tracer.annotate("F", ...)
     RECORD_FUNCTION = "record_function"  # torch.distributed.pipelining's labels
-    SCHEDULE = "schedule"                # tracer.recorder.pipelining's ranges
+    SCHEDULE = "schedule"                # tracer.recorder.frameworks.pipelining's ranges
     INFERRED = "inferred"                # nothing: viz inferred it from the P2P order
 
 # Labels that set the phase of the ops inside them.
@@ -67,7 +67,8 @@ _ACTIONS = {"F": (PHASE_FORWARD, "F"), "Forward": (PHASE_FORWARD, "F"),
             "B": (PHASE_BACKWARD, "B"), "I": (PHASE_BACKWARD, "B"), "Backward": (PHASE_BACKWARD, "B"),
             "W": (PHASE_BACKWARD, "W"), "SEND_B": (PHASE_BACKWARD, None),
             "RECV_B": (PHASE_BACKWARD, None), "REDUCE_GRAD": (PHASE_GRAD_SYNC, None)}
-# recorder.pipelining's range around a schedule's step(), and the attributes viz reads from it
+# recorder.frameworks.pipelining's range around a schedule's step(), and the attributes viz
+# reads from it
 SCHEDULE_LABEL = "pipelining.step"
 SCHEDULE_KEYS = ("schedule", "pp", "microbatches", "virtual_stages")
 
@@ -135,8 +136,8 @@ def pass_of(label: str, attrs: dict[str, Any]) -> Optional[PassLabel]:
 
 
 def schedule_of(label: str, attrs: dict[str, Any]) -> Optional[tuple[Any, ...]]:
-    """(schedule, pp, microbatches, virtual_stages) a recorder.pipelining step range names
-    (what the theoretical bubble needs), or None."""
+    """(schedule, pp, microbatches, virtual_stages) a recorder.frameworks.pipelining step range
+    names (what the theoretical bubble needs), or None."""
     if label != SCHEDULE_LABEL or attrs.get("backward") is False:
         return None
     values = tuple(attrs.get(key) for key in SCHEDULE_KEYS)

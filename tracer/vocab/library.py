@@ -1,9 +1,9 @@
 """Which recorded code is *library* and which is the user's (docs/trace-run.md#library-code).
 
 A stack keeps the user's frames and, at its inner end, the boundary call into a library
-(tracer.recorder.stacks); the report draws the user's frames and collapses the library's. The code
-users come to see often lives in site-packages (transformers' ``modeling_gpt2.py``, Lightning's
-modules, torchtitan), so by default only these are library:
+(tracer.recorder.attribution.stacks); the report draws the user's frames and collapses the
+library's. The code users come to see often lives in site-packages (transformers'
+``modeling_gpt2.py``, Lightning's modules, torchtitan), so by default only these are library:
 
 - torch (its distribution's packages: ``torch``, ``functorch``, ``torchgen``);
 - the Python standard library (its directory, without site-packages), and generated or frozen

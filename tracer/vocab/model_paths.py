@@ -2,8 +2,8 @@
 
 The recorder names a module by its root's class and the attribute path to it
 (``DistributedDataParallel.module.blocks.0.mlp``, ``FSDPTinyGPT.blocks.0.mlp``,
-tracer/recorder/modules.py). The same model wrapped another way gets another name: DDP adds a
-root class and ``.module``, FSDP2's ``fully_shard`` renames the root's class ``FSDP<Class>``,
+tracer/recorder/attribution/modules.py). The same model wrapped another way gets another name: DDP
+adds a root class and ``.module``, FSDP2's ``fully_shard`` renames the root's class ``FSDP<Class>``,
 ``checkpoint_wrapper`` adds ``_checkpoint_wrapped_module``, FSDP1 ``_fsdp_wrapped_module``,
 torch.compile ``_orig_mod`` (the recorder drops that one already), accelerate's DeepSpeed
 ``DeepSpeedEngine.module`` (its other wrappers are these). trace-diff matches modules

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional
 
-# Normalized kinds of summary.json's contract (docs/architecture.md).
+# Normalized kinds of summary.json's contract (docs/contract.md).
 KINDS = (
     "all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "gather", "scatter",
     "all_to_all", "barrier", "send", "recv",
@@ -53,7 +53,7 @@ PSEUDO_OPS = (OP_COMPLETE, OP_ANNOTATION, OP_STEP, OP_PG_INIT)
 RF_ENTER = "rf_enter"
 RF_EXIT = "rf_exit"
 WAIT = "wait"
-HOP = "higher_order"                     # a HigherOrderOperator (tracer/recorder/hops.py)
+HOP = "higher_order"                     # a HigherOrderOperator (recorder/frameworks/hops.py)
 
 
 @dataclass(frozen=True)

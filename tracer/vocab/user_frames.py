@@ -1,6 +1,6 @@
 """Which frames of a Python stack a person is shown: the user's, and the boundary call into a
 library, never paratrace's own. One rule for the stacks the recorder keeps
-(tracer.recorder.stacks), the traceback a worker prints when its script raises
+(tracer.recorder.attribution.stacks), the traceback a worker prints when its script raises
 (instrument.launch.bootstrap) and the stacks the report shows of a hung run (viz.views.failures):
 a worker's error then reads as the user's code calling torch, not as runpy, trace-run's
 bootstrap and the recorder's wrappers (``comm.py``) failing.
@@ -25,7 +25,7 @@ from typing import Any, Iterable, Optional
 
 from .library import ROOT, LibraryRule
 
-# a frame's kind (tracer/recorder/csrc/stackwalk.c mirrors the values)
+# a frame's kind (tracer/recorder/csrc/hotpath/stackwalk.c mirrors the values)
 INTERNAL, LIBRARY, USER, FX_NODE = 0, 1, 2, 3
 # torch's own dispatch and module-call machinery between a call site and the mode, relative to
 # torch's directory: never a useful frame (the boundary of a module call is then its forward,

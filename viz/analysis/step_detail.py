@@ -2,7 +2,8 @@
 (viz/whatif/recorded/setup.py and the modules it feeds): each compute op with its module, phase and
 time; each collective with its kind, phase, group, bytes and module; the storages live in one
 step with their category and the op that made them (a recording with memory); the parameters
-each root module holds (the trace's ``parameters`` metadata, tracer/recorder/parameters.py).
+each root module holds (the trace's ``parameters`` metadata,
+tracer/recorder/attribution/parameters.py).
 
 Read by :func:`step_detail_file`, one rank per task on the engine as the analysis's own passes
 are (viz/analysis/map_reduce.py), after the analysis: it needs the counted steps. Times are on

@@ -2,7 +2,7 @@
 ``paratrace.summary/1``) as a dict, from a :class:`viz.analysis.RunAnalysis`; the renderer
 :mod:`viz.render.report.summary_json` writes it.
 
-The contract is docs/architecture.md's; tests and scripts read it, so keys keep their meaning
+The contract is docs/contract.md's; tests and scripts read it, so keys keep their meaning
 and new keys are only added. Every key of the file is spelled here, and only here: the
 analyses hand over typed records (RankMetrics, CrossRank, Path, CommRow, DeviceSummary), this
 module names their fields for JSON. Per rank: status, event count, op counts (in all and per
@@ -81,7 +81,7 @@ def build_summary(analysis: RunAnalysis) -> dict:
 
 # ---------------------------------------------------------------------------- per rank
 def time_json(m: RankMetrics) -> dict:
-    """A rank's ``time`` object: docs/architecture.md's keys first, then the details (the caller
+    """A rank's ``time`` object: docs/contract.md's keys first, then the details (the caller
     adds ``clock``)."""
     return {
         "wall_s": m.wall_s, "compute_s": m.compute_s, "comm_s": m.comm_s,
@@ -211,7 +211,7 @@ def device_json(d: DeviceSummary) -> dict:
 
 
 def whole_json(w: DeviceWhole) -> dict:
-    """``device.whole``: every activity of the recording or export (docs/architecture.md)."""
+    """``device.whole``: every activity of the recording or export (docs/contract.md)."""
     out = {"kernels": w.kernels, "memcpys": w.memcpys, "memsets": w.memsets,
            "comm_kernels": w.comm_kernels, "span_s": w.span_s, "busy_s": w.busy_s,
            "compute_s": w.compute_s, "comm_s": w.comm_s, "memory_s": w.memory_s,

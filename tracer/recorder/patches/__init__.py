@@ -16,11 +16,11 @@ patched and wires the wrapper to that behaviour. One module per patched part:
   ``OutputGraph.call_user_compiler`` (compiled.py) and ``TagActivationCheckpoint.__call__``
   (hops.py);
 - ``process``: ``os._exit`` (exits.py), and the handler that detaches a forked child;
-- ``storage``: ``torch.UntypedStorage.resize_`` while memory is recorded (memory.py);
+- ``storage``: ``torch.UntypedStorage.resize_`` while memory is recorded (memory_recorder.py);
 - ``profiler``: ``torch.autograd.profiler._prepare_profiler``: a user's torch.profiler
   starting ends the device recording under way first (device_notes.py);
 - ``fsdp``: FSDP2's parameter groups' ``unshard``, ``post_backward``, ``pre_backward``,
-  ``_prefetch_unshard`` and its state's ``_pre_backward`` (fsdp.py), now or when it is
+  ``_prefetch_unshard`` and its state's ``_pre_backward`` (fsdp_credit.py), now or when it is
   imported.
 
 Where a torch lacks an attribute (another version), nothing is patched there and the recording

@@ -13,9 +13,9 @@ if TYPE_CHECKING:
 
 
 def install(patches: "Patches", session) -> None:
-    rules = session._rules
+    rules = session.rules
     _optimizer_steps(patches, rules, session._optimizer_post)
-    _recomputation(patches, rules, session._memory)
+    _recomputation(patches, rules, session.memory)
     _reentrant_replay(patches, rules)
     # loss.backward() makes the gradient seed (ones_like) before the autograd engine runs
     patches.wrap(torch.autograd, "_make_grads", rules.as_gradient_seed)

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
-from tracer.recorder import pipelining, process_group
+from tracer.recorder.frameworks import pipelining
+from tracer.recorder.process import process_group
 from tracer.recorder.comm import wait_hook
 from tracer.vocab.labels import SCHEDULE_LABEL
 
@@ -26,9 +27,9 @@ _DEVICE_MESH = "torch.distributed.device_mesh"
 
 
 def install(patches: "Patches", session) -> None:
-    _ddp(patches, session._rules)
+    _ddp(patches, session.rules)
     _when_imported(patches, _SCHEDULES, lambda: _pipelining(patches, session))
-    _when_imported(patches, _DEVICE_MESH, lambda: _device_mesh(patches, session._comm.names))
+    _when_imported(patches, _DEVICE_MESH, lambda: _device_mesh(patches, session.comm.names))
     if dist.is_available():
         _work_wait(patches, wait_hook(session))
         _process_group(patches, functools.partial(process_group.arrived, session),
@@ -164,7 +165,7 @@ def _pipelining(patches: "Patches", session) -> None:
     base = getattr(stage_mod, "_PipelineStageBase", None)
     if base is None or sched_mod is None:   # another torch: its labels still name passes
         return
-    annotations = session._annotations
+    annotations = session.annotations
 
     def ranged(label: str, attrs_of):
         return functools.partial(pipelining.ranged, session, label, attrs_of)

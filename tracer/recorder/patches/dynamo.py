@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from tracer.recorder import compiled as _compiled, hops
+from tracer.recorder.frameworks import compiled as _compiled, hops
 
 if TYPE_CHECKING:
     from . import Patches
@@ -57,7 +57,7 @@ def _backend_call(patches: "Patches", session) -> None:
         from torch._dynamo.output_graph import OutputGraph
     except ImportError:    # pragma: no cover
         return
-    modules = session._modules
+    modules = session.modules
 
     def make(original):
         def call_user_compiler(graph, gm, example_inputs):

@@ -1,6 +1,7 @@
 """The patches into FSDP2 (``fully_shard``): its parameter groups' all-gathers and
-reduce-scatters, and its prefetches (what tracer/recorder/fsdp.py does with them), now if FSDP2 is
-imported, else as soon as it is (importing it costs about a second: the recorder does not).
+reduce-scatters, and its prefetches (what tracer/recorder/frameworks/fsdp_credit.py does with them),
+now if FSDP2 is imported, else as soon as it is (importing it costs about a second: the recorder
+does not).
 
 Where: torch.distributed.fsdp._fully_shard's ``FSDPParamGroup`` (``unshard``,
 ``post_backward``, ``pre_backward``, the staticmethod ``_prefetch_unshard``) and ``FSDPState``
@@ -15,7 +16,7 @@ import functools
 import sys
 from typing import TYPE_CHECKING
 
-from tracer.recorder.fsdp import FsdpCredit
+from tracer.recorder.frameworks.fsdp_credit import FsdpCredit
 
 from .distributed import _OnImport
 

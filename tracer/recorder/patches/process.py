@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from tracer.recorder import exits
+from tracer.recorder.process import exits
 
 if TYPE_CHECKING:
     from . import Patches

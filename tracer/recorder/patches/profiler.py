@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 def _mark(session) -> bool:
     """Mark the recording mode's dispatches for a user's profiler (not for the device recorder's
     own windows; a no-op where this torch cannot)."""
-    mode, device = session._mode, session._device
+    mode, device = session.mode, session.device
     if mode is None or PROFILER_MARK is None or getattr(device, "_own_call", False):
         return False
     mode.mark_dispatch(PROFILER_MARK, PROFILER_PASSED)
@@ -42,7 +42,7 @@ def install(patches: "Patches", session) -> None:
 
     def before(original):
         def _prepare_profiler(*args, **kwargs):
-            device = session._device
+            device = session.device
             if device is not None:
                 device.profiler_starting()
             marking[0] = _mark(session)
@@ -57,10 +57,10 @@ def install(patches: "Patches", session) -> None:
                     result = UserProfileResult(result)
                 return result
             finally:
-                if marking[0] and session._mode is not None:
-                    session._mode.unmark_dispatch()
+                if marking[0] and session.mode is not None:
+                    session.mode.unmark_dispatch()
                 marking[0] = False
-                device = session._device
+                device = session.device
                 if device is not None:
                     device.profiler_stopped()
         return _disable_profiler

@@ -1,6 +1,6 @@
 """``torch.UntypedStorage.resize_``, while memory is recorded: a storage's bytes changed in
 place (ZeRO-3 and FSDP free parameters' storages with ``resize_(0)`` and gather into them
-again), told to the memory recorder (memory.py) after the call."""
+again), told to the memory recorder (memory_recorder.py) after the call."""
 from __future__ import annotations
 
 import functools

@@ -8,7 +8,8 @@ files for the report's source pages.
 What may be read: only the files the recording names *and* whose content here is the content
 it saw. The recorder keeps the sha256 and size of every source file its stacks name, with the
 root it lies under (the run's working directory, the script's directory, or the ``sys.path`` entry
-a package was imported from: ``sources`` in the trace's metadata, tracer/recorder/process_info.py).
+a package was imported from: ``sources`` in the trace's metadata,
+tracer/recorder/process/process_info.py).
 :class:`RecordedSources` holds them. Its ``text`` (the report's source pages) and, while it is
 active (:func:`reading`), :func:`definition_lines` give a file only if the file found at the
 recorded path has that hash, and nothing otherwise (nor with no recording active). So a trace from

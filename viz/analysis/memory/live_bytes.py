@@ -2,7 +2,7 @@
 docs/trace-format.md, "Memory"): live bytes over time by category, the peak, and what was live
 at the peak by category, module, phase and source site. Pure numpy, computed once per trace.
 
-Rules (the recorder's are in tracer/recorder/memory.py):
+Rules (the recorder's are in tracer/recorder/memory/memory_recorder.py):
 
 - a storage counts from its allocation row to its free row (never freed in the recording: to
   the end), with its bytes;

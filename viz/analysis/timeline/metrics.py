@@ -118,8 +118,9 @@ def _theory(config: Mapping[str, Any], pass_s: Mapping[str, float]) -> Optional[
 
 def _step_theory(index: _Index, lane: RankLanes, step: int, run_theory: Optional[float]
                  ) -> Optional[float]:
-    """The theory of one step: from the schedule tracer.recorder.pipelining recorded on the
-    pipeline group in that step (pass times: the group's in the step), else the run's config's."""
+    """The theory of one step: from the schedule tracer.recorder.frameworks.pipelining recorded on
+    the pipeline group in that step (pass times: the group's in the step), else the run's
+    config's."""
     ranks = index.timeline.ranks
     found = {ranks[r].schedules[step] for r in lane.pipeline_group
              if r in ranks and step in ranks[r].schedules}

@@ -3,9 +3,9 @@
 A pass is one F, B or W pass of one micro-batch through one model chunk
 (:class:`viz.analysis.timeline.rank_lanes.Pass`). Annotations (``tracer.annotate("F",
 microbatch=...)``) and torch.distributed.pipelining's record_function ranges name them
-(:mod:`tracer.vocab.labels`), and so do the ranges :mod:`tracer.recorder.pipelining` puts around its
-stages' calls, for every schedule; when nothing does, :func:`infer_passes` guesses them from the
-order of compute and P2P.
+(:mod:`tracer.vocab.labels`), and so do the ranges :mod:`tracer.recorder.frameworks.pipelining` puts
+around its stages' calls, for every schedule; when nothing does, :func:`infer_passes` guesses them
+from the order of compute and P2P.
 """
 from __future__ import annotations
 
@@ -27,9 +27,9 @@ def annotation_spans(rows: RankRows) -> tuple[
     """(passes, other annotation ranges as (start, end, label, depth), step -> the pipeline
     schedule it ran or None) of one rank's :class:`viz.analysis.timeline.rank_rows.RankRows`.
 
-    Passes named by tracer.recorder.pipelining (source "schedule") win over pipelining's own
-    record_function labels in the steps that have both; the loss range after a forward
-    extends that forward pass. A step that ran two different schedules has none."""
+    Passes named by tracer.recorder.frameworks.pipelining (source "schedule") win over pipelining's
+    own record_function labels in the steps that have both; the loss range after a forward extends
+    that forward pass. A step that ran two different schedules has none."""
     passes: list[tuple[Pass, bool]] = []       # with whether it ends at a loss
     others: list[Annotation] = []
     schedules: dict[int, Optional[tuple[Any, ...]]] = {}

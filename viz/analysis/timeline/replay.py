@@ -110,9 +110,9 @@ def _pass_work(mine: Sequence[Pass], sent_at: np.ndarray, compute: Prefix
 
 
 def _virtual_stage(p: Pass, stage: int, stages: int) -> int:
-    """torch.distributed.pipelining's passes (its labels, tracer.recorder.pipelining's ranges) name
-    the global stage; annotations the rank's chunk, which is virtual stage chunk*p + stage
-    (Megatron's interleaving)."""
+    """torch.distributed.pipelining's passes (its labels, tracer.recorder.frameworks.pipelining's
+    ranges) name the global stage; annotations the rank's chunk, which is virtual stage chunk*p +
+    stage (Megatron's interleaving)."""
     return p.chunk if p.source in (PassSource.RECORD_FUNCTION, PassSource.SCHEDULE) \
         else p.chunk * stages + stage
 

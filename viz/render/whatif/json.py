@@ -1,5 +1,5 @@
 """whatif.json: the recording's measures, its replay, and every target's prediction, as
-docs/architecture.md's contract fixes them::
+docs/contract.md fixes them::
 
     {"schema": "paratrace.whatif/1",
      "base": {"config", "setup", "measured": M, "replayed": M, "models": [...],

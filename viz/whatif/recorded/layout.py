@@ -1,5 +1,5 @@
 """A model's parameters as the recording saw them (the trace's ``parameters`` metadata,
-tracer/recorder/parameters.py), on the unwrapped model's module paths
+tracer/recorder/attribution/parameters.py), on the unwrapped model's module paths
 (tracer.vocab.model_paths), and what each data-parallel sharding makes of them:
 
 - FSDP2's units (the repeated blocks by default: the items of a ModuleList or ModuleDict, as

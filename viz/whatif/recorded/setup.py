@@ -123,7 +123,7 @@ def recorded_setup(detail, world: int, layout: Layout, config: dict) -> Setup:
     out.dp = len(out.dp_group) if out.dp_group else 1
     out.tp = recorded_tp(layout)
     if config.get("pp") and int(config["pp"]) > 1 and config.get("schedule"):
-        # torch.distributed.pipelining's, as tracer.recorder.pipelining recorded it
+        # torch.distributed.pipelining's, as tracer.recorder.frameworks.pipelining recorded it
         out.pp, out.schedule = int(config["pp"]), str(config["schedule"])
     mine = detail.ops.step == step
     out.checkpointed = checkpointed_modules(detail.ops, mine)

@@ -86,8 +86,8 @@ def study(timeline, matched: list, groups: dict, world: int,
 
 def recorded_config(timeline, world: int) -> dict:
     """The run's recorded config; where it names no schedule, the one
-    torch.distributed.pipelining ran in every counted step (tracer.recorder.pipelining records it),
-    with tp 1 and the world's remaining ranks as DP."""
+    torch.distributed.pipelining ran in every counted step (tracer.recorder.frameworks.pipelining
+    records it), with tp 1 and the world's remaining ranks as DP."""
     config = dict(timeline.config)
     if config.get("schedule") and config.get("pp"):
         return config

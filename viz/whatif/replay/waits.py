@@ -40,9 +40,10 @@ MIN_WAIT_NS = 50_000
 
 def late_completions(meta: dict) -> bool:
     """Whether a trace's recorded completions may lie after the rank had the result: a
-    paratrace trace without the ``completion`` key (tracer.recorder.process_info.COMPLETION).
-    Traces imported from torch.profiler exports (``imported``) have neither launch returns nor
-    async flags, so the rules have nothing to read there either."""
+    paratrace trace without the ``completion`` key
+    (tracer.recorder.process.process_info.COMPLETION). Traces imported from torch.profiler exports
+    (``imported``) have neither launch returns nor async flags, so the rules have nothing to read
+    there either."""
     return "completion" not in meta and "imported" not in meta
 
 
