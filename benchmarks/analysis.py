@@ -48,12 +48,12 @@ _MEASURE = ("import resource, subprocess, sys, time; t = time.perf_counter(); "
             "resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)")
 
 
-def measure(run_dir: str, out_dir: str, jobs: str) -> tuple:
+def measure(run_dir: str, report_dir: str, jobs: str) -> tuple:
     """(wall seconds, peak KiB of the largest process) of one trace-report, in a fresh process
     so the peak is this run's alone."""
-    shutil.rmtree(out_dir, ignore_errors=True)
+    shutil.rmtree(report_dir, ignore_errors=True)
     cmd = [sys.executable, "-c", _MEASURE, sys.executable, "-m", "viz.cli", run_dir,
-           "--out", out_dir]
+           "--out", report_dir]
     if jobs != "default":
         cmd += ["--jobs", jobs]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=REPO,

@@ -27,11 +27,12 @@ __all__ = ["trace", "annotate", "step", "record_config", "load", "active", "Trac
 _NULL = contextlib.nullcontext()
 
 
-def trace(out_dir: str, *, steps=None, stack_depth: int = 64, library_frames: bool = False,
+def trace(traces_dir: str = "", *, steps=None, stack_depth: int = 64, library_frames: bool = False,
           record_shapes: bool = True, record_stacks: bool = True, record_modules: bool = True,
           user_paths=(), library=(), clock_sync: bool = True, flush_interval: float = 0.25,
-          device_time: bool = True, compiled: str = "compiled", memory: bool = True):
-    """Record this process into ``out_dir/rank-<R>.arrow`` while the ``with`` block runs.
+          device_time: bool = True, compiled: str = "compiled", memory: bool = True,
+          out_dir: str = ""):
+    """Record this process into ``traces_dir/rank-<R>.arrow`` while the ``with`` block runs.
 
     Rank and world size come from torch.distributed once it is initialized (a process group
     created inside the block is picked up, and its clocks aligned to rank 0's), else from the
@@ -66,9 +67,12 @@ def trace(out_dir: str, *, steps=None, stack_depth: int = 64, library_frames: bo
             4; docs/trace-format.md, "Memory"). On by default; ``memory=False`` records ops
             only, for less overhead (what each costs: docs/overhead.md, "Memory by
             default").
+        out_dir: the older name of ``traces_dir``, still taken.
     """
     from .recorder.session import Session     # torch is imported only to record, not to read
-    return Session(out_dir, TraceOptions(
+    if not (traces_dir or out_dir):
+        raise TypeError("tracer.trace() needs traces_dir: the directory the traces go into")
+    return Session(traces_dir or out_dir, TraceOptions(
         steps=steps, stack_depth=stack_depth, library_frames=library_frames,
         record_shapes=record_shapes, record_stacks=record_stacks, record_modules=record_modules,
         user_paths=user_paths, library=library, clock_sync=clock_sync,

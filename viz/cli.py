@@ -29,12 +29,12 @@ def _stderr(prog: str) -> Callable[[str], None]:
     return lambda line: print(f"{prog}: {line}", file=sys.stderr, flush=True)
 
 
-def build(run_dir: str, out_dir: Optional[str] = None, *,
+def build(run_dir: str, report_dir: Optional[str] = None, *,
           warn: Optional[Callable[[str], None]] = None, jobs: Optional[int] = None,
           dask: Optional[str] = None, kineto: tuple = (), progress=None,
           reported: frozenset = frozenset(), sources: bool = True,
           kineto_limit: Optional[int] = None) -> tuple:
-    """Analyse the run in ``run_dir`` and write summary.json and the report into ``out_dir``
+    """Analyse the run in ``run_dir`` and write summary.json and the report into ``report_dir``
     (default: ``run_dir``). Returns (index.html's path, the analysis). Each damaged or missing
     trace goes to ``warn`` as one line; the per-rank work runs in ``jobs`` processes (default:
     one per core) or on the Dask scheduler at ``dask``; ``kineto``: torch.profiler exports
@@ -63,9 +63,9 @@ def build(run_dir: str, out_dir: Optional[str] = None, *,
                            kineto_limit)
         kineto = ()
     run = open_run(run_dir)
-    out_dir = out_dir or run_dir
-    _check_not_another_run(out_dir, run)
-    _check_writable(out_dir)
+    report_dir = report_dir or run_dir
+    _check_not_another_run(report_dir, run)
+    _check_writable(report_dir)
     exports = kineto_ranks(kineto, run)
     with Engine(jobs, dask) as engine:
         engine = _Counted(engine, progress)
@@ -82,10 +82,10 @@ def build(run_dir: str, out_dir: Optional[str] = None, *,
                 graphs = report_callgraphs(analysis, training)
                 views = report_views(graphs)
             report = ReportInput(analysis, views, recorded, progress)
-            render_all(RENDERERS, report, out_dir)
+            render_all(RENDERERS, report, report_dir)
     for line in report.problems:
         warn(line)
-    return os.path.join(out_dir, PAGE), analysis
+    return os.path.join(report_dir, PAGE), analysis
 
 
 def _training(analysis, engine, progress):
@@ -161,33 +161,33 @@ def exit_status(analysis) -> int:
     return EXIT_UNREADABLE if analysis.any_missing or exports_failed else 0
 
 
-def _check_not_another_run(out_dir: str, run) -> None:
+def _check_not_another_run(report_dir: str, run) -> None:
     """Refuse to write a report over another run's (its summary.json and index.html)."""
     from tracer.files import rundir
 
     from .run import RunError
-    if os.path.realpath(out_dir) == os.path.realpath(run.dir):
+    if os.path.realpath(report_dir) == os.path.realpath(run.dir):
         return
-    for holder in (out_dir, os.path.join(out_dir, rundir.TRACES)):
+    for holder in (report_dir, os.path.join(report_dir, rundir.TRACES)):
         try:
             names = os.listdir(holder)
         except OSError:
             continue
         if rundir.RUN_RECORD in names or any(rundir.parse_rank_file(name) is not None
                                               for name in names):
-            raise RunError(f"--out {out_dir} is another run's directory; its report would be "
+            raise RunError(f"--out {report_dir} is another run's directory; its report would be "
                            "overwritten (choose a new DIR)")
 
 
-def _still_written(out_dir: str) -> str:
-    """Why ``out_dir`` must not be written now (a trace-run still writes that run: its traces,
+def _still_written(report_dir: str) -> str:
+    """Why ``report_dir`` must not be written now (a trace-run still writes that run: its traces,
     run.json and report would mix with this report), or ''. Reading a live run's traces into
     another ``--out`` is fine: they are readable while they grow."""
     from tracer.files import rundir
-    pid = rundir.run_writer(out_dir)
+    pid = rundir.run_writer(report_dir)
     if pid is None:
         return ""
-    return (f"{out_dir} is still being written by trace-run (pid {pid or 'unknown'}); run "
+    return (f"{report_dir} is still being written by trace-run (pid {pid or 'unknown'}); run "
             "trace-report when it has ended, or write elsewhere with --out DIR")
 
 

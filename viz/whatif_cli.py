@@ -146,7 +146,7 @@ def _joined(argv: list) -> list:
 
 def main(argv: Optional[list] = None) -> int:
     try:
-        run_dir, out_dir, jobs, targets = parse(argv)
+        run_dir, report_dir, jobs, targets = parse(argv)
     except _UsageError as exc:
         return _fail(str(exc))
     from tracer.files.format import TraceError
@@ -154,7 +154,7 @@ def main(argv: Optional[list] = None) -> int:
     from .run import RunError
     from .whatif import SimulationError, TargetError
     try:
-        index = run(run_dir, out_dir, targets, jobs)
+        index = run(run_dir, report_dir, targets, jobs)
     except (RunError, TraceError, TargetError, SimulationError) as exc:
         return _fail(str(exc))
     except OSError as exc:
@@ -164,10 +164,10 @@ def main(argv: Optional[list] = None) -> int:
     return 0
 
 
-def run(run_dir: str, out_dir: Optional[str], targets: list,
+def run(run_dir: str, report_dir: Optional[str], targets: list,
         jobs: Optional[int] = None) -> Optional[str]:
     """Open -> analyse -> replay and predict -> the renderers; returns whatif.html's path
-    (None without ``out_dir``: the ranking only, on stdout)."""
+    (None without ``report_dir``: the ranking only, on stdout)."""
     from .analysis import analyse
     from .engine import Engine
     from .render import render_all
@@ -176,11 +176,11 @@ def run(run_dir: str, out_dir: Optional[str], targets: list,
     from .whatif import what_if
     from .whatif.model_targets import is_model_target
     run = open_run(run_dir)
-    if out_dir is not None:
+    if report_dir is not None:
         try:
-            os.makedirs(os.path.join(out_dir, "whatif"), exist_ok=True)
+            os.makedirs(os.path.join(report_dir, "whatif"), exist_ok=True)
         except OSError as exc:
-            raise RunError(f"{out_dir}: cannot create the output directory "
+            raise RunError(f"{report_dir}: cannot create the output directory "
                            f"({exc.strerror})") from None
     with Engine(jobs) as engine:
         analysis = analyse(run, engine)
@@ -193,11 +193,11 @@ def run(run_dir: str, out_dir: Optional[str], targets: list,
             details = None
     result = what_if(analysis, targets, details, run_dir)
     whatif = WhatIfInput(result, run_dir)
-    if out_dir is None:
-        render_all(TERMINAL, whatif, out_dir)
+    if report_dir is None:
+        render_all(TERMINAL, whatif, report_dir)
         return None
-    render_all(FILES, whatif, out_dir)
-    return os.path.join(out_dir, PAGE)
+    render_all(FILES, whatif, report_dir)
+    return os.path.join(report_dir, PAGE)
 
 
 def _reference_gpt(config: dict) -> bool:

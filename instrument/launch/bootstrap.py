@@ -60,7 +60,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
         raise SystemExit("instrument.launch.bootstrap: expected '-- SCRIPT|-m MODULE [ARGS]'")
     split = argv.index("--")
     parser = argparse.ArgumentParser(prog="instrument.launch.bootstrap")
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--out", dest="run_dir", required=True)
     parser.add_argument("--steps", default=None)
     parser.add_argument("--stack-depth", type=int, default=64)
     parser.add_argument("--include-library-frames", action="store_true")
@@ -134,7 +134,7 @@ def _rank() -> int:
 @record
 def main(argv: Optional[list[str]] = None) -> None:
     opts = parse(sys.argv[1:] if argv is None else argv)
-    traces_dir = os.path.join(opts.out, rundir.TRACES)
+    traces_dir = os.path.join(opts.run_dir, rundir.TRACES)
     os.makedirs(traces_dir, exist_ok=True)
     keep_earlier_attempt(traces_dir, _rank())
     signal.signal(signal.SIGTERM, _on_sigterm)
@@ -143,7 +143,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     stack_file = open(rundir.stack_file(traces_dir, _rank()), "w")
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
     try:
-        gather.announce(opts.out)
+        gather.announce(opts.run_dir)
     except Exception as exc:  # gathering is a convenience: never let it stop the training
         print(f"paratrace: rank {_rank()}: multi-node gathering disabled ({exc})",
               file=sys.stderr)

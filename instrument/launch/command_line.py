@@ -167,15 +167,15 @@ def resolve_target(args: argparse.Namespace) -> Target:
     return Target(args.training_script, None, list(args.training_script_args))
 
 
-def check_out(out: Optional[str]) -> None:
+def check_run_dir(run_dir: Optional[str]) -> None:
     """Refuse an --out that cannot hold a new run, touching nothing (so the error comes before
     torch's launcher prints anything): empty, a file, or a directory of another run's traces
     (its run directory, or the traces directory itself)."""
-    if out is None:
+    if run_dir is None:
         return
-    if not out.strip():
+    if not run_dir.strip():
         raise UsageError("--out must name a directory (got '')")
-    path = os.path.abspath(out)
+    path = os.path.abspath(run_dir)
     if os.path.exists(path) and not os.path.isdir(path):
         raise UsageError(f"--out {path} is a file, not a directory")
     for holder in (path, os.path.join(path, rundir.TRACES)):
@@ -189,27 +189,27 @@ def check_out(out: Optional[str]) -> None:
             raise UsageError(f"--out {path} {what}; choose a new DIR")
 
 
-def prepare_out(out: Optional[str]) -> str:
+def prepare_run_dir(run_dir: Optional[str]) -> str:
     """Create DIR/traces and check it is writable; refuse to mix with an earlier run's traces."""
-    check_out(out)
-    if out is None:
-        out = os.path.join("traces", datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
-        if os.path.exists(out):
-            out += "-" + uuid.uuid4().hex[:6]
-    out = os.path.abspath(out)
-    traces = os.path.join(out, rundir.TRACES)
+    check_run_dir(run_dir)
+    if run_dir is None:
+        run_dir = os.path.join("traces", datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
+        if os.path.exists(run_dir):
+            run_dir += "-" + uuid.uuid4().hex[:6]
+    run_dir = os.path.abspath(run_dir)
+    traces = os.path.join(run_dir, rundir.TRACES)
     try:
         os.makedirs(traces, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=traces):
             pass
     except OSError as exc:
-        raise UsageError(f"cannot write to --out {out}: {exc.strerror or exc}") from None
-    return out
+        raise UsageError(f"cannot write to --out {run_dir}: {exc.strerror or exc}") from None
+    return run_dir
 
 
-def worker_args(args: argparse.Namespace, out: str, target: Target) -> list[str]:
+def worker_args(args: argparse.Namespace, run_dir: str, target: Target) -> list[str]:
     """Arguments of ``python`` for each worker: the bootstrap, its options, then the target."""
-    own = ["--out", out, "--stack-depth", str(args.stack_depth)]
+    own = ["--out", run_dir, "--stack-depth", str(args.stack_depth)]
     if args.steps is not None:
         own += ["--steps", args.steps]
     if args.include_library_frames:

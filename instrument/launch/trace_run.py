@@ -7,7 +7,7 @@ trace-run's options added, so every torchrun option, in both spellings, means wh
 torchrun. A run goes parse -> launch -> record -> gather -> report:
 
 - **parse** (:func:`prepare`): every option checked before anything starts (command_line,
-  preflight), then DIR locked for the whole run (:func:`hold_out`: one trace-run per directory);
+  preflight), then DIR locked for the whole run (:func:`hold_run_dir`: one trace-run per directory);
 - **launch** (:func:`launch`): torch's elastic agent (``elastic_launch``) spawns, monitors and
   ends the workers; each runs ``instrument.launch.bootstrap`` (the tracer, then the user's
   script as ``__main__``) while :class:`~instrument.supervise.monitor.Monitor` prints progress
@@ -47,8 +47,8 @@ from ..supervise.gather import NodeRecord
 from ..supervise.monitor import Monitor, say
 from ..supervise.run_outcome import EXIT_HANG, Outcome
 from . import preflight, single
-from .command_line import (Target, UsageError, build_parser, check_out, check_own_options,
-                           prepare_out, resolve_target, worker_args)
+from .command_line import (Target, UsageError, build_parser, check_run_dir, check_own_options,
+                           prepare_run_dir, resolve_target, worker_args)
 from .preflight import describe_launch_error, is_this_machine, launch_config, rendezvous_host
 from .single import SingleProcess
 
@@ -60,13 +60,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     command = ["trace-run", *(sys.argv[1:] if argv is None else argv)]
     args = build_parser().parse_args(command[1:])
     try:
-        target, config, out = prepare(args)
-        lock = hold_out(out)
+        target, config, run_dir = prepare(args)
+        lock = hold_run_dir(run_dir)
     except UsageError as exc:
         print(f"trace-run: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        return run(args, config, target, out, command)
+        return run(args, config, target, run_dir, command)
     except KeyboardInterrupt:   # a second Ctrl-C while gathering or building the report
         say("interrupted")
         return 128 + signal.SIGINT
@@ -79,7 +79,7 @@ def prepare(args: argparse.Namespace) -> tuple[Target, LaunchConfig | SingleProc
     --no-launcher, single.SingleProcess, the run DIR)."""
     target = resolve_target(args)
     check_own_options(args)
-    check_out(args.out)
+    check_run_dir(args.out)
     if args.no_launcher:
         try:
             single.check_options(args)
@@ -87,62 +87,62 @@ def prepare(args: argparse.Namespace) -> tuple[Target, LaunchConfig | SingleProc
             raise UsageError(str(exc)) from None
     preflight.check_reference_gpt_device(target.module, target.args, args.nproc_per_node)
     config = single.SingleProcess() if args.no_launcher else launch_config(args)
-    out = prepare_out(args.out)
-    return target, config, out
+    run_dir = prepare_run_dir(args.out)
+    return target, config, run_dir
 
 
-def hold_out(out: str) -> int:
+def hold_run_dir(run_dir: str) -> int:
     """Take DIR's lock for the whole run (launch, record, gather, report): a second trace-run
     on DIR, or a trace-report writing into it, is refused while this one writes. Checked
     again under the lock: a run may have filled DIR since :func:`prepare` looked."""
     try:
-        lock = rundir.lock_run(out)
+        lock = rundir.lock_run(run_dir)
     except rundir.RunLocked as exc:
-        raise UsageError(f"--out {out} is being written by another trace-run (pid "
+        raise UsageError(f"--out {run_dir} is being written by another trace-run (pid "
                          f"{exc.pid or 'unknown'}); choose a new DIR") from None
     except OSError as exc:
-        raise UsageError(f"cannot write to --out {out}: {exc.strerror or exc}") from None
+        raise UsageError(f"cannot write to --out {run_dir}: {exc.strerror or exc}") from None
     try:
-        check_out(out)
+        check_run_dir(run_dir)
     except UsageError:
         os.close(lock)
         raise
     return lock
 
 
-def run(args: argparse.Namespace, config: LaunchConfig | SingleProcess, target: Target, out: str,
-        command: list[str]) -> int:
-    traces_dir = os.path.join(out, rundir.TRACES)
+def run(args: argparse.Namespace, config: LaunchConfig | SingleProcess, target: Target,
+        run_dir: str, command: list[str]) -> int:
+    traces_dir = os.path.join(run_dir, rundir.TRACES)
     collector = start_collector(args, config, traces_dir) \
         if not isinstance(config, SingleProcess) and config.max_nodes > 1 else None
     started = time.time()
     if isinstance(config, SingleProcess):          # --no-launcher
-        outcome = single.launch(worker_args(args, out, target), traces_dir,
+        outcome = single.launch(worker_args(args, run_dir, target), traces_dir,
                                 describe_target(target), timeout=args.timeout)
     else:
-        outcome = launch(config, worker_args(args, out, target), traces_dir, target,
+        outcome = launch(config, worker_args(args, run_dir, target), traces_dir, target,
                          timeout=args.timeout)
-    record, node = record_run(config, target, out, command, outcome, started,
+    record, node = record_run(config, target, run_dir, command, outcome, started,
                               remote=collector.incoming if collector else set())
     local = set(record["ranks"])
     if collector is not None and (not node["collects"] or node["group_world_size"] == 1):
         collector.stop()
     if not node["collects"]:
         say_failures(record, local)
-        return send_traces(out, record, node)
+        return send_traces(run_dir, record, node)
     if node["group_world_size"] > 1:
         # node.json comes from the workers of multi-node runs only, which start a collector
         assert collector is not None
         gather_traces(record, collector, node, traces_dir, args.timeout)
     say_failures(record, local)
     try:
-        run_record.write(out, record)
+        run_record.write(run_dir, record)
     except OSError as exc:
-        say(f"cannot write {os.path.join(out, rundir.RUN_RECORD)}: {exc.strerror or exc}")
+        say(f"cannot write {os.path.join(run_dir, rundir.RUN_RECORD)}: {exc.strerror or exc}")
         record["exit_code"] = record["exit_code"] or 1
     # a launch that never started a worker has nothing to draw: its one line said it all
     nothing = outcome.error is not None and not record["ranks"]
-    return report(out, record["exit_code"], args.no_report or nothing, said_failed(record),
+    return report(run_dir, record["exit_code"], args.no_report or nothing, said_failed(record),
                   sources=not args.no_source)
 
 
@@ -212,17 +212,17 @@ def describe_target(target: Target) -> str:
     return what if len(what) <= 72 else what[:69] + "..."
 
 
-def record_run(config: LaunchConfig | SingleProcess, target: Target, out: str, command: list[str],
-               outcome: Outcome, started: float, remote: set[int]
+def record_run(config: LaunchConfig | SingleProcess, target: Target, run_dir: str,
+               command: list[str], outcome: Outcome, started: float, remote: set[int]
                ) -> tuple[RunRecord, NodeRecord]:
     """This node's run.json record, and what it learned about the other nodes (node.json).
     Prints one line per problem, the watchdog's first (it ended the workers)."""
     if outcome.hang is not None:
         say(run_words().watchdog_line(outcome.hang))
-    traces_dir = os.path.join(out, rundir.TRACES)
+    traces_dir = os.path.join(run_dir, rundir.TRACES)
     _remove_empty_stack_files(traces_dir)
     ranks = run_outcome.local_ranks(outcome, traces_dir, remote)
-    node = gather.read_node(out)
+    node = gather.read_node(run_dir)
     if node is None:
         if config.min_nodes > 1 and outcome.ranks:   # several nodes for sure, no exchange
             say(f"the nodes never exchanged the collector's address; this node's traces stay "
@@ -253,14 +253,14 @@ def run_words() -> ModuleType:
     return failures
 
 
-def send_traces(out: str, record: RunRecord, node: NodeRecord) -> int:
+def send_traces(run_dir: str, record: RunRecord, node: NodeRecord) -> int:
     """Not the collector: keep a run.json here and send the traces to the collecting node."""
-    traces_dir = os.path.join(out, rundir.TRACES)
+    traces_dir = os.path.join(run_dir, rundir.TRACES)
     exit_code = record["exit_code"]
     try:
-        run_record.write(out, record)
+        run_record.write(run_dir, record)
     except OSError as exc:
-        say(f"cannot write {os.path.join(out, rundir.RUN_RECORD)}: {exc.strerror or exc}")
+        say(f"cannot write {os.path.join(run_dir, rundir.RUN_RECORD)}: {exc.strerror or exc}")
     if node.get("claim") == gather.Claim.NODE_RANK_0 and node.get("rival_claims"):
         say(f"another node was also given --node-rank 0; node {node['collector_node']} "
             "collects the traces")
@@ -292,15 +292,15 @@ def gather_traces(record: RunRecord, collector: gather.Collector, node: NodeReco
                                                         record["first_failure"])
 
 
-def report(out: str, exit_code: int, no_report: bool, reported: frozenset[int] = frozenset(), *,
+def report(run_dir: str, exit_code: int, no_report: bool, reported: frozenset[int] = frozenset(), *,
            sources: bool = True) -> int:
     """Build the report (unless --no-report; ``sources=False``: --no-source); the last line on
     stdout is its path, or DIR."""
     index = None
     if not no_report:
         say("building the report")
-        index = build_report(out, reported, sources)
-    print(index or out, flush=True)
+        index = build_report(run_dir, reported, sources)
+    print(index or run_dir, flush=True)
     return exit_code
 
 
@@ -317,7 +317,7 @@ def said_failed(record: RunRecord) -> frozenset[int]:
                      if info["status"] == RankStatus.FAILED and not info.get("terminated"))
 
 
-def build_report(out: str, reported: frozenset[int] = frozenset(), sources: bool = True
+def build_report(run_dir: str, reported: frozenset[int] = frozenset(), sources: bool = True
                  ) -> Optional[str]:
     """viz.cli.build; None (with a one-line message) if nothing could be built. viz names each
     damaged or missing trace itself, one line each, and the ranks in ``reported`` (failures
@@ -330,14 +330,14 @@ def build_report(out: str, reported: frozenset[int] = frozenset(), sources: bool
         say(f"report builder unavailable ({exc})")
         return None
     try:
-        index, _ = build(out, warn=say, reported=reported, sources=sources)
+        index, _ = build(run_dir, warn=say, reported=reported, sources=sources)
         return index
     except (RunError, RenderError, OSError, ValueError) as exc:
         say(f"no report: {exc}")
         return None
     except Exception as exc:  # a bug in a renderer must not hide the traces already on disk
         say(f"no report: the report builder failed ({type(exc).__name__}: {exc}); the traces "
-            f"are in {out}, run trace-report {out} after a fix")
+            f"are in {run_dir}, run trace-report {run_dir} after a fix")
         return None
 
 

@@ -183,7 +183,7 @@ class Collector:
                       [item["name"] for item in files])
 
 
-def announce(out_dir: str, timeout: float = 120.0) -> None:
+def announce(run_dir: str, timeout: float = 120.0) -> None:
     """In a worker: meet the other nodes, agree on the collector; local rank 0 writes node.json.
 
     Does nothing on single-node runs or outside torchrun.
@@ -210,10 +210,10 @@ def announce(out_dir: str, timeout: float = 120.0) -> None:
         "collector_node": chosen["group_rank"], "collects": chosen["group_rank"] == group_rank,
         "claim": mine["claim"],
         "rival_claims": sum(n["claim"] == chosen["claim"] for n in everyone) - 1}
-    tmp = os.path.join(out_dir, rundir.NODE_RECORD + ".tmp")
+    tmp = os.path.join(run_dir, rundir.NODE_RECORD + ".tmp")
     with open(tmp, "w") as fh:
         json.dump(node, fh)
-    os.replace(tmp, os.path.join(out_dir, rundir.NODE_RECORD))
+    os.replace(tmp, os.path.join(run_dir, rundir.NODE_RECORD))
 
 
 def choose_collector(nodes: list[dict[str, Any]]) -> dict[str, Any]:
@@ -222,10 +222,10 @@ def choose_collector(nodes: list[dict[str, Any]]) -> dict[str, Any]:
     return min(nodes, key=lambda n: (-int(n.get("claim", Claim.NONE)), int(n["group_rank"])))
 
 
-def read_node(out_dir: str) -> Optional[NodeRecord]:
+def read_node(run_dir: str) -> Optional[NodeRecord]:
     """node.json written by :func:`announce`, or None (single node, or workers died first)."""
     try:
-        with open(os.path.join(out_dir, rundir.NODE_RECORD)) as fh:
+        with open(os.path.join(run_dir, rundir.NODE_RECORD)) as fh:
             return json.load(fh)
     except (OSError, ValueError):
         return None

@@ -23,7 +23,7 @@ import torch.utils.checkpoint as checkpoint
 import tracer
 
 PIPELINING = "torch.distributed.pipelining"
-out_dir, targets = sys.argv[1], [tuple(t) for t in json.loads(sys.argv[2])]
+work_dir, targets = sys.argv[1], [tuple(t) for t in json.loads(sys.argv[2])]
 
 
 def resolve(path: str):
@@ -82,13 +82,13 @@ def one_trace(index: int, import_pipelining: bool, process_group: bool) -> dict:
     had_pipelining = PIPELINING + ".schedules" in sys.modules
     before = {t: state(*t) for t in visible(had_pipelining)}
     meta_path, hooks_before = list(sys.meta_path), hooks()
-    with tracer.trace(os.path.join(out_dir, f"trace-{index}")) as session:
+    with tracer.trace(os.path.join(work_dir, f"trace-{index}")) as session:
         if import_pipelining:
             importlib.import_module(PIPELINING)
         step()
         if process_group:
             dist.init_process_group("gloo", init_method="file://" + os.path.join(
-                out_dir, "store"), rank=0, world_size=1)
+                work_dir, "store"), rank=0, world_size=1)
             dist.all_reduce(torch.ones(4), async_op=True).wait()
             dist.destroy_process_group()
         now = visible(PIPELINING + ".schedules" in sys.modules)

@@ -105,15 +105,15 @@ def _traced_main() -> None:
     import tracer
     from sample_runs.train import main
 
-    out_dir, argv = sys.argv[1], sys.argv[2:]
+    traces_dir, argv = sys.argv[1], sys.argv[2:]
     calls = CallRecorder() if argv[:1] == ["--calls"] else None
     argv = argv[1:] if calls else argv
-    with tracer.trace(out_dir):
+    with tracer.trace(traces_dir):
         if calls:
             calls.start()
         main(argv)
         if calls:
-            calls.write(os.path.join(out_dir, f"calls-{os.environ.get('RANK', '0')}.json"))
+            calls.write(os.path.join(traces_dir, f"calls-{os.environ.get('RANK', '0')}.json"))
 
 
 if __name__ == "__main__":

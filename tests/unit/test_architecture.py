@@ -63,7 +63,7 @@ SIGNALLER = "instrument.supervise.processes"
 # what viz may import of tracer: never the recorder, nor the API that starts it
 VIZ_READS = ("tracer.vocab", "tracer.files", "tracer.kineto")
 # viz/render's renderers, grouped by command (docs/architecture.md): every module of these
-# packages is a renderer, whose one public entry point is render(inputs, out_dir), listed in
+# packages is a renderer, whose one public entry point is render(inputs, report_dir), listed in
 # its package's registry, RENDERERS
 RENDERER_PACKAGES = ("viz.render.report", "viz.render.diff", "viz.render.whatif")
 
@@ -412,7 +412,7 @@ def renderer_modules(package: str) -> tuple:
 def renderer_faults(package: str, sources: dict, registry: set) -> list:
     """What breaks the renderer shape in ``package``: a module whose public entry points
     (functions, classes, lower-case names it binds) are not exactly ``render``, a ``render``
-    that does not take (inputs, out_dir), a module its registry does not list, a registry
+    that does not take (inputs, report_dir), a module its registry does not list, a registry
     entry that is not one of its modules."""
     faults = []
     for name, text in sorted(sources.items()):
@@ -430,10 +430,10 @@ def renderer_faults(package: str, sources: dict, registry: set) -> list:
         elif isinstance(entries["render"], ast.FunctionDef):
             args = entries["render"].args
             params = [a.arg for a in args.posonlyargs + args.args]
-            if len(params) != 2 or params[1] != "out_dir" or args.vararg or args.kwonlyargs \
+            if len(params) != 2 or params[1] != "report_dir" or args.vararg or args.kwonlyargs \
                     or args.kwarg:
                 faults.append(f"{name}: render({', '.join(params)}), not "
-                              "render(inputs, out_dir)")
+                              "render(inputs, report_dir)")
         else:
             faults.append(f"{name}: `render` is not a function")
         if name not in registry:
@@ -457,11 +457,11 @@ def test_the_renderer_check_catches_what_it_forbids():
     beside it, one whose ``render`` takes more, one left out of the registry."""
     package = "viz.render.report"
     sources, registry = renderer_modules(package)
-    planted = {"no_render": "def write_page(analysis, out_dir):\n    return []\n",
-               "helper": "TOP = 5\n\n\ndef render(report, out_dir):\n    return []\n\n\n"
+    planted = {"no_render": "def write_page(analysis, report_dir):\n    return []\n",
+               "helper": "TOP = 5\n\n\ndef render(report, report_dir):\n    return []\n\n\n"
                          "def build_rows(report):\n    return []\n",
-               "more": "def render(report, out_dir, *, progress=None):\n    return []\n",
-               "alias": "def _write(report, out_dir):\n    return []\n\n\nrender = _write\n"}
+               "more": "def render(report, report_dir, *, progress=None):\n    return []\n",
+               "alias": "def _write(report, report_dir):\n    return []\n\n\nrender = _write\n"}
     planted = {f"{package}.{name}": text for name, text in planted.items()}
     faults = renderer_faults(package, {**sources, **planted},
                              registry | set(planted) - {f"{package}.no_render"})

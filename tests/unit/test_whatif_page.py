@@ -16,8 +16,8 @@ MEASURES = {"step_s": 0.2, "bubble_fraction": 0.1, "exposed_comm_s": 0.01,
 
 
 def test_out_is_optional():
-    run_dir, out_dir, jobs, targets = parse(["runs/ddp", "--target", "--schedule gpipe"])
-    assert (run_dir, out_dir, targets) == ("runs/ddp", None, [{"schedule": "gpipe"}])
+    run_dir, report_dir, jobs, targets = parse(["runs/ddp", "--target", "--schedule gpipe"])
+    assert (run_dir, report_dir, targets) == ("runs/ddp", None, [{"schedule": "gpipe"}])
 
 
 def test_without_out_the_ranking_is_printed_and_nothing_written(tmp_path, capsys):

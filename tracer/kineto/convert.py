@@ -63,9 +63,9 @@ class HostRows(TypedDict):
     threads: dict[str, int]                 # the trace's thread number (text) -> Kineto tid
 
 
-def import_export(path: str, out_dir: str, name: str, rank: Optional[int] = None,
+def import_export(path: str, traces_dir: str, name: str, rank: Optional[int] = None,
                   limit: Optional[int] = None) -> Imported:
-    """Import ``path`` into ``out_dir/<name>.arrow`` (and ``<name>.device.arrow``).
+    """Import ``path`` into ``traces_dir/<name>.arrow`` (and ``<name>.device.arrow``).
     ``rank``: the rank given on the command line, else the export's own. Raises
     KinetoError when the file is no export at all."""
     events = collect(ExportStream(path, limit), host=True)
@@ -96,7 +96,7 @@ def import_export(path: str, out_dir: str, name: str, rank: Optional[int] = None
     meta["imported"]["damage"] = [line] if line else []
     meta["imported"]["memory_device"] = memory_device(events.memory)
     meta["imported"]["memory_allocated_peak"] = allocated_peak(events.memory)
-    trace_path = os.path.join(out_dir, f"{name}.arrow")
+    trace_path = os.path.join(traces_dir, f"{name}.arrow")
     writer = TraceWriter(trace_path, meta, memory=memory is not None)
     writer.write_columns(rows["columns"], rows["dictionaries"])
     if memory is not None:
@@ -104,7 +104,7 @@ def import_export(path: str, out_dir: str, name: str, rank: Optional[int] = None
     writer.close()
     device_path = None
     if activities:
-        device_path = os.path.join(out_dir, f"{name}.device.arrow")
+        device_path = os.path.join(traces_dir, f"{name}.device.arrow")
         device = DeviceWriter(device_path, {"rank": rank, "source": "torch.profiler"})
         device.write(records, {"window": 0, "devices": records.meta.get("devices")})
         device.close()

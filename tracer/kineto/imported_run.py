@@ -67,9 +67,9 @@ def has_traces(path: str) -> bool:
     return os.path.isdir(path) and bool(rundir.rank_files(rundir.traces_dir(path)))
 
 
-def import_exports(out_dir: str, entries: list[str], engine: ImportEngine,
+def import_exports(run_dir: str, entries: list[str], engine: ImportEngine,
                    limit: Optional[int] = None) -> ImportResult:
-    """Import the exports ``entries`` name into ``out_dir/traces`` (see the module
+    """Import the exports ``entries`` name into ``run_dir/traces`` (see the module
     docstring). Raises KinetoError (one line) when none can be used or ranks collide."""
     exports = parse_entries(entries)
     bad = read_heads(exports)
@@ -77,7 +77,7 @@ def import_exports(out_dir: str, entries: list[str], engine: ImportEngine,
     good = [e for e in exports if e.path not in bad]
     if not good:
         raise KinetoError(f"no usable torch.profiler export: {next(iter(bad.values()))}")
-    traces = os.path.join(out_dir, rundir.TRACES)
+    traces = os.path.join(run_dir, rundir.TRACES)
     _fresh(traces)
     engine.plan({k: e.path for k, e in enumerate(good)})
     results = engine.map(import_export, [(e.path, traces, f"{_TEMP}{k}", e.rank, limit)

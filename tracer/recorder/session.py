@@ -57,11 +57,11 @@ __all__ = ["Session", "C_ON_OP", "MAX_NODES", "MAX_QUEUE"]
 
 
 class Session(StepWindows):
-    """Records this process into ``out_dir/rank-<R>.arrow``. Use through :func:`tracer.trace`."""
+    """Records this process into ``traces_dir/rank-<R>.arrow``. Use through :func:`tracer.trace`."""
     _memory = None       # memory.MemoryRecorder while memory is recorded (options.memory)
 
-    def __init__(self, out_dir: str, options: Optional[TraceOptions] = None, **option_values):
-        self.out_dir = os.path.abspath(out_dir)
+    def __init__(self, traces_dir: str, options: Optional[TraceOptions] = None, **option_values):
+        self.traces_dir = os.path.abspath(traces_dir)
         self.options = options if options is not None else TraceOptions(**option_values)
         opts = self.options
         # step -> recorded or not (--steps); exits.py swaps it in a forked child
@@ -114,11 +114,11 @@ class Session(StepWindows):
     # ------------------------------------------------------------------ lifecycle
     @property
     def path(self) -> str:
-        return rundir.trace_file(self.out_dir, self.rank)
+        return rundir.trace_file(self.traces_dir, self.rank)
 
     @property
     def status_path(self) -> str:
-        return rundir.status_file(self.out_dir, self.rank)
+        return rundir.status_file(self.traces_dir, self.rank)
 
     # the parts, read only, for the modules that use them (the status file among them)
     @property
@@ -168,7 +168,7 @@ class Session(StepWindows):
         if not self._recording:
             self._leave_window()
         if self.options.device_time and cuda_in_use():
-            self._device = device_recorder(self.out_dir, self.rank, self._pairs)
+            self._device = device_recorder(self.traces_dir, self.rank, self._pairs)
             self._device_step()
         if dist.is_available() and dist.is_initialized():
             process_group.arrived(self)

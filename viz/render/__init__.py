@@ -1,7 +1,7 @@
 """Renderers: writers only. Every output is written by a renderer of one shape, a module with
 one entry point::
 
-    render(inputs, out_dir: str) -> list[str]      # the paths it wrote
+    render(inputs, report_dir: str) -> list[str]      # the paths it wrote
 
 ``inputs`` is one object of what the command computed: :class:`viz.render.report.ReportInput`
 (the analysis, the report's views, the readable sources), :class:`viz.render.diff.DiffInput`
@@ -31,17 +31,17 @@ class Renderer(Protocol):
     """A renderer module. ``PHASE`` (optional): the progress line it runs under; consecutive
     renderers of one phase share it (``inputs.progress``)."""
 
-    def render(self, inputs, out_dir: Optional[str]) -> list:
-        """Write this output of ``inputs`` into ``out_dir``; the paths written."""
+    def render(self, inputs, report_dir: Optional[str]) -> list:
+        """Write this output of ``inputs`` into ``report_dir``; the paths written."""
 
 
-def render_all(renderers: Iterable[Renderer], inputs, out_dir: Optional[str]) -> list:
+def render_all(renderers: Iterable[Renderer], inputs, report_dir: Optional[str]) -> list:
     """Run ``renderers`` in order on ``inputs``; every path they wrote."""
     paths: list = []
     for phase, group in groupby(renderers, key=lambda r: getattr(r, "PHASE", None)):
         with inputs.progress.phase(phase) if phase else nullcontext():
             for renderer in group:
-                paths += renderer.render(inputs, out_dir)
+                paths += renderer.render(inputs, report_dir)
     return paths
 
 

@@ -54,16 +54,16 @@ def environment() -> jinja2.Environment:
 class PageWriter:
     """Writes pages into one report directory."""
 
-    def __init__(self, out_dir: str):
-        self.out_dir = out_dir
+    def __init__(self, report_dir: str):
+        self.report_dir = report_dir
         self.env = environment()
         self._script_written = False
 
     def write(self, rel_path: str, template: str, **context) -> str:
-        """Render ``template`` to ``out_dir/rel_path``; returns the absolute path."""
+        """Render ``template`` to ``report_dir/rel_path``; returns the absolute path."""
         if not self._script_written:
-            os.makedirs(self.out_dir, exist_ok=True)
-            shutil.copyfile(os.path.join(_TEMPLATES, SCRIPT), os.path.join(self.out_dir, SCRIPT))
+            os.makedirs(self.report_dir, exist_ok=True)
+            shutil.copyfile(os.path.join(_TEMPLATES, SCRIPT), os.path.join(self.report_dir, SCRIPT))
             self._script_written = True
         depth = rel_path.count("/")
         # streamed piece by piece: a page with a big inline SVG is never whole in memory
@@ -71,8 +71,8 @@ class PageWriter:
             root="../" * depth, script=SCRIPT, **context))
 
     def write_text(self, rel_path: str, text) -> str:
-        """Write ``text`` (a str, or an iterable of str pieces) to ``out_dir/rel_path``."""
-        path = os.path.join(self.out_dir, rel_path)
+        """Write ``text`` (a str, or an iterable of str pieces) to ``report_dir/rel_path``."""
+        path = os.path.join(self.report_dir, rel_path)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "w", encoding="utf-8") as fh:
             if isinstance(text, str):

@@ -11,14 +11,14 @@ if TYPE_CHECKING:
 PHASE = "drawing the diff call graphs"
 
 
-def render(diff: DiffInput, out_dir: str) -> list:
-    """Write every diff call graph into ``out_dir``; the paths written. Raises
+def render(diff: DiffInput, report_dir: str) -> list:
+    """Write every diff call graph into ``report_dir``; the paths written. Raises
     :class:`viz.render.callgraph_svg.RenderError` if graphviz fails (before writing any)."""
     svgs, files = diff.svgs, diff.svg_files
-    os.makedirs(out_dir, exist_ok=True)
+    os.makedirs(report_dir, exist_ok=True)
     written = []
     for scope, svg in svgs.items():
-        written.append(os.path.join(out_dir, files[scope]))
+        written.append(os.path.join(report_dir, files[scope]))
         with open(written[-1], "w", encoding="utf-8") as fh:
             fh.write(svg)
     return written

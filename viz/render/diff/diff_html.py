@@ -24,20 +24,20 @@ MAX_ROWS = 300      # structural-difference rows per scope on the page (diff.jso
 TOP_CHANGES = 40
 
 
-def render(diff: DiffInput, out_dir: str) -> list:
-    """Write ``out_dir/diff.html``; its path."""
+def render(diff: DiffInput, report_dir: str) -> list:
+    """Write ``report_dir/diff.html``; its path."""
     result, files = diff.result, diff.svg_files
     scopes = [result.totals] + result.roles
     times = [dict(scope=s, rows=[d for d in s.deltas if d.category == "time"]) for s in scopes]
     keys = sorted(set(result.a.config) | set(result.b.config))
     config = [(k, result.a.config.get(k), result.b.config.get(k)) for k in keys]
     # Each run's own report, when trace-run or trace-report wrote one.
-    reports = {side: os.path.relpath(os.path.join(run.dir, "index.html"), out_dir)
+    reports = {side: os.path.relpath(os.path.join(run.dir, "index.html"), report_dir)
                for side, run in (("a", result.a), ("b", result.b))
                if os.path.isfile(os.path.join(run.dir, "index.html"))}
     graphs = [dict(scope=scope, file=files[scope], svg=inline_svg(svg)) for scope, svg in
               diff.svgs.items()]
-    return [PageWriter(out_dir).write(
+    return [PageWriter(report_dir).write(
         "diff.html", "diff.html", title="trace-diff", result=result, config=config,
         changes=largest_changes(result)[:TOP_CHANGES], times=times, scopes=scopes,
         graphs=graphs, reports=reports, max_rows=MAX_ROWS, all_ranks=ALL_RANKS,

@@ -83,10 +83,10 @@ def _finite(obj):
     return obj
 
 
-def render(diff: DiffInput, out_dir: str) -> list:
-    """Write ``out_dir/diff.json``; its path."""
-    os.makedirs(out_dir, exist_ok=True)
-    path = os.path.join(out_dir, "diff.json")
+def render(diff: DiffInput, report_dir: str) -> list:
+    """Write ``report_dir/diff.json``; its path."""
+    os.makedirs(report_dir, exist_ok=True)
+    path = os.path.join(report_dir, "diff.json")
     with open(path, "w") as fh:
         json.dump(_finite(_document(diff.result, diff.svg_files)), fh, indent=1)
     return [path]

@@ -10,7 +10,7 @@ if TYPE_CHECKING:
     from . import DiffInput
 
 
-def render(diff: DiffInput, out_dir: Optional[str]) -> list:
+def render(diff: DiffInput, report_dir: Optional[str]) -> list:
     """Say the table of the ``diff.top`` largest changes; writes nothing."""
     diff.say(format_table(diff.result, top=diff.top))
     return []

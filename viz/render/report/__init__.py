@@ -1,5 +1,5 @@
 """trace-report's renderers: summary.json and the offline HTML report of a run, what users open
-after a run. Each is named after what it writes into ``out_dir``::
+after a run. Each is named after what it writes into ``report_dir``::
 
     summary.json               summary_json: the machine-readable digest
     callgraphs/all.html        callgraphs: call graph of all ranks merged, training steps

@@ -22,12 +22,12 @@ if TYPE_CHECKING:
 PHASE = "drawing call graphs"
 
 
-def render(report: ReportInput, out_dir: str) -> list:
-    """Draw and write every call-graph page into ``out_dir/callgraphs``; the paths written."""
+def render(report: ReportInput, report_dir: str) -> list:
+    """Draw and write every call-graph page into ``report_dir/callgraphs``; the paths written."""
     views = report.views
     graphs = views.graphs + ([views.setup] if views.setup else []) + \
         list(views.zooms.values()) + list(views.module_zooms.values())
-    writer = PageWriter(out_dir)
+    writer = PageWriter(report_dir)
     zoom_links = report.zoom_links
     zoomed = views.zoomed
     href = report.source_href("../")

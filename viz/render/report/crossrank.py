@@ -13,12 +13,12 @@ if TYPE_CHECKING:
 PHASE = "writing pages"
 
 
-def render(report: ReportInput, out_dir: str) -> list:
-    """Write ``out_dir/crossrank.html``; its path."""
+def render(report: ReportInput, report_dir: str) -> list:
+    """Write ``report_dir/crossrank.html``; its path."""
     analysis, views = report.analysis, report.views
     report.progress.expect(1)
     clocks = {lane.clock for lane in analysis.timeline.ranks.values()}
-    path = PageWriter(out_dir).write(
+    path = PageWriter(report_dir).write(
         "crossrank.html", "crossrank.html", title="Across ranks", cross=analysis.cross,
         clock=" and ".join(sorted(clocks)), mismatches=crossrank_page.mismatches(analysis),
         stragglers=crossrank_page.stragglers(analysis),

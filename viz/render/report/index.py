@@ -25,11 +25,11 @@ PHASE = "writing pages"
 TOP = 5             # ops and collectives on the front page
 
 
-def render(report: ReportInput, out_dir: str) -> list:
-    """Write ``out_dir/index.html``; its path."""
+def render(report: ReportInput, report_dir: str) -> list:
+    """Write ``report_dir/index.html``; its path."""
     analysis, views = report.analysis, report.views
     headline = pages.headline_rows(analysis)
-    return [PageWriter(out_dir).write(
+    return [PageWriter(report_dir).write(
         "index.html", "index.html", title="paratrace report",
         problems=problems(analysis), undrawn=report.problems, run=pages.run_facts(analysis),
         lede=pages.lede(analysis), split=views.split,
@@ -43,15 +43,15 @@ def render(report: ReportInput, out_dir: str) -> list:
         module_zooms=list(views.module_zooms.values()),
         sources=sorted((views.paths.get(f, f), rel) for f, rel in views.source_pages.items()),
         summary_json=rundir.SUMMARY, timeline=inline_svg(report.timeline_svg),
-        traces=_traces_path(analysis.run.traces_dir, out_dir),
+        traces=_traces_path(analysis.run.traces_dir, report_dir),
         timeline_files=report.TIMELINE_FILES)]
 
 
-def _traces_path(traces_dir: str, out_dir: str) -> str:
+def _traces_path(traces_dir: str, report_dir: str) -> str:
     """Where the rank traces are, from the report's directory: ``traces/rank-R.arrow`` for a
     trace-run directory, ``rank-R.arrow`` for a ``tracer.trace`` one (its files at its top),
     a longer relative path for a report written elsewhere (``trace-report --out``)."""
-    where = os.path.relpath(os.path.abspath(traces_dir), os.path.abspath(out_dir))
+    where = os.path.relpath(os.path.abspath(traces_dir), os.path.abspath(report_dir))
     return os.path.normpath(os.path.join(where, f"rank-R.{rundir.TRACE_EXT}"))
 
 

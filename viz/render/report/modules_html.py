@@ -14,11 +14,11 @@ if TYPE_CHECKING:
 PHASE = "writing pages"
 
 
-def render(report: ReportInput, out_dir: str) -> list:
-    """Write ``out_dir/modules.html``; its path."""
+def render(report: ReportInput, report_dir: str) -> list:
+    """Write ``report_dir/modules.html``; its path."""
     views = report.views
     report.progress.expect(1)
-    path = PageWriter(out_dir).write(
+    path = PageWriter(report_dir).write(
         "modules.html", "modules.html", title="Module view", rows=views.tree,
         links={path: f"callgraphs/{os.path.basename(p.rel)}"
                for path, p in views.module_zooms.items()},

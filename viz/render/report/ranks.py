@@ -14,10 +14,10 @@ if TYPE_CHECKING:
 PHASE = "writing pages"
 
 
-def render(report: ReportInput, out_dir: str) -> list:
-    """Write every rank's page into ``out_dir/ranks``; the paths written."""
+def render(report: ReportInput, report_dir: str) -> list:
+    """Write every rank's page into ``report_dir/ranks``; the paths written."""
     analysis, views = report.analysis, report.views
-    writer = PageWriter(out_dir)
+    writer = PageWriter(report_dir)
     world = tuple(sorted(analysis.ranks))       # the ranks the module tables sum over
     report.progress.expect(len(analysis.ranks))
     written = []

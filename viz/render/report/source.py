@@ -17,10 +17,10 @@ if TYPE_CHECKING:
 PHASE = "writing pages"
 
 
-def render(report: ReportInput, out_dir: str) -> list:
-    """Write every source page into ``out_dir/source``; the paths written."""
+def render(report: ReportInput, report_dir: str) -> list:
+    """Write every source page into ``report_dir/source``; the paths written."""
     views, recorded = report.views, report.sources
-    writer = PageWriter(out_dir)
+    writer = PageWriter(report_dir)
     defined = defined_functions(views, report.zoom_links)
     report.progress.expect(len(views.source_pages))
     written = []

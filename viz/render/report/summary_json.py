@@ -15,10 +15,10 @@ if TYPE_CHECKING:
     from . import ReportInput
 
 
-def render(report: ReportInput, out_dir: str) -> list:
-    """Write ``out_dir/summary.json``; its path."""
-    os.makedirs(out_dir, exist_ok=True)
-    path = os.path.join(out_dir, rundir.SUMMARY)
+def render(report: ReportInput, report_dir: str) -> list:
+    """Write ``report_dir/summary.json``; its path."""
+    os.makedirs(report_dir, exist_ok=True)
+    path = os.path.join(report_dir, rundir.SUMMARY)
     with open(path, "w") as fh:
         json.dump(build_summary(report.analysis), fh, indent=1)
     return [path]

@@ -16,17 +16,18 @@ if TYPE_CHECKING:
 PHASE = "writing pages"
 
 
-def render(report: ReportInput, out_dir: str) -> list:
-    """Write the timeline's picture, Chrome trace and page into ``out_dir``; their paths."""
-    os.makedirs(out_dir, exist_ok=True)
+def render(report: ReportInput, report_dir: str) -> list:
+    """Write the timeline's picture, Chrome trace and page into ``report_dir``; their paths."""
+    os.makedirs(report_dir, exist_ok=True)
     files = report.TIMELINE_FILES
     report.progress.expect(1)
-    written = [os.path.join(out_dir, files["svg"]), os.path.join(out_dir, files["chrome_trace"])]
+    written = [os.path.join(report_dir, files["svg"]),
+               os.path.join(report_dir, files["chrome_trace"])]
     with open(written[0], "w") as fh:
         fh.write(report.timeline_svg)
     with open(written[1], "w") as fh:
         timeline_json.write(report.analysis.timeline, fh, report.analysis.cross.matched)
-    written.append(PageWriter(out_dir).write("timeline.html", "timeline.html", title="Timeline",
+    written.append(PageWriter(report_dir).write("timeline.html", "timeline.html", title="Timeline",
                                              svg=inline_svg(report.timeline_svg), files=files))
     report.progress.advance()
     return written

@@ -16,14 +16,14 @@ if TYPE_CHECKING:
     from . import WhatIfInput
 
 
-def render(whatif: WhatIfInput, out_dir: str) -> list:
-    """Write ``out_dir/whatif.html``; its path."""
+def render(whatif: WhatIfInput, report_dir: str) -> list:
+    """Write ``report_dir/whatif.html``; its path."""
     result, run_dir = whatif.result, whatif.run_dir
     report = os.path.join(run_dir, "index.html")
-    link = os.path.relpath(report, out_dir) if os.path.exists(report) else None
+    link = os.path.relpath(report, report_dir) if os.path.exists(report) else None
     rows = ranking(result, whatif.REPLAY_SVG, whatif.target_svg)
     collectives = {t.title: (t.collectives or {}).get("0") for t in result.targets}
-    return [PageWriter(out_dir).write(
+    return [PageWriter(report_dir).write(
         "whatif.html", "whatif.html", title="What if", rows=rows,
         recorded=recorded_text(result), models=result.models, report=link, run_dir=run_dir,
         collectives=collectives)]

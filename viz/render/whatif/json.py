@@ -28,8 +28,8 @@ if TYPE_CHECKING:
 SCHEMA = "paratrace.whatif/1"
 
 
-def render(whatif: WhatIfInput, out_dir: str) -> list:
-    """Write ``out_dir/whatif.json``; its path."""
+def render(whatif: WhatIfInput, report_dir: str) -> list:
+    """Write ``report_dir/whatif.json``; its path."""
     result = whatif.result
     document = {
         "schema": SCHEMA,
@@ -42,7 +42,7 @@ def render(whatif: WhatIfInput, out_dir: str) -> list:
                      "timeline": whatif.target_svg(i), "memory": t.memory,
                      "collectives": t.collectives}
                     for i, t in enumerate(result.targets)]}
-    path = os.path.join(out_dir, "whatif.json")
+    path = os.path.join(report_dir, "whatif.json")
     with open(path, "w", encoding="utf-8") as fh:
         json.dump(document, fh, indent=1, sort_keys=False)
         fh.write("\n")

@@ -14,8 +14,8 @@ if TYPE_CHECKING:
     from . import WhatIfInput
 
 
-def render(whatif: WhatIfInput, out_dir: str) -> list:
-    """Write the replay's timeline and every target's into ``out_dir/whatif``, each as soon as
+def render(whatif: WhatIfInput, report_dir: str) -> list:
+    """Write the replay's timeline and every target's into ``report_dir/whatif``, each as soon as
     it is drawn; their paths."""
     result, run_dir = whatif.result, whatif.run_dir
     pictures = [(whatif.REPLAY_SVG, result.replay, result.replay_metrics, "Replayed",
@@ -25,7 +25,7 @@ def render(whatif: WhatIfInput, out_dir: str) -> list:
                  for i, t in enumerate(result.targets)]
     written = []
     for rel, timeline, metrics, what, note in pictures:
-        written.append(os.path.join(out_dir, rel))
+        written.append(os.path.join(report_dir, rel))
         os.makedirs(os.path.dirname(written[-1]), exist_ok=True)
         with open(written[-1], "w", encoding="utf-8") as fh:
             fh.write(_marked(timeline, metrics, what, note))

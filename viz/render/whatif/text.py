@@ -10,7 +10,7 @@ if TYPE_CHECKING:
     from . import WhatIfInput
 
 
-def render(whatif: WhatIfInput, out_dir: Optional[str]) -> list:
+def render(whatif: WhatIfInput, report_dir: Optional[str]) -> list:
     """Say the ranking; writes nothing."""
     whatif.say(ranking_table(whatif.result))
     return []
