@@ -23,19 +23,15 @@ SESSION_MODULES = {"tracer/recorder/session.py", "tracer/recorder/op_path.py",
 FOREIGN = {("tracer/recorder/attribution/modules.py", "_modules"): "nn.Module's children"}
 # what still reaches into Session's (or a part's) state from outside, until the split ends it
 STILL_REACHING = {
-    "tracer/recorder/comm.py": {"_open_ranges", "_owner", "_push", "_thread"},
-    "tracer/recorder/frameworks/compiled.py": {"_open", "_passthrough", "_post", "_pre"},
-    "tracer/recorder/frameworks/dtensor.py": {"_in_optimizer", "_passthrough"},
-    "tracer/recorder/frameworks/fsdp_credit.py": {"_passthrough"},
-    "tracer/recorder/frameworks/hops.py": {"_kind_of_code", "_open", "_passthrough"},
-    "tracer/recorder/memory/memory_recorder.py": {"_memory_table", "_passthrough", "_recording"},
-    "tracer/recorder/passthrough.py": {"_device_wanted", "_passthrough", "_recorder_error",
-                                       "_recording", "_window"},
+    "tracer/recorder/comm.py": {"_owner", "_thread"},
+    "tracer/recorder/frameworks/compiled.py": {"_open", "_post", "_pre"},
+    "tracer/recorder/frameworks/hops.py": {"_kind_of_code", "_open"},
+    "tracer/recorder/memory/memory_recorder.py": {"_recording"},
+    "tracer/recorder/passthrough.py": {"_recorder_error", "_recording", "_window"},
     "tracer/recorder/patches/autograd.py": {"_optimizer_post"},
-    "tracer/recorder/phases.py": {"_fwd_of_node", "_fwd_prev", "_in_optimizer", "_recompute"},
-    "tracer/recorder/process/exits.py": {"_open", "_passthrough", "_recording", "_window"},
-    "tracer/recorder/process/process_group.py": {"_op_ids", "_open", "_passthrough", "_paused",
-                                                 "_pg_seen", "_push", "_recording", "_thread"},
+    "tracer/recorder/process/exits.py": {"_open", "_recording", "_window"},
+    "tracer/recorder/process/process_group.py": {"_op_ids", "_open", "_paused", "_recording",
+                                                 "_thread"},
     "tracer/recorder/session.py": {"_on_subclass"},
 }
 

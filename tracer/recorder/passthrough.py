@@ -14,8 +14,8 @@ import sys
 def recorder_failed(session, exc: BaseException) -> None:
     """``exc`` came from the recorder's own work: ``session`` stops recording, for good."""
     session._window = lambda step: False     # no step boundary turns recording back on
-    session._recording, session._passthrough = False, True
-    session._device_wanted = False
+    session._recording, session.passthrough = False, True
+    session.device_wanted = False
     if session._recorder_error is not None:  # said already (another thread's, at once)
         return
     error = f"{type(exc).__name__}: {exc}".strip()[:500]

@@ -79,9 +79,9 @@ class Session(StepWindows):
                                 opts.flush_interval, self._after_flush, self._flusher_failed)
         self._modules = ModuleTracker(self._dicts.module, self._flusher.merge_meta)
         self._queue = self._flusher.queue
-        self._push = self._queue.append
+        self.push = self._queue.append
         self._capture = self._stacks.capture
-        self._comm = self._flusher.comm = CommTracker(self._dicts, self._push)
+        self._comm = self._flusher.comm = CommTracker(self._dicts, self.push)
         self._clock = ClockAlignment(opts.clock_sync, opts.clock_timeout)
         # id(op overload) -> (op id, CommSpec, special, call, the overload). NOTE: by id: an
         # OpOverload hashes in Python; torch keeps overloads alive, and so does the entry.
@@ -90,22 +90,22 @@ class Session(StepWindows):
         self._threads: dict = {}           # thread ident -> small thread number
         # forward autograd node sequence number -> its origin, (stack + 1) << 32 | (module + 1)
         # (an int: ints are not objects the garbage collector tracks), this step and the last
-        self._fwd_of_node, self._fwd_prev = {}, {}
+        self.fwd_of_node, self.fwd_prev = {}, {}
         self._last_seq = sequence_nr()    # nodes made before the trace are not its ops'
-        self.step_index, self._explicit_steps, self._in_optimizer = 0, False, 0
-        self._recompute = 0                # checkpointing recomputations running (phases.py)
+        self.step_index, self._explicit_steps, self.in_optimizer = 0, False, 0
+        self.recompute = 0                # checkpointing recomputations running (phases.py)
         self._torch_state = TORCH_STATE    # what the C on_op calls (op_path.py)
         self._rules = PhaseRules(self, self._modules, self._annotations)
         self._recording, self._paused = self._window(0), 0
-        self._passthrough = not self._recording   # the hot path records nothing
+        self.passthrough = not self._recording   # the hot path records nothing
         self._annotations.set_live(self._recording)
         self._owner = threading.get_ident()       # the thread whose dispatch stack holds the mode
         self.config: dict = {}             # everything record_config set
         self.rank, self.world_size = rank_and_world()      # until a process group says
-        self._pg_seen, self._open = False, False
+        self.pg_seen, self._open = False, False
         self._mode: Optional[RecordingMode] = None
         self._device: Optional[DeviceRecorder | DirectDeviceRecorder] = None   # CUDA only
-        self._device_wanted, self._open_ranges = False, 0  # a window waits for no open range
+        self.device_wanted, self.open_ranges = False, 0  # a window waits for no open range
         self._pairs = [clock_pair()]       # clock pairs; the device adds its window edges
         self._patches: Optional[patches.Patches] = None    # every patch into torch and os
         self._last_event_ns, self.status, self.error = 0, "running", None

@@ -149,7 +149,7 @@ class Region:
 
     def __call__(self, *args, **kwargs):
         session, modules = self._session(), self._modules()
-        if session is None or modules is None or session._passthrough or not session._open:
+        if session is None or modules is None or session.passthrough or not session._open:
             return self._fn(*args, **kwargs)
         attrs = dict(self._attrs, module=modules.path, **{"pass": "forward"})
         entry, t0 = session.open_range(LABEL, attrs), _now()
@@ -175,7 +175,7 @@ def _hook_backward(session, out, attrs: dict) -> None:
     memory = session.memory
 
     def pre(grad_outputs):
-        if not session._passthrough and session._open:
+        if not session.passthrough and session._open:
             if memory is not None:     # what it saved, before its backward frees it (memory/)
                 node = torch._C._current_autograd_node()
                 memory.table.node_runs(node, node._sequence_nr())

@@ -196,7 +196,7 @@ def call_tag_activation_checkpoint(session, original, hop, gmod, args, kwargs):
     """``tag_activation_checkpoint``'s call (``original``: its ``__call__``) inside a range;
     it bypasses the dispatcher in eager code (tracer/recorder/patches/dynamo.py routes it here)."""
     # NOTE: export's pre-dispatch tracing goes on to the HOP's dispatch (torch's test)
-    if session._passthrough or not session._open or torch.compiler.is_compiling() or \
+    if session.passthrough or not session._open or torch.compiler.is_compiling() or \
             torch._ops._compute_keyset(args, kwargs, hop.non_fallthrough_keys) \
             .highestPriorityTypeId() == _C.DispatchKey.PreDispatch:
         return original(hop, gmod, *args, **kwargs)

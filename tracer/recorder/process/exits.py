@@ -60,7 +60,7 @@ def detach_forked_child() -> None:
     if session is None:
         return
     session._window = lambda step: False     # no step boundary turns recording back on
-    session._recording, session._passthrough = False, True
+    session._recording, session.passthrough = False, True
     session._open = False                    # close() and os._exit's close write nothing
     if session.memory is not None:          # nor does memory recording's hooks or table
         session.memory.detach()

@@ -18,9 +18,9 @@ from .. import rows
 
 def arrived(session, t0: Optional[int] = None) -> None:
     """The process group is initialized (once a session; ``t0``: when its setup began)."""
-    if session._pg_seen or not (dist.is_available() and dist.is_initialized()):
+    if session.pg_seen or not (dist.is_available() and dist.is_initialized()):
         return
-    session._pg_seen = True
+    session.pg_seen = True
     rank, world = dist.get_rank(), dist.get_world_size()
     flusher = session.flusher
     with flusher.lock:
@@ -36,7 +36,7 @@ def arrived(session, t0: Optional[int] = None) -> None:
     if session.device is not None:
         session.device.follow_rank(rank)
     if t0 is not None and session._recording:   # the setup's GPU work (NCCL) lands on it
-        session._push(rows.record(t0=t0, t1=time.perf_counter_ns(),
+        session.push(rows.record(t0=t0, t1=time.perf_counter_ns(),
                                   op=session._op_ids(ops.OP_PG_INIT), phase=PHASE_OTHER,
                                   step=session.step_index, thread=session._thread()))
 
@@ -56,9 +56,9 @@ def aligned_at_end(session) -> None:
 def paused_call(session, fn, *args):
     """``fn(*args)`` with recording paused: the recorder's own collectives."""
     session._paused += 1
-    session._passthrough = True
+    session.passthrough = True
     try:
         return fn(*args)
     finally:
         session._paused -= 1
-        session._passthrough = not session._recording or session._paused > 0
+        session.passthrough = not session._recording or session._paused > 0
