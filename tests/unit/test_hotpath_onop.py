@@ -231,7 +231,7 @@ def test_the_c_path_flushes_a_full_queue_and_rolls_the_node_table(tmp_path):
     with tracer.trace(tmp_path, clock_sync=False) as session:
         (x * 2).sum()
         (x * 2).sum()                          # both ops classified: the C path from here on
-        filler = rows.record(t0=1, t1=1, op=session._op_ids("filler"), phase=labels.PHASE_OTHER,
+        filler = rows.record(t0=1, t1=1, op=session.op_ids("filler"), phase=labels.PHASE_OTHER,
                              step=0, thread=0)
         session._queue.extend([filler] * (session_module.MAX_QUEUE + 1))
         full_table = {n: 0 for n in range(session_module.MAX_NODES + 1)}

@@ -62,7 +62,7 @@ class OpDispatch:
 
 class StackWalk:
     """StackInterner's capture in C."""
-    _kind_of_code: dict[Any, int]
+    kind_of_code: dict[Any, int]
     _siblings: dict[Any, Any]
     _node_sid: dict[Any, int]
     _path: list[Any]

@@ -336,7 +336,7 @@ def wait_hook(session):
 
     def wait(original, work, args, kwargs):
         mode = session.mode
-        off = mode is not None and _get_ident() == session._owner and mode.suspend()
+        off = mode is not None and _get_ident() == session.owner and mode.suspend()
         try:
             result = original(work, *args, **kwargs)
             t = _now()
@@ -402,4 +402,4 @@ def _waited(session, args, kwargs, op_id: int, t0: int, t1: int) -> None:
     session.push(rows.record(
         t0=t0, t1=t1, op=op_id, phase=phase, module=session.modules.current, stack=stack,
         annotation=session.annotations.current, step=session.step_index,
-        thread=session._thread(), cid=cid))
+        thread=session.thread_number(), cid=cid))

@@ -62,7 +62,7 @@ class OpPath(_SessionState):
         entry = self._specs.get(id(func))
         if entry is None:
             try:
-                entry = op_entry(self._specs, self._op_ids, func)
+                entry = op_entry(self._specs, self.op_ids, func)
             except Exception as exc:
                 recorder_failed(self, exc)
                 return func(*args, **kwargs)
@@ -140,7 +140,7 @@ class OpPath(_SessionState):
                     self._capture(frame) if frame is not None else self._stacks.empty()
             thread = self._threads.get(_get_ident())
             if thread is None:
-                thread = self._thread()
+                thread = self.thread_number()
             shapes = self._shapes(args) if self._record_shapes else -1
             cid = -1     # a collective's end (t1: -1 for now) comes with its completion (comm.py)
             if comm is not None:
@@ -165,7 +165,9 @@ class OpPath(_SessionState):
     def _recorder_failed(self, exc: BaseException) -> None:
         recorder_failed(self, exc)      # the C on_op's way in (csrc/hotpath/onop.c)
 
-    def _thread(self) -> int:
+    def thread_number(self) -> int:
+        """The calling thread's small number in the trace (a new thread gets the next one); C's
+        on_op asks it by name for a thread it has not seen."""
         ident = _get_ident()
         thread = self._threads.get(ident)
         if thread is None:

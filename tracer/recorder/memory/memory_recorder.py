@@ -101,7 +101,7 @@ class MemoryRecorder:
         self._open = True
         self._undo = [register_optimizer_step_pre_hook(self._optimizer_begins).remove,
                       register_optimizer_step_post_hook(self._optimizer_ends).remove]
-        self.follow_window(self._session._recording)
+        self.follow_window(self._session.recording)
 
     def follow_window(self, recording: bool) -> None:
         """The global module hooks are on in recorded steps only: outside them a step runs as
