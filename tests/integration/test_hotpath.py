@@ -44,7 +44,7 @@ def test_the_c_hot_path_is_built_and_is_what_the_recorder_uses():
 # ------------------------------------------------------------------------------ stack capture
 def _internal(interner, code):
     """``code`` stands for paratrace's own frames and torch's dispatch frames."""
-    interner._kind_of_code[id(code)] = (INTERNAL, False, code)
+    interner.kind_of_code[id(code)] = (INTERNAL, False, code)
     return interner
 
 
@@ -125,7 +125,7 @@ def test_c_capture_outside_any_user_frame_is_the_root_stack():
     py = PyStackInterner()
     for interner in (c, py):
         for f in _frames_outward(frame):        # every frame of this stack is internal here
-            interner._kind_of_code[id(f.f_code)] = (INTERNAL, False, f.f_code)
+            interner.kind_of_code[id(f.f_code)] = (INTERNAL, False, f.f_code)
     assert c.values[c.capture(frame)] == py.values[py.capture(frame)] == "[]"
 
 

@@ -318,7 +318,7 @@ def test_stack_capture_with_its_caches_equals_a_fresh_walk():
     def internal(interner):
         """internal_ops stands for paratrace's own frames and torch's dispatch frames."""
         code = internal_ops.__code__
-        interner._kind_of_code[id(code)] = (INTERNAL, False, code)
+        interner.kind_of_code[id(code)] = (INTERNAL, False, code)
         return interner
 
     def check(interner, depth, frame=None):

@@ -40,7 +40,7 @@ def test_the_c_path_is_built_wherever_it_can_be():
 
 
 # set only while memory is recorded (csrc/hotpath/hotpath.h)
-MEMORY_FIELDS = ("_memory_table",)
+MEMORY_FIELDS = ("memory_table",)
 
 
 def _unset_c_fields(session, memory: bool = False) -> list:
@@ -77,15 +77,15 @@ def test_a_session_recording_memory_is_ready_for_the_c_path(tmp_path):
     with tracer.trace(tmp_path, clock_sync=False, memory=True) as session:
         _loop(steps=1)
         assert session._c_ready and _unset_c_fields(session, memory=True) == []
-        assert session._memory_table is session._memory.table and len(session._memory.live)
-        table = session._memory_table
-        session._memory_table = {}
+        assert session.memory_table is session._memory.table and len(session._memory.live)
+        table = session.memory_table
+        session.memory_table = {}
         try:
             assert not session._c_ready
         finally:
-            session._memory_table = table
+            session.memory_table = table
         assert session._c_ready
-    assert session._memory_table is None           # closed: the C on_op stops calling it
+    assert session.memory_table is None           # closed: the C on_op stops calling it
 
 
 @pytest.fixture
@@ -231,14 +231,14 @@ def test_the_c_path_flushes_a_full_queue_and_rolls_the_node_table(tmp_path):
     with tracer.trace(tmp_path, clock_sync=False) as session:
         (x * 2).sum()
         (x * 2).sum()                          # both ops classified: the C path from here on
-        filler = rows.record(t0=1, t1=1, op=session._op_ids("filler"), phase=labels.PHASE_OTHER,
+        filler = rows.record(t0=1, t1=1, op=session.op_ids("filler"), phase=labels.PHASE_OTHER,
                              step=0, thread=0)
         session._queue.extend([filler] * (session_module.MAX_QUEUE + 1))
         full_table = {n: 0 for n in range(session_module.MAX_NODES + 1)}
-        session._fwd_of_node = full_table
+        session.fwd_of_node = full_table
         y = x * 2                                # one node: the table is past its bound
         assert len(session._queue) == 0          # flushed by the op that found it full
-        assert session._fwd_prev is full_table and len(session._fwd_of_node) == 0
+        assert session.fwd_prev is full_table and len(session.fwd_of_node) == 0
         y.sum().backward()
     trace = tracer.load(tmp_path / "rank-0.arrow")
     assert len(trace) > session_module.MAX_QUEUE          # the filler was written, not lost
@@ -263,4 +263,4 @@ def test_op_dispatch_checks_what_it_is_given():
     assert dispatch(torch.ops.aten.neg.default, (), (torch.ones(1),), {}) == "python"
     assert len(calls) == 1
     with pytest.raises(TypeError, match="must be bool"):
-        state._passthrough = 1
+        state.passthrough = 1

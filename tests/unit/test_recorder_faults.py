@@ -135,11 +135,11 @@ def plant_shape_key(session):
 
 
 def plant_queue(session):
-    session._push = boom
+    session.push = boom
 
 
 def plant_device(session):
-    session._device, session._device_wanted = FailingDevice(), True
+    session._device, session.device_wanted = FailingDevice(), True
 
 
 # (name, what is planted, the op that meets it and its name, its expected result, memory
@@ -175,7 +175,7 @@ def test_a_recorder_fault_returns_the_ops_result_and_stops_recording(
         if hot_path == "c" and op is not None:
             assert python_calls[op] == before[op], "the fault was met on the Python path"
         after = torch.exp(torch.zeros(1))  # the rank records nothing more
-        assert after.tolist() == [1.0] and session._passthrough
+        assert after.tolist() == [1.0] and session.passthrough
     trace = tracer.load(tmp_path / "rank-0.arrow")
     assert trace.meta["status"] == "ok" and trace.meta["error"] is None
     assert trace.meta["recorder_error"] == {"error": "Planted: planted in the recorder"
@@ -223,7 +223,7 @@ def train(steps: int, fault_at=None, session=None) -> list:
     losses = []
     for step in range(steps):
         if step == fault_at:
-            session._push = boom
+            session.push = boom
         loss = model(data[step]).pow(2).sum()
         loss.backward()
         opt.step()
@@ -253,6 +253,6 @@ def test_the_users_keyboard_interrupt_is_not_the_recorders(tmp_path, hot_path):
     with pytest.raises(KeyboardInterrupt):
         with tracer.trace(tmp_path, clock_sync=False) as session:
             torch.neg(x)
-            session._push = interrupt
+            session.push = interrupt
             torch.neg(x)
     assert tracer.load(tmp_path / "rank-0.arrow").meta["status"] == "interrupted"

@@ -21,22 +21,22 @@ def now() -> int:
 class SessionState:
     """The fields of Session that on_op's C path reads (its base class)."""
     step_index: int
-    _passthrough: bool
-    _device_wanted: bool
-    _pg_seen: bool
+    passthrough: bool
+    device_wanted: bool
+    pg_seen: bool
     _record_stacks: bool
     _record_shapes: bool
-    _open_ranges: int
-    _recompute: int
-    _in_optimizer: int
+    open_ranges: int
+    recompute: int
+    in_optimizer: int
     _last_seq: int
     _last_event_ns: int
     _specs: dict[Any, Any]
     _queue: list[Any]
-    _push: Callable[..., Any]
+    push: Callable[..., Any]
     _threads: dict[int, int]
-    _fwd_of_node: dict[int, int]
-    _fwd_prev: dict[int, Any]
+    fwd_of_node: dict[int, int]
+    fwd_prev: dict[int, Any]
     _funcol: dict[int, Any]
     _futures: dict[int, Any]
     _modules: Any
@@ -45,7 +45,7 @@ class SessionState:
     _signatures: Any
     _rules: Any
     _torch_state: Any
-    _memory_table: Any
+    memory_table: Any
     @property
     def _c_ready(self) -> bool:
         """Whether on_op's C path can run for this session."""
@@ -62,7 +62,7 @@ class OpDispatch:
 
 class StackWalk:
     """StackInterner's capture in C."""
-    _kind_of_code: dict[Any, int]
+    kind_of_code: dict[Any, int]
     _siblings: dict[Any, Any]
     _node_sid: dict[Any, int]
     _path: list[Any]

@@ -336,7 +336,7 @@ def wait_hook(session):
 
     def wait(original, work, args, kwargs):
         mode = session.mode
-        off = mode is not None and _get_ident() == session._owner and mode.suspend()
+        off = mode is not None and _get_ident() == session.owner and mode.suspend()
         try:
             result = original(work, *args, **kwargs)
             t = _now()
@@ -365,12 +365,12 @@ def special_op(session, special, func, args, kwargs, op_id):
         if special == ops.WAIT:
             _waited(session, args, kwargs, op_id, t0, _now())
         elif special == ops.RF_ENTER:
-            session._open_ranges += 1
+            session.open_ranges += 1
             name = args[0] if args else kwargs.get("name", "?")
             entry = session.annotations.push(str(name), {"source": "record_function"})
             session.annotations.open_record_function(entry, _now())
         elif special == ops.RF_EXIT:
-            session._open_ranges = max(0, session._open_ranges - 1)
+            session.open_ranges = max(0, session.open_ranges - 1)
             opened = session.annotations.close_record_function()
             if opened is not None:
                 session.close_range(*opened)
@@ -399,7 +399,7 @@ def _waited(session, args, kwargs, op_id: int, t0: int, t1: int) -> None:
     hint = session.annotations.phase_hint
     phase = pending.phase if pending is not None else PHASE_BACKWARD \
         if _current_node() is not None else (hint if hint is not None else PHASE_FORWARD)
-    session._push(rows.record(
+    session.push(rows.record(
         t0=t0, t1=t1, op=op_id, phase=phase, module=session.modules.current, stack=stack,
         annotation=session.annotations.current, step=session.step_index,
-        thread=session._thread(), cid=cid))
+        thread=session.thread_number(), cid=cid))

@@ -62,17 +62,17 @@ class OpPath(_SessionState):
         entry = self._specs.get(id(func))
         if entry is None:
             try:
-                entry = op_entry(self._specs, self._op_ids, func)
+                entry = op_entry(self._specs, self.op_ids, func)
             except Exception as exc:
                 recorder_failed(self, exc)
                 return func(*args, **kwargs)
-        if self._passthrough:
+        if self.passthrough:
             return entry[3](*args, **kwargs)
         op_id, comm, special, call, _ = entry
         try:
-            if self._device_wanted and not self._open_ranges:
+            if self.device_wanted and not self.open_ranges:
                 self._start_device()
-            if special is None and comm is not None and not self._pg_seen:
+            if special is None and comm is not None and not self.pg_seen:
                 process_group.arrived(self)
             if special is None and (self._funcol or self._futures):
                 self._comm.before_op(args)
@@ -93,7 +93,7 @@ class OpPath(_SessionState):
                 frame = _getframe(2)
             except ValueError:
                 frame = None
-            if node is None or self._recompute:
+            if node is None or self.recompute:
                 module = self._modules.current
                 stack = -1 if not self._record_stacks else \
                     self._capture(frame) if frame is not None else self._stacks.empty()
@@ -108,17 +108,17 @@ class OpPath(_SessionState):
                     origin = (fwd + 1) << 32 | (module + 1)
                     if 1 < seq - self._last_seq <= 8:
                         for n in range(self._last_seq, seq):
-                            self._fwd_of_node[n] = origin
+                            self.fwd_of_node[n] = origin
                     else:                     # usually the one node this op made
-                        self._fwd_of_node[seq - 1] = origin
+                        self.fwd_of_node[seq - 1] = origin
                     self._last_seq = seq
-                    if len(self._fwd_of_node) > MAX_NODES:   # a run that never steps stays bounded
-                        self._fwd_prev, self._fwd_of_node = self._fwd_of_node, {}
+                    if len(self.fwd_of_node) > MAX_NODES:   # a run that never steps stays bounded
+                        self.fwd_prev, self.fwd_of_node = self.fwd_of_node, {}
                 if node is not None:      # checkpointing replays it: recompute, unless annotated
                     phase = PHASE_RECOMPUTE if hint is None or hint <= PHASE_BACKWARD else hint
                 elif hint is not None:
                     phase = hint
-                elif self._in_optimizer:
+                elif self.in_optimizer:
                     phase = PHASE_OPTIMIZER
                 elif module >= 0 or made:   # outside modules: what autograd records (the loss)
                     phase = PHASE_FORWARD
@@ -131,16 +131,16 @@ class OpPath(_SessionState):
                 nseq = node._sequence_nr()
                 if self._memory is not None:    # what the node saved for it: activations
                     self._memory.table.node_runs(node, nseq)
-                origin = self._fwd_of_node.get(nseq)
+                origin = self.fwd_of_node.get(nseq)
                 if origin is None:
-                    origin = self._fwd_prev.get(nseq, 0)
+                    origin = self.fwd_prev.get(nseq, 0)
                 fwd_stack = (origin >> 32) - 1
                 module = (origin & 0xFFFFFFFF) - 1
                 stack = -1 if not self._record_stacks else \
                     self._capture(frame) if frame is not None else self._stacks.empty()
             thread = self._threads.get(_get_ident())
             if thread is None:
-                thread = self._thread()
+                thread = self.thread_number()
             shapes = self._shapes(args) if self._record_shapes else -1
             cid = -1     # a collective's end (t1: -1 for now) comes with its completion (comm.py)
             if comm is not None:
@@ -151,7 +151,7 @@ class OpPath(_SessionState):
                     elif module < 0 and node is not None and phase == PHASE_GRAD_SYNC:
                         module = self._rules.owner_module(node)     # DDP's bucket all-reduce
                 cid = self._comm.launch(comm, args, out, t0, t1, phase, self.step_index, thread)
-            self._push(_pack(t0, t1 if cid < 0 else -1, op_id, phase, module, stack, fwd_stack,
+            self.push(_pack(t0, t1 if cid < 0 else -1, op_id, phase, module, stack, fwd_stack,
                              self._annotations.current, self.step_index, thread, shapes, cid))
             self._last_event_ns = t1
             if self._memory is not None:     # the storages it made (memory_recorder.py)
@@ -165,7 +165,9 @@ class OpPath(_SessionState):
     def _recorder_failed(self, exc: BaseException) -> None:
         recorder_failed(self, exc)      # the C on_op's way in (csrc/hotpath/onop.c)
 
-    def _thread(self) -> int:
+    def thread_number(self) -> int:
+        """The calling thread's small number in the trace (a new thread gets the next one); C's
+        on_op asks it by name for a thread it has not seen."""
         ident = _get_ident()
         thread = self._threads.get(ident)
         if thread is None:

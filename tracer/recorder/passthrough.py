@@ -13,13 +13,13 @@ import sys
 
 def recorder_failed(session, exc: BaseException) -> None:
     """``exc`` came from the recorder's own work: ``session`` stops recording, for good."""
-    session._window = lambda step: False     # no step boundary turns recording back on
-    session._recording, session._passthrough = False, True
-    session._device_wanted = False
-    if session._recorder_error is not None:  # said already (another thread's, at once)
+    session.in_window = lambda step: False     # no step boundary turns recording back on
+    session.recording, session.passthrough = False, True
+    session.device_wanted = False
+    if session.recorder_error is not None:  # said already (another thread's, at once)
         return
     error = f"{type(exc).__name__}: {exc}".strip()[:500]
-    session._recorder_error = error
+    session.recorder_error = error
     session.flusher.add_meta({"recorder_error": {"error": error, "step": session.step_index}})
     print(f"paratrace: rank {session.rank}: the recorder failed at step {session.step_index} "
           f"({error}); this rank records nothing more, the run goes on", file=sys.stderr,

@@ -7,7 +7,7 @@ module stack and grad mode (forward, else other). This module adds, without a co
 
 - ``recompute``: torch.utils.checkpoint's non-reentrant recomputation runs the checkpointed
   function again inside the backward of the region, under its ``_recomputation_hook``; a
-  subclass of that hook counts the recomputations in progress (``Session._recompute``), and a
+  subclass of that hook counts the recomputations in progress (``Session.recompute``), and a
   subclass of ``_CheckpointFrame`` remembers the module stack of the forward so the recomputed
   ops carry the modules they had in the forward. The reentrant one (``CheckpointFunction``)
   replays the function inside its node's backward: the replay is wrapped to the same effect.
@@ -140,7 +140,7 @@ class PhaseRules:
     def optimizer_step_begins(self, optimizer, args, kwargs):
         """An optimizer step begins (its pre-hook): the optimizer phase, and its closure
         outside it."""
-        self._session._in_optimizer += 1    # the hot path's optimizer phase
+        self._session.in_optimizer += 1    # the hot path's optimizer phase
         return self._closure_outside_step(args, kwargs)
 
     def forward_modules(self) -> list:
@@ -150,12 +150,12 @@ class PhaseRules:
     def recompute_begins(self, forward_modules) -> list:
         """A checkpointed region's recomputation begins, in the backward: its ops are
         ``recompute`` and run under the modules of the forward; returns what to put back."""
-        self._session._recompute += 1
+        self._session.recompute += 1
         return self._modules.restore(forward_modules)
 
     def recompute_ends(self, saved: list) -> None:
         self._modules.restore(saved)
-        self._session._recompute -= 1
+        self._session.recompute -= 1
 
     def reentrant_checkpoint(self, forward, ctx, run_function, args):
         """Reentrant checkpointing's ``CheckpointFunction.forward(ctx, run_function, *args)``
@@ -184,7 +184,7 @@ class PhaseRules:
         """The autograd node ``node`` made in the forward belongs to ``module`` (its origin's
         stack stays)."""
         seq = node._sequence_nr()
-        for origins in (self._session._fwd_of_node, self._session._fwd_prev):
+        for origins in (self._session.fwd_of_node, self._session.fwd_prev):
             origin = origins.get(seq)
             if origin is not None:
                 origins[seq] = (origin >> 32) << 32 | (module + 1)
@@ -218,12 +218,12 @@ class PhaseRules:
 
         @functools.wraps(closure)
         def outside_step(*a, **k):
-            depth, session._in_optimizer = session._in_optimizer, 0
+            depth, session.in_optimizer = session.in_optimizer, 0
             try:
                 with annotations.forced(NO_PHASE):
                     return closure(*a, **k)
             finally:
-                session._in_optimizer = depth
+                session.in_optimizer = depth
         if "closure" in kwargs:
             return args, dict(kwargs, closure=outside_step)
         return (args[0], outside_step, *args[2:]), kwargs

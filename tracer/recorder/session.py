@@ -65,23 +65,23 @@ class Session(StepWindows):
         self.options = options if options is not None else TraceOptions(**option_values)
         opts = self.options
         # step -> recorded or not (--steps); exits.py swaps it in a forked child
-        self._window = opts.in_window() or (lambda step: True)
+        self.in_window = opts.in_window() or (lambda step: True)
         self._record_shapes = bool(opts.record_shapes)
         self._record_stacks = bool(opts.record_stacks)
         self._stacks = StackInterner(opts.stack_depth, opts.library_frames, opts.user_paths,
                                      opts.library)
         self._dicts = Dictionaries(self._stacks)
-        self._op_ids = self._dicts.op
+        self.op_ids = self._dicts.op
         self._signatures = ShapeSignatures(self._dicts.shapes)
         self._shapes = self._signatures.id_of
         self._annotations = AnnotationStack(self._dicts.annotation)
-        self._flusher = Flusher(self._dicts, lambda: self._op_ids(ops.OP_STEP),
+        self._flusher = Flusher(self._dicts, lambda: self.op_ids(ops.OP_STEP),
                                 opts.flush_interval, self._after_flush, self._flusher_failed)
         self._modules = ModuleTracker(self._dicts.module, self._flusher.merge_meta)
         self._queue = self._flusher.queue
-        self._push = self._queue.append
+        self.push = self._queue.append
         self._capture = self._stacks.capture
-        self._comm = self._flusher.comm = CommTracker(self._dicts, self._push)
+        self._comm = self._flusher.comm = CommTracker(self._dicts, self.push)
         self._clock = ClockAlignment(opts.clock_sync, opts.clock_timeout)
         # id(op overload) -> (op id, CommSpec, special, call, the overload). NOTE: by id: an
         # OpOverload hashes in Python; torch keeps overloads alive, and so does the entry.
@@ -90,26 +90,26 @@ class Session(StepWindows):
         self._threads: dict = {}           # thread ident -> small thread number
         # forward autograd node sequence number -> its origin, (stack + 1) << 32 | (module + 1)
         # (an int: ints are not objects the garbage collector tracks), this step and the last
-        self._fwd_of_node, self._fwd_prev = {}, {}
+        self.fwd_of_node, self.fwd_prev = {}, {}
         self._last_seq = sequence_nr()    # nodes made before the trace are not its ops'
-        self.step_index, self._explicit_steps, self._in_optimizer = 0, False, 0
-        self._recompute = 0                # checkpointing recomputations running (phases.py)
+        self.step_index, self._explicit_steps, self.in_optimizer = 0, False, 0
+        self.recompute = 0                # checkpointing recomputations running (phases.py)
         self._torch_state = TORCH_STATE    # what the C on_op calls (op_path.py)
         self._rules = PhaseRules(self, self._modules, self._annotations)
-        self._recording, self._paused = self._window(0), 0
-        self._passthrough = not self._recording   # the hot path records nothing
-        self._annotations.set_live(self._recording)
-        self._owner = threading.get_ident()       # the thread whose dispatch stack holds the mode
+        self.recording, self.paused = self.in_window(0), 0
+        self.passthrough = not self.recording   # the hot path records nothing
+        self._annotations.set_live(self.recording)
+        self.owner = threading.get_ident()       # the thread whose dispatch stack holds the mode
         self.config: dict = {}             # everything record_config set
         self.rank, self.world_size = rank_and_world()      # until a process group says
-        self._pg_seen, self._open = False, False
+        self.pg_seen, self.is_open = False, False
         self._mode: Optional[RecordingMode] = None
         self._device: Optional[DeviceRecorder | DirectDeviceRecorder] = None   # CUDA only
-        self._device_wanted, self._open_ranges = False, 0  # a window waits for no open range
+        self.device_wanted, self.open_ranges = False, 0  # a window waits for no open range
         self._pairs = [clock_pair()]       # clock pairs; the device adds its window edges
         self._patches: Optional[patches.Patches] = None    # every patch into torch and os
         self._last_event_ns, self.status, self.error = 0, "running", None
-        self._recorder_error: Optional[str] = None   # the recorder failed: passthrough.py
+        self.recorder_error: Optional[str] = None   # the recorder failed: passthrough.py
 
     # ------------------------------------------------------------------ lifecycle
     @property
@@ -151,7 +151,7 @@ class Session(StepWindows):
             isinstance(self._signatures, NATIVE.ShapeKeys)     # the C on_op (else Python twins)
         self._memory = memory.recording(self, in_c)   # hooks before the patches' optimizer's
         self._flusher.open(self.path, meta)
-        self._open = True
+        self.is_open = True
         _active.ACTIVE = self
         if self.options.record_modules:
             self._modules.install()
@@ -159,13 +159,13 @@ class Session(StepWindows):
         self._patches = patches.install(self)
         RecordingMode.skip_dynamo()
         self._mode = RecordingMode(self.on_op, compiled=self.options.compiled != "eager")
-        self._mode._on_subclass = SubclassOps(self, self._mode)     # DTensor (dtensor.py)
+        self._mode.on_subclass = SubclassOps(self, self._mode)     # DTensor (dtensor.py)
         self._hops = hops.HigherOrderOps(self, self._mode)          # torch.cond... (hops.py)
         if in_c:
             self._mode.dispatch_in_c(NATIVE.OpDispatch, self)
         self._mode.__enter__()
-        self._owner = threading.get_ident()
-        if not self._recording:
+        self.owner = threading.get_ident()
+        if not self.recording:
             self._leave_window()
         if self.options.device_time and cuda_in_use():
             self._device = device_recorder(self.traces_dir, self.rank, self._pairs)
@@ -198,7 +198,7 @@ class Session(StepWindows):
 
     def close(self) -> None:
         """Stop recording, flush everything and write the final status. Idempotent."""
-        if not self._open:
+        if not self.is_open:
             return
         self._flusher.stop()
         if self._device is not None:
@@ -219,7 +219,7 @@ class Session(StepWindows):
         self._stacks.release()
         self._write_status(final=True)
         self._flusher.close()
-        self._open = False
+        self.is_open = False
 
     # ------------------------------------------------------------------ config & status
     def record_config(self, values: dict) -> None:

@@ -32,13 +32,13 @@ class StepWindows(OpPath):
     def close_range(self, entry: tuple, t0: int, module: int = -1, stack: int = -1) -> None:
         """Record the range (with itself in its annotation; the module and stack that opened
         it, where known) and close it."""
-        if self._recording and not self._paused:
+        if self.recording and not self.paused:
             hint = self._annotations.phase_hint
-            self._push(rows.record(
-                t0=t0, t1=_now(), op=self._op_ids(ops.OP_ANNOTATION),
+            self.push(rows.record(
+                t0=t0, t1=_now(), op=self.op_ids(ops.OP_ANNOTATION),
                 phase=hint if hint is not None else PHASE_OTHER, module=module, stack=stack,
                 annotation=self._annotations.current, step=self.step_index,
-                thread=self._thread()))
+                thread=self.thread_number()))
         self._annotations.pop(entry)
 
     def step(self) -> None:
@@ -47,11 +47,11 @@ class StepWindows(OpPath):
 
     def _advance_step(self) -> None:
         self.step_index += 1
-        self._fwd_prev, self._fwd_of_node = self._fwd_of_node, {}
-        recording = self._window(self.step_index)
-        if recording != self._recording:
-            self._recording = recording
-            self._passthrough = not recording or self._paused > 0
+        self.fwd_prev, self.fwd_of_node = self.fwd_of_node, {}
+        recording = self.in_window(self.step_index)
+        if recording != self.recording:
+            self.recording = recording
+            self.passthrough = not recording or self.paused > 0
             self._annotations.set_live(recording)
             if self._memory is not None:     # its module hooks: on in recorded steps only
                 self._memory.follow_window(recording)
@@ -61,18 +61,18 @@ class StepWindows(OpPath):
                 self._leave_window()
         if recording:
             t = _now()
-            self._push(rows.record(t0=t, t1=t, op=self._op_ids(ops.OP_STEP), phase=PHASE_OTHER,
-                                   step=self.step_index, thread=self._thread()))
+            self.push(rows.record(t0=t, t1=t, op=self.op_ids(ops.OP_STEP), phase=PHASE_OTHER,
+                                   step=self.step_index, thread=self.thread_number()))
         if self._device is not None:
             self._device_step()
         self._flusher.wake()     # the finished step goes to disk now, not at the next interval
 
     def _device_step(self) -> None:
-        self._device_wanted = self._device.boundary(self._recording)
+        self.device_wanted = self._device.boundary(self.recording)
         self._flusher.add_meta(pairs_meta(self._pairs))
 
     def _start_device(self) -> None:
-        self._device_wanted = False
+        self.device_wanted = False
         if self._device.start():
             self._flusher.add_meta(pairs_meta(self._pairs))
 
@@ -80,7 +80,7 @@ class StepWindows(OpPath):
         """Outside recorded steps the dispatch mode and the module hooks are off: those steps
         run as they would untraced. Possible only on the thread that entered the mode and
         with the mode on top of its stack; otherwise it stays on and records nothing."""
-        if _get_ident() != self._owner or not self._mode.suspend():
+        if _get_ident() != self.owner or not self._mode.suspend():
             return
         self._stacks.release()
         if self.options.record_modules and self._modules.idle:
@@ -89,16 +89,17 @@ class StepWindows(OpPath):
     def _enter_window(self) -> None:
         # NOTE: a window opening on another thread than the trace's cannot put the mode back on
         # that thread's stack; steps advance on it in practice (optimizer steps, tracer.step())
-        if _get_ident() != self._owner or not self._mode.suspended:
+        if _get_ident() != self.owner or not self._mode.suspended:
             return
         self._mode.resume()
-        self._open_ranges = 0    # ranges that ended unseen while suspended must not block windows
+        self.open_ranges = 0    # ranges that ended unseen while suspended must not block windows
         if self.options.record_modules and not self._modules.installed:
             self._modules.install()
 
-    def _optimizer_post(self, optimizer, args, kwargs) -> None:
-        self._in_optimizer = max(0, self._in_optimizer - 1)
-        # the end of the outermost optimizer step is a step boundary
-        if self._in_optimizer == 0 and self.options.auto_step and not self._explicit_steps:
+    def optimizer_post(self, optimizer, args, kwargs) -> None:
+        """After an optimizer step (patches/autograd.py's hook): the outermost one's end is a
+        step boundary."""
+        self.in_optimizer = max(0, self.in_optimizer - 1)
+        if self.in_optimizer == 0 and self.options.auto_step and not self._explicit_steps:
             self._advance_step()
 

@@ -86,8 +86,8 @@ class ModuleTracker:
 
     def install(self) -> None:
         self._handles = [
-            _module.register_module_forward_pre_hook(self._pre),
-            _module.register_module_forward_hook(self._post, always_call=True),
+            _module.register_module_forward_pre_hook(self.pre_forward),
+            _module.register_module_forward_hook(self.post_forward, always_call=True),
         ]
 
     @property
@@ -162,7 +162,8 @@ class ModuleTracker:
 
     # NOTE: while Dynamo traces a module call it inlines these hooks: they must do nothing
     # there (compiled.py); in eager code is_compiling() is one call
-    def _pre(self, module, args):
+    def pre_forward(self, module, args):
+        """The forward pre-hook: module is now the innermost running."""
         if _is_compiling():
             return
         path = self._name(module)
@@ -170,7 +171,8 @@ class ModuleTracker:
         self._stack.append((module, pid, path))
         self.current = pid
 
-    def _post(self, module, args, output):
+    def post_forward(self, module, args, output):
+        """The forward hook (always called): module, and any left above it, ended."""
         if _is_compiling():
             return
         stack = self._stack

@@ -114,7 +114,7 @@ class _PyStackWalk:
         return entry[2]
 
     def _walk(self, start) -> int:
-        kinds = self._kind_of_code
+        kinds = self.kind_of_code
         frame = start
         while frame is not None:                  # skip paratrace's and dispatch frames
             known = kinds.get(id(frame.f_code)) or self.classify(frame.f_code)
@@ -205,7 +205,7 @@ class _Interning:
         self.library_frames = library_frames
         self.rule = LibraryRule.build(library, user_paths, always_user=(_SAMPLE_RUNS,))
         self._dispatch_files = _dispatch_files()
-        self._kind_of_code: dict = {}   # id(code) -> (kind, resumable, code)
+        self.kind_of_code: dict = {}   # id(code) -> (kind, resumable, code)
         self._siblings: dict = {}       # (parent node, id(code)) -> {f_lasti: node}
         self._node_parent: list = []    # node -> parent node, -1 for the outermost frame
         self._node_frame: list = []     # node -> (kind, [file, line, function, qualname])
@@ -240,7 +240,7 @@ class _Interning:
         # every time; the code object is kept alive in the value so its id cannot be reused.
         # A generator or coroutine frame can be resumed by another caller at the same
         # instruction, so it never vouches for the frames outward of it.
-        known = self._kind_of_code[id(code)] = (kind, bool(code.co_flags & _RESUMABLE), code)
+        known = self.kind_of_code[id(code)] = (kind, bool(code.co_flags & _RESUMABLE), code)
         return known
 
     def _kind_of_file(self, filename: str) -> int:
@@ -259,7 +259,7 @@ class _Interning:
 
     def _new_node(self, parent: int, frame, lasti: int, lastis: dict) -> int:
         code = frame.f_code
-        kind = self._kind_of_code[id(code)][0]
+        kind = self.kind_of_code[id(code)][0]
         origin = None
         if kind == FX_NODE or id(code) in self._generated:
             try:

@@ -54,7 +54,7 @@ def prepare(session, modules, compiled: bool) -> None:
         session.flusher.merge_meta("options", {
             "compiled": "eager", "compiled_why": f"torch {torch.__version__} runs compiled "
             "code eagerly under any dispatch mode (torch >= 2.9 runs it compiled)"})
-    _run_frames_eagerly(type(modules)._pre, type(modules)._post)
+    _run_frames_eagerly(type(modules).pre_forward, type(modules).post_forward)
 
 
 def _run_frames_eagerly(*functions) -> None:
@@ -149,7 +149,7 @@ class Region:
 
     def __call__(self, *args, **kwargs):
         session, modules = self._session(), self._modules()
-        if session is None or modules is None or session._passthrough or not session._open:
+        if session is None or modules is None or session.passthrough or not session.is_open:
             return self._fn(*args, **kwargs)
         attrs = dict(self._attrs, module=modules.path, **{"pass": "forward"})
         entry, t0 = session.open_range(LABEL, attrs), _now()
@@ -175,7 +175,7 @@ def _hook_backward(session, out, attrs: dict) -> None:
     memory = session.memory
 
     def pre(grad_outputs):
-        if not session._passthrough and session._open:
+        if not session.passthrough and session.is_open:
             if memory is not None:     # what it saved, before its backward frees it (memory/)
                 node = torch._C._current_autograd_node()
                 memory.table.node_runs(node, node._sequence_nr())

@@ -79,7 +79,7 @@ class SubclassOps:
             # here this same mode again (pushed by the op above): pass it on to DTensor too
             return NotImplemented
         session = self._session
-        if session._passthrough:
+        if session.passthrough:
             return func(*args, **kwargs)
         entry = session.open_range(str(func), self._attrs(dtensor, args))
         forced = self._recorded_forward(session, dtensor, args)
@@ -109,7 +109,7 @@ class SubclassOps:
         and collectives, which make no autograd node, get that phase through an unrecorded
         range (returned, to pop); None otherwise."""
         if session.modules.current >= 0 or session.annotations.phase_hint is not None or \
-                session._in_optimizer or not torch.is_grad_enabled() or \
+                session.in_optimizer or not torch.is_grad_enabled() or \
                 torch._C._current_autograd_node() is not None:
             return None
         if not any(isinstance(t, dtensor) and t.requires_grad for a in args

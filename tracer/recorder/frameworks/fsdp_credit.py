@@ -82,7 +82,7 @@ class FsdpCredit:
             fwd = -1
             if _current_node() is not None or _graph_task() >= 0:     # in backward
                 fwd = self._sites.get(group, -1)
-            elif session.options.record_stacks and not session._passthrough:
+            elif session.options.record_stacks and not session.passthrough:
                 # the caller: FSDP's pre-forward hook (the stack its all-gather gets)
                 fwd = session.stacks.capture(sys._getframe(1))
                 self._sites[group] = fwd

@@ -185,7 +185,7 @@ def close_range(session, opened: tuple, t0: int) -> None:
 def _user_line(stacks, frame) -> str:
     """``file:line`` of the innermost user frame from ``frame`` outwards, or "?"."""
     while frame is not None:
-        known = stacks._kind_of_code.get(id(frame.f_code)) or stacks.classify(frame.f_code)
+        known = stacks.kind_of_code.get(id(frame.f_code)) or stacks.classify(frame.f_code)
         if known[0] == USER:
             return f"{frame.f_code.co_filename}:{frame.f_lineno}"
         frame = frame.f_back
@@ -196,7 +196,7 @@ def call_tag_activation_checkpoint(session, original, hop, gmod, args, kwargs):
     """``tag_activation_checkpoint``'s call (``original``: its ``__call__``) inside a range;
     it bypasses the dispatcher in eager code (tracer/recorder/patches/dynamo.py routes it here)."""
     # NOTE: export's pre-dispatch tracing goes on to the HOP's dispatch (torch's test)
-    if session._passthrough or not session._open or torch.compiler.is_compiling() or \
+    if session.passthrough or not session.is_open or torch.compiler.is_compiling() or \
             torch._ops._compute_keyset(args, kwargs, hop.non_fallthrough_keys) \
             .highestPriorityTypeId() == _C.DispatchKey.PreDispatch:
         return original(hop, gmod, *args, **kwargs)

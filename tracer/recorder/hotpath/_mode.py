@@ -35,7 +35,7 @@ class RecordingMode(TorchDispatchMode):
         super().__init__()
         self._on_op = on_op
         # ops on tensor subclasses (DTensor, FakeTensor, AsyncCollectiveTensor): dtensor.py
-        self._on_subclass = lambda func, types, args, kwargs: on_op(func, args, kwargs)
+        self.on_subclass = lambda func, types, args, kwargs: on_op(func, args, kwargs)
         self._compiled = compiled   # torch.compile's code runs compiled (compiled.py)
         self._depth = -1            # stack position while suspended, else -1
 
@@ -55,7 +55,7 @@ class RecordingMode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if types:      # () for plain tensors: the hot path pays this one test
-            return self._on_subclass(func, types, args, kwargs or _NO_KWARGS)
+            return self.on_subclass(func, types, args, kwargs or _NO_KWARGS)
         return self._on_op(func, args, kwargs or _NO_KWARGS)
 
     def dispatch_in_c(self, op_dispatch, session) -> None:
@@ -97,7 +97,7 @@ class RecordingMode(TorchDispatchMode):
         with self._mark():
             if not types:
                 return self._on_op(func, args, kwargs or _NO_KWARGS)
-            out = self._on_subclass(func, types, args, kwargs or _NO_KWARGS)
+            out = self.on_subclass(func, types, args, kwargs or _NO_KWARGS)
         if out is NotImplemented:
             with self._passed():
                 pass

@@ -67,7 +67,7 @@ def recording(session, in_c: bool) -> "MemoryRecorder | None":
     recorder = MemoryRecorder(session, in_c)
     recorder.start()
     if recorder.in_c:                  # the C on_op calls the C table itself (csrc/hotpath/onop.c)
-        session._memory_table = recorder.table
+        session.memory_table = recorder.table
     return recorder
 
 
@@ -101,7 +101,7 @@ class MemoryRecorder:
         self._open = True
         self._undo = [register_optimizer_step_pre_hook(self._optimizer_begins).remove,
                       register_optimizer_step_post_hook(self._optimizer_ends).remove]
-        self.follow_window(self._session._recording)
+        self.follow_window(self._session.recording)
 
     def follow_window(self, recording: bool) -> None:
         """The global module hooks are on in recorded steps only: outside them a step runs as
@@ -120,7 +120,7 @@ class MemoryRecorder:
         last events."""
         self._open = False
         if self.in_c:
-            self._session._memory_table = None     # the C on_op stops calling the table
+            self._session.memory_table = None     # the C on_op stops calling the table
         self.follow_window(False)
         for undo in reversed(self._undo):
             undo()
@@ -177,7 +177,7 @@ class MemoryRecorder:
                 claim(grad, GRADIENTS)
 
     def _optimizer_begins(self, optimizer, args, kwargs) -> None:
-        if not self._open or self._session._passthrough:    # not a recorded step
+        if not self._open or self._session.passthrough:    # not a recorded step
             return
         walked = set()
         for group in optimizer.param_groups:
@@ -194,7 +194,7 @@ class MemoryRecorder:
                     self._parameter(param)
 
     def _optimizer_ends(self, optimizer, args, kwargs) -> None:
-        if not self._open or self._session._passthrough:
+        if not self._open or self._session.passthrough:
             return
         for state in list(optimizer.state.values()):
             for value in state.values() if isinstance(state, dict) else ():

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 def install(patches: "Patches", session) -> None:
     rules = session.rules
-    _optimizer_steps(patches, rules, session._optimizer_post)
+    _optimizer_steps(patches, rules, session.optimizer_post)
     _recomputation(patches, rules, session.memory)
     _reentrant_replay(patches, rules)
     # loss.backward() makes the gradient seed (ones_like) before the autograd engine runs

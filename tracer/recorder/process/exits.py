@@ -59,9 +59,9 @@ def detach_forked_child() -> None:
     session = _active.ACTIVE
     if session is None:
         return
-    session._window = lambda step: False     # no step boundary turns recording back on
-    session._recording, session._passthrough = False, True
-    session._open = False                    # close() and os._exit's close write nothing
+    session.in_window = lambda step: False     # no step boundary turns recording back on
+    session.recording, session.passthrough = False, True
+    session.is_open = False                    # close() and os._exit's close write nothing
     if session.memory is not None:          # nor does memory recording's hooks or table
         session.memory.detach()
     _active.ACTIVE = None
@@ -72,7 +72,7 @@ def leave(session, code, ended_by: Optional[str] = None) -> None:
     0, else failed (``os._exit(N)``); ``ended_by``: ended from outside (interrupted, with that
     reason). A status set earlier (an error being handled) is kept. Idempotent; safe from any
     thread of the owning process."""
-    if not session._open:
+    if not session.is_open:
         return
     code = exit_code(code)
     if session.status == "running":

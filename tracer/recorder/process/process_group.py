@@ -18,13 +18,13 @@ from .. import rows
 
 def arrived(session, t0: Optional[int] = None) -> None:
     """The process group is initialized (once a session; ``t0``: when its setup began)."""
-    if session._pg_seen or not (dist.is_available() and dist.is_initialized()):
+    if session.pg_seen or not (dist.is_available() and dist.is_initialized()):
         return
-    session._pg_seen = True
+    session.pg_seen = True
     rank, world = dist.get_rank(), dist.get_world_size()
     flusher = session.flusher
     with flusher.lock:
-        if rank != session.rank and session._open:
+        if rank != session.rank and session.is_open:
             old_status = session.status_path
             session.rank = rank
             flusher.rename(session.path)
@@ -35,15 +35,15 @@ def arrived(session, t0: Optional[int] = None) -> None:
     flusher.add_meta(session.clock.at_start(lambda fn, *args: paused_call(session, fn, *args)))
     if session.device is not None:
         session.device.follow_rank(rank)
-    if t0 is not None and session._recording:   # the setup's GPU work (NCCL) lands on it
-        session._push(rows.record(t0=t0, t1=time.perf_counter_ns(),
-                                  op=session._op_ids(ops.OP_PG_INIT), phase=PHASE_OTHER,
-                                  step=session.step_index, thread=session._thread()))
+    if t0 is not None and session.recording:   # the setup's GPU work (NCCL) lands on it
+        session.push(rows.record(t0=t0, t1=time.perf_counter_ns(),
+                                  op=session.op_ids(ops.OP_PG_INIT), phase=PHASE_OTHER,
+                                  step=session.step_index, thread=session.thread_number()))
 
 
 def departing(session) -> None:
     """The process group is about to be destroyed: the clocks aligned while it still is."""
-    if session._open and dist.is_initialized():
+    if session.is_open and dist.is_initialized():
         aligned_at_end(session)
 
 
@@ -55,10 +55,10 @@ def aligned_at_end(session) -> None:
 
 def paused_call(session, fn, *args):
     """``fn(*args)`` with recording paused: the recorder's own collectives."""
-    session._paused += 1
-    session._passthrough = True
+    session.paused += 1
+    session.passthrough = True
     try:
         return fn(*args)
     finally:
-        session._paused -= 1
-        session._passthrough = not session._recording or session._paused > 0
+        session.paused -= 1
+        session.passthrough = not session.recording or session.paused > 0

@@ -34,7 +34,7 @@ PyInit__hotpath(void)
         intern(&str_dtype, "dtype") < 0 || intern(&str_shape, "shape") < 0 ||
         intern(&str_id_of_new, "_id_of_new") < 0 || intern(&str_applied_at, "applied_at") < 0 ||
         intern(&str_phase_hint, "phase_hint") < 0 || intern(&str_current, "current") < 0 ||
-        intern(&str_sequence_nr, "_sequence_nr") < 0 || intern(&str_thread, "_thread") < 0 ||
+        intern(&str_sequence_nr, "_sequence_nr") < 0 || intern(&str_thread, "thread_number") < 0 ||
         intern(&str_flusher, "_flusher") < 0 || intern(&str_flush, "flush") < 0 ||
         intern(&str_recorder_failed, "_recorder_failed") < 0)
         return NULL;

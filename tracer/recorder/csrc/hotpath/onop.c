@@ -3,7 +3,7 @@
  *
  * SessionState is the base of tracer.recorder.session.Session. The fields the hot path reads on
  * every op are its members, so the Python side reads and sets them under the same names
- * (session._recompute += 1) and C reads them without a dictionary lookup.
+ * (session.recompute += 1) and C reads them without a dictionary lookup.
  *
  * OpDispatch is what torch calls as the recording mode's __torch_dispatch__ (an instance
  * attribute; torch only asks that its __self__ be the mode). It records an op on plain tensors

@@ -275,7 +275,7 @@ static PyMethodDef walk_methods[] = {
 };
 
 static PyMemberDef walk_members[] = {
-    {"_kind_of_code", T_OBJECT, offsetof(StackWalk, kind_of_code), 0, NULL},
+    {"kind_of_code", T_OBJECT, offsetof(StackWalk, kind_of_code), 0, NULL},
     {"_siblings", T_OBJECT, offsetof(StackWalk, siblings), 0, NULL},
     {"_node_sid", T_OBJECT, offsetof(StackWalk, node_sid), 0, NULL},
     {"_path", T_OBJECT, offsetof(StackWalk, path), 0, NULL},
