@@ -34,7 +34,8 @@ SUBSET=($I/test_tracer_threads.py $I/test_phases_apis.py $I/test_phases_pipelini
         $I/test_trace_run.py $I/test_kineto_import.py $I/test_compat_counts.py
         $I/test_dimensions_runs.py $I/test_memory_recording.py $I/test_memory_frameworks.py
         $I/test_tracer_device.py tests/unit/test_cupti_direct.py $I/test_cupti_layout.py
-        $I/test_device_direct.py $I/test_cupti_standin.py $I/test_patches_process.py
+        $I/test_device_direct.py $I/test_cupti_standin.py $I/test_cupti_standin_runs.py
+        $I/test_patches_process.py
         tests/unit/test_qualnames.py tests/unit/test_hotpath_onop.py
         tests/unit/test_user_profiler.py)
 # the pinned torch's interpreter (setup.sh's), and a cache of its collective counts for the

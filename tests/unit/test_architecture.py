@@ -2,12 +2,12 @@
 packages; tracer in layers, vocab <- files <- kineto <- recorder <- the public API; viz in
 layers, inputs <- analysis <- diff, whatif <- views <- render <- commands, and on tracer's
 vocab, files and kineto only; instrument in two rooms, supervise <- launch; reading traces and
-analysing them never imports torch or the recorder's hot path), every renderer has the one
-shape and is in its command's registry, modules stay focused."""
+analysing them never imports torch or the recorder's hot path), modules stay focused and each
+has its line in docs/architecture.md. The renderers' one shape is checked in
+test_renderer_shape.py, what trace-run loads beside its workers in test_launch_imports.py."""
 from __future__ import annotations
 
 import ast
-import importlib
 import re
 from pathlib import Path
 
@@ -57,15 +57,9 @@ RECORDER_ROOMS = (("ground",), ("tracer.recorder.hotpath", "tracer.recorder.proc
 # instrument's rooms, lowest first (docs/architecture.md): what watches and records the run
 # beside the workers, then what launches it; a room imports from itself and the rooms below
 INSTRUMENT_ROOMS = ("instrument.supervise", "instrument.launch")
-# the one module of instrument that sends signals with os.kill (processes.terminate ends
-# processes for the watchdog and orphans alike)
-SIGNALLER = "instrument.supervise.processes"
 # what viz may import of tracer: never the recorder, nor the API that starts it
 VIZ_READS = ("tracer.vocab", "tracer.files", "tracer.kineto")
-# viz/render's renderers, grouped by command (docs/architecture.md): every module of these
-# packages is a renderer, whose one public entry point is render(inputs, report_dir), listed in
-# its package's registry, RENDERERS
-RENDERER_PACKAGES = ("viz.render.report", "viz.render.diff", "viz.render.whatif")
+
 
 
 def imports(name: str, path: Path, known: dict) -> set:
@@ -353,25 +347,6 @@ def test_the_instrument_room_checks_catch_what_they_forbid():
     assert instrument_room("instrument.launch") == "instrument.launch"
 
 
-def kill_calls(text: str) -> list:
-    """Lines of a module's source that call ``os.kill``."""
-    return [node.lineno for node in ast.walk(ast.parse(text)) if isinstance(node, ast.Call)
-            and isinstance(node.func, ast.Attribute) and node.func.attr == "kill"
-            and isinstance(node.func.value, ast.Name) and node.func.value.id == "os"]
-
-
-def test_one_module_of_instrument_sends_signals():
-    """The watchdog and orphans end processes through processes.terminate, the one
-    signal-and-wait loop; no other module of instrument calls os.kill (planted: the watchdog
-    calling it is found)."""
-    sources = instrument_sources()
-    assert kill_calls(sources[SIGNALLER])
-    others = {name: kill_calls(text) for name, text in sources.items() if name != SIGNALLER}
-    assert not any(others.values()), others
-    planted = sources["instrument.supervise.watchdog"] + "\n\ndef end(pid):\n    os.kill(pid, 9)\n"
-    assert kill_calls(planted)
-
-
 def test_no_import_cycles_between_packages():
     cycles = package_cycles(import_graph())
     assert not cycles, f"import cycles between packages: {cycles[:5]}"
@@ -400,81 +375,6 @@ def test_the_layer_checks_catch_what_they_forbid():
     assert {(a, b) for a, b, _ in tracer_violations(graph)} == planted
 
 
-def renderer_modules(package: str) -> tuple:
-    """(module name -> source text, for every module of ``package`` but its __init__; the
-    names of the modules its ``RENDERERS`` lists)."""
-    sources = {name: path.read_text() for name, path in modules().items()
-               if name.rpartition(".")[0] == package and path.name != "__init__.py"}
-    registry = {m.__name__ for m in importlib.import_module(package).RENDERERS}
-    return sources, registry
-
-
-def renderer_faults(package: str, sources: dict, registry: set) -> list:
-    """What breaks the renderer shape in ``package``: a module whose public entry points
-    (functions, classes, lower-case names it binds) are not exactly ``render``, a ``render``
-    that does not take (inputs, report_dir), a module its registry does not list, a registry
-    entry that is not one of its modules."""
-    faults = []
-    for name, text in sorted(sources.items()):
-        entries = {}
-        for node in ast.parse(text).body:
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                entries[node.name] = node
-            targets = node.targets if isinstance(node, ast.Assign) else \
-                [node.target] if isinstance(node, ast.AnnAssign) else []
-            entries.update((t.id, t) for t in targets
-                           if isinstance(t, ast.Name) and not t.id.isupper())
-        public = sorted(e for e in entries if not e.startswith("_"))
-        if public != ["render"]:
-            faults.append(f"{name}: public entry points {public}, not exactly one `render`")
-        elif isinstance(entries["render"], ast.FunctionDef):
-            args = entries["render"].args
-            params = [a.arg for a in args.posonlyargs + args.args]
-            if len(params) != 2 or params[1] != "report_dir" or args.vararg or args.kwonlyargs \
-                    or args.kwarg:
-                faults.append(f"{name}: render({', '.join(params)}), not "
-                              "render(inputs, report_dir)")
-        else:
-            faults.append(f"{name}: `render` is not a function")
-        if name not in registry:
-            faults.append(f"{name}: not in {package}.RENDERERS")
-    faults += [f"{name}: in {package}.RENDERERS, not a module of it"
-               for name in sorted(registry - set(sources))]
-    return faults
-
-
-def test_every_renderer_has_one_entry_point_and_is_registered():
-    faults = []
-    for package in RENDERER_PACKAGES:
-        sources, registry = renderer_modules(package)
-        assert sources, f"{package} has no renderer"
-        faults += renderer_faults(package, sources, registry)
-    assert not faults, "renderers off their shape: " + "; ".join(faults)
-
-
-def test_the_renderer_check_catches_what_it_forbids():
-    """Planted modules: one with another entry point instead of ``render``, one with a helper
-    beside it, one whose ``render`` takes more, one left out of the registry."""
-    package = "viz.render.report"
-    sources, registry = renderer_modules(package)
-    planted = {"no_render": "def write_page(analysis, report_dir):\n    return []\n",
-               "helper": "TOP = 5\n\n\ndef render(report, report_dir):\n    return []\n\n\n"
-                         "def build_rows(report):\n    return []\n",
-               "more": "def render(report, report_dir, *, progress=None):\n    return []\n",
-               "alias": "def _write(report, report_dir):\n    return []\n\n\nrender = _write\n"}
-    planted = {f"{package}.{name}": text for name, text in planted.items()}
-    faults = renderer_faults(package, {**sources, **planted},
-                             registry | set(planted) - {f"{package}.no_render"})
-    assert sorted(f.split(":")[0] for f in faults) == sorted(
-        [f"{package}.no_render"] * 2 + [f"{package}.helper", f"{package}.more",
-                                        f"{package}.alias"]), faults
-    unlisted = f"{package}.index"
-    assert renderer_faults(package, sources, registry - {unlisted}) == [
-        f"{unlisted}: not in {package}.RENDERERS"]
-    assert renderer_faults(package, sources, registry | {f"{package}.gone"}) == [
-        f"{package}.gone: in {package}.RENDERERS, not a module of it"]
-
-
 def test_the_flow_is_one_way():
     """tracer is the ground; viz and sample_runs sit on it; instrument on top."""
     graph = import_graph()
@@ -482,96 +382,6 @@ def test_the_flow_is_one_way():
     wrong = [(a, b) for a, b in graph.edges
              if layer[b.split(".")[0]] > layer[a.split(".")[0]]]
     assert not wrong, f"imports against the flow: {wrong}"
-
-
-# instrument's modules that run beside the workers (the monitor thread, the watchdog, the record
-# of the run, the per-worker bootstrap...): they import no viz module at all, so nothing of the
-# display layer is loaded while the workers run; and the functions of the others that do
-# (launch: the agent runs the workers inside it). The rest of instrument imports viz only inside
-# functions that run once the workers have run (the report, run.json's facts in words).
-BESIDE_THE_WORKERS = ("instrument.supervise.monitor", "instrument.supervise.watchdog",
-                      "instrument.supervise.run_outcome", "instrument.supervise.orphans",
-                      "instrument.launch.bootstrap", "instrument.supervise.gather",
-                      "instrument.launch.single")
-FUNCTIONS_BESIDE_THE_WORKERS = {("instrument.launch.trace_run", "launch")}
-
-
-def viz_imports(text: str) -> list:
-    """(line, function, module) of each import of a viz module in a module's source;
-    ``function`` is the function it sits in ('Class.method' in a class), '' when it runs at
-    import time (the module's body, a class's)."""
-    found = []
-
-    def visit(node, where: str, scope: str) -> None:
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                visit(child, scope + child.name, f"{scope}{child.name}.")
-                continue
-            if isinstance(child, ast.ClassDef):
-                visit(child, where, f"{scope}{child.name}.")
-                continue
-            names = [a.name for a in child.names] if isinstance(child, ast.Import) else \
-                [child.module or ""] if isinstance(child, ast.ImportFrom) and not child.level \
-                else []
-            found.extend((child.lineno, where, n) for n in names if n.split(".")[0] == "viz")
-            visit(child, where, scope)
-    visit(ast.parse(text), "", "")
-    return found
-
-
-def instrument_viz_faults(sources: dict) -> list:
-    """Each import of viz in instrument's modules (module name -> source) that loads viz when
-    the module is imported, or while the workers run (:data:`BESIDE_THE_WORKERS`,
-    :data:`FUNCTIONS_BESIDE_THE_WORKERS`)."""
-    faults = []
-    for name, text in sorted(sources.items()):
-        for line, where, target in viz_imports(text):
-            if not where:
-                faults.append(f"{name}:{line} imports {target} when imported")
-            elif name in BESIDE_THE_WORKERS or (name, where.split(".")[0]) in \
-                    FUNCTIONS_BESIDE_THE_WORKERS:
-                faults.append(f"{name}:{line} imports {target} in {where}, beside the workers")
-    return faults
-
-
-def instrument_sources() -> dict:
-    return {name: path.read_text() for name, path in modules().items()
-            if name.split(".")[0] == "instrument"}
-
-
-def test_trace_run_loads_no_viz_module_while_the_workers_run():
-    sources = instrument_sources()
-    assert set(BESIDE_THE_WORKERS) <= set(sources), "a module named here is gone: rename it"
-    faults = instrument_viz_faults(sources)
-    assert not faults, "viz imported beside trace-run's workers: " + "; ".join(faults)
-
-
-def test_the_viz_check_catches_a_planted_import():
-    """Planted: viz imported at the top of the launcher, inside a watchdog function (it runs
-    beside the workers), inside a method of the monitor's thread, and in launch.launch; the
-    launcher's own imports after the run (the words, the report) stay allowed."""
-    sources = instrument_sources()
-    launch = sources["instrument.launch.trace_run"]
-    call = "    say(f\"launching {describe_launch(config, target)}\")\n"
-    assert call in launch
-    planted = {
-        "instrument.launch.command_line": "import viz.run\n"
-        + sources["instrument.launch.command_line"],
-        "instrument.supervise.watchdog": sources["instrument.supervise.watchdog"]
-        + "\n\ndef words():\n    from viz.views import failures\n    return failures\n",
-        "instrument.supervise.monitor": sources["instrument.supervise.monitor"].replace(
-            "    def _run(self) -> None:\n",
-            "    def _run(self) -> None:\n        from viz.views.failures import banner\n"),
-        "instrument.launch.trace_run": launch.replace(
-            call, "    import viz.views.failures\n" + call),
-    }
-    faults = instrument_viz_faults({**sources, **planted})
-    assert [f.split(" in ")[-1].split(":")[0] for f in faults] == [
-        "instrument.launch.command_line", "launch, beside the workers",
-        "Monitor._run, beside the workers", "words, beside the workers"], faults
-    assert [f.split(":")[0] for f in faults] == [
-        "instrument.launch.command_line", "instrument.launch.trace_run",
-        "instrument.supervise.monitor", "instrument.supervise.watchdog"]
 
 
 def test_modules_and_functions_stay_focused():
